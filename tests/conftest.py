@@ -1,0 +1,54 @@
+"""Shared pytest setup: `gpu` tests run only where torch sees a CUDA GPU; `requires_sm(major)` gates by arch."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _capability() -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
+    config.addinivalue_line("markers", "requires_sm(major): needs a GPU of compute capability >= major (80, 90, ...)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        needs_gpu = item.get_closest_marker("gpu") is not None or item.get_closest_marker("requires_sm") is not None
+        if needs_gpu and not _cuda_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)"))
+            continue
+        sm = item.get_closest_marker("requires_sm")
+        if sm is not None:
+            major, minor = _capability()
+            need = int(sm.args[0])
+            if major * 10 + minor < need:
+                item.add_marker(pytest.mark.skip(reason=f"needs sm_{need}+, this GPU is sm_{major}{minor}"))
+
+
+@pytest.fixture
+def requires_sm():
+    """Call ``requires_sm(90)`` inside a test to skip it unless the GPU is sm_90 or newer."""
+
+    def check(need: int) -> None:
+        if not _cuda_available():
+            pytest.skip("needs a CUDA GPU")
+        major, minor = _capability()
+        if major * 10 + minor < need:
+            pytest.skip(f"needs sm_{need}+, this GPU is sm_{major}{minor}")
+
+    return check

@@ -1,0 +1,34 @@
+"""tilejit: a Python JIT for NVIDIA tensor cores.
+
+    import tilejit
+    import tilejit.language as T
+
+    @tilejit.kernel
+    def add(X, Y, BLOCK: T.constexpr):
+        i = T.program_id(0) * BLOCK
+        Y[i:i + BLOCK] = X[i:i + BLOCK] + 1
+"""
+from . import language
+from .errors import (BackendCompileError, CompilationError, DispatchError, LaunchError, NameResolutionError,
+                     TilejitError, TypeCheckError, UnsupportedSyntaxError)
+from .language import cdiv
+from .runtime.jit import Kernel, __version__, func, kernel
+
+__all__ = [
+    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",
+    "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
+    "DispatchError", "BackendCompileError", "LaunchError",
+]
+
+
+def __getattr__(name):
+    # The autotuner and benchmarking helpers import lazily: `import tilejit` stays cheap.
+    if name in ("Config", "autotune"):
+        from . import autotuner
+
+        return getattr(autotuner, name)
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module 'tilejit' has no attribute {name!r}")

@@ -1,0 +1,517 @@
+"""``@tilejit.autotune``: pick the fastest of several launch configs per problem key, and remember it on disk.
+
+Stacked on ``@tilejit.kernel``. On the first launch for a new key (the values of the ``key`` arguments plus the
+dtypes of the tensor arguments) the autotuner prunes the config list, compiles the surviving configs in
+parallel, times them one by one with ``tilejit.testing.do_bench`` and launches the fastest. The choice is kept in
+memory and in ``<cache dir>/autotune/<kernel>-<source hash>.json``, with the time of every config, so:
+
+- a second process reuses the stored choice without compiling or timing anything;
+- a config is known by its content (constexpr values, num_warps, num_stages), not its position in the list, so
+  adding configs times only the new ones and compares them with the stored times of the old ones;
+- editing the kernel (or upgrading tilejit) changes the source hash and therefore the file.
+
+A config that fails to compile or launch is skipped, its reason logged on the "tilejit.autotune" logger and
+stored, so later processes do not try it again; when every config fails an ``AutotuneError`` lists them all.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from tilejit import knobs
+from tilejit.errors import TilejitError
+
+__all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
+
+logger = logging.getLogger("tilejit.autotune")
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages")
+
+
+class AutotuneError(TilejitError):
+    """Every candidate config failed; ``failures`` holds ``(config, reason)`` for each."""
+
+    def __init__(self, kernel_name: str, key: str, failures: Sequence[tuple["Config", str]]) -> None:
+        self.kernel_name = kernel_name
+        self.key = key
+        self.failures = list(failures)
+        listing = "\n".join(f"  {config}\n    {_indent(reason, 4)}" for config, reason in self.failures)
+        super().__init__(
+            f"autotuning {kernel_name!r} for key ({key}): all {len(self.failures)} configs failed\n{listing}"
+        )
+
+
+class Config:
+    """Constexpr values plus launch options for one autotuning candidate.
+
+    ``pre_hook``, if given, is called with the dict of named arguments before every launch with this config
+    (timed or not); it is not part of the config's identity.
+    """
+
+    def __init__(
+        self,
+        kwargs: Mapping[str, Any],
+        num_warps: int = 4,
+        num_stages: int = 3,
+        pre_hook: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        for option in _LAUNCH_OPTIONS:
+            if option in kwargs:
+                raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
+        if not isinstance(num_warps, int) or num_warps <= 0:
+            raise ValueError(f"Config: num_warps must be a positive int; got {num_warps!r}")
+        if not isinstance(num_stages, int) or num_stages <= 0:
+            raise ValueError(f"Config: num_stages must be a positive int; got {num_stages!r}")
+        self.kwargs = dict(kwargs)
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self.pre_hook = pre_hook
+
+    def all_kwargs(self) -> dict[str, Any]:
+        """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages."""
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    @property
+    def identity(self) -> str:
+        """Canonical text of the content (sorted constexprs, then launch options): the key of stored timings."""
+        parts = [f"{name}={value!r}" for name, value in sorted(self.kwargs.items())]
+        parts += [f"num_warps={self.num_warps}", f"num_stages={self.num_stages}"]
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kwargs": {name: _jsonable(value) for name, value in sorted(self.kwargs.items())},
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.identity == other.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __str__(self) -> str:
+        return self.identity
+
+    def __repr__(self) -> str:
+        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+
+
+@dataclass
+class AutotuneStats:
+    """What the last tuning did, for tests and for users wondering where the time went."""
+
+    compiled: list[str] = field(default_factory=list)  # config identities compiled
+    timed: list[str] = field(default_factory=list)  # config identities timed
+    failed: list[str] = field(default_factory=list)  # config identities that failed (this run)
+    compile_thread_ids: set[int] = field(default_factory=set)  # distinct worker threads that compiled
+    from_disk: bool = False  # the choice came from the persisted record
+
+
+def autotune(
+    configs: Sequence[Config],
+    key: Sequence[str],
+    prune_configs_by: Mapping[str, Any] | None = None,
+    reset_to_zero: Sequence[str] | None = None,
+    restore_value: Sequence[str] | None = None,
+    *,
+    bench_fn: Callable[[Callable[[], None]], float] | None = None,
+) -> Callable[[Any], "Autotuner"]:
+    """Decorator: ``@tilejit.autotune(configs=[...], key=[...])`` above ``@tilejit.kernel``.
+
+    - ``key``: names of arguments whose values select a tuning (typically the problem sizes). The dtypes of all
+      tensor arguments are always part of the key.
+    - ``prune_configs_by``: optional dict with ``"early_config_prune"`` (``f(configs, named_args, **kwargs)
+      -> configs``), ``"perf_model"`` (``f(**named_args, **kwargs, **config.all_kwargs()) -> estimated ms``)
+      and ``"top_k"`` (how many of the best-estimated configs to time; a float <= 1 is a fraction).
+    - ``reset_to_zero``: tensor arguments zeroed before every timed run (outputs accumulated with atomics).
+    - ``restore_value``: tensor arguments saved before tuning and restored after every timed run (in-place
+      updates).
+    - ``bench_fn``: ``f(run) -> ms``; defaults to ``tilejit.testing.do_bench``. Pass
+      ``tilejit.testing.do_bench_cudagraph`` for launch-bound kernels.
+    """
+
+    def decorator(kernel: Any) -> Autotuner:
+        return Autotuner(
+            kernel,
+            configs,
+            key,
+            prune_configs_by=prune_configs_by,
+            reset_to_zero=reset_to_zero,
+            restore_value=restore_value,
+            bench_fn=bench_fn,
+        )
+
+    return decorator
+
+
+class Autotuner:
+    """Wraps a kernel; ``tuner[grid](*args, **kwargs)`` launches it with the best config for these arguments."""
+
+    def __init__(
+        self,
+        kernel: Any,
+        configs: Sequence[Config],
+        key: Sequence[str],
+        prune_configs_by: Mapping[str, Any] | None = None,
+        reset_to_zero: Sequence[str] | None = None,
+        restore_value: Sequence[str] | None = None,
+        *,
+        bench_fn: Callable[[Callable[[], None]], float] | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.fn = kernel.fn
+        self.__name__ = kernel.__name__
+        self.arg_names = list(kernel.arg_names)
+        self.configs = list(configs) if configs else [Config({})]
+        if isinstance(key, str):
+            key = [key]
+        self.key = list(key)
+        self.reset_to_zero = list(reset_to_zero or ())
+        self.restore_value = list(restore_value or ())
+        for role, names in (("key", self.key), ("reset_to_zero", self.reset_to_zero),
+                            ("restore_value", self.restore_value)):
+            unknown = [name for name in names if name not in self.arg_names]
+            if unknown:
+                raise ValueError(
+                    f"autotune({role}=...) of {self.__name__!r} names {unknown}, which are not parameters "
+                    f"({', '.join(self.arg_names)})"
+                )
+        prune = dict(prune_configs_by or {})
+        extra = set(prune) - {"perf_model", "top_k", "early_config_prune"}
+        if extra:
+            raise ValueError(f"prune_configs_by: unknown entries {sorted(extra)} "
+                             f"(expected perf_model, top_k, early_config_prune)")
+        self.perf_model: Callable[..., float] | None = prune.get("perf_model")
+        self.top_k: int | float | None = prune.get("top_k")
+        self.early_config_prune: Callable[..., Sequence[Config]] | None = prune.get("early_config_prune")
+        self._bench_fn = bench_fn
+        self.best_config: Config | None = None
+        self.stats = AutotuneStats()
+        self._chosen: dict[str, Config] = {}
+        self._lock = threading.Lock()
+
+    # -- the kernel interface, passed through so decorators compose --------------------------------------------
+
+    def source_hash(self) -> str:
+        return self.kernel.source_hash()
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel.compile(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the kernel offers (ir, asm, ...) is reachable through the tuner.
+        kernel = self.__dict__.get("kernel")
+        if kernel is None:
+            raise AttributeError(name)
+        return getattr(kernel, name)
+
+    def __repr__(self) -> str:
+        return f"<tilejit.Autotuner of {self.__name__} with {len(self.configs)} configs, key={self.key}>"
+
+    # -- launching ----------------------------------------------------------------------------------------------
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self._run(grid, args, kwargs)
+
+        return launch
+
+    def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        tuned = [name for name in kwargs if name in _LAUNCH_OPTIONS or any(name in c.kwargs for c in self.configs)]
+        if tuned:
+            raise TypeError(
+                f"{self.__name__}: {', '.join(sorted(tuned))} are chosen by the autotuner; do not pass them "
+                f"to the launch"
+            )
+        named = self._named_args(args, kwargs)
+        config = self._choose(grid, args, kwargs, named)
+        self.best_config = config
+        self._launch(config, grid, args, kwargs, named)
+
+    def _named_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if len(args) > len(self.arg_names):
+            raise TypeError(f"{self.__name__} takes {len(self.arg_names)} arguments; {len(args)} were given")
+        return {**dict(zip(self.arg_names, args)), **kwargs}
+
+    def _launch(self, config: Config, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                named: dict[str, Any]) -> None:
+        meta = {**kwargs, **config.all_kwargs()}
+        if config.pre_hook is not None:
+            config.pre_hook({**named, **config.all_kwargs()})
+        launch_grid = grid({**named, **meta}) if callable(grid) else grid
+        self.kernel[launch_grid](*args, **meta)
+
+    # -- choosing -----------------------------------------------------------------------------------------------
+
+    def _choose(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: dict[str, Any]) -> Config:
+        if len(self.configs) == 1:
+            return self.configs[0]
+        if not knobs.autotune_enabled():
+            return self.configs[0]
+        key = self._key_string(named)
+        chosen = self._chosen.get(key)
+        if chosen is not None:
+            return chosen
+        with self._lock:
+            chosen = self._chosen.get(key)
+            if chosen is None:
+                chosen = self._tune(key, grid, args, kwargs, named)
+                self._chosen[key] = chosen
+        return chosen
+
+    def _key_string(self, named: dict[str, Any]) -> str:
+        parts = []
+        for name in self.key:
+            if name not in named:
+                raise TypeError(f"{self.__name__}: autotune key argument {name!r} was not passed")
+            parts.append(f"{name}={_key_value(named[name])}")
+        dtypes = [f"{name}:{value.dtype}" for name, value in named.items() if _is_tensor(value)]
+        if dtypes:
+            parts.append("dtypes=" + ",".join(dtypes))
+        device = _device_name(named.values())
+        if device:
+            parts.append(f"device={device}")
+        return "; ".join(parts)
+
+    def prune_configs(self, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Config]:
+        """The configs worth timing for these arguments: early_config_prune, then perf_model's top_k."""
+        configs = list(self.configs)
+        if self.early_config_prune is not None:
+            configs = list(self.early_config_prune(configs, named, **kwargs))
+            if not configs:
+                raise AutotuneError(self.__name__, self._key_string(named),
+                                    [(c, "removed by early_config_prune") for c in self.configs])
+        if self.perf_model is not None and self.top_k is not None:
+            top_k = self.top_k
+            if isinstance(top_k, float) and top_k <= 1.0:
+                top_k = max(1, int(len(configs) * top_k))
+            if len(configs) > top_k:
+                estimates = {c: self.perf_model(**named, **kwargs, **c.all_kwargs()) for c in configs}
+                configs = sorted(configs, key=estimates.__getitem__)[: int(top_k)]
+        return configs
+
+    def _tune(self, key: str, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              named: dict[str, Any]) -> Config:
+        self.stats = stats = AutotuneStats()
+        candidates = self.prune_configs(named, kwargs)
+        store = _TuningStore(self._store_path())
+        previous = store.load().get(key, {})
+        timings: dict[str, float] = dict(previous.get("timings_ms", {}))
+        failures: dict[str, str] = dict(previous.get("failures", {}))
+
+        todo = [c for c in candidates if c.identity not in timings and c.identity not in failures]
+        stats.from_disk = not todo
+        if todo:
+            logger.info("tuning %s for %s: %d configs to time (%d known)", self.__name__, key, len(todo),
+                        len(candidates) - len(todo))
+            with _progress(total=2 * len(todo), desc=f"autotune {self.__name__}") as bar:
+                compiled = self._compile_all(todo, args, kwargs, failures, stats, bar)
+                self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
+
+        ranked = [c for c in candidates if c.identity in timings]
+        if not ranked:
+            raise AutotuneError(self.__name__, key, [(c, failures[c.identity]) for c in candidates])
+        best = min(ranked, key=lambda c: timings[c.identity])
+        logger.info("%s for %s: chose %s (%.4f ms)", self.__name__, key, best, timings[best.identity])
+        if todo:
+            record = {
+                "kernel": self.__name__,
+                "key": key,
+                "config": best.to_json(),
+                "timings_ms": timings,
+                "failures": failures,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+            store.save(key, record)
+        return best
+
+    def _compile_all(self, configs: list[Config], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     failures: dict[str, str], stats: AutotuneStats, bar: Any) -> list[Config]:
+        """Compile every config in parallel; return those that compiled, in their original order."""
+
+        def compile_one(config: Config) -> None:
+            stats.compile_thread_ids.add(threading.get_ident())
+            self.kernel.compile(*args, **kwargs, **config.all_kwargs())
+
+        with _compile_executor(min(knobs.compile_workers(), len(configs))) as pool:
+            futures = {pool.submit(compile_one, config): config for config in configs}
+            for future in concurrent.futures.as_completed(futures):
+                bar.update(1)
+        compiled = []
+        for future, config in futures.items():
+            stats.compiled.append(config.identity)
+            error = future.exception()
+            if error is not None:
+                self._record_failure(config, "compile", error, failures, stats)
+            else:
+                compiled.append(config)
+        return compiled
+
+    def _time_all(self, configs: list[Config], grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  named: dict[str, Any], timings: dict[str, float], failures: dict[str, str],
+                  stats: AutotuneStats, bar: Any) -> None:
+        saved = {name: named[name].clone() for name in self.restore_value if _is_tensor(named[name])}
+        bench = self._bench_fn or _default_bench
+        for config in configs:
+
+            def run(config: Config = config) -> None:
+                for name in self.reset_to_zero:
+                    named[name].zero_()
+                self._launch(config, grid, args, kwargs, named)
+                for name, original in saved.items():
+                    named[name].copy_(original)
+
+            try:
+                ms = float(bench(run))
+            except Exception as error:  # noqa: BLE001 - any launch failure disqualifies only this config
+                self._record_failure(config, "launch", error, failures, stats)
+                # A failed launch may leave a restore_value argument half-written.
+                for name, original in saved.items():
+                    named[name].copy_(original)
+            else:
+                timings[config.identity] = ms
+                stats.timed.append(config.identity)
+                logger.debug("%s %s: %.4f ms", self.__name__, config, ms)
+            bar.update(1)
+
+    def _record_failure(self, config: Config, stage: str, error: BaseException, failures: dict[str, str],
+                        stats: AutotuneStats) -> None:
+        reason = f"{stage} failed: {type(error).__name__}: {error}"
+        failures[config.identity] = reason
+        stats.failed.append(config.identity)
+        logger.info("%s: skipping config %s: %s", self.__name__, config, reason)
+
+    def _store_path(self) -> Path:
+        return knobs.cache_dir() / "autotune" / f"{self.__name__}-{self.source_hash()}.json"
+
+
+def _compile_executor(workers: int) -> concurrent.futures.Executor:
+    """Where configs compile. Threads suffice because NVRTC releases the GIL while compiling; swap in a
+    ProcessPoolExecutor here if a compile step ever holds it."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tilejit-compile")
+
+
+def _default_bench(run: Callable[[], None]) -> float:
+    from tilejit.testing import do_bench
+
+    return float(do_bench(run))
+
+
+class _TuningStore:
+    """The JSON file of one kernel source hash: ``{key string: record}``, rewritten atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        try:
+            text = self.path.read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            return {}  # nothing stored yet (or a cache path that cannot exist, reported when writing)
+        except OSError as error:
+            warnings.warn(f"tilejit: cannot read autotune record {self.path}: {error}; tuning again",
+                          RuntimeWarning, stacklevel=2)
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            warnings.warn(f"tilejit: ignoring corrupt autotune record {self.path}: {error}", RuntimeWarning,
+                          stacklevel=2)
+            return {}
+        if not isinstance(data, dict):
+            warnings.warn(f"tilejit: ignoring autotune record {self.path}: not a JSON object", RuntimeWarning,
+                          stacklevel=2)
+            return {}
+        return {key: record for key, record in data.items() if _valid_record(record)}
+
+    def save(self, key: str, record: dict[str, Any]) -> None:
+        # Re-read just before writing so keys tuned meanwhile by another process survive.
+        data = self.load()
+        data[key] = record
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as out:
+                    json.dump(data, out, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as error:
+            logger.warning("cannot write autotune record %s: %s (the choice is kept in memory only)",
+                           self.path, error)
+
+
+def _valid_record(record: Any) -> bool:
+    if not isinstance(record, dict):
+        return False
+    timings = record.get("timings_ms", {})
+    failures = record.get("failures", {})
+    return (isinstance(timings, dict) and all(isinstance(v, (int, float)) for v in timings.values())
+            and isinstance(failures, dict))
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self) -> "_NoProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _progress(total: int, desc: str) -> Any:
+    """A tqdm bar on an interactive terminal; silent otherwise (CI logs, pipes) or without tqdm."""
+    if not sys.stderr.isatty():
+        return _NoProgress()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "dtype") and hasattr(value, "data_ptr")
+
+
+def _device_name(values: Iterable[Any]) -> str | None:
+    """The GPU model of the first CUDA tensor argument: a choice tuned on one GPU is not reused on another."""
+    for value in values:
+        device = getattr(value, "device", None) if _is_tensor(value) else None
+        if device is not None and getattr(device, "type", None) == "cuda":
+            import torch
+
+            return torch.cuda.get_device_name(device)
+    return None
+
+
+def _key_value(value: Any) -> str:
+    if _is_tensor(value):
+        return f"{value.dtype}{tuple(value.shape)}"
+    return repr(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _indent(text: str, spaces: int) -> str:
+    return text.replace("\n", "\n" + " " * spaces)

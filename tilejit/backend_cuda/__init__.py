@@ -1,0 +1,1 @@
+"""CUDA backend: the prelude, NVRTC compilation to cubin, and loading/launching with the CUDA driver."""

@@ -1,0 +1,344 @@
+"""Loading cubins and launching kernels with the CUDA driver API (cuda.bindings 12.x and 13.x).
+
+torch owns the CUDA contexts: tilejit loads modules into the primary context torch created for a device and
+launches on torch's streams, so kernels interleave with torch ops and CUDA graph capture. Nothing here touches
+the GPU at import time; ``cuda.bindings.driver`` is imported on first use.
+
+The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters
+live in one preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
+``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. Two ways to make
+that call are kept (see ``LAUNCH_IMPLS``): cuda.bindings' ``cuLaunchKernel``, which accepts the ``void**``
+address as a plain int, and ctypes on ``libcuda.so.1``. ``DEFAULT_LAUNCH_IMPL`` is the one measured faster on an
+H100 (see its comment); the other stays as a fallback for bindings that reject an int address.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from tilejit.errors import BackendUnavailableError, LaunchError
+
+PARAM_KINDS = ("ptr", "i64", "i32", "f32", "tmap")
+# struct code, size, alignment of each kernel-parameter kind as the kernel sees it.
+_PARAM_LAYOUT: dict[str, tuple[str, int, int]] = {
+    "ptr": ("Q", 8, 8),
+    "i64": ("q", 8, 8),
+    "i32": ("i", 4, 4),
+    "f32": ("f", 4, 4),
+    "tmap": ("128s", 128, 64),  # CUtensorMap, passed by value (const __grid_constant__)
+}
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+
+LAUNCH_IMPLS = ("bindings", "ctypes")
+# Measured on an H100 (see the report of the change that added this file): both are well under the 4 us goal;
+# "bindings" is chosen because it needs no second handle on libcuda and works wherever cuda.bindings does.
+DEFAULT_LAUNCH_IMPL = "bindings"
+
+
+@functools.cache
+def _driver() -> ModuleType:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python < 12.6
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                "tilejit needs the CUDA driver bindings: `pip install 'cuda-python>=12.8'`"
+            ) from exc
+    return driver
+
+
+def _error_name(err: Any) -> str:
+    drv = _driver()
+    try:
+        ok, name = drv.cuGetErrorName(err)
+        ok2, text = drv.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        return f"{name} ({text})" if ok2 == drv.CUresult.CUDA_SUCCESS else name
+    except Exception:
+        return str(err)
+
+
+def _check(result: tuple, what: str) -> Any:
+    """Unpack a cuda.bindings result tuple, raising LaunchError with the error's name on failure."""
+    err = result[0]
+    if err != _driver().CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"{what} failed: {_error_name(err)}")
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+_contexts: dict[int, Any] = {}  # device index -> torch's primary CUcontext (fixed for the process's life)
+
+
+def ensure_torch_context(device_index: int) -> Any:
+    """Make torch create its primary context on ``device_index`` and return it (a ``CUcontext``).
+
+    Does not change torch's current device for the caller: the device is selected only inside a
+    ``torch.cuda.device`` block, where a one-element allocation forces the lazily created context to exist.
+    """
+    ctx = _contexts.get(device_index)
+    if ctx is not None:
+        return ctx
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LaunchError("no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+    count = torch.cuda.device_count()
+    if not 0 <= device_index < count:
+        raise LaunchError(f"CUDA device index {device_index} out of range: torch sees {count} device(s)")
+    with torch.cuda.device(device_index):
+        torch.empty(1, device=f"cuda:{device_index}")
+        ctx = _check(_driver().cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        raise LaunchError(f"torch did not make a CUDA context current for device {device_index}")
+    _contexts[device_index] = ctx
+    return ctx
+
+
+class _ContextPushed:
+    """``with _ContextPushed(ctx):`` makes ``ctx`` current on this thread for the block, then restores."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        _check(_driver().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+
+    def __exit__(self, *exc: object) -> None:
+        _check(_driver().cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+@dataclass(frozen=True)
+class KernelAttributes:
+    """What the driver reports about a loaded kernel (cuFuncGetAttribute)."""
+
+    num_regs: int
+    local_bytes: int  # per-thread local memory: > 0 usually means register spills
+    static_smem_bytes: int
+    max_threads_per_block: int
+    max_smem_optin_bytes: int  # the device's per-block opt-in shared memory limit
+
+
+class LoadedKernel:
+    """A kernel function in a module loaded into torch's primary context of one device."""
+
+    def __init__(self, name: str, device_index: int, context: Any, module: Any, function: Any,
+                 attributes: KernelAttributes) -> None:
+        self.name = name
+        self.device_index = device_index
+        self.context = context
+        self.module = module
+        self.function = function
+        self.attributes = attributes
+        self.dynamic_smem_limit = _DEFAULT_SMEM_LIMIT - attributes.static_smem_bytes
+
+    def reserve_dynamic_smem(self, nbytes: int) -> None:
+        """Allow launches with ``nbytes`` of dynamic shared memory (opting in above 48 KiB)."""
+        if nbytes <= self.dynamic_smem_limit:
+            return
+        static = self.attributes.static_smem_bytes
+        available = self.attributes.max_smem_optin_bytes
+        if static + nbytes > available:
+            raise LaunchError(
+                f"kernel {self.name!r} needs {static + nbytes} bytes of shared memory per block ({static} static + "
+                f"{nbytes} dynamic) but device {self.device_index} allows at most {available} "
+                "(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN); use fewer stages or smaller tiles"
+            )
+        drv = _driver()
+        with _ContextPushed(self.context):
+            _check(
+                drv.cuFuncSetAttribute(
+                    self.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
+                ),
+                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.name!r}",
+            )
+        self.dynamic_smem_limit = nbytes
+
+    def unload(self) -> None:
+        """Unload the module; the kernel must not be launched afterwards."""
+        if self.module is not None:
+            with _ContextPushed(self.context):
+                _check(_driver().cuModuleUnload(self.module), "cuModuleUnload")
+            self.module = None
+
+    def __repr__(self) -> str:
+        a = self.attributes
+        return (f"LoadedKernel({self.name!r}, device={self.device_index}, regs={a.num_regs}, "
+                f"local_bytes={a.local_bytes}, static_smem={a.static_smem_bytes})")
+
+
+def load_cubin(cubin: bytes, kernel_name: str, device_index: int, dynamic_smem_bytes: int = 0) -> LoadedKernel:
+    """Load ``cubin`` into torch's context on ``device_index`` and look up ``kernel_name`` (its extern "C" name).
+
+    Opts in to more than 48 KiB of shared memory when the kernel needs it; raises LaunchError, saying how many
+    bytes were needed and how many the device has, when it cannot.
+    """
+    drv = _driver()
+    ctx = ensure_torch_context(device_index)
+    with _ContextPushed(ctx):
+        module = _check(drv.cuModuleLoadData(cubin), f"cuModuleLoadData for kernel {kernel_name!r}")
+        try:
+            function = _check(drv.cuModuleGetFunction(module, kernel_name.encode()),
+                              f"cuModuleGetFunction({kernel_name!r})")
+            fa = drv.CUfunction_attribute
+            get = lambda attr: int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({attr})"))  # noqa: E731
+            device = _check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
+            optin = _check(drv.cuDeviceGetAttribute(
+                drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
+                "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+            attributes = KernelAttributes(
+                num_regs=get(fa.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                local_bytes=get(fa.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                static_smem_bytes=get(fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                max_threads_per_block=get(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+                max_smem_optin_bytes=int(optin),
+            )
+        except BaseException:
+            drv.cuModuleUnload(module)
+            raise
+    loaded = LoadedKernel(kernel_name, device_index, ctx, module, function, attributes)
+    try:
+        loaded.reserve_dynamic_smem(dynamic_smem_bytes)
+    except BaseException:
+        loaded.unload()
+        raise
+    return loaded
+
+
+@functools.cache
+def _libcuda_launch() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernel
+    u = ctypes.c_uint
+    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class Launcher:
+    """Launches one loaded kernel with a fixed parameter signature, block shape and dynamic shared memory.
+
+    ``launcher(grid, stream, values)``: ``grid`` is a 3-tuple, ``stream`` a CUstream handle as an int
+    (``torch.cuda.current_stream(device).cuda_stream``), ``values`` one per parameter in kernel order: ints
+    (device addresses) for "ptr", ints for "i64"/"i32", floats for "f32", and for "tmap" the 128 bytes of a
+    CUtensorMap (``bytes`` or a cuda.bindings ``CUtensorMap``).
+    """
+
+    def __init__(self, loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
+                 dynamic_smem_bytes: int, impl: str = DEFAULT_LAUNCH_IMPL) -> None:
+        if impl not in LAUNCH_IMPLS:
+            raise ValueError(f"unknown launch impl {impl!r}; one of {LAUNCH_IMPLS}")
+        unknown = [k for k in param_kinds if k not in _PARAM_LAYOUT]
+        if unknown:
+            raise ValueError(f"unknown parameter kind(s) {unknown}; known: {PARAM_KINDS}")
+        if len(block) != 3 or min(block) < 1:
+            raise ValueError(f"block must be 3 positive ints, got {block}")
+        threads = block[0] * block[1] * block[2]
+        if threads > loaded.attributes.max_threads_per_block:
+            raise LaunchError(
+                f"kernel {loaded.name!r} launched with {threads} threads per block but it can run at most "
+                f"{loaded.attributes.max_threads_per_block} ({loaded.attributes.num_regs} registers per thread)"
+            )
+        loaded.reserve_dynamic_smem(dynamic_smem_bytes)
+        self.loaded = loaded
+        self.param_kinds = tuple(param_kinds)
+        self.block = tuple(block)
+        self.dynamic_smem_bytes = dynamic_smem_bytes
+        self.impl = impl
+
+        fmt, offsets, offset = ["="], [], 0
+        for kind in self.param_kinds:
+            code, size, align = _PARAM_LAYOUT[kind]
+            pad = -offset % align
+            if pad:
+                fmt.append(f"{pad}x")
+                offset += pad
+            offsets.append(offset)
+            fmt.append(code)
+            offset += size
+        self._struct = struct.Struct("".join(fmt))
+        self._buffer = ctypes.create_string_buffer(max(self._struct.size, 1))
+        base = ctypes.addressof(self._buffer)
+        self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self._params_address = ctypes.addressof(self._pointers)
+        self._tmap_positions = tuple(i for i, k in enumerate(self.param_kinds) if k == "tmap")
+        self._pack_into = self._struct.pack_into
+        bx, by, bz = self.block
+        if impl == "bindings":
+            drv = _driver()
+            function, launch = loaded.function, drv.cuLaunchKernel
+            streams: dict[int, Any] = {}
+            CUstream = drv.CUstream
+
+            def raw_launch(gx: int, gy: int, gz: int, stream: int) -> int:
+                s = streams.get(stream)
+                if s is None:
+                    s = streams[stream] = CUstream(stream)
+                return launch(function, gx, gy, gz, bx, by, bz, dynamic_smem_bytes, s, self._params_address, 0)[0]
+        else:
+            handle, fn = int(loaded.function), _libcuda_launch()
+
+            def raw_launch(gx: int, gy: int, gz: int, stream: int) -> int:
+                return fn(handle, gx, gy, gz, bx, by, bz, dynamic_smem_bytes, stream, self._params_address, None)
+        self._raw_launch = raw_launch
+
+    def __call__(self, grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
+        if self._tmap_positions:
+            values = self._tensor_maps_as_bytes(values)
+        try:
+            self._pack_into(self._buffer, 0, *values)
+        except struct.error as exc:
+            raise self._bad_values(values, exc) from None
+        gx, gy, gz = grid
+        err = self._raw_launch(gx, gy, gz, stream)
+        if err:
+            self._recover(err, grid, stream)
+
+    def _tensor_maps_as_bytes(self, values: Sequence[Any]) -> list[Any]:
+        values = list(values)
+        for i in self._tmap_positions:
+            v = values[i]
+            if not isinstance(v, (bytes, bytearray, memoryview)):
+                values[i] = ctypes.string_at(v.getPtr(), 128)  # cuda.bindings CUtensorMap
+        return values
+
+    def _bad_values(self, values: Sequence[Any], exc: Exception) -> LaunchError:
+        if len(values) != len(self.param_kinds):
+            return LaunchError(f"kernel {self.loaded.name!r} takes {len(self.param_kinds)} parameters "
+                               f"{list(self.param_kinds)}, got {len(values)} values")
+        for i, (kind, v) in enumerate(zip(self.param_kinds, values)):
+            try:
+                struct.pack("=" + _PARAM_LAYOUT[kind][0], v)
+            except struct.error as e:
+                return LaunchError(f"kernel {self.loaded.name!r} parameter {i} ({kind}): cannot pass {v!r}: {e}")
+        return LaunchError(f"kernel {self.loaded.name!r}: cannot pack parameters: {exc}")
+
+    def _recover(self, err: int, grid: tuple[int, int, int], stream: int) -> None:
+        """A failed launch: retry once with the kernel's own context current (the caller's thread may have
+        another device's context current), else raise LaunchError naming the error."""
+        drv = _driver()
+        current = drv.cuCtxGetCurrent()
+        if current[0] == drv.CUresult.CUDA_SUCCESS and int(current[1]) != int(self.loaded.context):
+            with _ContextPushed(self.loaded.context):
+                err = self._raw_launch(*grid, stream)
+            if not err:
+                return
+        raise LaunchError(
+            f"cuLaunchKernel({self.loaded.name!r}) failed: {_error_name(drv.CUresult(int(err)))}; grid={tuple(grid)}, "
+            f"block={self.block}, dynamic_smem={self.dynamic_smem_bytes}, device={self.loaded.device_index}"
+        )
+
+
+def make_launcher(loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
+                  dynamic_smem_bytes: int = 0, impl: str = DEFAULT_LAUNCH_IMPL) -> Launcher:
+    """A Launcher for ``loaded``; ``param_kinds`` from PARAM_KINDS in kernel-parameter order."""
+    return Launcher(loaded, param_kinds, block, dynamic_smem_bytes, impl)

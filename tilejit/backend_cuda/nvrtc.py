@@ -1,0 +1,290 @@
+"""CUDA C++ -> cubin with NVRTC, for exactly one target arch.
+
+NVRTC comes from ``cuda.bindings.nvrtc`` (cuda-python 12.x and 13.x). The bindings' major version decides
+which library is loaded: cuda-bindings 12 opens ``libnvrtc.so.12`` (pip: nvidia-cuda-nvrtc-cu12), cuda-bindings
+13 opens ``libnvrtc.so.13`` (pip: nvidia-cuda-nvrtc), both found by cuda-pathfinder in site-packages or in a
+CUDA toolkit. So installing cuda-bindings 13 with NVRTC 13 selects NVRTC 13 with no code here knowing.
+
+Both NVRTC 12.9 and 13.0 return PTX from ``nvrtcGetPTX`` after compiling for a real ``sm_XX`` target, so one
+compile gives cubin and PTX; the second ``compute_XX`` compile below is only a fallback for an NVRTC that does
+not.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+from tilejit.errors import BackendCompileError, BackendUnavailableError
+
+SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+
+# Oldest NVRTC that targets each arch (CUDA release notes); checked before NVRTC is asked, for a clear message.
+_MIN_NVRTC: dict[str, tuple[int, int]] = {
+    "sm_80": (11, 0),
+    "sm_86": (11, 1),
+    "sm_89": (11, 8),
+    "sm_90a": (12, 0),
+    "sm_100a": (12, 8),
+    "sm_120a": (12, 8),
+}
+
+_ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})(a?)$")
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """What NVRTC produced for one kernel source and arch."""
+
+    cubin: bytes
+    ptx: str | None
+    log: str  # NVRTC's log (warnings); empty when clean
+    seconds: float  # wall time of the whole compile, including a PTX-only second compile if one was needed
+    arch: str
+    nvrtc_version: tuple[int, int]
+
+
+def _bindings_major() -> int | None:
+    try:
+        import cuda.bindings
+
+        return int(str(cuda.bindings.__version__).split(".")[0])
+    except Exception:
+        pass
+    try:
+        from importlib.metadata import version
+
+        return int(version("cuda-python").split(".")[0])
+    except Exception:
+        return None
+
+
+def _nvrtc_package_hint() -> str:
+    major = _bindings_major()
+    if major is not None and major >= 13:
+        return (
+            f"cuda-bindings {major}.x loads libnvrtc.so.{major} (else .12): `pip install 'nvidia-cuda-nvrtc>={major}'` "
+            "(or `pip install 'tilejit[cu13]'`), or put a CUDA 13 toolkit's lib64 on LD_LIBRARY_PATH"
+        )
+    return (
+        "cuda-bindings 12.x loads libnvrtc.so.12: `pip install 'nvidia-cuda-nvrtc-cu12>=12.8'`, or put a "
+        "CUDA 12 toolkit's lib64 on LD_LIBRARY_PATH"
+    )
+
+
+@functools.cache
+def _nvrtc() -> ModuleType:
+    """The NVRTC bindings module, after checking that the shared library actually loads."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc  # cuda-python < 12.6 spelled it this way
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                "tilejit needs NVRTC through cuda-python: `pip install 'cuda-python>=12.8' nvidia-cuda-nvrtc-cu12` "
+                f"(CUDA 12) or `pip install 'tilejit[cu13]'` (CUDA 13) ({exc})"
+            ) from exc
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:  # the bindings load the library lazily; a missing one surfaces here
+        raise BackendUnavailableError(f"cannot load the NVRTC library: {exc}\nfix: {_nvrtc_package_hint()}") from exc
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise BackendUnavailableError(f"nvrtcVersion failed ({err}); fix: {_nvrtc_package_hint()}")
+    return nvrtc
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library that compile_cuda uses."""
+    _, major, minor = _nvrtc().nvrtcVersion()
+    return int(major), int(minor)
+
+
+@functools.cache
+def _nvrtc_arch_numbers() -> frozenset[int]:
+    """SM numbers this NVRTC can target (nvrtcGetSupportedArchs: 80, 86, 90, 100, ...)."""
+    nvrtc = _nvrtc()
+    try:
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+    except AttributeError:
+        return frozenset()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return frozenset()
+    return frozenset(int(a) for a in archs)
+
+
+def normalize_arch(arch: str | int) -> str:
+    """Canonical spelling of a supported arch: "sm_90a", "90a", "SM_90A" -> "sm_90a"; 80 -> "sm_80".
+
+    The suffix is kept exactly: "sm_90" is not "sm_90a" (wgmma needs the "a" target), so it is rejected with a
+    suggestion rather than silently changed.
+    """
+    text = str(arch).strip().lower()
+    m = _ARCH_RE.match(text)
+    canonical = f"sm_{m.group(1)}{m.group(2)}" if m else text
+    if canonical in SUPPORTED_ARCHS:
+        return canonical
+    suggestion = ""
+    if m and f"sm_{m.group(1)}a" in SUPPORTED_ARCHS:
+        suggestion = f" (did you mean 'sm_{m.group(1)}a'?)"
+    raise ValueError(
+        f"unsupported arch {arch!r}{suggestion}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}"
+    )
+
+
+def default_arch_for_capability(major: int, minor: int) -> str:
+    """The arch tilejit compiles for on a GPU of compute capability (major, minor)."""
+    if major == 8:
+        arch = f"sm_8{minor}"
+    elif (major, minor) == (9, 0):
+        arch = "sm_90a"
+    elif (major, minor) == (10, 0):
+        arch = "sm_100a"
+    elif (major, minor) == (12, 0):
+        arch = "sm_120a"
+    else:
+        raise ValueError(
+            f"no tilejit target for compute capability {major}.{minor}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    if arch not in SUPPORTED_ARCHS:  # e.g. 8.7 (Jetson Orin)
+        raise ValueError(
+            f"no tilejit target for compute capability {major}.{minor}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    return arch
+
+
+def check_arch_supported_by_nvrtc(arch: str) -> None:
+    """Raise BackendUnavailableError if the installed NVRTC cannot target ``arch`` (already normalized)."""
+    have = nvrtc_version()
+    need = _MIN_NVRTC[arch]
+    number = int(re.sub(r"\D", "", arch))
+    numbers = _nvrtc_arch_numbers()
+    if have < need or (numbers and number not in numbers):
+        raise BackendUnavailableError(
+            f"{arch} needs NVRTC >= {need[0]}.{need[1]} that lists it; the installed NVRTC is {have[0]}.{have[1]}"
+            f" (targets: {', '.join(f'sm_{n}' for n in sorted(numbers)) or 'unknown'}). fix: {_nvrtc_package_hint()}"
+        )
+
+
+def nvrtc_supports(arch: str) -> bool:
+    """Whether the installed NVRTC can compile for ``arch`` (False for unknown archs)."""
+    try:
+        check_arch_supported_by_nvrtc(normalize_arch(arch))
+    except (ValueError, BackendUnavailableError):
+        return False
+    return True
+
+
+def _write_failed_source(source: str, name: str) -> str | None:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "kernel"
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"tilejit-{stem}-", suffix=".cu", delete=False, encoding="utf-8"
+        ) as f:
+            f.write(source)
+            return f.name
+    except OSError:
+        return None
+
+
+def _program_log(nvrtc: ModuleType, prog: object) -> str:
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00").decode("utf-8", errors="replace")
+
+
+def _run_nvrtc(
+    source: str, name: str, arch: str, options: list[str], *, want_cubin: bool, want_ptx: bool
+) -> tuple[bytes, str | None, str]:
+    """One NVRTC compile -> (cubin, ptx or None, log). Raises BackendCompileError on any failure."""
+    nvrtc = _nvrtc()
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+
+    def fail(log: str) -> BackendCompileError:
+        return BackendCompileError(log, arch=arch, source=source, source_path=_write_failed_source(source, name), name=name)
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode("utf-8"), f"{name}.cu".encode(), 0, [], [])
+    if err != ok:
+        raise fail(f"nvrtcCreateProgram failed: {_error_string(nvrtc, err)}")
+    try:
+        encoded = [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        log = _program_log(nvrtc, prog)
+        if err != ok:
+            options_text = " ".join(options)
+            raise fail(f"{log.rstrip()}\n({_error_string(nvrtc, err)}; options: {options_text})".lstrip())
+        cubin = b""
+        if want_cubin:
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            if err != ok:
+                raise fail(f"nvrtcGetCUBINSize failed: {_error_string(nvrtc, err)}")
+            if size:
+                buf = b" " * size
+                (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
+                if err != ok:
+                    raise fail(f"nvrtcGetCUBIN failed: {_error_string(nvrtc, err)}")
+                cubin = buf
+        ptx = None
+        if want_ptx:
+            err, size = nvrtc.nvrtcGetPTXSize(prog)
+            if err == ok and size > 1:
+                buf = b" " * size
+                (err,) = nvrtc.nvrtcGetPTX(prog, buf)
+                if err == ok:
+                    ptx = buf.rstrip(b"\x00").decode("utf-8", errors="replace")
+        return cubin, ptx, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _error_string(nvrtc: ModuleType, err: object) -> str:
+    try:
+        text = nvrtc.nvrtcGetErrorString(err)[1]
+        return text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:
+        return str(err)
+
+
+def compile_cuda(
+    source: str, *, name: str, arch: str, keep_ptx: bool = True, options: Sequence[str] = ()
+) -> CompileResult:
+    """Compile self-contained CUDA C++ (prelude included by the caller) to a cubin for exactly ``arch``.
+
+    Options always given: ``--gpu-architecture=<arch>`` (a real target, so NVRTC emits SASS), ``-std=c++17``,
+    ``-lineinfo``; ``options`` are appended. Raises ValueError for an arch tilejit does not support,
+    BackendUnavailableError when NVRTC is missing or too old for it, BackendCompileError (with NVRTC's log and
+    the path of a temp file holding ``source``) when compilation fails.
+    """
+    arch = normalize_arch(arch)
+    check_arch_supported_by_nvrtc(arch)
+    common = ["-std=c++17", "-lineinfo", *options]
+    start = time.perf_counter()
+    cubin, ptx, log = _run_nvrtc(
+        source, name, arch, [f"--gpu-architecture={arch}", *common], want_cubin=True, want_ptx=keep_ptx
+    )
+    if not cubin:
+        raise BackendCompileError(
+            f"NVRTC produced no cubin for {arch}\n{log}".rstrip(),
+            arch=arch, source=source, source_path=_write_failed_source(source, name), name=name,
+        )
+    if keep_ptx and ptx is None:  # fallback; NVRTC 12.9/13.0 return PTX for sm_XX compiles already
+        virtual = arch.replace("sm_", "compute_")
+        _, ptx, _ = _run_nvrtc(
+            source, name, arch, [f"--gpu-architecture={virtual}", *common], want_cubin=False, want_ptx=True
+        )
+    return CompileResult(
+        cubin=cubin,
+        ptx=ptx,
+        log=log,
+        seconds=time.perf_counter() - start,
+        arch=arch,
+        nvrtc_version=nvrtc_version(),
+    )

@@ -1,0 +1,318 @@
+"""The ``tilejit`` console command: inspect and maintain the kernel cache.
+
+Only the cache and the knobs are imported: ``tilejit cache list`` must stay quick, so nothing here pulls in
+torch or the compiler. Human output fits an 80-column terminal (paths excepted, which are never cut);
+``list --json`` is for scripts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tilejit.runtime.cache import CacheEntry, KernelCache, as_timestamp
+
+WIDTH = 80
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Shown first, in this order, by `show`; any other meta keys follow alphabetically.
+_META_ORDER = ["key", "kernel", "signature", "arch", "threads", "shared_bytes", "registers", "spills",
+               "compile_seconds", "created", "versions", "binary", "sha256"]
+_CONTENT_FLAGS = {"cuda": "kernel.cu", "ir": "kernel.ir", "ptx": "kernel.ptx", "sass": "kernel.sass"}
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line on stderr, exit status 1."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version and usage errors: keep main() returning an int
+        return int(exit_.code or 0)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 1
+    try:
+        return args.run(args)
+    except CliError as err:
+        print(f"tilejit: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `tilejit cache list | head`
+        return 0
+
+
+def version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("tilejit")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilejit", description="tilejit: a Python JIT for tensor cores.")
+    parser.add_argument("--version", action="version", version=f"tilejit {version()}")
+    commands = parser.add_subparsers(title="commands")
+
+    cache = commands.add_parser(
+        "cache", help="inspect and maintain the compiled-kernel cache",
+        description="The cache directory is $TILEJIT_CACHE_DIR, else ~/.cache/tilejit.")
+    cache.set_defaults(run=lambda _: _usage(cache))
+    actions = cache.add_subparsers(title="actions")
+
+    actions.add_parser("path", help="print the cache directory").set_defaults(run=_cmd_path)
+
+    list_ = actions.add_parser("list", help="list cached kernels and autotune records")
+    list_.add_argument("--json", action="store_true", help="machine-readable output")
+    list_.set_defaults(run=_cmd_list)
+
+    show = actions.add_parser("show", help="show one entry's metadata and files",
+                              description="With --cuda/--ir/--ptx/--sass, print those files only.")
+    show.add_argument("key", help="the entry's key or a unique prefix of it")
+    for flag, name in _CONTENT_FLAGS.items():
+        show.add_argument(f"--{flag}", action="store_true", help=f"print {name}" + (
+            " (else disassemble the cubin with cuobjdump/nvdisasm)" if flag == "sass" else ""))
+    show.set_defaults(run=_cmd_show)
+
+    clear = actions.add_parser("clear", help="remove every entry and autotune record")
+    clear.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    clear.set_defaults(run=_cmd_clear)
+
+    prune = actions.add_parser("prune", help="remove entries older than a given age")
+    prune.add_argument("--older-than", required=True, type=parse_duration, metavar="AGE",
+                       help="e.g. 30d, 12h, 45m, 90s")
+    prune.set_defaults(run=_cmd_prune)
+    return parser
+
+
+# ---- commands ----------------------------------------------------------------------------------------------
+
+def _cmd_path(args) -> int:
+    print(KernelCache().root)
+    return 0
+
+
+def _cmd_list(args) -> int:
+    cache = KernelCache()
+    entries, records = cache.entries(), cache.autotune_records()
+    if args.json:
+        print(json.dumps({
+            "root": str(cache.root),
+            "entries": [{"key": e.key, "path": str(e.path), "size_bytes": e.size_bytes(), "meta": e.meta}
+                        for e in entries],
+            "autotune": records,
+        }, indent=2, sort_keys=True, default=str))
+        return 0
+    now = time.time()
+    if entries:
+        rows = [[e.key[:12], e.meta.get("kernel", "?"), e.meta.get("arch", "?"), e.meta.get("signature", ""),
+                 format_size(e.size_bytes()), format_age(now, e.meta.get("created"))] for e in entries]
+        _print_table(["KEY", "KERNEL", "ARCH", "SIGNATURE", "SIZE", "AGE"], [12, 18, 7, 19, 8, 5], rows,
+                     right={"SIZE", "AGE"})
+        total = sum(e.size_bytes() for e in entries)
+        print(f"{len(entries)} kernel{'s' * (len(entries) != 1)}, {format_size(total)}")
+    else:
+        print("no cached kernels")
+    if records:
+        print()
+        rows = [[r.get("kernel", "?"), _compact(r.get("key", "")), _format_config(r.get("config")),
+                 _best_ms(r.get("timings_ms")), format_age(now, r.get("created"))] for r in records]
+        _print_table(["AUTOTUNED", "KEY", "BEST CONFIG", "BEST MS", "AGE"], [16, 20, 20, 8, 5], rows,
+                     right={"BEST MS", "AGE"})
+    return 0
+
+
+def _cmd_show(args) -> int:
+    entry = _find_entry(KernelCache(), args.key)
+    wanted = [flag for flag in _CONTENT_FLAGS if getattr(args, flag)]
+    if not wanted:
+        _print_meta(entry)
+        return 0
+    for flag in wanted:
+        if len(wanted) > 1:
+            print(f"// ---- {_CONTENT_FLAGS[flag]} ----")
+        text = _sass(entry) if flag == "sass" else _read_stored(entry, _CONTENT_FLAGS[flag])
+        print(text, end="" if text.endswith("\n") else "\n")
+    return 0
+
+
+def _cmd_clear(args) -> int:
+    cache = KernelCache()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("not clearing without --yes (standard input is not a terminal)")
+        answer = input(f"remove every entry under {cache.root}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 0
+    removed = cache.clear()
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} (kernels and autotune records)")
+    return 0
+
+
+def _cmd_prune(args) -> int:
+    removed = KernelCache().prune(args.older_than)
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
+          f"{format_duration(args.older_than)}")
+    return 0
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 1
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+
+def parse_duration(text: str) -> float:
+    """Seconds in "30d", "12h", "45m", "90s", "2w" (a bare number is seconds)."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 30d, 12h, 45m or 90s")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def format_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_age(now: float, created) -> str:
+    then = as_timestamp(created)
+    return "?" if then is None else format_duration(now - then)
+
+
+def format_duration(seconds: float) -> str:
+    """Whole units, largest first: "45s", "3m", "2h", "5d"."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _fit(text, width: int) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _print_table(headers: list[str], widths: list[int], rows: list[list], right: set[str]) -> None:
+    def line(cells):
+        parts = [(_fit(c, w).rjust(w) if h in right else _fit(c, w).ljust(w))
+                 for c, w, h in zip(cells, widths, headers)]
+        return "  ".join(parts).rstrip()
+    print(line(headers))
+    for row in rows:
+        print(line(row))
+
+
+def _compact(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _format_config(config) -> str:
+    if not isinstance(config, dict):
+        return _compact(config)
+    flat = {}
+    for name, value in config.items():
+        flat.update(value if isinstance(value, dict) else {name: value})
+    return " ".join(f"{name}={value}" for name, value in flat.items())
+
+
+def _best_ms(timings) -> str:
+    if isinstance(timings, dict):
+        timings = list(timings.values())
+    if isinstance(timings, (int, float)):
+        timings = [timings]
+    numbers = [t for t in timings or [] if isinstance(t, (int, float))]
+    return f"{min(numbers):.4g}" if numbers else "?"
+
+
+def _find_entry(cache: KernelCache, prefix: str) -> CacheEntry:
+    matches = cache.find(prefix) if re.fullmatch(r"[0-9a-fA-F]+", prefix) else []
+    if not matches:
+        raise CliError(f"no cache entry with key {prefix!r} (see `tilejit cache list`)")
+    if len(matches) > 1:
+        raise CliError(f"key prefix {prefix!r} matches {len(matches)} entries; give more characters")
+    return matches[0]
+
+
+def _print_meta(entry: CacheEntry) -> None:
+    meta = dict(entry.meta, key=entry.key)
+    names = [n for n in _META_ORDER if n in meta] + sorted(n for n in meta if n not in _META_ORDER)
+    label_width = max(len(n) for n in names) + 1
+    now = time.time()
+    for name in names:
+        value = meta[name]
+        if name == "created" and isinstance(value, (int, float)):
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+            value = f"{stamp} ({format_age(now, value)} ago)"
+        elif isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in sorted(value.items()))
+        print(textwrap.fill(str(value), WIDTH, initial_indent=name.ljust(label_width),
+                            subsequent_indent=" " * label_width, break_long_words=True))
+    print("files in:")
+    print(entry.path)
+    for name in entry.file_names():
+        print(f"  {_fit(name, 40):<40}  {format_size(_size(entry.path / name)):>10}")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_stored(entry: CacheEntry, name: str) -> str:
+    try:
+        return entry.read_text(name)
+    except FileNotFoundError:
+        hint = " (built with TILEJIT_KEEP_PTX=0?)" if name.endswith(".ptx") else ""
+        raise CliError(f"entry {entry.key[:12]} has no {name}{hint}") from None
+
+
+def _sass(entry: CacheEntry) -> str:
+    """The stored SASS, else a disassembly of the cubin by whichever NVIDIA tool is installed."""
+    if "kernel.sass" in entry.file_names():
+        return entry.read_text("kernel.sass")
+    cubin = entry.path / entry.meta.get("binary", "kernel.cubin")
+    for tool, flags in (("cuobjdump", ["-sass"]), ("nvdisasm", [])):
+        exe = _find_tool(tool)
+        if exe is None:
+            continue
+        done = subprocess.run([exe, *flags, str(cubin)], capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+            raise CliError(f"{tool} failed on {entry.key[:12]}: {last}")
+        return done.stdout
+    raise CliError("no stored SASS and no cuobjdump/nvdisasm; pip install nvidia-cuda-cuobjdump")
+
+
+def _find_tool(name: str) -> str | None:
+    """``name`` on PATH, else inside an NVIDIA pip wheel (nvidia/<package>/bin/), which is not on PATH."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for entry in sys.path:
+        for candidate in sorted(Path(entry or ".").glob(f"nvidia/*/bin/{name}")):
+            if candidate.is_file():
+                return str(candidate)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""Typing, promotion and broadcasting rules of the language, and the IR they build.
+
+The rules, in one place:
+
+* **Operands** are IR values (scalars or tiles) or Python constants (``int``, ``float``, ``bool``).
+  Two Python constants fold at compile time with Python's own semantics.
+* **Dtype promotion** (``promote``): equal dtypes stay; ``bool`` yields to the other; two floats take
+  the wider, and two different floats of one width (f16/bf16, e4m3/e5m2) meet at ``float32``; a float
+  beats an integer; two integers take the wider (signed wins at equal width).
+* **Python constants are weak**: next to a typed value they take that value's dtype (an ``int`` or
+  ``float`` next to a ``float16`` tile is a ``float16`` constant); a ``float`` next to an integer value
+  makes both ``float32``. A constant alone is ``int32`` (``int64`` if it does not fit), ``float32`` or
+  ``bool``.
+* **Broadcasting** follows NumPy: shapes are aligned on the right, missing leading dims are added, and a
+  dim of 1 stretches to the other's length; a scalar stretches to any tile. The IR only ever sees
+  operands of one shape: this module inserts ``splat``, ``expand_dims`` and ``broadcast``.
+* ``/`` is true division (integers become ``float32``); ``//`` and ``%`` are integer-only and follow
+  Python (floor toward -inf; the remainder takes the divisor's sign). Comparisons give ``bool``.
+* ``a @ b`` on f16/bf16/fp8 tiles returns ``float32`` (int8: ``int32``), both operands of one dtype.
+* ``T.sum`` of 8/16-bit floats returns ``float32``, of ``bool``/8/16-bit ints ``int32``; ``max``/``min``
+  keep the dtype. Reducing the last remaining axis gives a scalar.
+* A cast ``x.to(dtype)`` rounds to nearest even between floats, truncates toward zero from float to
+  int, and maps non-zero to ``True`` for ``bool``.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence
+
+from .. import dtypes as D
+from ..dtypes import DType
+from ..ir import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
+                  CompareAttrs, CompareOp, ConstantAttrs, GemmAttrs, NoAttrs, OpKind, PermAttrs,
+                  ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
+
+PyConst = (bool, int, float)
+
+
+class SemanticError(Exception):
+    """A rule of the language was broken; the frontend adds the source location."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def is_const(x: Any) -> bool:
+    return isinstance(x, PyConst)
+
+
+def describe(x: Any) -> str:
+    if isinstance(x, Value):
+        return f"{'tile' if x.is_tile else 'scalar'} of type {x.type}"
+    return f"{type(x).__name__} {x!r}"
+
+
+_FLOAT_RANK = {8: 0, 16: 1, 32: 2, 64: 3}
+
+
+def promote(a: DType, b: DType) -> DType:
+    if a == b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_floating and b.is_floating:
+        if a.bits == b.bits:
+            return D.float32 if a.bits <= 32 else a
+        return a if _FLOAT_RANK[a.bits] > _FLOAT_RANK[b.bits] else b
+    if a.is_floating:
+        return a
+    if b.is_floating:
+        return b
+    if a.bits != b.bits:
+        return a if a.bits > b.bits else b
+    return a if a.kind == "int" else b
+
+
+def const_dtype(c: Any) -> DType:
+    if isinstance(c, bool):
+        return D.bool_
+    if isinstance(c, int):
+        return D.int32 if -2**31 <= c < 2**31 else D.int64
+    return D.float32
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return x.type.shape if isinstance(x, Value) and x.is_tile else ()
+
+
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for i in range(max(len(a), len(b))):
+        da = a[len(a) - 1 - i] if i < len(a) else 1
+        db = b[len(b) - 1 - i] if i < len(b) else 1
+        if da != db and 1 not in (da, db):
+            raise SemanticError(f"cannot broadcast shapes {a} and {b}",
+                                "use x[:, None] or x[None, :] to add the missing dimension")
+        out.append(max(da, db))
+    return tuple(reversed(out))
+
+
+_PY_BINARY = {
+    BinaryOp.ADD: operator.add, BinaryOp.SUB: operator.sub, BinaryOp.MUL: operator.mul,
+    BinaryOp.TRUEDIV: operator.truediv, BinaryOp.FLOORDIV: operator.floordiv, BinaryOp.MOD: operator.mod,
+    BinaryOp.MIN: min, BinaryOp.MAX: max, BinaryOp.AND: operator.and_, BinaryOp.OR: operator.or_,
+    BinaryOp.XOR: operator.xor, BinaryOp.SHL: operator.lshift, BinaryOp.SHR: operator.rshift,
+}
+_PY_COMPARE = {
+    CompareOp.LT: operator.lt, CompareOp.LE: operator.le, CompareOp.GT: operator.gt,
+    CompareOp.GE: operator.ge, CompareOp.EQ: operator.eq, CompareOp.NE: operator.ne,
+}
+_PY_UNARY = {
+    UnaryOp.NEG: operator.neg, UnaryOp.NOT: operator.not_, UnaryOp.EXP: math.exp, UnaryOp.EXP2: lambda v: 2.0 ** v,
+    UnaryOp.LOG: math.log, UnaryOp.SQRT: math.sqrt, UnaryOp.RSQRT: lambda v: 1 / math.sqrt(v), UnaryOp.ABS: abs,
+}
+_INT_ONLY = {BinaryOp.FLOORDIV, BinaryOp.MOD, BinaryOp.SHL, BinaryOp.SHR}
+_FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT}
+
+
+class Semantic:
+    """Builds typed IR for the language's operations; raises :class:`SemanticError` on misuse."""
+
+    def __init__(self, builder: Builder) -> None:
+        self.b = builder
+
+    # -- scalars and constants -------------------------------------------------------------
+    def constant(self, value: Any, dtype: DType | None = None) -> Value:
+        dtype = dtype or const_dtype(value)
+        if dtype.is_floating:
+            value = float(value)
+        elif dtype.is_bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return self.b.create1(OpKind.CONSTANT, [], ScalarType(dtype), ConstantAttrs(value))
+
+    def as_value(self, x: Any, dtype: DType | None = None) -> Value:
+        if isinstance(x, Value):
+            return x
+        if is_const(x):
+            return self.constant(x, dtype)
+        raise SemanticError(f"expected a scalar or tile, got {describe(x)}")
+
+    def cast(self, x: Any, dtype: DType) -> Any:
+        if not isinstance(dtype, DType):
+            raise SemanticError(f".to() takes a dtype such as T.float16, got {dtype!r}")
+        x = self.as_value(x, dtype if is_const(x) else None)
+        if x.dtype == dtype:
+            return x
+        result_type = TileType(x.type.shape, dtype) if x.is_tile else ScalarType(dtype)
+        return self.b.create1(OpKind.CAST, [x], result_type, CastAttrs(dtype))
+
+    # -- shapes ----------------------------------------------------------------------------
+    def splat(self, scalar: Value, shape: tuple[int, ...]) -> Value:
+        return self.b.create1(OpKind.SPLAT, [scalar], TileType(shape, scalar.dtype), ShapeAttrs(shape))
+
+    def broadcast_to(self, x: Value, shape: tuple[int, ...]) -> Value:
+        if x.is_scalar:
+            return self.splat(x, shape)
+        cur = x.type.shape
+        if cur == shape:
+            return x
+        broadcast_shapes(cur, shape)  # raises if incompatible
+        while len(cur) < len(shape):
+            x = self.expand_dims(x, 0)
+            cur = x.type.shape
+        if cur != shape:
+            x = self.b.create1(OpKind.BROADCAST, [x], TileType(shape, x.dtype), ShapeAttrs(shape))
+        return x
+
+    def expand_dims(self, x: Value, axis: int) -> Value:
+        shape = list(x.type.shape)
+        shape.insert(axis, 1)
+        return self.b.create1(OpKind.EXPAND_DIMS, [x], TileType(tuple(shape), x.dtype), AxisAttrs(axis))
+
+    def transpose(self, x: Value) -> Value:
+        if not x.is_tile or x.type.rank != 2:
+            raise SemanticError(f".T needs a 2-D tile, got {describe(x)}")
+        m, n = x.type.shape
+        return self.b.create1(OpKind.TRANSPOSE, [x], TileType((n, m), x.dtype), PermAttrs((1, 0)))
+
+    # -- elementwise -----------------------------------------------------------------------
+    def _unify(self, xs: Sequence[Any], dtype: DType | None = None) -> list[Value]:
+        """Promote and broadcast operands to one dtype and shape (``dtype`` forces the dtype)."""
+        typed = [x for x in xs if isinstance(x, Value)]
+        for x in xs:
+            if not isinstance(x, Value) and not is_const(x):
+                raise SemanticError(f"expected a scalar or tile, got {describe(x)}")
+        if dtype is None:
+            if typed:
+                dtype = typed[0].dtype
+                for v in typed[1:]:
+                    dtype = promote(dtype, v.dtype)
+                # a weak float constant next to integer values makes the operation float32
+                if not dtype.is_floating and any(isinstance(x, float) for x in xs):
+                    dtype = D.float32
+            else:
+                dtype = const_dtype(xs[0])
+                for c in xs[1:]:
+                    dtype = promote(dtype, const_dtype(c))
+        shape: tuple[int, ...] = ()
+        for x in typed:
+            shape = broadcast_shapes(shape, shape_of(x))
+        out = []
+        for x in xs:
+            v = self.cast(x, dtype)
+            if shape:
+                v = self.broadcast_to(v, shape)
+            out.append(v)
+        return out
+
+    def _result_type(self, like: Value, dtype: DType):
+        return TileType(like.type.shape, dtype) if like.is_tile else ScalarType(dtype)
+
+    def binary(self, op: BinaryOp, x: Any, y: Any) -> Any:
+        if is_const(x) and is_const(y):
+            try:
+                return _PY_BINARY[op](x, y)
+            except ZeroDivisionError:
+                raise SemanticError("division by zero in a compile-time expression") from None
+        dtype = None
+        if op is BinaryOp.TRUEDIV:
+            vals = [v for v in (x, y) if isinstance(v, Value)]
+            if all(not v.dtype.is_floating for v in vals) and not any(isinstance(v, float) for v in (x, y)):
+                dtype = D.float32
+        a, b = self._unify([x, y], dtype)
+        if op in _INT_ONLY and not a.dtype.is_integer:
+            raise SemanticError(f"operator '{op.value}' needs integer operands, got {a.dtype}",
+                                "cast with .to(T.int32) or use '/' for float division")
+        if op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR) and a.dtype.is_floating:
+            raise SemanticError(f"bitwise '{op.value}' needs integer or bool operands, got {a.dtype}")
+        return self.b.create1(OpKind.BINARY, [a, b], self._result_type(a, a.dtype), BinaryAttrs(op))
+
+    def compare(self, op: CompareOp, x: Any, y: Any) -> Any:
+        if is_const(x) and is_const(y):
+            return _PY_COMPARE[op](x, y)
+        a, b = self._unify([x, y])
+        return self.b.create1(OpKind.COMPARE, [a, b], self._result_type(a, D.bool_), CompareAttrs(op))
+
+    def unary(self, op: UnaryOp, x: Any) -> Any:
+        if is_const(x):
+            try:
+                return _PY_UNARY[op](x)
+            except (ValueError, ZeroDivisionError) as e:
+                raise SemanticError(f"cannot fold {op.value}({x!r}): {e}") from None
+        x = self.as_value(x)
+        if op in _FLOAT_RESULT and not x.dtype.is_floating:
+            x = self.cast(x, D.float32)
+        if op is UnaryOp.NOT and not (x.dtype.is_bool or x.dtype.is_integer):
+            raise SemanticError(f"'not'/'~' needs a bool or integer operand, got {x.dtype}")
+        return self.b.create1(OpKind.UNARY, [x], self._result_type(x, x.dtype), UnaryAttrs(op))
+
+    def truth(self, x: Any) -> Any:
+        """``x != 0`` as a bool (Python truthiness for runtime values)."""
+        if is_const(x):
+            return bool(x)
+        if x.dtype.is_bool:
+            return x
+        return self.compare(CompareOp.NE, x, 0)
+
+    def where(self, cond: Any, x: Any, y: Any) -> Any:
+        if is_const(cond):
+            return x if cond else y
+        cond = self.truth(cond)
+        a, b = self._unify([x, y])
+        shape = broadcast_shapes(shape_of(cond), shape_of(a))
+        if shape:
+            cond, a, b = (self.broadcast_to(v, shape) for v in (cond, a, b))
+        return self.b.create1(OpKind.SELECT, [cond, a, b], self._result_type(a, a.dtype), NoAttrs())
+
+    # -- tile creation ---------------------------------------------------------------------
+    def full(self, shape: Any, value: Any, dtype: DType) -> Value:
+        shape = self.check_shape(shape)
+        if not isinstance(dtype, DType):
+            raise SemanticError(f"expected a dtype such as T.float32, got {dtype!r}")
+        return self.splat(self.cast(value, dtype), shape)
+
+    def arange(self, start: Any, end: Any = None) -> Value:
+        if end is None:
+            start, end = 0, start
+        if not (isinstance(start, int) and isinstance(end, int)):
+            raise SemanticError("T.arange needs compile-time integer bounds",
+                                "pass the length as a T.constexpr parameter")
+        if end <= start:
+            raise SemanticError(f"T.arange({start}, {end}) is empty")
+        return self.b.create1(OpKind.ARANGE, [], TileType((end - start,), D.int32), ArangeAttrs(start, end))
+
+    @staticmethod
+    def check_shape(shape: Any) -> tuple[int, ...]:
+        if isinstance(shape, int):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) or not shape or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise SemanticError(f"a tile shape must be a tuple of compile-time ints, got {shape!r}",
+                                "use T.constexpr parameters for tile sizes")
+        if any(d <= 0 for d in shape):
+            raise SemanticError(f"tile dimensions must be positive, got {tuple(shape)}")
+        return tuple(shape)
+
+    # -- reductions and matrix products ----------------------------------------------------
+    def reduce(self, x: Any, axis: Any, kind: ReduceKind) -> Any:
+        if not (isinstance(x, Value) and x.is_tile):
+            raise SemanticError(f"T.{kind.value} needs a tile, got {describe(x)}")
+        if axis is None:
+            while isinstance(x, Value) and x.is_tile:
+                x = self.reduce(x, x.type.rank - 1, kind)
+            return x
+        rank = x.type.rank
+        if not isinstance(axis, int) or not -rank <= axis < rank:
+            raise SemanticError(f"axis must be a constant int in [-{rank}, {rank}), got {axis!r}")
+        axis %= rank
+        dtype = x.dtype
+        if kind is ReduceKind.SUM:
+            if dtype.is_floating and dtype.bits < 32:
+                dtype = D.float32
+            elif (dtype.is_integer and dtype.bits < 32) or dtype.is_bool:
+                dtype = D.int32
+            x = self.cast(x, dtype)
+        shape = x.type.shape[:axis] + x.type.shape[axis + 1:]
+        result_type = TileType(shape, dtype) if shape else ScalarType(dtype)
+        return self.b.create1(OpKind.REDUCE, [x], result_type, ReduceAttrs(axis, kind))
+
+    def gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool = False, transpose_b: bool = False) -> Value:
+        for name, t in (("a", a), ("b", b)):
+            if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2):
+                raise SemanticError(f"matrix product operand {name} must be a 2-D tile, got {describe(t)}")
+        if a.dtype != b.dtype:
+            raise SemanticError(f"matrix product operands have different dtypes {a.dtype} and {b.dtype}",
+                                "cast one with .to()")
+        if a.dtype.is_bool or a.dtype in (D.int16, D.int32, D.int64, D.uint8):
+            raise SemanticError(f"matrix products on {a.dtype} tiles are not supported",
+                                "use float16, bfloat16, float8, int8 or float32 operands")
+        m, k = a.type.shape[::-1] if transpose_a else a.type.shape
+        k2, n = b.type.shape[::-1] if transpose_b else b.type.shape
+        if k != k2:
+            raise SemanticError(f"matrix product inner dimensions differ: {m}x{k} @ {k2}x{n}")
+        acc_dtype = D.int32 if a.dtype == D.int8 else (D.float64 if a.dtype == D.float64 else D.float32)
+        if acc is None:
+            acc = self.full((m, n), 0, acc_dtype)
+        elif not (isinstance(acc, Value) and acc.is_tile):
+            raise SemanticError(f"accumulator must be a tile, got {describe(acc)}")
+        if acc.type.shape != (m, n):
+            raise SemanticError(f"accumulator shape {acc.type.shape} does not match the product {m}x{n}")
+        if acc.dtype != acc_dtype:
+            raise SemanticError(f"accumulator must be {acc_dtype} for {a.dtype} operands, got {acc.dtype}",
+                                f"create it with T.zeros(..., T.{acc_dtype.name})")
+        return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
+                              GemmAttrs(bool(transpose_a), bool(transpose_b)))
+
+    # -- global memory ---------------------------------------------------------------------
+    def load(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...]) -> Value:
+        attrs = AccessAttrs(shape, dropped)
+        tile = TileType(attrs.tile_shape, tensor.dtype)
+        return self.b.create1(OpKind.LOAD, [tensor, *starts], tile, attrs)
+
+    def store(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
+              value: Any) -> None:
+        attrs = AccessAttrs(shape, dropped)
+        tile_shape = attrs.tile_shape
+        if isinstance(value, Value) and value.is_tile:
+            try:
+                if broadcast_shapes(value.type.shape, tile_shape) != tile_shape:
+                    raise SemanticError("")
+            except SemanticError:
+                raise SemanticError(f"cannot store a tile of shape {value.type.shape} into a window of "
+                                    f"shape {tile_shape}") from None
+        value = self.cast(value, tensor.dtype)
+        value = self.broadcast_to(value, tile_shape)
+        self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)

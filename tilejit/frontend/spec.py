@@ -1,0 +1,43 @@
+"""What the frontend knows about each argument of one specialization of a kernel."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import DType
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: DType
+    rank: int
+    unit_stride_dims: tuple[int, ...] = ()   # dims whose stride is 1
+    aligned16: bool = False                  # data pointer 16-byte aligned
+    shape_constants: tuple[tuple[int, int], ...] = ()  # (dim, size) pairs the kernel needs at compile time
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    dtype: DType
+    equals_one: bool = False     # an int equal to 1 is folded to the constant 1
+    divisible16: bool = False
+
+
+@dataclass(frozen=True)
+class ConstexprSpec:
+    value: Any
+
+
+ArgSpec = TensorSpec | ScalarSpec | ConstexprSpec
+
+
+class NeedsShape(Exception):
+    """Raised by the frontend when a kernel needs a tensor extent at compile time (a full ``:`` slice).
+
+    The runtime adds ``(param, dim)`` to the specialization and compiles again.
+    """
+
+    def __init__(self, param: str, dim: int) -> None:
+        super().__init__(f"{param}.shape[{dim}]")
+        self.param = param
+        self.dim = dim

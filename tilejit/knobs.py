@@ -1,0 +1,66 @@
+"""Every environment variable tilejit reads, in one place.
+
+Each knob is read when asked for (not at import), so tests can monkeypatch ``os.environ``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def interpret() -> bool:
+    """TILEJIT_INTERPRET=1: run kernels through the IR interpreter on CPU tensors."""
+    return _flag("TILEJIT_INTERPRET")
+
+
+def always_compile() -> bool:
+    """TILEJIT_ALWAYS_COMPILE=1: never read the disk cache (entries are still written)."""
+    return _flag("TILEJIT_ALWAYS_COMPILE")
+
+
+def autotune_enabled() -> bool:
+    """TILEJIT_AUTOTUNE=0: skip timing and use the first config."""
+    return os.environ.get("TILEJIT_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """TILEJIT_CACHE_DIR, else the platform's user cache directory (~/.cache/tilejit on Linux)."""
+    explicit = os.environ.get("TILEJIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "tilejit"
+
+
+def dump_ir() -> bool:
+    """TILEJIT_DUMP_IR=1: print the IR after every pass to stderr."""
+    return _flag("TILEJIT_DUMP_IR")
+
+
+def keep_ptx() -> bool:
+    """TILEJIT_KEEP_PTX=0 drops the PTX from cache entries (kept by default)."""
+    return os.environ.get("TILEJIT_KEEP_PTX", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def arch_override() -> str | None:
+    """TILEJIT_ARCH=sm_80 forces the target arch (e.g. to run the sm_80 path on an H100)."""
+    value = os.environ.get("TILEJIT_ARCH", "").strip()
+    return value or None
+
+
+def compile_workers() -> int:
+    """TILEJIT_COMPILE_WORKERS: processes used to compile autotune configs (default: all cores)."""
+    value = os.environ.get("TILEJIT_COMPILE_WORKERS", "").strip()
+    if value:
+        return max(1, int(value))
+    return max(1, os.cpu_count() or 1)
+
+
+def lock_timeout_s() -> float:
+    """TILEJIT_LOCK_TIMEOUT: seconds to wait for another process compiling the same entry (default 600)."""
+    return float(os.environ.get("TILEJIT_LOCK_TIMEOUT", "600"))

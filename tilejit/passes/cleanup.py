@@ -1,0 +1,40 @@
+"""Dead-code elimination: drops ops whose results nobody uses and that have no side effects.
+
+Runs right after the frontend (which materialises every tensor extent and stride up front) and after
+passes that leave dead values behind.
+"""
+from __future__ import annotations
+
+from ..ir import Block, Function, OpKind
+
+def _has_effects(op) -> bool:
+    """Stores write memory; a loop or ``if`` has effects when something inside it does."""
+    if op.kind is OpKind.STORE:
+        return True
+    return any(_has_effects(inner) for region in op.regions for inner in region.ops)
+
+
+def cleanup(fn: Function) -> None:
+    while _sweep(fn.body, _live_uses(fn.body)):
+        pass
+
+
+def _live_uses(block: Block) -> set[int]:
+    used: set[int] = set()
+    for op in block.walk():
+        used.update(v.id for v in op.operands)
+    return used
+
+
+def _sweep(block: Block, used: set[int]) -> bool:
+    changed = False
+    kept = []
+    for op in block.ops:
+        for region in op.regions:
+            changed |= _sweep(region, used)
+        if op.kind is not OpKind.YIELD and not _has_effects(op) and not any(r.id in used for r in op.results):
+            changed = True
+            continue
+        kept.append(op)
+    block.ops = kept
+    return changed

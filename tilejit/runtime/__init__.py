@@ -1,0 +1,1 @@
+"""Runtime: the on-disk kernel cache, specialization keys and kernel launch."""

@@ -1,0 +1,312 @@
+"""``@tilejit.kernel``: binding launch arguments, specializing, and dispatching to a backend.
+
+A :class:`Kernel` turns ``kernel[grid](*args, **meta)`` into a specialization (dtypes, ranks, strides,
+constexpr values, launch options), builds the IR of that specialization once, and runs it either through
+the interpreter (``TILEJIT_INTERPRET=1``) or compiled on the GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .. import dtypes as D
+from .. import knobs
+from .. import language as lang
+from ..frontend.source import JITFunction, ParsedSource, parse_function, referenced_globals, referenced_helpers
+from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+
+__version__ = "0.1.0"
+
+LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 3}
+_VALID_WARPS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in _VALID_WARPS:
+            raise ValueError(f"num_warps must be one of {_VALID_WARPS}, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
+
+
+@dataclass
+class BoundCall:
+    """One launch's arguments, matched to parameters, with the specialization they imply."""
+    values: dict[str, Any]          # parameter name -> argument (constexprs included)
+    specs: dict[str, ArgSpec]
+    options: LaunchOptions
+
+
+def _is_constexpr_annotation(annotation: Any) -> bool:
+    if annotation is lang.constexpr or isinstance(annotation, lang.constexpr):
+        return True
+    return isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr"
+
+
+def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
+    try:
+        dtype = D.from_torch(t.dtype)
+    except TypeError as e:
+        raise TypeError(f"argument '{name}': {e}") from None
+    if t.dim() == 0:
+        raise ValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
+    unit = tuple(d for d in range(t.dim()) if t.stride(d) == 1)
+    aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
+    return TensorSpec(dtype, t.dim(), unit, aligned, tuple((d, int(t.shape[d])) for d in sorted(shape_dims)))
+
+
+def _scalar_spec(name: str, v: Any) -> ScalarSpec:
+    if isinstance(v, bool):
+        return ScalarSpec(D.bool_)
+    if isinstance(v, int):
+        if not -2**63 <= v < 2**63:
+            raise ValueError(f"argument '{name}' = {v} does not fit in 64 bits")
+        return ScalarSpec(D.int64, v == 1, v % 16 == 0)
+    if isinstance(v, float):
+        return ScalarSpec(D.float32)
+    raise TypeError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
+                    "ints, floats and bools (mark compile-time parameters with T.constexpr)")
+
+
+class Kernel:
+    """What ``@tilejit.kernel`` returns. ``kernel[grid](*args, **meta)`` launches it."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.signature = inspect.signature(fn)
+        self.arg_names = list(self.signature.parameters)
+        self.constexpr_names = {n for n, p in self.signature.parameters.items()
+                                if _is_constexpr_annotation(p.annotation)}
+        for name in self.arg_names:
+            if name in LAUNCH_OPTIONS:
+                raise TypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
+        self._parsed: ParsedSource | None = None
+        self._source_hash: str | None = None
+        self._shape_dims: dict[str, set[int]] = {}   # tensor extents the kernel needs at compile time
+        self._ir_cache: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._specializations: dict[str, Any] = {}   # for the specialization-count warning
+
+    # -- source --------------------------------------------------------------------------------
+    @property
+    def parsed(self) -> ParsedSource:
+        if self._parsed is None:
+            from ..frontend.visitor import check_signature
+
+            parsed = parse_function(self.fn)
+            check_signature(parsed)
+            self._parsed = parsed
+        return self._parsed
+
+    def source_hash(self) -> str:
+        """sha256 of the kernel's source, every helper it calls, and the tilejit version."""
+        if self._source_hash is None:
+            h = hashlib.sha256(__version__.encode())
+            h.update(self.parsed.text.encode())
+            for helper in sorted(referenced_helpers(self.fn), key=lambda f: f.__name__):
+                h.update(helper.__name__.encode())
+                h.update(helper.parsed.text.encode())
+            self._source_hash = h.hexdigest()
+        return self._source_hash
+
+    def _global_constants(self) -> dict[str, Any]:
+        """Compile-time globals the kernel reads: part of the key so changing one recompiles."""
+        out = {}
+        fns = [self.fn] + [h.fn for h in referenced_helpers(self.fn)]
+        for fn in fns:
+            for name, obj in referenced_globals(fn).items():
+                if isinstance(obj, lang.constexpr):
+                    obj = obj.value
+                if isinstance(obj, (bool, int, float, str)):
+                    out[f"{fn.__name__}.{name}"] = obj
+                elif isinstance(obj, D.DType):
+                    out[f"{fn.__name__}.{name}"] = obj.name
+        return out
+
+    # -- binding -----------------------------------------------------------------------------
+    def _signature_text(self) -> str:
+        return f"{self.__name__}{self.signature}"
+
+    def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundCall:
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in LAUNCH_OPTIONS}
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
+                            f"{', '.join(LAUNCH_OPTIONS)})") from None
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        try:
+            opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options})
+        except ValueError as e:
+            raise ValueError(f"kernel {self.__name__}: {e}") from None
+        specs: dict[str, ArgSpec] = {}
+        for name, value in values.items():
+            if name in self.constexpr_names:
+                if isinstance(value, lang.constexpr):
+                    value = values[name] = value.value
+                if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
+                    raise TypeError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
+                                    f"tuple, got {type(value).__name__}")
+                specs[name] = ConstexprSpec(value)
+            elif _is_tensor(value):
+                specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
+            else:
+                specs[name] = _scalar_spec(name, value)
+        return BoundCall(values, specs, opts)
+
+    def key_material(self, call: BoundCall, target: str) -> dict[str, Any]:
+        return {
+            "kernel": self.__name__,
+            "source": self.source_hash(),
+            "globals": self._global_constants(),
+            "args": [[name, _spec_json(spec)] for name, spec in call.specs.items()],
+            "options": [call.options.num_warps, call.options.num_stages],
+            "target": target,
+        }
+
+    def _key(self, call: BoundCall, target: str) -> str:
+        material = json.dumps(self.key_material(call, target), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    # -- IR ----------------------------------------------------------------------------------
+    def build_ir(self, call: BoundCall):
+        """The frontend IR of this call's specialization (cached); adds compile-time extents on demand."""
+        from ..frontend.visitor import build_function
+        from ..ir import verify
+
+        while True:
+            key = self._key(call, "ir")
+            with self._lock:
+                cached = self._ir_cache.get(key)
+            if cached is not None:
+                return cached
+            try:
+                fn = build_function(self.parsed, call.specs, referenced_globals(self.fn))
+            except NeedsShape as need:
+                dims = self._shape_dims.setdefault(need.param, set())
+                if need.dim in dims:
+                    raise
+                dims.add(need.dim)
+                t = call.values[need.param]
+                call.specs[need.param] = _tensor_spec(need.param, t, dims)
+                continue
+            from ..passes.cleanup import cleanup
+
+            cleanup(fn)
+            verify(fn)
+            with self._lock:
+                self._ir_cache[key] = fn
+            return fn
+
+    def ir(self, *args: Any, **kwargs: Any) -> str:
+        """The printed IR of the specialization these arguments select (tensors may be on ``meta``)."""
+        from ..ir import print_function
+
+        return print_function(self.build_ir(self.bind(args, kwargs)))
+
+    # -- launching -----------------------------------------------------------------------------
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.run(grid, args, kwargs)
+        return launch
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
+                        f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
+
+    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        call = self.bind(args, dict(kwargs))
+        grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
+                                    "num_stages": call.options.num_stages}, self.__name__)
+        tensors = {n: v for n, v in call.values.items() if _is_tensor(v)}
+        devices = {str(t.device) for t in tensors.values()}
+        if len(devices) > 1:
+            listing = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+            raise ValueError(f"kernel {self.__name__}: tensor arguments are on different devices ({listing})")
+        if knobs.interpret():
+            from ..interpreter import interpret
+
+            interpret(self.build_ir(call), grid3, call.values)
+            return
+        for n, t in tensors.items():
+            if t.device.type != "cuda":
+                raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
+                                 "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
+        from .launch import launch_compiled
+
+        launch_compiled(self, call, grid3)
+
+    def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
+        """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""
+        from .launch import compile_call
+
+        return compile_call(self, self.bind(args, dict(kwargs)), arch)
+
+    def __repr__(self) -> str:
+        return f"<tilejit.kernel {self.__name__}>"
+
+
+def _is_tensor(v: Any) -> bool:
+    import torch
+
+    return isinstance(v, torch.Tensor)
+
+
+def _spec_json(spec: ArgSpec) -> Any:
+    if isinstance(spec, TensorSpec):
+        return ["tensor", spec.dtype.name, spec.rank, list(spec.unit_stride_dims), spec.aligned16,
+                [list(p) for p in spec.shape_constants]]
+    if isinstance(spec, ScalarSpec):
+        return ["scalar", spec.dtype.name, spec.equals_one, spec.divisible16]
+    value = spec.value
+    if isinstance(value, D.DType):
+        value = "dtype:" + value.name
+    return ["constexpr", repr(value)]
+
+
+def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, int]:
+    if callable(grid):
+        grid = grid(meta)
+    if isinstance(grid, int):
+        grid = (grid,)
+    if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
+        raise ValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
+                         f"got {grid!r}")
+    dims = []
+    for g in grid:
+        if hasattr(g, "item") and not isinstance(g, int):
+            g = g.item()
+        if isinstance(g, bool) or not isinstance(g, int):
+            raise TypeError(f"kernel {name}: grid entries must be ints, got {g!r}")
+        if g <= 0:
+            raise ValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
+        dims.append(g)
+    if dims[0] >= 2**31 or any(d >= 65536 for d in dims[1:]):
+        raise ValueError(f"kernel {name}: grid {tuple(dims)} exceeds CUDA's limits (2^31-1, 65535, 65535)")
+    while len(dims) < 3:
+        dims.append(1)
+    return tuple(dims)
+
+
+def kernel(fn: Callable | None = None) -> Kernel:
+    """Decorator: compile ``fn`` as a tilejit kernel (see DESIGN.md 'The language')."""
+    if fn is None:
+        return kernel  # type: ignore[return-value]
+    return Kernel(fn)
+
+
+def func(fn: Callable) -> JITFunction:
+    """Decorator: a helper that kernels may call; it is inlined where it is called."""
+    return JITFunction(fn)
