@@ -46,7 +46,14 @@ TJ_DEVICE float tj_to_f32(tj_fp8e5m2 x) {
   float f; unsigned short h = (unsigned short)(((unsigned)x.bits) << 8);
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
-/// e4m3fn -> f32 (exact; hardware cvt on sm_89+, bit manipulation before).
+/// e4m3fn bits -> f32 by bit manipulation (exact); the sm_80/86 path of tj_to_f32(tj_fp8e4m3).
+TJ_DEVICE float tj_e4m3_to_f32_sw(unsigned char bits) {
+  unsigned sign = ((unsigned)bits & 0x80u) << 24, e = ((unsigned)bits >> 3) & 0xfu, m = (unsigned)bits & 7u;
+  if (e == 15u && m == 7u) return __uint_as_float(0x7fffffffu);
+  if (e == 0u) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));  // m * 2^-9
+  return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+/// e4m3fn -> f32 (exact; hardware cvt on sm_89+).
 TJ_DEVICE float tj_to_f32(tj_fp8e4m3 x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   unsigned h2; unsigned short in = x.bits; float f;
@@ -54,10 +61,7 @@ TJ_DEVICE float tj_to_f32(tj_fp8e4m3 x) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xffffu)));
   return f;
 #else
-  unsigned sign = ((unsigned)x.bits & 0x80u) << 24, e = ((unsigned)x.bits >> 3) & 0xfu, m = (unsigned)x.bits & 7u;
-  if (e == 15u && m == 7u) return __uint_as_float(0x7fffffffu);
-  if (e == 0u) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));  // m * 2^-9
-  return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+  return tj_e4m3_to_f32_sw(x.bits);
 #endif
 }
 /// identity / C conversions for float, integer and bool values.

@@ -438,7 +438,7 @@ def _lock_is_stale(lock: Path, holder: dict | None) -> bool:
         age = time.time() - _mtime(lock)
         return lock.exists() and age > _UNREADABLE_LOCK_GRACE_S
     if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
-        return False
+        return not _pid_alive(holder["pid"])
     return time.time() - float(holder.get("time", 0)) > knobs.lock_timeout_s()
 
 
