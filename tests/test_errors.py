@@ -69,12 +69,17 @@ def test_dispatch_error_lists_every_candidate():
         [("gemm_wgmma", "arch >= sm_90a"), ("gemm_mma_sync_m16n8k16", "K % 16 == 0 (K = 24)")],
         filename="k.py", lineno=5, col=8, source_line="        acc += a @ b",
     )
+    assert err.message.startswith("no lowering for gemm")
     text = str(err)
     assert text.startswith("k.py:5:9: error: no lowering for gemm")
     assert "gemm_wgmma" in text and "arch >= sm_90a" in text
     assert "gemm_mma_sync_m16n8k16" in text and "K % 16 == 0 (K = 24)" in text
     assert err.candidates[1] == ("gemm_mma_sync_m16n8k16", "K % 16 == 0 (K = 24)")
-    assert text.rstrip().endswith("^")
+    lines = text.split("\n")
+    assert lines[1] == "    " + "        acc += a @ b"
+    assert lines[2].strip() == "^" and lines[3] == "candidates:"
+    assert lines[4].split() == ["gemm_wgmma", "rejected:", "arch", ">=", "sm_90a"]
+    assert len(lines) == 6
 
 
 def test_backend_compile_error_message():
@@ -84,3 +89,8 @@ def test_backend_compile_error_message():
     assert "sm_80" in text and "/tmp/k.cu" in text and "k.cu(3): error: boom" in text
     err.source_path = "/cache/entry/k.cu"  # the cache moves the source and says where
     assert "/cache/entry/k.cu" in str(err)
+
+
+def test_dispatch_error_without_candidates_keeps_the_message():
+    err = DispatchError("no lowering of copy fits on sm_80 (candidates: a: x; b: y)", hint="change the tile")
+    assert str(err) == "<unknown>: error: no lowering of copy fits on sm_80 (candidates: a: x; b: y)\nhint: change the tile"

@@ -287,31 +287,17 @@ def _read_stored(entry: CacheEntry, name: str) -> str:
 
 def _sass(entry: CacheEntry) -> str:
     """The stored SASS, else a disassembly of the cubin by whichever NVIDIA tool is installed."""
+    from .runtime.sass import DisassemblyError, disassemble_file
+
     if "kernel.sass" in entry.file_names():
         return entry.read_text("kernel.sass")
-    cubin = entry.path / entry.meta.get("binary", "kernel.cubin")
-    for tool, flags in (("cuobjdump", ["-sass"]), ("nvdisasm", [])):
-        exe = _find_tool(tool)
-        if exe is None:
-            continue
-        done = subprocess.run([exe, *flags, str(cubin)], capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["failed"])[-1]
-            raise CliError(f"{tool} failed on {entry.key[:12]}: {last}")
-        return done.stdout
-    raise CliError("no stored SASS and no cuobjdump/nvdisasm; pip install nvidia-cuda-cuobjdump")
-
-
-def _find_tool(name: str) -> str | None:
-    """``name`` on PATH, else inside an NVIDIA pip wheel (nvidia/<package>/bin/), which is not on PATH."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for entry in sys.path:
-        for candidate in sorted(Path(entry or ".").glob(f"nvidia/*/bin/{name}")):
-            if candidate.is_file():
-                return str(candidate)
-    return None
+    try:
+        text = disassemble_file(entry.path / entry.meta.get("binary", "kernel.cubin"))
+    except DisassemblyError as e:
+        raise CliError(f"{e} on {entry.key[:12]}") from None
+    if text is None:
+        raise CliError("no stored SASS and no cuobjdump/nvdisasm; pip install nvidia-cuda-cuobjdump")
+    return text
 
 
 if __name__ == "__main__":

@@ -59,9 +59,14 @@ class CompilationError(TilejitError):
             if self.col is not None:
                 caret_col = len(raw[: self.col].expandtabs(4))
                 lines.append("    " + " " * caret_col + "^")
+        lines.extend(self._detail_lines())
         if self.hint:
             lines.append(f"hint: {self.hint}")
         return "\n".join(lines)
+
+    def _detail_lines(self) -> list[str]:
+        """Extra lines a subclass shows between the caret and the hint."""
+        return []
 
 
 class UnsupportedSyntaxError(CompilationError):
@@ -86,13 +91,13 @@ class DispatchError(CompilationError):
         **location: object,
     ) -> None:
         self.candidates: tuple[tuple[str, str], ...] = tuple(candidates)
-        if self.candidates:
-            width = max(len(name) for name, _ in self.candidates)
-            listing = "\n".join(f"  {name.ljust(width)}  rejected: {why}" for name, why in self.candidates)
-            full = f"{message}\ncandidates:\n{listing}"
-        else:
-            full = f"{message} (no candidates are registered)"
-        super().__init__(full, **location)  # type: ignore[arg-type]
+        super().__init__(message, **location)  # type: ignore[arg-type]
+
+    def _detail_lines(self) -> list[str]:
+        if not self.candidates:  # callers may list them in the message themselves
+            return []
+        width = max(len(name) for name, _ in self.candidates)
+        return ["candidates:"] + [f"  {name.ljust(width)}  rejected: {why}" for name, why in self.candidates]
 
 
 class BackendCompileError(TilejitError):

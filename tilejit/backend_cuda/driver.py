@@ -9,14 +9,14 @@ live in one preallocated buffer described by a ``struct.Struct`` (one ``pack_int
 ``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. Two ways to make
 that call are kept (see ``LAUNCH_IMPLS``): cuda.bindings' ``cuLaunchKernel``, which accepts the ``void**``
 address as a plain int, and ctypes on ``libcuda.so.1``. ``DEFAULT_LAUNCH_IMPL`` is the one measured faster on an
-H100 (see its comment); the other stays as a fallback for bindings that reject an int address.
+H200 (see its comment); the other stays as a fallback for bindings that reject an int address.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -35,8 +35,10 @@ _PARAM_LAYOUT: dict[str, tuple[str, int, int]] = {
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 
 LAUNCH_IMPLS = ("bindings", "ctypes")
-# Measured on an H100 (see the report of the change that added this file): both are well under the 4 us goal;
-# "bindings" is chosen because it needs no second handle on libcuda and works wherever cuda.bindings does.
+# Measured on an H200 (driver 580, cuda-bindings 13.3, torch 2.11), 14 params (8 ptr, 2 i64, 2 i32, 2 f32),
+# host time per launch, median of 7 x 20k: "bindings" 4.5 us, "ctypes" 5.5-5.8 us; a bare cuda.bindings
+# cuLaunchKernel call with everything prebuilt takes 4.1-4.2 us there and pack_into 0.5 us, so the driver call
+# itself is the floor (torch's x.add_(1): 7.2 us). ctypes loses on per-argument conversion of its 11 arguments.
 DEFAULT_LAUNCH_IMPL = "bindings"
 
 
@@ -57,6 +59,8 @@ def _driver() -> ModuleType:
 def _error_name(err: Any) -> str:
     drv = _driver()
     try:
+        if not isinstance(err, drv.CUresult):
+            err = drv.CUresult(int(err))
         ok, name = drv.cuGetErrorName(err)
         ok2, text = drv.cuGetErrorString(err)
         name = name.decode() if isinstance(name, bytes) else str(name)
@@ -190,7 +194,10 @@ def load_cubin(cubin: bytes, kernel_name: str, device_index: int, dynamic_smem_b
             function = _check(drv.cuModuleGetFunction(module, kernel_name.encode()),
                               f"cuModuleGetFunction({kernel_name!r})")
             fa = drv.CUfunction_attribute
-            get = lambda attr: int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({attr})"))  # noqa: E731
+
+            def get(attr: Any) -> int:
+                return int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({attr})"))
+
             device = _check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
             optin = _check(drv.cuDeviceGetAttribute(
                 drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
@@ -271,37 +278,43 @@ class Launcher:
         self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self._params_address = ctypes.addressof(self._pointers)
         self._tmap_positions = tuple(i for i, k in enumerate(self.param_kinds) if k == "tmap")
-        self._pack_into = self._struct.pack_into
+        self.launch = self._build_launch(loaded, impl)
+
+    def _build_launch(self, loaded: LoadedKernel, impl: str) -> Callable[[tuple[int, int, int], int, Sequence[Any]], None]:
+        """The per-call path as one closure over locals (no attribute lookups, no extra frames)."""
+        pack_into, buffer, params = self._struct.pack_into, self._buffer, self._params_address
         bx, by, bz = self.block
+        smem = self.dynamic_smem_bytes
         if impl == "bindings":
-            drv = _driver()
-            function, launch = loaded.function, drv.cuLaunchKernel
-            streams: dict[int, Any] = {}
-            CUstream = drv.CUstream
+            function, cu_launch = loaded.function, _driver().cuLaunchKernel
 
-            def raw_launch(gx: int, gy: int, gz: int, stream: int) -> int:
-                s = streams.get(stream)
-                if s is None:
-                    s = streams[stream] = CUstream(stream)
-                return launch(function, gx, gy, gz, bx, by, bz, dynamic_smem_bytes, s, self._params_address, 0)[0]
+            def raw(gx: int, gy: int, gz: int, stream: int) -> Any:
+                return cu_launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, 0)[0]
         else:
-            handle, fn = int(loaded.function), _libcuda_launch()
+            handle, cu_launch = int(loaded.function), _libcuda_launch()
 
-            def raw_launch(gx: int, gy: int, gz: int, stream: int) -> int:
-                return fn(handle, gx, gy, gz, bx, by, bz, dynamic_smem_bytes, stream, self._params_address, None)
-        self._raw_launch = raw_launch
+            def raw(gx: int, gy: int, gz: int, stream: int) -> Any:
+                return cu_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+        self._raw_launch = raw
+        to_bytes = self._tensor_maps_as_bytes if self._tmap_positions else None
+
+        def launch(grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
+            if to_bytes is not None:
+                values = to_bytes(values)
+            try:
+                pack_into(buffer, 0, *values)
+            except struct.error as exc:
+                raise self._bad_values(values, exc) from None
+            err = raw(grid[0], grid[1], grid[2], stream)
+            if err:
+                self._recover(err, grid, stream)
+
+        return launch
 
     def __call__(self, grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
-        if self._tmap_positions:
-            values = self._tensor_maps_as_bytes(values)
-        try:
-            self._pack_into(self._buffer, 0, *values)
-        except struct.error as exc:
-            raise self._bad_values(values, exc) from None
-        gx, gy, gz = grid
-        err = self._raw_launch(gx, gy, gz, stream)
-        if err:
-            self._recover(err, grid, stream)
+        """Launch on ``stream`` (an int handle). Hot callers may hold ``self.launch`` instead (same thing, one
+        call frame less)."""
+        self.launch(grid, stream, values)
 
     def _tensor_maps_as_bytes(self, values: Sequence[Any]) -> list[Any]:
         values = list(values)
@@ -333,7 +346,7 @@ class Launcher:
             if not err:
                 return
         raise LaunchError(
-            f"cuLaunchKernel({self.loaded.name!r}) failed: {_error_name(drv.CUresult(int(err)))}; grid={tuple(grid)}, "
+            f"cuLaunchKernel({self.loaded.name!r}) failed: {_error_name(err)}; grid={tuple(grid)}, "
             f"block={self.block}, dynamic_smem={self.dynamic_smem_bytes}, device={self.loaded.device_index}"
         )
 

@@ -52,6 +52,9 @@ def is_const(x: Any) -> bool:
 def describe(x: Any) -> str:
     if isinstance(x, Value):
         return f"{'tile' if x.is_tile else 'scalar'} of type {x.type}"
+    value = getattr(x, "value", None)
+    if isinstance(value, Value) and value.is_tensor:  # a tensor argument: load a tile from it first
+        return f"tensor '{getattr(x, 'name', '?')}' ({value.type}; load a tile from it with a slice)"
     return f"{type(x).__name__} {x!r}"
 
 
@@ -276,6 +279,9 @@ class Semantic:
         shape = self.check_shape(shape)
         if not isinstance(dtype, DType):
             raise SemanticError(f"expected a dtype such as T.float32, got {dtype!r}")
+        if not (is_const(value) or isinstance(value, Value) and value.is_scalar):
+            raise SemanticError(f"the fill value must be a scalar, got {describe(value)}",
+                                "convert a tile with x.to(dtype); broadcast it with x[:, None] or arithmetic")
         return self.splat(self.cast(value, dtype), shape)
 
     def arange(self, start: Any, end: Any = None) -> Value:

@@ -69,6 +69,36 @@ def _assigned_names(stmts: list[ast.stmt]) -> list[str]:
     return list(seen)
 
 
+def _last_store(stmts: list[ast.stmt], name: str) -> ast.AST | None:
+    """The last place in ``stmts`` (in source order) that binds ``name``: where a loop error should point."""
+    found = None
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            target = node.target if isinstance(node, ast.AugAssign) else node
+            if isinstance(target, ast.Name) and target.id == name and isinstance(target.ctx, ast.Store):
+                if found is None or (target.lineno, target.col_offset) > (found.lineno, found.col_offset):
+                    found = target
+    return found
+
+
+_PURE_KINDS = {OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
+               OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST}
+
+
+def _same_value(a: Any, b: Any, depth: int = 8) -> bool:
+    """Whether two scalars are the same computation (``pid * BN`` written twice in ``A[pid * BN:pid * BN + BN]``)."""
+    if not (isinstance(a, Value) and isinstance(b, Value)):
+        return False
+    if a.id == b.id:
+        return True
+    oa, ob = a.owner, b.owner
+    if depth == 0 or oa is None or ob is None or isinstance(oa, Block) or isinstance(ob, Block):
+        return False
+    return (oa.kind is ob.kind and oa.kind in _PURE_KINDS and oa.attrs == ob.attrs and a.type == b.type
+            and len(oa.operands) == len(ob.operands)
+            and all(_same_value(x, y, depth - 1) for x, y in zip(oa.operands, ob.operands)))
+
+
 class CodeGenerator(ast.NodeVisitor):
     def __init__(self, parsed: ParsedSource, builder: Builder, global_env: dict[str, Any]) -> None:
         self.parsed = parsed
@@ -105,14 +135,18 @@ class CodeGenerator(ast.NodeVisitor):
                          "@tilejit.func helpers (see DESIGN.md 'The language')", UnsupportedSyntaxError)
 
     # -- statements ------------------------------------------------------------------------
-    def visit_body(self, stmts: list[ast.stmt]) -> None:
+    def visit_body(self, stmts: list[ast.stmt], top: bool = False) -> None:
+        """Visit statements; ``top`` is the function's own body, the only place a ``return`` may end."""
         for i, stmt in enumerate(stmts):
             if isinstance(stmt, ast.Return):
-                if i != len(stmts) - 1 or (self.inline_depth == 0 and stmt.value is not None):
-                    what = "a value" if stmt.value is not None else "early"
-                    raise self.error(stmt, f"'return' of {what} is not supported here",
-                                     "kernels write results through stores; a helper may return once, "
-                                     "as its last statement", UnsupportedSyntaxError)
+                if self.inline_depth == 0 and stmt.value is not None:
+                    raise self.error(stmt, "a kernel cannot return a value",
+                                     "kernels write results through stores: Y[i:i + BLOCK] = value",
+                                     UnsupportedSyntaxError)
+                if not top or i != len(stmts) - 1:
+                    raise self.error(stmt, "an early 'return' is not supported",
+                                     "a function may return only once, as the last statement of its body "
+                                     "(not inside an if or a loop)", UnsupportedSyntaxError)
                 self.return_value = None if stmt.value is None else self.visit(stmt.value)
                 return
             self.visit(stmt)
@@ -311,7 +345,7 @@ class CodeGenerator(ast.NodeVisitor):
         for _ in range(4):
             body, yielded = self._loop_body(node, iv_dtype, carried, before)
             joined = {n: self._join_type(n, before[n] if is_const(before[n]) else Value(carried[n]),
-                                         yielded[n], node) for n in carried}
+                                         yielded[n], _last_store(node.body, n) or node) for n in carried}
             if joined == carried:
                 break
             carried = joined
@@ -319,7 +353,7 @@ class CodeGenerator(ast.NodeVisitor):
             raise self.error(node, "loop-carried values keep changing type")
         inits = [self._coerce(before[n], carried[n], n, node) for n in carried]
         with self.b.at(body):
-            outs = [self._coerce(yielded[n], carried[n], n, node) for n in carried]
+            outs = [self._coerce(yielded[n], carried[n], n, _last_store(node.body, n) or node) for n in carried]
             self.b.create(OpKind.YIELD, outs, [], NoAttrs())
         op = self.b.create(OpKind.FOR, [*bounds, *inits], list(carried.values()), attrs, regions=[body])
         self.scope = before
@@ -596,10 +630,15 @@ class CodeGenerator(ast.NodeVisitor):
                     hi = extent
                 else:
                     hi = self.visit(item.upper)
+                for bound in (lo, hi):
+                    if isinstance(bound, bool) or not (isinstance(bound, int) or (
+                            isinstance(bound, Value) and bound.is_scalar and bound.dtype.is_integer)):
+                        raise self.error(item, f"slice bounds must be integers, got {describe(bound)}",
+                                         "a start is an integer scalar such as T.program_id(0) * BLOCK; "
+                                         "convert a float with int(x)")
                 lo_base, lo_off = self.split_offset(lo)
                 hi_base, hi_off = self.split_offset(hi)
-                same = lo_base is hi_base or (isinstance(lo_base, Value) and isinstance(hi_base, Value)
-                                              and lo_base.id == hi_base.id)
+                same = lo_base is hi_base or _same_value(lo_base, hi_base)
                 if not same:
                     raise self.error(item, "the length of a slice must be a compile-time constant",
                                      "write start:start + BLOCK with BLOCK a T.constexpr")
@@ -718,11 +757,12 @@ class CodeGenerator(ast.NodeVisitor):
             raise self.error(node, "helpers nest too deeply (recursion is not supported)", cls=UnsupportedSyntaxError)
         from .source import referenced_globals
 
+        check_constructs(parsed)
         sub = CodeGenerator(parsed, self.b, referenced_globals(helper.fn))
         sub.scope = bound
         sub.offsets = self.offsets
         sub.inline_depth = self.inline_depth + 1
-        sub.visit_body(parsed.tree.body)
+        sub.visit_body(parsed.tree.body, top=True)
         return sub.return_value
 
     # -- language builtins (one method per T.<name>) -----------------------------------------
@@ -847,12 +887,14 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
             value = Value(ScalarType(spec.dtype), arg.arg)
             params.append(Param(arg.arg, "scalar", value))
             gen.scope[arg.arg] = 1 if spec.equals_one else value
-    gen.visit_body(tree.body)
-    return Function(tree.name, params, body, parsed.filename)
+    gen.visit_body(tree.body, top=True)
+    fn = Function(tree.name, params, body, parsed.filename)
+    fn.attrs["tensor_specs"] = {name: spec for name, spec in specs.items() if isinstance(spec, TensorSpec)}
+    return fn
 
 
 def check_signature(parsed: ParsedSource) -> None:
-    """Reject signatures the language has no meaning for (before any argument is seen)."""
+    """Reject signatures and constructs the language has no meaning for (before any argument is seen)."""
     args = parsed.tree.args
     gen = CodeGenerator(parsed, Builder(Block()), {})
     for what, present in (("*args", args.vararg), ("**kwargs", args.kwarg)):
@@ -861,11 +903,23 @@ def check_signature(parsed: ParsedSource) -> None:
     if args.kwonlyargs or args.posonlyargs:
         node = (args.kwonlyargs or args.posonlyargs)[0]
         raise gen.error(node, "kernels take plain positional-or-keyword parameters only", cls=UnsupportedSyntaxError)
+    check_constructs(parsed)
+
+
+_UNSUPPORTED_NODES = tuple(getattr(ast, name) for name in (
+    "Try", "TryStar", "With", "AsyncWith", "AsyncFor", "AsyncFunctionDef", "Lambda", "ClassDef", "Global",
+    "Nonlocal", "Yield", "YieldFrom", "Await", "ListComp", "DictComp", "SetComp", "GeneratorExp", "Delete",
+    "Raise", "Import", "ImportFrom", "Break", "Continue", "Match") if hasattr(ast, name))
+
+
+def check_constructs(parsed: ParsedSource) -> None:
+    """Reject constructs the language lacks anywhere in a kernel's or helper's body, even in branches a
+    constexpr ``if`` prunes, so a kernel is rejected before anything is compiled whatever its arguments."""
+    gen = CodeGenerator(parsed, Builder(Block()), {})
     for node in ast.walk(parsed.tree):
-        if isinstance(node, (ast.Try, ast.With, ast.AsyncWith, ast.Lambda, ast.ClassDef, ast.Global,
-                             ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await, ast.ListComp, ast.DictComp,
-                             ast.SetComp, ast.GeneratorExp, ast.Delete, ast.Raise, ast.Import, ast.ImportFrom,
-                             ast.Break, ast.Continue)) or (isinstance(node, ast.FunctionDef) and node is not parsed.tree):
+        if isinstance(node, ast.While):
+            gen.visit_While(node)
+        if isinstance(node, _UNSUPPORTED_NODES) or (isinstance(node, ast.FunctionDef) and node is not parsed.tree):
             name = type(node).__name__.lower()
             raise gen.error(node, f"'{name}' is not supported in kernels",
                             "see DESIGN.md 'The language' for what kernels accept", UnsupportedSyntaxError)

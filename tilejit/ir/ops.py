@@ -183,9 +183,10 @@ class ReduceAttrs:
 
 @dataclass(frozen=True)
 class GemmAttrs:
-    """acc + op(a) @ op(b); transposes are views folded in by the frontend."""
+    """acc + op(a) @ op(b); ``impl`` names the lowering the dispatch registry chose (backend passes)."""
     transpose_a: bool = False
     transpose_b: bool = False
+    impl: str | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class AccessAttrs:
     """
     shape: tuple[int, ...]
     dropped: tuple[int, ...] = ()
+    pipeline: int = 0  # set by the pipelining pass: number of ring slots this load is prefetched through
 
     def __post_init__(self) -> None:
         if any(n <= 0 for n in self.shape):

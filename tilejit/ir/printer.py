@@ -81,7 +81,7 @@ class Printer:
         if not fields:
             return ""
         parts = [f"{f.name} = {_attr_text(getattr(op.attrs, f.name))}" for f in fields
-                 if getattr(op.attrs, f.name) not in ((), None)]
+                 if getattr(op.attrs, f.name) not in ((), None) and not (f.name == "pipeline" and not getattr(op.attrs, f.name))]
         return " {" + ", ".join(parts) + "}" if parts else ""
 
     def op(self, op: Op, depth: int) -> None:

@@ -96,6 +96,7 @@ class Kernel:
         self._shape_dims: dict[str, set[int]] = {}   # tensor extents the kernel needs at compile time
         self._ir_cache: dict[str, Any] = {}
         self._lock = threading.RLock()
+        self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
         self._specializations: dict[str, Any] = {}   # for the specialization-count warning
 
     # -- source --------------------------------------------------------------------------------
@@ -253,6 +254,23 @@ class Kernel:
         from .launch import compile_call
 
         return compile_call(self, self.bind(args, dict(kwargs)), arch)
+
+    def _note_specialization(self, call: BoundCall) -> None:
+        """Warn once when a kernel keeps being respecialized, naming the argument that varies."""
+        import logging
+
+        self._specializations[self._key(call, "ir")] = call.specs
+        if len(self._specializations) != 8:
+            return
+        seen: dict[str, set] = {}
+        for specs in self._specializations.values():
+            for name, spec in specs.items():
+                seen.setdefault(name, set()).add(repr(spec))
+        varying = [n for n, s in seen.items() if len(s) > 1] or ["launch options"]
+        logging.getLogger("tilejit").warning(
+            "kernel %s has been specialized 8 times; %s keep%s changing (each value compiles a new kernel; "
+            "pass values that vary as plain ints instead of T.constexpr, or round them)",
+            self.__name__, ", ".join(varying), "s" if len(varying) == 1 else "")
 
     def __repr__(self) -> str:
         return f"<tilejit.kernel {self.__name__}>"

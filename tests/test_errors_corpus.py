@@ -1,0 +1,677 @@
+"""A corpus of malformed kernels and launches: each must fail with the right public error, at the right place.
+
+Every malformed kernel marks its offending line with a ``# ERR`` comment; the test finds that line through
+``inspect`` and checks that the error points at it (``err.lineno``), that ``str(err)`` starts with this file's
+path, shows the source line and a caret under the expected token, and says what went wrong. Compile errors are
+raised by ``kernel.ir(...)`` on ``meta`` tensors; launch errors run with ``TILEJIT_INTERPRET=1`` on CPU tensors.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit import CompilationError, NameResolutionError, TypeCheckError, UnsupportedSyntaxError
+from tilejit.language import LanguageUsageError
+
+THIS_FILE = inspect.getsourcefile(lambda: None)
+MUTABLE_TABLE = [1, 2, 3]
+MUTABLE_DICT = {"block": 64}
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def plain_python_helper(x):
+    return x + 1
+
+
+# -- unsupported syntax -----------------------------------------------------------------------------------------
+
+@tilejit.kernel
+def k_try(X, BN: T.constexpr):
+    try:  # ERR
+        X[0:BN] = 0.0
+    except Exception:
+        pass
+
+
+@tilejit.kernel
+def k_with(X, BN: T.constexpr):
+    with open("f"):  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_while(X, n, BN: T.constexpr):
+    i = 0
+    while i < n:  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_lambda(X, BN: T.constexpr):
+    f = lambda v: v + 1  # ERR  # noqa: E731
+    X[0:BN] = f(1.0)
+
+
+@tilejit.kernel
+def k_nested_def(X, BN: T.constexpr):
+    def inner(v):  # ERR
+        return v
+    X[0:BN] = inner(1.0)
+
+
+@tilejit.kernel
+def k_break(X, n, BN: T.constexpr):
+    for i in range(n):
+        break  # ERR
+
+
+@tilejit.kernel
+def k_continue(X, n, BN: T.constexpr):
+    for i in range(n):
+        continue  # ERR
+
+
+@tilejit.kernel
+def k_early_return(X, n, BN: T.constexpr):
+    if n > 0:
+        return  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_return_value(X, BN: T.constexpr):
+    x = X[0:BN]
+    return x  # ERR
+
+
+@tilejit.kernel
+def k_varargs(X, *rest):  # ERR
+    X[0:16] = 0.0
+
+
+@tilejit.kernel
+def k_strided_slice(X, BN: T.constexpr):
+    X[0:BN] = X[0:BN:2]  # ERR
+
+
+@tilejit.kernel
+def k_for_else(X, n, BN: T.constexpr):
+    for i in range(n):  # ERR
+        X[0:BN] = 0.0
+    else:
+        pass
+
+
+@tilejit.kernel
+def k_for_over_list(X, BN: T.constexpr):
+    for i in [1, 2]:  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_list_comp(X, BN: T.constexpr):
+    s = [i for i in range(4)]  # ERR
+    X[0:BN] = 0.0
+
+
+# -- names and globals ---------------------------------------------------------------------------------------
+
+@tilejit.kernel
+def k_mutable_global(X, BN: T.constexpr):
+    X[0:BN] = MUTABLE_TABLE[0]  # ERR
+
+
+@tilejit.kernel
+def k_mutable_global_dict(X, BN: T.constexpr):
+    X[0:BN] = MUTABLE_DICT["block"]  # ERR
+
+
+def _make_closure_kernel():
+    sizes = [16, 32]
+
+    @tilejit.kernel
+    def k_closure(X, BN: T.constexpr):
+        X[0:BN] = sizes[0]  # ERR
+
+    return k_closure
+
+
+k_closure = _make_closure_kernel()
+
+
+@tilejit.kernel
+def k_plain_python_call(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = plain_python_helper(x)  # ERR
+
+
+@tilejit.func
+def recursive_helper(x):
+    return recursive_helper(x)  # ERR
+
+
+@tilejit.kernel
+def k_recursion(X, BN: T.constexpr):
+    X[0:BN] = recursive_helper(X[0:BN])
+
+
+@tilejit.kernel
+def k_undefined_name(X, BN: T.constexpr):
+    X[0:BN] = undefined_thing + 1  # ERR  # noqa: F821
+
+
+@tilejit.kernel
+def k_one_branch(X, n, BN: T.constexpr):
+    if n > 0:
+        y = 1.0
+    X[0:BN] = y  # ERR
+
+
+@tilejit.kernel
+def k_defined_in_loop(X, n, BN: T.constexpr):
+    for i in range(n):
+        last = X[i:i + BN]
+    X[0:BN] = last  # ERR
+
+
+@tilejit.kernel
+def k_tensor_attr(X, BN: T.constexpr):
+    X[0:BN] = X.numel  # ERR
+
+
+@tilejit.kernel
+def k_tile_attr(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x.mean  # ERR
+
+
+# -- slices and stores ---------------------------------------------------------------------------------------
+
+@tilejit.kernel
+def k_runtime_slice_length(X, m0, n0):
+    X[0:16] = X[m0:n0]  # ERR
+
+
+@tilejit.kernel
+def k_open_slice(X, m0):
+    X[0:16] = X[m0:]  # ERR
+
+
+@tilejit.kernel
+def k_too_many_indices(X, BN: T.constexpr):
+    X[0:BN] = X[0:BN, 0]  # ERR
+
+
+@tilejit.kernel
+def k_store_wrong_shape(X, BN: T.constexpr):
+    X[0:BN, 0:BN] = T.zeros((BN, 2 * BN), T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_stride_runtime(X, d, BN: T.constexpr):
+    X[0:BN] = X.stride(d)  # ERR
+
+
+@tilejit.kernel
+def k_all_int_indices(X, BN: T.constexpr):
+    X[0:BN, 0] = X[1, 2]  # ERR
+
+
+# -- types and shapes ----------------------------------------------------------------------------------------
+
+@tilejit.kernel
+def k_gemm_inner(A, B, C, BM: T.constexpr, BK: T.constexpr):
+    a = A[0:BM, 0:BK]
+    b = B[0:2 * BK, 0:BM]
+    C[0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_gemm_dtypes(A, B, C, BM: T.constexpr):
+    a = A[0:BM, 0:BM]
+    b = B[0:BM, 0:BM]
+    C[0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_gemm_acc_dtype(A, B, C, BM: T.constexpr):
+    acc = T.zeros((BM, BM), T.float16)
+    acc = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], acc)  # ERR
+    C[0:BM, 0:BM] = acc
+
+
+@tilejit.kernel
+def k_broadcast(X, BN: T.constexpr):
+    a = X[0:BN, 0:BN]
+    b = X[0:BN, 0:2 * BN]
+    X[0:BN, 0:BN] = a + b  # ERR
+
+
+@tilejit.kernel
+def k_floordiv_float(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x // 2  # ERR
+
+
+@tilejit.kernel
+def k_loop_changes_shape(X, n, BN: T.constexpr):
+    acc = T.zeros((BN,), T.float32)
+    for i in range(n):
+        acc = T.zeros((2 * BN,), T.float32)  # ERR
+    X[0:BN] = acc
+
+
+@tilejit.kernel
+def k_if_on_tile(X, BN: T.constexpr):
+    x = X[0:BN]
+    if x > 0:  # ERR
+        X[0:BN] = x
+
+
+@tilejit.kernel
+def k_and_on_tiles(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = T.where((x > 0) and (x < 1), x, 0.0)  # ERR
+
+
+@tilejit.kernel
+def k_arange_runtime(X, n):
+    X[0:16] = T.arange(0, n)  # ERR
+
+
+@tilejit.kernel
+def k_zeros_runtime(X, n):
+    X[0:16] = T.zeros((n,), T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_stages_zero(X, n, BN: T.constexpr):
+    for i in T.range(0, n, 1, stages=0):  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_static_range_runtime(X, n, BN: T.constexpr):
+    for i in T.static_range(n):  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_program_id_axis(X, BN: T.constexpr):
+    X[0:BN] = T.program_id(3)  # ERR
+
+
+@tilejit.kernel
+def k_runtime_pow(X, n, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x ** n  # ERR
+
+
+@tilejit.kernel
+def k_math_on_runtime(X, n, BN: T.constexpr):
+    X[0:BN] = math.log(n)  # ERR
+
+
+@tilejit.kernel
+def k_reduce_axis(X, BN: T.constexpr):
+    x = X[0:BN, 0:BN]
+    X[0:BN, 0] = T.sum(x, 2)  # ERR
+
+
+@tilejit.kernel
+def k_to_not_dtype(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x.to("float16")  # ERR
+
+
+@tilejit.kernel
+def k_compile_time_assert(X, BN: T.constexpr):
+    assert BN % 32 == 0, "BN must be a multiple of 32"  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.func
+def two_args(a, b):
+    return a + b
+
+
+@tilejit.kernel
+def k_helper_arity(X, BN: T.constexpr):
+    X[0:BN] = two_args(X[0:BN])  # ERR
+
+
+@tilejit.kernel
+def k_matmul_1d(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x @ x  # ERR
+
+
+@tilejit.kernel
+def k_full_of_tile(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = T.full((BN,), x, T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_float_slice_start(X, f, BN: T.constexpr):
+    X[0:BN] = X[f:f + BN]  # ERR
+
+
+@tilejit.kernel
+def k_exp_of_tensor(X, BN: T.constexpr):
+    X[0:BN] = T.exp(X)  # ERR
+
+
+@tilejit.kernel
+def k_while_in_pruned_branch(X, n, BN: T.constexpr, DEBUG: T.constexpr = False):
+    if DEBUG:
+        while n > 0:  # ERR
+            n = n - 1
+    X[0:BN] = 0.0
+
+
+@tilejit.func
+def helper_with_try(x, SAFE):
+    if SAFE:
+        try:  # ERR
+            x = x + 1
+        finally:
+            pass
+    return x
+
+
+@tilejit.kernel
+def k_try_in_helper(X, BN: T.constexpr):
+    X[0:BN] = helper_with_try(X[0:BN], False)
+
+
+@tilejit.func
+def helper_early_return(x, FLAG):
+    if FLAG:
+        return x * 2  # ERR
+    return x
+
+
+@tilejit.kernel
+def k_helper_early_return(X, BN: T.constexpr, FLAG: T.constexpr):
+    X[0:BN] = helper_early_return(X[0:BN], FLAG)
+
+
+@dataclass
+class Case:
+    kernel: Any
+    args: Callable[[], tuple]
+    kwargs: dict
+    error: type
+    phrase: str
+    at: str                       # the source text the caret must point at
+    marked: Callable | None = None  # the function holding '# ERR' (default: the kernel)
+    trigger: Callable | None = None  # how to provoke it (default: case.kernel.ir(*args, **kwargs))
+    id: str = field(default="")
+
+
+def X1():
+    return (meta(64),)
+
+
+def X2():
+    return (meta(64, 64),)
+
+
+CASES = [
+    Case(k_try, X1, dict(BN=16), UnsupportedSyntaxError, "'try' is not supported", "try:"),
+    Case(k_with, X1, dict(BN=16), UnsupportedSyntaxError, "'with' is not supported", "with open"),
+    Case(k_while, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "'while' loops are not supported",
+         "while i < n"),
+    Case(k_lambda, X1, dict(BN=16), UnsupportedSyntaxError, "'lambda' is not supported", "lambda v"),
+    Case(k_nested_def, X1, dict(BN=16), UnsupportedSyntaxError, "'functiondef' is not supported", "def inner"),
+    Case(k_break, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "'break' is not supported", "break"),
+    Case(k_continue, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "'continue' is not supported",
+         "continue"),
+    Case(k_early_return, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "an early 'return' is not supported",
+         "return"),
+    Case(k_return_value, X1, dict(BN=16), UnsupportedSyntaxError, "a kernel cannot return a value", "return x"),
+    # checked on the parsed source: kernel.ir()/launch bind the arguments first (see test_varargs_on_launch)
+    Case(k_varargs, X1, {}, UnsupportedSyntaxError, "kernels cannot take *args", "rest",
+         trigger=lambda case: case.kernel.parsed),
+    Case(k_strided_slice, X1, dict(BN=16), UnsupportedSyntaxError, "strided slices are not supported", "0:BN:2"),
+    Case(k_for_else, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "for/else", "for i"),
+    Case(k_for_over_list, X1, dict(BN=16), UnsupportedSyntaxError, "must iterate over range", "[1, 2]"),
+    Case(k_list_comp, X1, dict(BN=16), UnsupportedSyntaxError, "'listcomp' is not supported", "[i for"),
+    Case(k_mutable_global, X1, dict(BN=16), NameResolutionError, "global 'MUTABLE_TABLE' (list) cannot be used",
+         "MUTABLE_TABLE"),
+    Case(k_mutable_global_dict, X1, dict(BN=16), NameResolutionError, "global 'MUTABLE_DICT' (dict) cannot be used",
+         "MUTABLE_DICT"),
+    Case(k_closure, X1, dict(BN=16), NameResolutionError, "'sizes' (list) cannot be used", "sizes"),
+    Case(k_plain_python_call, X1, dict(BN=16), NameResolutionError, "'plain_python_helper' (function) cannot be used",
+         "plain_python_helper"),
+    Case(k_recursion, X1, dict(BN=16), UnsupportedSyntaxError, "recursion is not supported", "recursive_helper(x)",
+         marked=recursive_helper.fn),
+    Case(k_undefined_name, X1, dict(BN=16), NameResolutionError, "name 'undefined_thing' is not defined",
+         "undefined_thing"),
+    Case(k_one_branch, lambda: (meta(64), 4), dict(BN=16), NameResolutionError,
+         "'y' is not defined here: it is assigned in only one branch", "y  #"),
+    Case(k_defined_in_loop, lambda: (meta(64), 4), dict(BN=16), NameResolutionError,
+         "'last' is not defined here: it is first assigned inside a loop", "last  #"),
+    Case(k_tensor_attr, X1, dict(BN=16), NameResolutionError, "tensor X has no attribute 'numel'", "X.numel"),
+    Case(k_tile_attr, X1, dict(BN=16), NameResolutionError, "has no attribute 'mean'", "x.mean"),
+    Case(k_runtime_slice_length, lambda: (meta(64), 0, 16), {}, TypeCheckError,
+         "the length of a slice must be a compile-time constant", "m0:n0"),
+    Case(k_open_slice, lambda: (meta(64), 0), {}, TypeCheckError, "a slice needs an end", "m0:]"),
+    Case(k_too_many_indices, X1, dict(BN=16), TypeCheckError, "too many indices (2) for tensor 'X' of rank 1",
+         "X[0:BN, 0]  #"),
+    Case(k_store_wrong_shape, X2, dict(BN=16), TypeCheckError,
+         "cannot store a tile of shape (16, 32) into a window of shape (16, 16)", "X[0:BN, 0:BN] ="),
+    Case(k_stride_runtime, lambda: (meta(64), 0), dict(BN=16), TypeCheckError, "stride() takes one compile-time int",
+         "X.stride(d)"),
+    Case(k_all_int_indices, X2, dict(BN=16), TypeCheckError, "indexing every dimension with an integer", "X[1, 2]"),
+    Case(k_gemm_inner, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16, BK=16), TypeCheckError,
+         "matrix product inner dimensions differ: 16x16 @ 32x16", "a @ b"),
+    Case(k_gemm_dtypes, lambda: (meta(64, 64), meta(64, 64, dtype=torch.bfloat16), meta(64, 64)), dict(BM=16),
+         TypeCheckError, "different dtypes f16 and bf16", "a @ b"),
+    Case(k_gemm_acc_dtype, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16), TypeCheckError,
+         "accumulator must be f32 for f16 operands, got f16", "T.gemm"),
+    Case(k_broadcast, X2, dict(BN=16), TypeCheckError, "cannot broadcast shapes (16, 16) and (16, 32)", "a + b"),
+    Case(k_floordiv_float, X1, dict(BN=16), TypeCheckError, "operator 'floordiv' needs integer operands, got f16",
+         "x // 2"),
+    Case(k_loop_changes_shape, lambda: (meta(64), 4), dict(BN=16), TypeCheckError,
+         "'acc' is a tile of shape (16,) on one path and (32,) on the other", "acc = T.zeros((2"),
+    Case(k_if_on_tile, X1, dict(BN=16), TypeCheckError, "'if' needs a scalar condition", "x > 0"),
+    Case(k_and_on_tiles, X1, dict(BN=16), TypeCheckError, "'and'/'or' need scalars", "(x > 0) and"),
+    Case(k_arange_runtime, lambda: (meta(64), 16), {}, TypeCheckError, "T.arange needs compile-time integer bounds",
+         "T.arange"),
+    Case(k_zeros_runtime, lambda: (meta(64), 16), {}, TypeCheckError, "a tile shape must be a tuple of compile-time ints",
+         "T.zeros"),
+    Case(k_stages_zero, lambda: (meta(64), 4), dict(BN=16), TypeCheckError, "stages must be a compile-time int >= 1",
+         "T.range"),
+    Case(k_static_range_runtime, lambda: (meta(64), 4), dict(BN=16), TypeCheckError,
+         "T.static_range needs compile-time bounds", "T.static_range"),
+    Case(k_program_id_axis, X1, dict(BN=16), TypeCheckError, "grid axis must be 0, 1 or 2, got 3", "T.program_id"),
+    Case(k_runtime_pow, lambda: (meta(64), 3), dict(BN=16), TypeCheckError, "'**' on runtime values", "x ** n"),
+    Case(k_math_on_runtime, lambda: (meta(64), 3), dict(BN=16), TypeCheckError,
+         "math.log runs at compile time on constants only", "math.log"),
+    Case(k_reduce_axis, X2, dict(BN=16), TypeCheckError, "axis must be a constant int in [-2, 2), got 2", "T.sum"),
+    Case(k_to_not_dtype, X1, dict(BN=16), TypeCheckError, ".to() takes a dtype such as T.float16", "x.to"),
+    Case(k_compile_time_assert, X1, dict(BN=16), TypeCheckError,
+         "assertion failed at compile time: BN must be a multiple of 32", "assert"),
+    Case(k_helper_arity, X1, dict(BN=16), TypeCheckError, "two_args() is missing arguments ['b']", "two_args("),
+    Case(k_full_of_tile, X1, dict(BN=16), TypeCheckError, "the fill value must be a scalar, got tile", "T.full"),
+    Case(k_float_slice_start, lambda: (meta(64), 1.5), dict(BN=16), TypeCheckError,
+         "slice bounds must be integers, got scalar of type f32", "f:f + BN"),
+    Case(k_exp_of_tensor, X1, dict(BN=16), TypeCheckError, "expected a scalar or tile, got tensor 'X'", "T.exp"),
+    # rejected although DEBUG=False prunes the branch: kernels are checked whole, whatever the arguments
+    Case(k_while_in_pruned_branch, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError,
+         "'while' loops are not supported", "while n > 0"),
+    Case(k_try_in_helper, X1, dict(BN=16), UnsupportedSyntaxError, "'try' is not supported", "try:",
+         marked=helper_with_try.fn),
+    Case(k_matmul_1d, X1, dict(BN=16), TypeCheckError, "matrix product operand a must be a 2-D tile", "x @ x"),
+]
+for c in CASES:
+    c.id = c.kernel.__name__[2:]
+
+
+def marked_line(fn: Callable) -> tuple[int, str]:
+    """(line number, text) of the single line of ``fn``'s source marked '# ERR'."""
+    lines, first = inspect.getsourcelines(fn)
+    hits = [(first + i, line.rstrip("\n")) for i, line in enumerate(lines) if "# ERR" in line]
+    assert len(hits) == 1, f"{fn.__name__} must mark exactly one line with '# ERR', found {len(hits)}"
+    return hits[0]
+
+
+def test_corpus_is_large_and_every_marker_is_used():
+    assert len(CASES) >= 30
+    assert len({c.id for c in CASES}) == len(CASES)
+    kernels = {name for name, obj in globals().items() if isinstance(obj, tilejit.Kernel) and name.startswith("k_")}
+    assert kernels - {"k_helper_early_return"} == {c.kernel.__name__ for c in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_malformed_kernel(case: Case):
+    with pytest.raises(CompilationError) as info:
+        if case.trigger is not None:
+            case.trigger(case)
+        else:
+            case.kernel.ir(*case.args(), **case.kwargs)
+    err = info.value
+    # the public class, not an internal exception wrapped or leaking
+    assert type(err) is case.error, f"{type(err).__name__}: {err}"
+    assert type(err).__module__ == "tilejit.errors"
+    lineno, line = marked_line(case.marked or case.kernel.fn)
+    assert err.filename == THIS_FILE
+    assert err.lineno == lineno, str(err)
+    assert case.phrase in err.message, str(err)
+    text = str(err)
+    assert text.startswith(f"{THIS_FILE}:{lineno}:{err.col + 1}: error: "), text
+    shown, caret = text.split("\n")[1:3]
+    assert shown == "    " + line.expandtabs(4)
+    assert caret.strip() == "^" and set(caret) <= {" ", "^"}
+    assert shown[caret.index("^"):].startswith(case.at), f"caret at {shown[caret.index('^'):]!r}\n{text}"
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/jit.py Kernel.bind() turns *rest into a tuple argument and rejects "
+                                        "it (TypeError) before check_signature() runs on the parsed source")
+def test_varargs_on_launch():
+    with pytest.raises(UnsupportedSyntaxError, match=r"kernels cannot take \*args"):
+        k_varargs.ir(meta(64))
+
+
+def test_early_return_inside_a_helper_branch_is_rejected():
+    with pytest.raises(UnsupportedSyntaxError, match="an early 'return'") as info:
+        k_helper_early_return.ir(meta(64), BN=16, FLAG=True)
+    assert info.value.lineno == marked_line(helper_early_return.fn)[0]
+
+
+def test_errors_are_raised_before_anything_runs_on_launch(monkeypatch):
+    """A launch surfaces the same located CompilationError (interpreter mode, CPU tensors)."""
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    with pytest.raises(UnsupportedSyntaxError) as info:
+        k_try[(1,)](torch.zeros(64), BN=16)
+    assert info.value.lineno == marked_line(k_try.fn)[0]
+    assert str(info.value).startswith(THIS_FILE)
+
+
+def test_error_is_raised_again_on_a_second_call():
+    for _ in range(2):
+        with pytest.raises(TypeCheckError, match="stages must be"):
+            k_stages_zero.ir(meta(64), 4, BN=16)
+
+
+# -- launch errors ----------------------------------------------------------------------------------------------
+
+@tilejit.kernel
+def add_one(X, Y, n, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] + n
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+
+
+def cpu(n=64):
+    return torch.zeros(n)
+
+
+def test_launch_wrong_number_of_arguments(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)](cpu(), cpu(), BLOCK=16)
+    msg = str(info.value)
+    assert "missing a required argument: 'n'" in msg
+    assert "kernel signature: add_one(X, Y, n, BLOCK" in msg
+    with pytest.raises(TypeError, match=r"too many positional arguments.*kernel signature: add_one\("):
+        add_one[(1,)](cpu(), cpu(), 1, 16, 5)
+
+
+def test_launch_unknown_keyword(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)](cpu(), cpu(), 1, BLOCK=16, BLOKC=3)
+    msg = str(info.value)
+    assert "BLOKC" in msg and "kernel signature: add_one(X, Y, n, BLOCK" in msg
+    assert "num_warps" in msg  # the launch options are listed too
+
+
+def test_launch_list_instead_of_tensor(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)]([0.0] * 64, cpu(), 1, BLOCK=16)
+    msg = str(info.value)
+    assert "argument 'X'" in msg and "list" in msg
+
+
+def test_launch_tensors_on_different_devices(interpret):
+    with pytest.raises(ValueError) as info:
+        add_one[(1,)](cpu(), torch.empty(64, device="meta"), 1, BLOCK=16)
+    msg = str(info.value)
+    assert "different devices" in msg
+    assert "X on cpu" in msg and "Y on meta" in msg
+
+
+@pytest.mark.parametrize("grid, phrase", [
+    ((1, 1, 1, 1), "grid must be a tuple of 1 to 3 ints"),
+    ((), "grid must be a tuple of 1 to 3 ints"),
+    ((0,), "has a dimension <= 0"),
+    ((4, 0), "has a dimension <= 0"),
+    (lambda meta: (1, 2, 3, 4), "grid must be a tuple of 1 to 3 ints"),
+])
+def test_launch_bad_grid(interpret, grid, phrase):
+    with pytest.raises(ValueError, match="add_one") as info:
+        add_one[grid](cpu(), cpu(), 1, BLOCK=16)
+    assert phrase in str(info.value)
+
+
+def test_launch_bad_num_warps(interpret):
+    with pytest.raises(ValueError) as info:
+        add_one[(1,)](cpu(), cpu(), 1, BLOCK=16, num_warps=3)
+    assert "num_warps must be one of" in str(info.value) and "got 3" in str(info.value)
+
+
+def test_launch_without_grid(interpret):
+    with pytest.raises(TypeError, match=r"launch a kernel with a grid: add_one\[grid\]"):
+        add_one(cpu(), cpu(), 1, BLOCK=16)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: T.program_id(0),
+    lambda: T.zeros((16,), T.float32),
+    lambda: T.exp(1.0),
+    lambda: T.range(0, 4),
+    lambda: T.static_range(4),
+    lambda: two_args(1, 2),
+])
+def test_language_outside_a_kernel(call):
+    with pytest.raises(LanguageUsageError, match="inside a"):
+        call()
+
+
+def test_cdiv_works_on_the_host():
+    assert T.cdiv(100, 16) == 7 and tilejit.cdiv(96, 16) == 6

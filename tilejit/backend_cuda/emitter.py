@@ -1,0 +1,417 @@
+"""CUDA C++ emission: the kernel skeleton, value naming, scalar and elementwise code, control flow.
+
+Register tiles become fixed-size C arrays (``float acc[128]``) walked by fully unrolled loops over the
+layout's registers, so NVRTC keeps them in registers. Scalars are plain C variables. Per-op emission
+rules are registered by decorator in ``RULES``; memory, gemm and reduction rules live in sibling modules.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import dtypes as D
+from ..dtypes import DType
+from ..ir import (BinaryOp, Block, CompareOp, Function, Op, OpKind, Scope, ScalarType, TensorType, TileType,
+                  UnaryOp, Value)
+from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text
+from .prelude import PRELUDE
+from .registry import Target
+
+C_TYPES = {
+    D.float16: "tj_half", D.bfloat16: "tj_bf16", D.float32: "float", D.float64: "double",
+    D.float8_e4m3fn: "tj_fp8e4m3", D.float8_e5m2: "tj_fp8e5m2", D.int8: "int8_t", D.int16: "int16_t",
+    D.int32: "int32_t", D.int64: "int64_t", D.uint8: "uint8_t", D.bool_: "bool",
+}
+STORAGE = {D.float16, D.bfloat16, D.float8_e4m3fn, D.float8_e5m2}
+
+SUPPORT = r"""
+// ===== tilejit generated-code support =====
+struct alignas(16) tj_v16 { unsigned x, y, z, w; };
+struct alignas(8) tj_v8 { unsigned x, y; };
+/// Python floor division and modulo (the language's // and %).
+template <class T> TJ_DEVICE T tj_floordiv(T a, T b) { T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
+template <class T> TJ_DEVICE T tj_pymod(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
+template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
+"""
+
+
+def c_type(dtype: DType) -> str:
+    return C_TYPES[dtype]
+
+
+def to_f32(expr: str, dtype: DType) -> str:
+    """``expr`` of ``dtype`` as a float (exact for storage types)."""
+    if dtype in STORAGE:
+        return f"tj_to_f32({expr})"
+    if dtype == D.float32:
+        return expr
+    if dtype.is_bool:
+        return f"(({expr}) ? 1.0f : 0.0f)"
+    return f"(float)({expr})"
+
+
+def convert(expr: str, src: DType, dst: DType) -> str:
+    """The C expression converting ``expr`` from ``src`` to ``dst`` with the language's cast rules."""
+    if src == dst:
+        return expr
+    if dst.is_bool:
+        return f"({to_f32(expr, src) if src in STORAGE else expr} != 0)"
+    if dst in STORAGE:
+        return f"tj_from_f32<{c_type(dst)}>({to_f32(expr, src) if src != D.float64 else f'(float)({expr})'})"
+    if src in STORAGE:
+        return f"({c_type(dst)})tj_to_f32({expr})" if dst != D.float32 else f"tj_to_f32({expr})"
+    if src.is_bool:
+        return f"(({expr}) ? ({c_type(dst)})1 : ({c_type(dst)})0)"
+    return f"({c_type(dst)})({expr})"
+
+
+def compute_dtype(dtype: DType) -> DType:
+    """The dtype arithmetic is carried out in: storage floats compute in f32 and round per op."""
+    return D.float32 if dtype in STORAGE else dtype
+
+
+_BIN_C = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.TRUEDIV: "/", BinaryOp.AND: "&",
+          BinaryOp.OR: "|", BinaryOp.XOR: "^", BinaryOp.SHL: "<<", BinaryOp.SHR: ">>"}
+_CMP_C = {CompareOp.LT: "<", CompareOp.LE: "<=", CompareOp.GT: ">", CompareOp.GE: ">=", CompareOp.EQ: "==",
+          CompareOp.NE: "!="}
+
+
+def binary_expr(op: BinaryOp, a: str, b: str, dtype: DType) -> str:
+    """``a op b`` for operands of ``dtype``; the result has ``dtype``."""
+    cd = compute_dtype(dtype)
+    x, y = (to_f32(a, dtype), to_f32(b, dtype)) if dtype in STORAGE else (a, b)
+    if dtype.is_bool and op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR):
+        text = f"({x} {'&&' if op is BinaryOp.AND else '||' if op is BinaryOp.OR else '!='} {y})"
+    elif op is BinaryOp.FLOORDIV:
+        text = f"tj_floordiv<{c_type(cd)}>({x}, {y})"
+    elif op is BinaryOp.MOD:
+        text = f"tj_pymod<{c_type(cd)}>({x}, {y})"
+    elif op in (BinaryOp.MIN, BinaryOp.MAX):
+        if cd == D.float32:
+            text = f"tj_{'max' if op is BinaryOp.MAX else 'min'}({x}, {y})"
+        else:
+            text = f"tj_i{'max' if op is BinaryOp.MAX else 'min'}<{c_type(cd)}>({x}, {y})"
+    else:
+        text = f"({x} {_BIN_C[op]} {y})"
+        if cd.is_integer and cd.bits < 32:
+            text = f"({c_type(cd)}){text}"
+    return convert(text, cd, dtype) if dtype in STORAGE else text
+
+
+def unary_expr(op: UnaryOp, a: str, dtype: DType) -> str:
+    cd = compute_dtype(dtype)
+    x = to_f32(a, dtype) if dtype in STORAGE else a
+    if op is UnaryOp.NEG:
+        text = f"(-{x})"
+    elif op is UnaryOp.NOT:
+        text = f"(!{x})" if dtype.is_bool else f"(~{x})"
+    elif op is UnaryOp.ABS:
+        text = f"tj_abs({x})" if cd == D.float32 else (f"fabs({x})" if cd == D.float64 else f"({x} < 0 ? -{x} : {x})")
+    else:
+        fname = {UnaryOp.EXP: "exp", UnaryOp.EXP2: "exp2", UnaryOp.LOG: "log", UnaryOp.SQRT: "sqrt",
+                 UnaryOp.RSQRT: "rsqrt"}[op]
+        text = f"tj_{fname}({x})" if cd == D.float32 else f"{fname}({x})"
+    if cd.is_integer and cd.bits < 32:
+        text = f"({c_type(cd)}){text}"
+    return convert(text, cd, dtype) if dtype in STORAGE else text
+
+
+def compare_expr(op: CompareOp, a: str, b: str, dtype: DType) -> str:
+    if dtype in STORAGE:
+        a, b = to_f32(a, dtype), to_f32(b, dtype)
+    return f"({a} {_CMP_C[op]} {b})"
+
+
+@dataclass
+class SharedTile:
+    """Where a shared tile lives: byte offset of its ring, its layout, and the slot currently read."""
+    offset: int
+    layout: SharedLayout
+    slot: str = "0"
+
+    def base(self) -> str:
+        """32-bit shared address of the slot being read."""
+        slot = "" if self.slot == "0" else f" + ({self.slot}) * {self.layout.stage_bytes}"
+        return f"(tj_smem_u32 + {self.offset}{slot})"
+
+    def elem_offset(self, row: Any, col: Any) -> Any:
+        """Byte offset of element (row, col) inside one stage."""
+        lay = self.layout
+        if lay.swizzle_bits == 0:
+            return row * lay.row_bytes + col * lay.elem_bytes
+        per_chunk = 16 // lay.elem_bytes
+        return lay.chunk_offset(row, col // per_chunk) + (col % per_chunk) * lay.elem_bytes
+
+
+RULES: dict[OpKind, Callable[["Emitter", Op], None]] = {}
+
+
+def emits(*kinds: OpKind):
+    def register(fn):
+        for k in kinds:
+            RULES[k] = fn
+        return fn
+    return register
+
+
+class Emitter:
+    def __init__(self, fn: Function, target: Target, kernel_name: str) -> None:
+        self.fn = fn
+        self.target = target
+        self.kernel_name = kernel_name
+        self.lines: list[str] = []
+        self.depth = 1
+        self.names: dict[int, str] = {}
+        self.used_names: set[str] = set()
+        self.shared: dict[int, SharedTile] = {}
+        self.smem_top = 0
+        self.scratch_bytes = 0
+        self.scratch_users: list[Callable[[int], None]] = []
+        self.loop_stack: list[Any] = []
+        self.counter = 0
+
+    # -- naming and output ----------------------------------------------------------------
+    def name(self, v: Value) -> str:
+        if v.id not in self.names:
+            hint = re.sub(r"\W", "_", v.name or "")
+            base = f"v{len(self.names)}" + (f"_{hint}" if hint else "")
+            self.names[v.id] = base
+        return self.names[v.id]
+
+    def alias(self, v: Value, text: str) -> None:
+        self.names[v.id] = text
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{base}{self.counter}"
+
+    def line(self, text: str = "") -> None:
+        self.lines.append("  " * self.depth + text if text else "")
+
+    def open(self, text: str) -> None:
+        self.line(text + " {")
+        self.depth += 1
+
+    def close(self, text: str = "}") -> None:
+        self.depth -= 1
+        self.line(text)
+
+    def comment(self, op: Op, what: str) -> None:
+        where = f" ({op.loc.filename.rsplit('/', 1)[-1]}:{op.loc.lineno})" if op.loc else ""
+        self.line(f"// {what}{where}")
+
+    # -- types -----------------------------------------------------------------------------
+    def layout(self, v: Value) -> RegisterLayout:
+        return v.type.layout
+
+    def declare_tile(self, v: Value) -> str:
+        """``T name[R];`` for a register tile; returns the name."""
+        name = self.name(v)
+        self.line(f"alignas(16) {c_type(v.dtype)} {name}[{self.layout(v).regs}];")
+        return name
+
+    def reg_loop(self, layout: RegisterLayout, body: Callable[[str], None], var: str = "i") -> None:
+        """A fully unrolled loop over the registers of ``layout`` (``var`` is the register index)."""
+        self.line("#pragma unroll")
+        self.open(f"for (int {var} = 0; {var} < {layout.regs}; ++{var})")
+        body(var)
+        self.close()
+
+    def coords(self, layout: RegisterLayout, i: str) -> list[str]:
+        return [c_text(c) for c in layout.coords(CExpr("tid"), CExpr(i))]
+
+    def valid(self, layout: RegisterLayout, i: str) -> str | None:
+        cond = layout.valid(CExpr("tid"), CExpr(i))
+        return None if cond is True else c_text(cond)
+
+    # -- shared memory ---------------------------------------------------------------------
+    def allocate_shared(self, nbytes: int, align: int = 128) -> int:
+        offset = -(-self.smem_top // align) * align
+        self.smem_top = offset + nbytes
+        return offset
+
+    def scratch(self, nbytes: int) -> str:
+        """A shared scratch buffer reused by every layout conversion and reduction (after the tiles)."""
+        self.scratch_bytes = max(self.scratch_bytes, nbytes)
+        return "tj_scratch"
+
+    # -- driving -------------------------------------------------------------------------------
+    def emit_block(self, block: Block) -> None:
+        for op in block.ops:
+            rule = RULES.get(op.kind)
+            if rule is None:
+                raise NotImplementedError(f"no CUDA emission rule for tj.{op.kind.mnemonic}")
+            rule(self, op)
+
+    def params(self) -> tuple[list[str], list[str]]:
+        """C parameter declarations and launcher kinds, in argument order."""
+        decls, kinds = [], []
+        for p in self.fn.params:
+            if p.kind == "constexpr":
+                continue
+            v = p.value
+            if isinstance(v.type, TensorType):
+                name = self.name(v)
+                decls.append(f"{c_type(v.dtype)}* {name}")
+                kinds.append("ptr")
+                for what in ("size", "stride"):
+                    for d in range(v.type.rank):
+                        decls.append(f"int64_t {name}_{what}{d}")
+                        kinds.append("i64")
+            else:
+                dtype = v.dtype
+                ctype = "int32_t" if dtype.is_bool else c_type(dtype)
+                decls.append(f"{ctype} {self.name(v)}")
+                kinds.append({"int32_t": "i32", "int64_t": "i64", "float": "f32"}[ctype])
+        return decls, kinds
+
+    def generate(self) -> tuple[str, list[str], int]:
+        decls, kinds = self.params()
+        self.emit_block(self.fn.body)
+        body = self.lines
+        scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
+        shared_bytes = self.smem_top
+        threads = self.target.threads
+        head = [
+            f'extern "C" __global__ void __launch_bounds__({threads}) {self.kernel_name}(',
+            "    " + ",\n    ".join(decls) + ") {" if decls else ") {",
+            "  extern __shared__ __align__(1024) unsigned char tj_smem[];",
+            "  const int tid = threadIdx.x;",
+            "  const unsigned tj_smem_u32 = tj_smem_addr(tj_smem);",
+            f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset};",
+            "  (void)tj_smem_u32; (void)tj_scratch;",
+        ]
+        source = PRELUDE + SUPPORT + "\n" + "\n".join(head + body + ["}"]) + "\n"
+        return source, kinds, shared_bytes
+
+
+# -- scalars and elementwise ops --------------------------------------------------------------------
+
+def operand_text(em: Emitter, v: Value) -> str:
+    return em.name(v)
+
+
+def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
+    """The C expression of a scalar op given its operands' C expressions."""
+    if op.kind is OpKind.CONSTANT:
+        value, dtype = op.attrs.value, op.result.dtype
+        if dtype.is_bool:
+            return "true" if value else "false"
+        if dtype.is_floating:
+            import math
+
+            if math.isinf(value):
+                text = "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+            elif math.isnan(value):
+                text = "__int_as_float(0x7fffffff)"
+            else:
+                text = f"{float(value)!r}f" if dtype != D.float64 else repr(float(value))
+            return convert(text, D.float32, dtype) if dtype in STORAGE else text
+        suffix = "LL" if dtype.bits == 64 else ""
+        return f"({c_type(dtype)}){value}{suffix}"
+    if op.kind is OpKind.PROGRAM_ID:
+        return f"(int32_t)blockIdx.{'xyz'[op.attrs.axis]}"
+    if op.kind is OpKind.NUM_PROGRAMS:
+        return f"(int32_t)gridDim.{'xyz'[op.attrs.axis]}"
+    if op.kind is OpKind.TENSOR_DIM:
+        return f"{args[0]}_size{op.attrs.axis}"
+    if op.kind is OpKind.TENSOR_STRIDE:
+        return f"{args[0]}_stride{op.attrs.axis}"
+    if op.kind is OpKind.BINARY:
+        return binary_expr(op.attrs.op, args[0], args[1], op.operands[0].dtype)
+    if op.kind is OpKind.UNARY:
+        return unary_expr(op.attrs.op, args[0], op.operands[0].dtype)
+    if op.kind is OpKind.COMPARE:
+        return compare_expr(op.attrs.op, args[0], args[1], op.operands[0].dtype)
+    if op.kind is OpKind.SELECT:
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    if op.kind is OpKind.CAST:
+        return convert(args[0], op.operands[0].dtype, op.attrs.dtype)
+    raise NotImplementedError(op.kind)
+
+
+@emits(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE)
+def _scalar_leaf(em: Emitter, op: Op) -> None:
+    em.line(f"const {c_type(op.result.dtype)} {em.name(op.result)} = "
+            f"{scalar_expr(em, op, [em.name(v) for v in op.operands])};")
+
+
+@emits(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST)
+def _elementwise(em: Emitter, op: Op) -> None:
+    out = op.result
+    if out.is_scalar:
+        em.line(f"const {c_type(out.dtype)} {em.name(out)} = "
+                f"{scalar_expr(em, op, [em.name(v) for v in op.operands])};")
+        return
+    name = em.declare_tile(out)
+    em.reg_loop(em.layout(out), lambda i: em.line(
+        f"{name}[{i}] = {scalar_expr(em, op, [f'{em.name(v)}[{i}]' for v in op.operands])};"))
+
+
+@emits(OpKind.SPLAT)
+def _splat(em: Emitter, op: Op) -> None:
+    name = em.declare_tile(op.result)
+    src = em.name(op.operands[0])
+    em.reg_loop(em.layout(op.result), lambda i: em.line(f"{name}[{i}] = {src};"))
+
+
+@emits(OpKind.ARANGE)
+def _arange(em: Emitter, op: Op) -> None:
+    name = em.declare_tile(op.result)
+    layout = em.layout(op.result)
+    em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = (int32_t)({em.coords(layout, i)[0]} + {op.attrs.start});"))
+
+
+@emits(OpKind.EXPAND_DIMS, OpKind.TRANSPOSE)
+def _view(em: Emitter, op: Op) -> None:
+    # Expand/permuted layouts index the same registers as their source: the tile is the same array.
+    em.line(f"auto& {em.name(op.result)} = {em.name(op.operands[0])};")
+
+
+# -- control flow -------------------------------------------------------------------------------
+
+def assign_value(em: Emitter, dst: str, v: Value) -> None:
+    """``dst = v`` for a scalar or register tile already declared as ``dst``."""
+    src = em.name(v)
+    if src == dst:
+        return
+    if v.is_tile:
+        em.reg_loop(v.type.layout, lambda i: em.line(f"{dst}[{i}] = {src}[{i}];"))
+    else:
+        em.line(f"{dst} = {src};")
+
+
+def declare_var(em: Emitter, v: Value) -> str:
+    if v.is_tile:
+        return em.declare_tile(v)
+    name = em.name(v)
+    em.line(f"{c_type(v.dtype)} {name};")
+    return name
+
+
+@emits(OpKind.IF)
+def _if(em: Emitter, op: Op) -> None:
+    results = [declare_var(em, r) for r in op.results]
+    em.open(f"if ({em.name(op.operands[0])})")
+    _branch(em, op.regions[0], results)
+    if len(op.regions) > 1 and op.regions[1].ops:
+        em.close("} else {")
+        em.depth += 1
+        _branch(em, op.regions[1], results)
+    em.close()
+
+
+def _branch(em: Emitter, block: Block, results: list[str]) -> None:
+    body = block.ops[:-1] if block.terminator is not None else block.ops
+    for op in body:
+        RULES[op.kind](em, op)
+    if block.terminator is not None:
+        for dst, v in zip(results, block.terminator.operands):
+            assign_value(em, dst, v)
+
+
+@emits(OpKind.YIELD)
+def _yield(em: Emitter, op: Op) -> None:
+    raise AssertionError("yield is emitted by its parent op")

@@ -1,0 +1,167 @@
+"""Lowerings of ``gemm``, registered in the dispatch registry.
+
+* ``mma_sync_m16n8k16`` (sm_80+): operands in swizzled shared memory are read with ldmatrix (``.trans``
+  for the other major-ness) into m16n8k16 fragments; the accumulator is an :class:`MmaLayout` spread over
+  the warps; per k16 step each warp loads its A fragments (x4) and B fragments (x4 for two n8 atoms)
+  and issues ``atoms_m x atoms_n`` mma.sync instructions.
+* ``fma_fallback``: any dtype and shape; each thread computes its accumulator elements with scalar FMAs
+  from shared memory. Slow, but it makes every valid program run.
+"""
+from __future__ import annotations
+
+from .. import dtypes as D
+from ..ir import Op, OpKind
+from ..ir.layouts import CExpr, MmaLayout, c_text, pick_warp_grid
+from .emitter import Emitter, c_type, convert, emits
+from .registry import REGISTRY, Target
+
+
+def _mnk(op: Op) -> tuple[int, int, int]:
+    a, b = op.operands[0].type.shape, op.operands[1].type.shape
+    m, k = a[::-1] if op.attrs.transpose_a else a
+    n = b[0] if op.attrs.transpose_b else b[1]
+    return m, n, k
+
+
+def _operand_dtypes(*dtypes):
+    allowed = set(dtypes)
+    return lambda op, t: op.operands[0].dtype in allowed and op.operands[1].dtype in allowed
+
+
+class MmaSyncM16N8K16:
+    """ldmatrix + mma.sync.m16n8k16 (PTX 9.7.14.5.8 fragments; 9.7.14.5.15 ldmatrix)."""
+
+    def acc_layout(self, op: Op, target: Target) -> MmaLayout:
+        m, n, _ = _mnk(op)
+        wm, wn = pick_warp_grid(m, n, target.num_warps)
+        return MmaLayout((m, n), wm, wn)
+
+    def emit(self, em: Emitter, op: Op) -> None:
+        a, b, acc = op.operands
+        out = op.result
+        layout: MmaLayout = out.type.layout
+        m, n, k = _mnk(op)
+        tm, tn = layout.atoms
+        wtm, wtn = layout.warp_tile
+        kind = "bf16" if a.dtype == D.bfloat16 else "f16"
+        sa, sb = em.shared[a.id], em.shared[b.id]
+        name = em.declare_tile(out)
+        em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k16 ({layout.warps_m}x{layout.warps_n} warps, "
+                       f"{tm}x{tn} atoms per warp)")
+        src = em.name(acc)
+        em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
+        em.open("")
+        em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
+        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+        em.line("#pragma unroll")
+        em.open(f"for (int tj_kk = 0; tj_kk < {k // 16}; ++tj_kk)")
+        em.line(f"unsigned tj_af[{tm}][4], tj_bf[{tn}][2];")
+        lane, j = CExpr("tj_lane"), CExpr("(tj_lane >> 3)")
+        # A fragments: one ldmatrix.x4 per m16 atom.
+        em.line("#pragma unroll")
+        em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
+        mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
+        if not op.attrs.transpose_a:  # stored m x k: rows m, 16-byte chunks along k
+            row = mbase + (lane & 15)
+            chunk = CExpr("tj_kk") * 2 + (lane >> 4)
+            em.line(f"tj_ldmatrix_x4(tj_af[tj_am][0], tj_af[tj_am][1], tj_af[tj_am][2], tj_af[tj_am][3], "
+                    f"tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+        else:  # stored k x m: transpose while loading
+            row = CExpr("tj_kk") * 16 + (lane & 7) + (j >> 1) * 8
+            chunk = (mbase + (j & 1) * 8) // 8
+            em.line(f"tj_ldmatrix_x4_trans(tj_af[tj_am][0], tj_af[tj_am][1], tj_af[tj_am][2], tj_af[tj_am][3], "
+                    f"tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+        em.close()
+        # B fragments: ldmatrix.x4 covers two n8 atoms, x2 the odd one out.
+        pairs = tn // 2
+        if pairs:
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
+            nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
+            self._load_b(em, op, sb, nbase, lane, j, "x4",
+                         "tj_bf[2 * tj_p][0], tj_bf[2 * tj_p][1], tj_bf[2 * tj_p + 1][0], tj_bf[2 * tj_p + 1][1]")
+            em.close()
+        if tn % 2:
+            nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
+            self._load_b(em, op, sb, nbase, lane, (lane >> 3) & 1, "x2", f"tj_bf[{tn - 1}][0], tj_bf[{tn - 1}][1]")
+        em.line("#pragma unroll")
+        em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
+        em.line("#pragma unroll")
+        em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
+        em.line(f"float* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
+        em.line(f"tj_mma_m16n8k16_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], tj_af[tj_am][0], tj_af[tj_am][1], "
+                f"tj_af[tj_am][2], tj_af[tj_am][3], tj_bf[tj_an][0], tj_bf[tj_an][1]);")
+        em.close()
+        em.close()
+        em.close()
+        em.close()
+
+    @staticmethod
+    def _load_b(em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, j, width: str, regs: str) -> None:
+        if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
+            row = CExpr("tj_kk") * 16 + (lane & 7) + (j & 1) * 8
+            chunk = (nbase + (j >> 1) * 8) // 8
+            em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
+        else:  # stored n x k: rows n already hold k-pairs
+            row = nbase + (lane & 7) + (j >> 1) * 8
+            chunk = CExpr("tj_kk") * 2 + (j & 1)
+            em.line(f"tj_ldmatrix_{width}({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
+
+
+class FmaFallback:
+    """Scalar multiply-adds from shared memory into a blocked accumulator."""
+
+    def acc_layout(self, op: Op, target: Target):
+        from ..passes.layouts import default_layout
+
+        return default_layout(op.result.type.shape, target.threads)
+
+    def emit(self, em: Emitter, op: Op) -> None:
+        a, b, acc = op.operands
+        out = op.result
+        layout = out.type.layout
+        _, _, k = _mnk(op)
+        sa, sb = em.shared[a.id], em.shared[b.id]
+        name = em.declare_tile(out)
+        em.comment(op, f"gemm on scalar FMAs ({a.dtype} operands; no tensor-core lowering fits)")
+        cd = out.dtype
+        ta, tb = c_type(a.dtype), c_type(b.dtype)
+
+        def body(i: str) -> None:
+            row, col = em.coords(layout, i)
+            em.line(f"{c_type(cd)} tj_s = {em.name(acc)}[{i}];")
+            em.line("#pragma unroll 4")
+            em.open(f"for (int tj_k = 0; tj_k < {k}; ++tj_k)")
+            ar, ac = (CExpr("tj_k"), CExpr(row)) if op.attrs.transpose_a else (CExpr(row), CExpr("tj_k"))
+            br, bc = (CExpr(col), CExpr("tj_k")) if op.attrs.transpose_b else (CExpr("tj_k"), CExpr(col))
+            av = f"*reinterpret_cast<const {ta}*>(tj_smem + ({sa.base()} - tj_smem_u32) + {c_text(sa.elem_offset(ar, ac))})"
+            bv = f"*reinterpret_cast<const {tb}*>(tj_smem + ({sb.base()} - tj_smem_u32) + {c_text(sb.elem_offset(br, bc))})"
+            em.line(f"tj_s += {convert(av, a.dtype, cd)} * {convert(bv, b.dtype, cd)};")
+            em.close()
+            em.line(f"{name}[{i}] = tj_s;")
+
+        em.reg_loop(layout, body)
+
+
+def _mma_shapes_fit(op: Op, target: Target) -> bool:
+    m, n, k = _mnk(op)
+    return k % 16 == 0 and pick_warp_grid(m, n, target.num_warps) is not None
+
+
+def _acc_f32(op: Op, target: Target) -> bool:
+    return op.operands[2].dtype == D.float32
+
+
+REGISTRY.register("gemm", "mma_sync_m16n8k16", min_sm=80, priority=10, predicates={
+    "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
+    "accumulator is f32": _acc_f32,
+    "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit,
+})(MmaSyncM16N8K16())
+
+REGISTRY.register("gemm", "fma_fallback", min_sm=70, priority=0)(FmaFallback())
+
+
+@emits(OpKind.GEMM)
+def _gemm(em: Emitter, op: Op) -> None:
+    impl = next(i for i in REGISTRY.candidates("gemm") if i.name == op.attrs.impl)
+    impl.payload.emit(em, op)

@@ -1,0 +1,114 @@
+"""``for`` loops, including the software-pipelined form of ``T.range(..., stages=S)``.
+
+Pipelined shared loads (marked by ``passes/pipeline.py``) are issued ``S - 1`` iterations ahead into a
+ring of ``S`` shared buffers with cp.async; one commit group per iteration (empty groups included) keeps
+the group count aligned with the iteration count, so ``cp.async.wait_group S-2`` at the top of iteration
+``k`` guarantees that iteration ``k``'s tiles have landed (PTX 9.7.9.25.3).
+"""
+from __future__ import annotations
+
+from ..ir import Op, OpKind, Value
+from .emitter import RULES, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
+from .lower_memory import issue_shared_load, stage_shared
+
+
+def _positive_constant(v: Value) -> bool:
+    op = v.owner
+    return isinstance(op, Op) and op.kind is OpKind.CONSTANT and op.attrs.value > 0
+
+
+def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, iv_expr: str) -> str:
+    """A C expression for scalar ``v`` (defined in the loop body) with the induction variable replaced."""
+    if v.id == iv_id:
+        return f"({iv_expr})"
+    op = body_ops.get(v.id)
+    if op is None:
+        return em.name(v)
+    args = [_rematerialize(em, x, body_ops, iv_id, iv_expr) for x in op.operands]
+    return f"({scalar_expr(em, op, args)})"
+
+
+@emits(OpKind.FOR)
+def _for(em: Emitter, op: Op) -> None:
+    lo, hi, step = (em.name(v) for v in op.operands[:3])
+    body = op.regions[0]
+    iv, carried = body.args[0], body.args[1:]
+    iv_t = c_type(iv.dtype)
+    # Loop-carried values live in variables declared before the loop; the results are those variables.
+    for arg, init, res in zip(carried, op.operands[3:], op.results):
+        name = declare_var(em, arg)
+        assign_value(em, name, init)
+        em.alias(res, name)
+    positive = _positive_constant(op.operands[2])
+
+    def in_range(x: str) -> str:
+        return f"({x} < {hi})" if positive else f"(({step}) > 0 ? {x} < {hi} : {x} > {hi})"
+
+    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
+    stages = op.attrs.stages or 1
+    body_ops = {r.id: o for o in body.ops for r in o.results}
+
+    def issue(iv_expr: str, slot: str) -> None:
+        for load in piped:
+            starts = [_rematerialize(em, v, body_ops, iv.id, iv_expr) for v in load.operands[1:]]
+            issue_shared_load(em, load, starts, slot)
+
+    em.open("")
+    if piped:
+        for load in piped:
+            stage_shared(em, load.result)
+        em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead")
+        for s in range(stages - 1):
+            em.open(f"if ({in_range(f'({lo} + ({iv_t}){s} * {step})')})")
+            issue(f"{lo} + ({iv_t}){s} * {step}", str(s))
+            em.close()
+            em.line("tj_cp_async_commit();")
+        em.line("int tj_it = 0;")
+    iv_name = em.name(iv)
+    incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
+    em.open(f"for ({iv_t} {iv_name} = {lo}; {in_range(iv_name)}; {incr})")
+    if piped:
+        em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
+        em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
+        nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
+        em.open(f"if ({in_range(f'({nxt})')})")
+        issue(nxt, f"(tj_it + {stages - 1}) % {stages}")
+        em.close()
+        em.line("tj_cp_async_commit();")
+        for load in piped:
+            em.shared[load.result.id].slot = f"(tj_it % {stages})"
+    for inner in body.ops[:-1]:
+        RULES[inner.kind](em, inner)
+    _assign_yields(em, carried, body.terminator.operands)
+    em.close()
+    if piped:
+        em.line("tj_cp_async_wait<0>();")
+        em.line("__syncthreads();")
+    em.close()
+
+
+def _assign_yields(em: Emitter, carried: list[Value], yielded: list[Value]) -> None:
+    """carried = yielded, safe when a yielded value is itself a carried variable (swaps)."""
+    carried_names = {em.name(a) for a in carried}
+    staged = []
+    for arg, y in zip(carried, yielded):  # first copy out every carried value that is read
+        if em.name(y) in carried_names and em.name(y) != em.name(arg):
+            tmp = em.fresh("tj_swap")
+            declare_var_named(em, y, tmp)
+            assign_value(em, tmp, y)
+            staged.append((arg, tmp, y))
+    for arg, y in zip(carried, yielded):
+        if not any(a is arg for a, _, _ in staged):
+            assign_value(em, em.name(arg), y)
+    for arg, tmp, y in staged:
+        if y.is_tile:
+            em.reg_loop(y.type.layout, lambda i, t=tmp, a=em.name(arg): em.line(f"{a}[{i}] = {t}[{i}];"))
+        else:
+            em.line(f"{em.name(arg)} = {tmp};")
+
+
+def declare_var_named(em: Emitter, v: Value, name: str) -> None:
+    if v.is_tile:
+        em.line(f"alignas(16) {c_type(v.dtype)} {name}[{v.type.layout.regs}];")
+    else:
+        em.line(f"{c_type(v.dtype)} {name};")

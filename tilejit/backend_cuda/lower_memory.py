@@ -1,0 +1,318 @@
+"""Global loads and stores, shared-memory staging and layout conversions.
+
+* global -> registers: each thread reads its layout's elements; a 16-byte (or narrower) vector access
+  when the window is aligned and fully in bounds (checked at run time, uniformly), else predicated
+  element accesses that read 0 out of bounds.
+* global -> shared (gemm operands): ``cp.async`` 16-byte chunks with zero-fill for the out-of-bounds
+  part of a row, into the swizzled layout; element-wise copies when the tensor's rows are not 16-byte
+  aligned. Pipelined loads are issued by the loop (``lower_loops``), others synchronously here.
+* registers -> global: predicated stores, vectorized along the layout's contiguous registers.
+* conversions between layouts, and broadcasts that are not free, go through the shared scratch buffer.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..ir import Op, OpKind, Scope, TileType, Value
+from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text
+from .emitter import Emitter, SharedTile, c_type, emits
+
+_VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "unsigned", 2: "unsigned short", 1: "unsigned char"}
+
+
+class Window:
+    """A tile-shaped window of a global tensor, as C expressions."""
+
+    def __init__(self, em: Emitter, op: Op, starts: list[str]) -> None:
+        self.em = em
+        self.tensor = op.operands[0]
+        self.t = em.name(self.tensor)
+        self.rank = self.tensor.type.rank
+        self.dropped = op.attrs.dropped
+        self.tile_dims = [d for d in range(self.rank) if d not in self.dropped]
+        self.starts = starts
+        spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
+        self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
+            and self.tile_dims[-1] == self.rank - 1
+        self.esize = self.tensor.dtype.itemsize
+
+    def size(self, d: int) -> str:
+        return f"{self.t}_size{d}"
+
+    def stride(self, d: int) -> str:
+        return f"{self.t}_stride{d}"
+
+    def base_expr(self) -> str:
+        terms = " + ".join(f"(int64_t)({s}) * {self.stride(d)}" for d, s in enumerate(self.starts))
+        return f"{self.t} + ({terms})"
+
+    def dropped_ok(self) -> str:
+        conds = [f"(uint64_t)(int64_t)({self.starts[d]}) < (uint64_t){self.size(d)}" for d in self.dropped]
+        return " && ".join(conds) if conds else "true"
+
+    def in_bounds(self, k: int, coord: str, extra: int = 0) -> str:
+        d = self.tile_dims[k]
+        return f"(uint64_t)((int64_t)({self.starts[d]}) + {coord}{f' + {extra}' if extra else ''}) < (uint64_t){self.size(d)}"
+
+    def offset(self, coords: list[str]) -> str:
+        return " + ".join(f"(int64_t)({c}) * {self.stride(d)}" for c, d in zip(coords, self.tile_dims)) or "0"
+
+    def vector_ok(self, vec: int) -> str:
+        """Uniform run-time condition for ``vec``-element accesses along the last dim."""
+        nbytes = vec * self.esize
+        conds = [f"((uint64_t)(tj_p) % {nbytes} == 0)"]
+        conds += [f"({self.stride(d)} % {vec} == 0)" for d in range(self.rank) if d != self.rank - 1]
+        return " && ".join(conds)
+
+
+def _start_names(em: Emitter, op: Op, first: int) -> list[str]:
+    return [em.name(v) for v in op.operands[first:]]
+
+
+# -- global <-> registers ------------------------------------------------------------------------
+
+@emits(OpKind.LOAD)
+def _load(em: Emitter, op: Op) -> None:
+    if op.result.type.scope is Scope.SHARED:
+        if op.attrs.pipeline:
+            return  # issued ahead of time by the enclosing pipelined loop
+        tile = stage_shared(em, op.result)
+        em.comment(op, f"stage {em.name(op.operands[0])} window in shared memory (synchronous)")
+        em.line("__syncthreads();  // earlier readers of this buffer are done")
+        issue_shared_load(em, op, _start_names(em, op, 1), "0")
+        em.line("tj_cp_async_commit(); tj_cp_async_wait<0>(); __syncthreads();")
+        return
+    out = op.result
+    layout: RegisterLayout = out.type.layout
+    name = em.declare_tile(out)
+    win = Window(em, op, _start_names(em, op, 1))
+    vec = layout.vec if win.unit_last else 1
+    zero = f"{c_type(out.dtype)}{{}}"
+    em.comment(op, f"load {win.t} window into registers")
+    em.open("")
+    em.line(f"const {c_type(out.dtype)}* tj_p = {win.base_expr()};")
+    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
+    if vec > 1:
+        em.line(f"const bool tj_vec_ok = {win.vector_ok(vec)};")
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
+    em.line(f"const int i = tj_g * {vec};")
+    coords = em.coords(layout, "i")
+    valid = em.valid(layout, "i")
+    lead = [win.in_bounds(k, c) for k, c in enumerate(coords[:-1])]
+    rows_ok = " && ".join(["tj_dropped_ok"] + lead + ([valid] if valid else []))
+    em.line(f"const bool tj_rows_ok = {rows_ok};")
+    last = coords[-1]
+    if vec > 1:
+        nbytes = vec * out.dtype.itemsize
+        full = f"tj_vec_ok && tj_rows_ok && {win.in_bounds(len(coords) - 1, last)} && " \
+               f"{win.in_bounds(len(coords) - 1, last, vec - 1)}"
+        em.open(f"if ({full})")
+        em.line(f"*reinterpret_cast<{_VEC_TYPES[nbytes]}*>(&{name}[i]) = "
+                f"*reinterpret_cast<const {_VEC_TYPES[nbytes]}*>(tj_p + {win.offset(coords)});")
+        em.close("} else {")
+        em.depth += 1
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_v = 0; tj_v < {vec}; ++tj_v)")
+    elem = coords[:-1] + [f"({last} + tj_v)"]
+    em.line(f"const bool tj_ok = tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])};")
+    em.line(f"{name}[i + tj_v] = tj_ok ? tj_p[{win.offset(elem)}] : {zero};")
+    em.close()
+    if vec > 1:
+        em.close()
+    em.close()
+    em.close()
+
+
+@emits(OpKind.STORE)
+def _store(em: Emitter, op: Op) -> None:
+    value = op.operands[1]
+    layout: RegisterLayout = value.type.layout
+    win = Window(em, op, _start_names(em, op, 2))
+    src = em.name(value)
+    vec = layout.vec if win.unit_last else 1
+    while vec > 1 and (vec * win.esize > 16 or layout.regs % vec):
+        vec //= 2
+    em.comment(op, f"store into {win.t} window")
+    em.open("")
+    em.line(f"{c_type(win.tensor.dtype)}* tj_p = {win.base_expr()};")
+    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
+    if vec > 1:
+        em.line(f"const bool tj_vec_ok = {win.vector_ok(vec)};")
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
+    em.line(f"const int i = tj_g * {vec};")
+    coords = em.coords(layout, "i")
+    valid = em.valid(layout, "i")
+    lead = [win.in_bounds(k, c) for k, c in enumerate(coords[:-1])]
+    em.line(f"const bool tj_rows_ok = {' && '.join(['tj_dropped_ok'] + lead + ([valid] if valid else []))};")
+    last = coords[-1]
+    if vec > 1:
+        nbytes = vec * win.esize
+        full = f"tj_vec_ok && tj_rows_ok && {win.in_bounds(len(coords) - 1, last)} && " \
+               f"{win.in_bounds(len(coords) - 1, last, vec - 1)}"
+        em.open(f"if ({full})")
+        em.line(f"*reinterpret_cast<{_VEC_TYPES[nbytes]}*>(tj_p + {win.offset(coords)}) = "
+                f"*reinterpret_cast<const {_VEC_TYPES[nbytes]}*>(&{src}[i]);")
+        em.close("} else {")
+        em.depth += 1
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_v = 0; tj_v < {vec}; ++tj_v)")
+    elem = coords[:-1] + [f"({last} + tj_v)"]
+    em.line(f"if (tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])}) tj_p[{win.offset(elem)}] = {src}[i + tj_v];")
+    em.close()
+    if vec > 1:
+        em.close()
+    em.close()
+    em.close()
+
+
+# -- global -> shared ---------------------------------------------------------------------------
+
+def stage_shared(em: Emitter, v: Value) -> SharedTile:
+    """Allocate (once) the shared ring of a shared tile value."""
+    tile = em.shared.get(v.id)
+    if tile is None:
+        layout: SharedLayout = v.type.layout
+        tile = SharedTile(em.allocate_shared(layout.bytes, 1024 if layout.bytes >= 1024 else 128), layout)
+        em.shared[v.id] = tile
+    return tile
+
+
+def issue_shared_load(em: Emitter, op: Op, starts: list[str], slot: str) -> None:
+    """Copy the window of load ``op`` into ``slot`` of its shared ring (cp.async where possible)."""
+    tile = stage_shared(em, op.result)
+    lay = tile.layout
+    win = Window(em, op, starts)
+    threads = em.target.threads
+    ctype = c_type(op.result.dtype)
+    stage = f"({slot}) * {lay.stage_bytes}" if slot != "0" else "0"
+    em.open("")
+    em.line(f"const {ctype}* tj_p = {win.base_expr()};")
+    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
+    em.line(f"const unsigned tj_dst = tj_smem_u32 + {tile.offset} + {stage};")
+    chunked = win.unit_last and lay.row_bytes % 16 == 0
+    per_chunk = 16 // lay.elem_bytes
+    r_start, c_start = win.starts[win.tile_dims[0]], win.starts[win.tile_dims[1]]
+    if chunked:
+        chunks = lay.rows * lay.row_bytes // 16
+        cpr = lay.row_bytes // 16
+        em.open(f"if ({win.vector_ok(per_chunk)} && (int64_t)({c_start}) >= 0)")
+        em.line("#pragma unroll")
+        em.open(f"for (int tj_j = 0; tj_j < {-(-chunks // threads)}; ++tj_j)")
+        em.line(f"const int tj_c = tid + tj_j * {threads};")
+        if chunks % threads:
+            em.line(f"if (tj_c >= {chunks}) break;")
+        em.line(f"const int tj_r = tj_c / {cpr}, tj_k = tj_c % {cpr};")
+        em.line(f"const int64_t tj_col = (int64_t)({c_start}) + tj_k * {per_chunk};")
+        em.line(f"const int64_t tj_left = {win.size(win.tile_dims[1])} - tj_col;")
+        em.line(f"const int tj_n = (tj_dropped_ok && {win.in_bounds(0, 'tj_r')}) ? "
+                f"(int)(tj_left <= 0 ? 0 : (tj_left >= {per_chunk} ? {per_chunk} : tj_left)) : 0;")
+        em.line(f"const {ctype}* tj_src = tj_n > 0 ? tj_p + (int64_t)tj_r * {win.stride(win.tile_dims[0])} + "
+                f"tj_k * {per_chunk} : tj_p;")
+        offset = c_text(lay.chunk_offset(CExpr("tj_r"), CExpr("tj_k")))
+        em.line(f"tj_cp_async_16(tj_dst + {offset}, tj_src, tj_n * {lay.elem_bytes});")
+        em.close()
+        em.close("} else {")
+        em.depth += 1
+    # Element-wise fallback: unaligned rows, negative starts or a non-unit inner stride.
+    total = lay.rows * lay.cols
+    em.line("#pragma unroll 4")
+    em.open(f"for (int tj_e = tid; tj_e < {total}; tj_e += {threads})")
+    em.line(f"const int tj_r = tj_e / {lay.cols}, tj_k = tj_e % {lay.cols};")
+    em.line(f"const bool tj_ok = tj_dropped_ok && {win.in_bounds(0, 'tj_r')} && {win.in_bounds(1, 'tj_k')};")
+    dst_off = c_text(tile_elem_offset(lay, CExpr("tj_r"), CExpr("tj_k")))
+    em.line(f"*reinterpret_cast<{ctype}*>(tj_smem + {tile.offset} + {stage} + {dst_off}) = "
+            f"tj_ok ? tj_p[{win.offset(['tj_r', 'tj_k'])}] : {ctype}{{}};")
+    em.close()
+    if chunked:
+        em.close()
+    em.close()
+
+
+def tile_elem_offset(lay: SharedLayout, row, col):
+    return SharedTile(0, lay).elem_offset(row, col)
+
+
+# -- layout conversions --------------------------------------------------------------------------
+
+def _linear(coords: list[str], shape: tuple[int, ...]) -> str:
+    text = "0"
+    for c, n in zip(coords, shape):
+        text = f"({text}) * {n} + ({c})"
+    return text
+
+
+def through_scratch(em: Emitter, src: Value, dst_name: str, dst_layout: RegisterLayout, dst_shape) -> None:
+    """dst (layout ``dst_layout``) = src, moving data through the shared scratch buffer; size-1 dims of
+    ``src`` broadcast."""
+    layout: RegisterLayout = src.type.layout
+    ctype = c_type(src.dtype)
+    em.scratch(src.type.numel * src.dtype.itemsize)
+    buf = f"reinterpret_cast<{ctype}*>(tj_scratch)"
+    em.line("__syncthreads();  // scratch is free")
+
+    def write(i: str) -> None:
+        valid = em.valid(layout, i)
+        store = f"{buf}[{_linear(em.coords(layout, i), src.type.shape)}] = {em.name(src)}[{i}];"
+        em.line(f"if ({valid}) {store}" if valid else store)
+
+    em.reg_loop(layout, write)
+    em.line("__syncthreads();")
+
+    def read(i: str) -> None:
+        coords = [c if n > 1 else "0" for c, n in zip(em.coords(dst_layout, i), src.type.shape)]
+        em.line(f"{dst_name}[{i}] = {buf}[{_linear(coords, src.type.shape)}];")
+
+    em.reg_loop(dst_layout, read)
+
+
+@emits(OpKind.BROADCAST)
+def _broadcast(em: Emitter, op: Op) -> None:
+    src, out = op.operands[0], op.result
+    if broadcast_view(src.type.layout, out.type.layout):
+        em.line(f"auto& {em.name(out)} = {em.name(src)};  // broadcast: same registers")
+        return
+    name = em.declare_tile(out)
+    em.comment(op, "broadcast through shared memory")
+    through_scratch(em, src, name, out.type.layout, out.type.shape)
+
+
+@emits(OpKind.CONVERT_LAYOUT)
+def _convert(em: Emitter, op: Op) -> None:
+    src, out = op.operands[0], op.result
+    if src.type.scope is Scope.SHARED and out.type.scope is Scope.REGISTER:
+        tile = em.shared[src.id]
+        name = em.declare_tile(out)
+        layout = out.type.layout
+        ctype = c_type(out.dtype)
+        em.comment(op, "read a shared tile into registers")
+        em.reg_loop(layout, lambda i: em.line(
+            f"{name}[{i}] = *reinterpret_cast<const {ctype}*>(tj_smem + ({tile.base()} - tj_smem_u32) + "
+            f"{c_text(tile.elem_offset(*[CExpr(c) for c in em.coords(layout, i)]))});"))
+        return
+    if src.type.scope is Scope.REGISTER and out.type.scope is Scope.SHARED:
+        tile = stage_shared(em, out)
+        layout = src.type.layout
+        ctype = c_type(src.dtype)
+        em.comment(op, "write a register tile to shared memory for the tensor cores")
+        em.line("__syncthreads();  // earlier readers of this buffer are done")
+
+        def write(i: str) -> None:
+            valid = em.valid(layout, i)
+            off = c_text(tile.elem_offset(*[CExpr(c) for c in em.coords(layout, i)]))
+            store = f"*reinterpret_cast<{ctype}*>(tj_smem + {tile.offset} + {off}) = {em.name(src)}[{i}];"
+            em.line(f"if ({valid}) {store}" if valid else store)
+
+        em.reg_loop(layout, write)
+        em.line("__syncthreads();")
+        return
+    if src.type.layout == out.type.layout:
+        em.line(f"auto& {em.name(out)} = {em.name(src)};")
+        return
+    name = em.declare_tile(out)
+    em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout}")
+    through_scratch(em, src, name, out.type.layout, out.type.shape)
+
+
+Rematerialize = Callable[[Value], str]

@@ -1,0 +1,490 @@
+"""A CPU interpreter of the tile IR: runs a kernel's frontend IR on torch tensors, program by program.
+
+``TILEJIT_INTERPRET=1`` routes ``kernel[grid](...)`` here. Every program instance of the grid runs the
+whole function in turn (x fastest, then y, then z), so a kernel can be debugged, and tested, on a
+machine without a GPU. Each :class:`~tilejit.ir.OpKind` has one rule in ``_RULES``, registered with
+``@rule(kind)``; a rule reads its operands from ``env`` (``Value.id`` -> value) and writes its results
+there.
+
+Values: tiles are torch tensors of the tile's dtype; scalars are 0-d torch tensors of their dtype, so
+int32 arithmetic wraps and float32 scalars round exactly as they will on the GPU. The numerics follow
+the language (``tilejit/frontend/semantic.py``) and the GPU:
+
+* 8/16-bit float arithmetic, comparisons and math functions compute in float32 and round back to the
+  operand dtype after every op, as the generated code does per instruction.
+* ``//`` and ``%`` on integers follow Python (floor, divisor's sign). Division by zero does not trap (a
+  padded, never-stored lane of a ragged tile may divide by zero): ``x // 0`` is -1 and ``x % 0`` is ``x``,
+  as the GPU's ``div``/``rem`` give; kernels must not rely on either value.
+* ``min``/``max`` (and the max/min reductions) propagate NaN, which makes NaN bugs visible here even
+  where the GPU's ``fmaxf`` would drop them.
+* Casts: float -> float rounds to nearest even; float -> int truncates toward zero and saturates at the
+  integer's range with NaN -> 0 (PTX ``cvt.rzi.sat``); int -> int wraps; anything -> bool is ``!= 0``.
+  Float -> fp8 is torch's conversion: e4m3fn saturates to +-448 and e5m2 overflows to +-inf (torch 2.x).
+* ``gemm`` computes the product in float32 from the exact operand values (float64 for float64 operands;
+  int8 exactly, wrapped to int32) and adds it to the accumulator in that dtype.
+* Loads read out-of-bounds elements as 0; stores skip them.
+
+Stores are undone if the run fails, so an error leaves the output tensors as they were.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+from typing import Any, Callable
+
+import torch
+
+from . import dtypes as D
+from .dtypes import DType
+from .errors import TilejitError
+from .ir import (BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorType,
+                 UnaryOp)
+
+
+class InterpreterError(TilejitError):
+    """An op failed while the interpreter ran it: says which op, where in the kernel, and in which program."""
+
+    def __init__(self, message: str, op: Op | None = None, program: tuple[int, int, int] | None = None) -> None:
+        self.op = op
+        self.program = program
+        lines = []
+        where = f"{op.loc}: " if op is not None and op.loc is not None else ""
+        what = f"tj.{op.kind.mnemonic} failed" if op is not None else "interpreter error"
+        pid = f" in program {program}" if program is not None else ""
+        lines.append(f"{where}{what}{pid}: {message}")
+        if op is not None and op.loc is not None:
+            source = linecache.getline(op.loc.filename, op.loc.lineno).rstrip("\n")
+            if source:
+                lines.append("    " + source.expandtabs(4))
+                lines.append("    " + " " * len(source[:op.loc.col].expandtabs(4)) + "^")
+        super().__init__("\n".join(lines))
+
+
+Env = dict[int, Any]
+Rule = Callable[[Op, Env, "_Context"], None]
+_RULES: dict[OpKind, Rule] = {}
+
+
+def rule(kind: OpKind) -> Callable[[Rule], Rule]:
+    """Register the interpreter rule of one op kind."""
+    def register(fn: Rule) -> Rule:
+        if kind in _RULES:
+            raise ValueError(f"two interpreter rules for {kind}")
+        _RULES[kind] = fn
+        return fn
+    return register
+
+
+class _Context:
+    """Per-launch state: the grid, the current program, cached constants and the stores' undo log."""
+
+    def __init__(self, grid: tuple[int, int, int]) -> None:
+        self.grid = grid
+        self.num_programs = tuple(torch.tensor(g, dtype=torch.int32) for g in grid)
+        self.program: tuple[int, int, int] = (0, 0, 0)
+        self.program_ids: tuple[torch.Tensor, ...] = ()
+        self.constants: dict[int, torch.Tensor] = {}
+        self.plans: dict[int, tuple[list[tuple[Rule, Op]], list[int]]] = {}
+        self.undo: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def plan(self, block: Block) -> tuple[list[tuple[Rule, Op]], list[int]]:
+        """The block's (rule, op) list without its terminator, and the ids of the values it yields."""
+        cached = self.plans.get(id(block))
+        if cached is None:
+            ops = block.ops
+            term = block.terminator
+            if term is not None:
+                ops = ops[:-1]
+            steps = []
+            for op in ops:
+                fn = _RULES.get(op.kind)
+                if fn is None:
+                    raise InterpreterError(f"the interpreter has no rule for tj.{op.kind.mnemonic} (it runs "
+                                           "frontend IR, before lowering passes)", op)
+                steps.append((fn, op))
+            cached = (steps, [v.id for v in term.operands] if term is not None else [])
+            self.plans[id(block)] = cached
+        return cached
+
+
+def _run_block(block: Block, env: Env, ctx: _Context) -> list[Any]:
+    steps, yielded = ctx.plan(block)
+    for fn, op in steps:
+        try:
+            fn(op, env, ctx)
+        except InterpreterError:
+            raise
+        except Exception as e:  # a torch op that rejects its inputs: report the kernel's line, not ours
+            raise InterpreterError(f"{type(e).__name__}: {e}", op, ctx.program) from e
+    return [env[i] for i in yielded]
+
+
+# -- entry point -----------------------------------------------------------------------------------
+
+def interpret(fn: Function, grid: tuple[int, int, int], values: dict[str, Any]) -> None:
+    """Run ``fn`` for every program of ``grid`` on the CPU tensors and Python scalars in ``values``."""
+    env: Env = {}
+    for param in fn.runtime_params:
+        if param.name not in values:
+            raise InterpreterError(f"kernel {fn.name}: no argument for parameter '{param.name}'")
+        env[param.value.id] = _bind_argument(fn.name, param.name, param.value.type, values[param.name])
+    g = tuple(int(n) for n in grid) + (1,) * (3 - len(grid))
+    ctx = _Context((g[0], g[1], g[2]))
+    ctx.plan(fn.body)  # reject ops without a rule before anything runs
+    for op in fn.walk():
+        for region in op.regions:
+            ctx.plan(region)
+    try:
+        for z, y, x in itertools.product(range(g[2]), range(g[1]), range(g[0])):
+            ctx.program = (x, y, z)
+            ctx.program_ids = tuple(torch.tensor(p, dtype=torch.int32) for p in ctx.program)
+            _run_block(fn.body, env, ctx)
+    except BaseException:
+        for view, old in reversed(ctx.undo):
+            view.copy_(old)
+        raise
+
+
+def _bind_argument(kernel: str, name: str, ir_type: Any, arg: Any) -> Any:
+    if isinstance(ir_type, TensorType):
+        if not isinstance(arg, torch.Tensor):
+            raise InterpreterError(f"kernel {kernel}: argument '{name}' must be a torch tensor, got "
+                                   f"{type(arg).__name__}")
+        if arg.device.type != "cpu":
+            raise InterpreterError(f"kernel {kernel}: argument '{name}' is on {arg.device}; the interpreter "
+                                   "(TILEJIT_INTERPRET=1) runs on CPU tensors, move it with .cpu()")
+        if D.from_torch(arg.dtype) != ir_type.dtype or arg.dim() != ir_type.rank:
+            raise InterpreterError(f"kernel {kernel}: argument '{name}' is a {arg.dim()}-d {arg.dtype} tensor, "
+                                   f"the IR expects {ir_type}")
+        return arg
+    if isinstance(ir_type, ScalarType):
+        if isinstance(arg, torch.Tensor) or not isinstance(arg, (bool, int, float)):
+            raise InterpreterError(f"kernel {kernel}: argument '{name}' must be a Python int, float or bool, got "
+                                   f"{type(arg).__name__}")
+        return _scalar(arg, ir_type.dtype)
+    raise InterpreterError(f"kernel {kernel}: parameter '{name}' has unexpected IR type {ir_type}")
+
+
+# -- dtype helpers ---------------------------------------------------------------------------------
+
+_TORCH = {d: d.to_torch() for d in D.ALL_DTYPES}
+
+
+def _scalar(value: Any, dtype: DType) -> torch.Tensor:
+    """A 0-d tensor of ``dtype``; integers wrap to the dtype's width like a C cast."""
+    if dtype.is_integer and not isinstance(value, bool):
+        bits = dtype.bits
+        value = int(value) & ((1 << bits) - 1)
+        if dtype.kind == "int" and value >= 1 << (bits - 1):
+            value -= 1 << bits
+    return torch.tensor(value, dtype=_TORCH[dtype])
+
+
+def _widen(x: torch.Tensor) -> torch.Tensor:
+    """8/16-bit floats compute in float32 (then round back with ``.to``)."""
+    if x.dtype in _NARROW_FLOATS:
+        return x.float()
+    return x
+
+
+_NARROW_FLOATS = {torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_COMPUTE_DTYPE = {t: torch.float32 for t in _NARROW_FLOATS}
+
+
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+# -- scalars and tensor metadata -------------------------------------------------------------------
+
+@rule(OpKind.CONSTANT)
+def _constant(op: Op, env: Env, ctx: _Context) -> None:
+    value = ctx.constants.get(id(op))
+    if value is None:
+        value = ctx.constants[id(op)] = _scalar(op.attrs.value, op.result.type.dtype)
+    env[op.results[0].id] = value
+
+
+@rule(OpKind.PROGRAM_ID)
+def _program_id(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = ctx.program_ids[op.attrs.axis]
+
+
+@rule(OpKind.NUM_PROGRAMS)
+def _num_programs(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = ctx.num_programs[op.attrs.axis]
+
+
+@rule(OpKind.TENSOR_DIM)
+def _tensor_dim(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = torch.tensor(env[op.operands[0].id].shape[op.attrs.axis], dtype=torch.int64)
+
+
+@rule(OpKind.TENSOR_STRIDE)
+def _tensor_stride(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = torch.tensor(env[op.operands[0].id].stride(op.attrs.axis), dtype=torch.int64)
+
+
+# -- elementwise arithmetic ------------------------------------------------------------------------
+
+def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    zero = b == 0
+    if bool(zero.any()):  # e.g. a padded lane that is never stored: no trap, like the GPU
+        return torch.where(zero, torch.full_like(a, -1), torch.div(a, b.masked_fill(zero, 1), rounding_mode="floor"))
+    return torch.div(a, b, rounding_mode="floor")
+
+
+def _mod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    zero = b == 0
+    if bool(zero.any()):
+        return torch.where(zero, a, torch.remainder(a, b.masked_fill(zero, 1)))
+    return torch.remainder(a, b)  # the remainder takes the divisor's sign, as in Python
+
+
+def _bitwise(bool_fn: Callable, int_fn: Callable) -> Callable:
+    return lambda a, b: bool_fn(a, b) if a.dtype == torch.bool else int_fn(a, b)
+
+
+_BINARY: dict[BinaryOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    BinaryOp.ADD: torch.add,
+    BinaryOp.SUB: torch.sub,
+    BinaryOp.MUL: torch.mul,
+    BinaryOp.TRUEDIV: torch.div,
+    BinaryOp.FLOORDIV: _floordiv,
+    BinaryOp.MOD: _mod,
+    BinaryOp.MIN: torch.minimum,
+    BinaryOp.MAX: torch.maximum,
+    BinaryOp.AND: _bitwise(torch.logical_and, torch.bitwise_and),
+    BinaryOp.OR: _bitwise(torch.logical_or, torch.bitwise_or),
+    BinaryOp.XOR: _bitwise(torch.logical_xor, torch.bitwise_xor),
+    BinaryOp.SHL: torch.bitwise_left_shift,
+    BinaryOp.SHR: torch.bitwise_right_shift,  # arithmetic on signed ints, as shr.s32
+}
+
+
+@rule(OpKind.BINARY)
+def _binary(op: Op, env: Env, ctx: _Context) -> None:
+    a = env[op.operands[0].id]
+    b = env[op.operands[1].id]
+    out = _BINARY[op.attrs.op](_widen(a), _widen(b))
+    env[op.results[0].id] = _as_dtype(out, a.dtype)
+
+
+def _not(x: torch.Tensor) -> torch.Tensor:
+    return torch.logical_not(x) if x.dtype == torch.bool else torch.bitwise_not(x)
+
+
+_UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
+    UnaryOp.NEG: torch.neg,
+    UnaryOp.NOT: _not,
+    UnaryOp.EXP: torch.exp,
+    UnaryOp.EXP2: torch.exp2,
+    UnaryOp.LOG: torch.log,
+    UnaryOp.SQRT: torch.sqrt,
+    UnaryOp.RSQRT: torch.rsqrt,
+    UnaryOp.ABS: torch.abs,
+}
+
+
+@rule(OpKind.UNARY)
+def _unary(op: Op, env: Env, ctx: _Context) -> None:
+    x = env[op.operands[0].id]
+    env[op.results[0].id] = _as_dtype(_UNARY[op.attrs.op](_widen(x)), x.dtype)
+
+
+_COMPARE = {
+    CompareOp.LT: torch.lt, CompareOp.LE: torch.le, CompareOp.GT: torch.gt,
+    CompareOp.GE: torch.ge, CompareOp.EQ: torch.eq, CompareOp.NE: torch.ne,
+}
+
+
+@rule(OpKind.COMPARE)
+def _compare(op: Op, env: Env, ctx: _Context) -> None:
+    a = env[op.operands[0].id]
+    b = env[op.operands[1].id]
+    env[op.results[0].id] = _COMPARE[op.attrs.op](_widen(a), _widen(b))
+
+
+@rule(OpKind.SELECT)
+def _select(op: Op, env: Env, ctx: _Context) -> None:
+    cond, x, y = (env[v.id] for v in op.operands)
+    env[op.results[0].id] = _as_dtype(torch.where(cond, _widen(x), _widen(y)), x.dtype)
+
+
+@rule(OpKind.CAST)
+def _cast(op: Op, env: Env, ctx: _Context) -> None:
+    x = env[op.operands[0].id]
+    target: DType = op.attrs.dtype
+    if target.is_bool:
+        out = _widen(x) != 0
+    elif target.is_integer and x.is_floating_point():
+        # truncate toward zero, saturating like cvt.rzi.sat: NaN -> 0, out of range -> the nearest bound
+        info = torch.iinfo(_TORCH[target])
+        wide = torch.nan_to_num(x.double().trunc(), nan=0.0)
+        out = wide.clamp(info.min, info.max).to(_TORCH[target])
+    elif target.is_fp8 and not (x.dtype.is_floating_point and x.dtype not in _FP8):
+        out = x.float().to(_TORCH[target])  # via float32: torch converts to fp8 only from wider floats
+    else:
+        out = x.to(_TORCH[target])
+    env[op.results[0].id] = out
+
+
+# -- tile creation and shape -----------------------------------------------------------------------
+
+@rule(OpKind.SPLAT)
+def _splat(op: Op, env: Env, ctx: _Context) -> None:
+    # Values are never written in place, so a broadcast view of the 0-d scalar is a valid tile.
+    env[op.results[0].id] = env[op.operands[0].id].expand(op.attrs.shape)
+
+
+@rule(OpKind.ARANGE)
+def _arange(op: Op, env: Env, ctx: _Context) -> None:
+    value = ctx.constants.get(id(op))
+    if value is None:
+        value = ctx.constants[id(op)] = torch.arange(op.attrs.start, op.attrs.end, dtype=torch.int32)
+    env[op.results[0].id] = value
+
+
+@rule(OpKind.EXPAND_DIMS)
+def _expand_dims(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id].unsqueeze(op.attrs.axis)
+
+
+@rule(OpKind.BROADCAST)
+def _broadcast(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id].expand(op.attrs.shape)
+
+
+@rule(OpKind.TRANSPOSE)
+def _transpose(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id].permute(op.attrs.perm)
+
+
+@rule(OpKind.CONVERT_LAYOUT)
+def _convert_layout(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id]
+
+
+# -- reductions and matrix products ----------------------------------------------------------------
+
+@rule(OpKind.REDUCE)
+def _reduce(op: Op, env: Env, ctx: _Context) -> None:
+    x = env[op.operands[0].id]
+    axis = op.attrs.axis
+    kind = op.attrs.kind
+    out_dtype = _TORCH[op.result.type.dtype]
+    if kind is ReduceKind.SUM:
+        out = _widen(x).sum(axis, dtype=_COMPUTE_DTYPE.get(out_dtype, out_dtype))
+    elif x.dtype == torch.bool:
+        out = x.any(axis) if kind is ReduceKind.MAX else x.all(axis)
+    else:
+        out = (_widen(x).amax if kind is ReduceKind.MAX else _widen(x).amin)(axis)
+    env[op.results[0].id] = _as_dtype(out, out_dtype)
+
+
+@rule(OpKind.GEMM)
+def _gemm(op: Op, env: Env, ctx: _Context) -> None:
+    a, b, acc = (env[v.id] for v in op.operands)
+    if op.attrs.transpose_a:
+        a = a.T
+    if op.attrs.transpose_b:
+        b = b.T
+    if acc.dtype == torch.int32:
+        # int8 x int8 products summed in float64 are exact for any K below 2^39
+        product = (a.double() @ b.double()).to(torch.int64)
+        out = (acc.to(torch.int64) + product).to(torch.int32)
+    else:
+        compute = acc.dtype  # float32, or float64 for float64 operands
+        out = acc.to(compute) + a.to(compute) @ b.to(compute)
+    env[op.results[0].id] = out
+
+
+# -- global memory ---------------------------------------------------------------------------------
+
+def _window(op: Op, env: Env, tensor: torch.Tensor, first_start: int):
+    """(tensor index, tile index) of the in-bounds part of the op's window, or None when it is empty."""
+    shape = op.attrs.shape
+    dropped = op.attrs.dropped
+    src: list[Any] = []
+    dst: list[slice] = []
+    clipped = False
+    for d, (v, n) in enumerate(zip(op.operands[first_start:], shape)):
+        start = int(env[v.id])
+        size = tensor.shape[d]
+        lo = max(start, 0)
+        hi = min(start + n, size)
+        if hi <= lo:
+            return None
+        if d in dropped:
+            src.append(start)
+            continue
+        src.append(slice(lo, hi))
+        if lo != start or hi != start + n:
+            clipped = True
+        dst.append(slice(lo - start, hi - start))
+    return tuple(src), (tuple(dst) if clipped else None)
+
+
+@rule(OpKind.LOAD)
+def _load(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    tile_shape = op.result.type.shape
+    window = _window(op, env, tensor, 1)
+    if window is None:
+        out = torch.zeros(tile_shape, dtype=tensor.dtype)
+    else:
+        src, dst = window
+        if dst is None:
+            out = tensor[src].clone(memory_format=torch.contiguous_format)  # a copy: later stores must not show
+        else:
+            out = torch.zeros(tile_shape, dtype=tensor.dtype)
+            out[dst] = tensor[src]
+    env[op.results[0].id] = out
+
+
+@rule(OpKind.STORE)
+def _store(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    value = env[op.operands[1].id]
+    window = _window(op, env, tensor, 2)
+    if window is None:
+        return
+    src, dst = window
+    view = tensor[src]
+    ctx.undo.append((view, view.clone()))
+    view.copy_(value if dst is None else value[dst])
+
+
+# -- control flow ----------------------------------------------------------------------------------
+
+@rule(OpKind.FOR)
+def _for(op: Op, env: Env, ctx: _Context) -> None:
+    lo, hi, step = (int(env[v.id]) for v in op.operands[:3])
+    carried = [env[v.id] for v in op.operands[3:]]
+    if step == 0:
+        raise InterpreterError("loop step is zero at run time", op, ctx.program)
+    body = op.regions[0]
+    iv_arg, *carried_args = body.args
+    iv_dtype = iv_arg.type.dtype
+    iv = lo
+    while (step > 0 and iv < hi) or (step < 0 and iv > hi):
+        env[iv_arg.id] = _scalar(iv, iv_dtype)
+        for arg, value in zip(carried_args, carried):
+            env[arg.id] = value
+        carried = _run_block(body, env, ctx)
+        iv += step
+    for result, value in zip(op.results, carried):
+        env[result.id] = value
+
+
+@rule(OpKind.IF)
+def _if(op: Op, env: Env, ctx: _Context) -> None:
+    taken = op.regions[0] if bool(env[op.operands[0].id]) else op.regions[1]
+    for result, value in zip(op.results, _run_block(taken, env, ctx)):
+        env[result.id] = value
+
+
+@rule(OpKind.YIELD)
+def _yield(op: Op, env: Env, ctx: _Context) -> None:
+    raise InterpreterError("tj.yield must be the last op of a for/if region", op, ctx.program)

@@ -1,0 +1,352 @@
+"""Layouts: how a tile's elements are spread over threads (registers) or bytes (shared memory).
+
+A register layout maps (thread, register index) to tile coordinates. Each layout writes that map once,
+as Python arithmetic over ``tid`` and ``i``; evaluated on ints it gives concrete coordinates (used by
+tests against the PTX fragment formulas), evaluated on :class:`CExpr` it prints the CUDA expression the
+code generator emits. ``regs`` is the number of registers a thread holds, ``vec`` how many consecutive
+registers are consecutive along the last dim (the widest safe vector access).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+class CExpr:
+    """A C integer expression built with Python operators (only those layouts use)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @staticmethod
+    def _t(x: Any) -> str:
+        return x.text if isinstance(x, CExpr) else str(int(x))
+
+    def _bin(self, op: str, other: Any, reverse: bool = False) -> "CExpr":
+        a, b = (self._t(other), self.text) if reverse else (self.text, self._t(other))
+        return CExpr(f"({a} {op} {b})")
+
+    def __add__(self, o): return self if o == 0 and not isinstance(o, CExpr) else self._bin("+", o)
+    def __radd__(self, o): return self if o == 0 and not isinstance(o, CExpr) else self._bin("+", o, True)
+    def __sub__(self, o): return self._bin("-", o)
+    def __mul__(self, o):
+        if not isinstance(o, CExpr) and o == 1:
+            return self
+        if not isinstance(o, CExpr) and o == 0:
+            return 0
+        return self._bin("*", o)
+    def __rmul__(self, o): return self.__mul__(o)
+    def __floordiv__(self, o): return self if not isinstance(o, CExpr) and o == 1 else self._bin("/", o)
+    def __mod__(self, o): return self._bin("%", o)
+    def __rshift__(self, o): return self if not isinstance(o, CExpr) and o == 0 else self._bin(">>", o)
+    def __and__(self, o): return self._bin("&", o)
+    def __xor__(self, o): return self._bin("^", o)
+    def __rxor__(self, o): return self._bin("^", o, True)
+    def __lt__(self, o): return self._bin("<", o)
+    def __str__(self) -> str: return self.text
+
+
+def c_text(x: Any) -> str:
+    return x.text if isinstance(x, CExpr) else str(int(x))
+
+
+class RegisterLayout:
+    """Base of register layouts. Subclasses define ``shape``, ``regs``, ``vec``, ``coords``, ``valid``."""
+
+    shape: tuple[int, ...]
+    regs: int
+    vec: int = 1
+
+    def coords(self, tid: Any, i: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def valid(self, tid: Any, i: Any) -> Any:
+        """True (Python) when every register holds an element; else a condition on (tid, i)."""
+        return True
+
+    @property
+    def root(self) -> "RegisterLayout":
+        """The layout whose registers this one is a view of (views share register indices)."""
+        return self
+
+
+@dataclass(frozen=True)
+class BlockedLayout(RegisterLayout):
+    """Row-major chunks of ``vec`` elements dealt round-robin to ``threads`` threads.
+
+    Thread ``t`` holds chunks ``t, t + threads, ...``; consecutive threads touch consecutive memory, so
+    loads and stores coalesce. Shapes that do not fill the last round leave some registers invalid.
+    """
+    shape: tuple[int, ...]
+    threads: int
+    vec: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shape[-1] % self.vec:
+            raise ValueError(f"vector width {self.vec} does not divide the last dim of {self.shape}")
+
+    @property
+    def chunks(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n // self.vec
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        return -(-self.chunks // self.threads) * self.vec
+
+    def coords(self, tid, i):
+        chunk = tid + (i // self.vec) * self.threads
+        e = chunk * self.vec + (i % self.vec if self.vec > 1 else 0)
+        out = []
+        for d in reversed(self.shape):
+            out.append(e % d if d > 1 else 0)
+            e = e // d
+        return list(reversed(out))
+
+    def valid(self, tid, i):
+        if self.chunks % self.threads == 0:
+            return True
+        return (tid + (i // self.vec) * self.threads) < self.chunks
+
+    def __str__(self) -> str:
+        return f"#blocked<threads={self.threads}, vec={self.vec}>"
+
+
+@dataclass(frozen=True)
+class MmaLayout(RegisterLayout):
+    """The accumulator of m16n8 mma.sync atoms tiled over a ``warps_m x warps_n`` grid of warps.
+
+    Warp ``w`` owns rows ``(w // warps_n) * M/warps_m ...`` and cols ``(w % warps_n) * N/warps_n ...``;
+    inside a warp, atom ``(am, an)`` holds registers ``4 * (am * atoms_n + an) + c`` with
+    ``c`` at row ``g + 8 * (c >= 2)``, col ``2 * t + (c & 1)`` (g = lane / 4, t = lane % 4; PTX ISA
+    9.7.14.5.8, "Matrix fragments for mma.m16n8k16", C/D layout).
+    """
+    shape: tuple[int, int]
+    warps_m: int
+    warps_n: int
+    vec: int = 2
+
+    def __post_init__(self) -> None:
+        m, n = self.shape
+        if m % (16 * self.warps_m) or n % (8 * self.warps_n):
+            raise ValueError(f"{m}x{n} does not split into m16n8 atoms over {self.warps_m}x{self.warps_n} warps")
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return self.shape[0] // self.warps_m, self.shape[1] // self.warps_n
+
+    @property
+    def atoms(self) -> tuple[int, int]:
+        wm, wn = self.warp_tile
+        return wm // 16, wn // 8
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        am, an = self.atoms
+        return am * an * 4
+
+    def coords(self, tid, i):
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        wtm, wtn = self.warp_tile
+        atoms_n = self.atoms[1]
+        atom, c = i >> 2, i & 3
+        am, an = atom // atoms_n, atom % atoms_n
+        row = (warp // self.warps_n) * wtm + am * 16 + g + ((c >> 1) & 1) * 8
+        col = (warp % self.warps_n) * wtn + an * 8 + t * 2 + (c & 1)
+        return [row, col]
+
+    def __str__(self) -> str:
+        return f"#mma<warps={self.warps_m}x{self.warps_n}>"
+
+
+@dataclass(frozen=True)
+class SliceLayout(RegisterLayout):
+    """``parent`` with dim ``axis`` removed: register i holds the element at parent's coords minus axis.
+
+    This is what a reduction along ``axis`` produces; several registers (and threads) then hold the same
+    element, which makes broadcasting back over ``axis`` free.
+    """
+    parent: RegisterLayout
+    axis: int
+
+    @property
+    def shape(self):  # type: ignore[override]
+        return self.parent.shape[:self.axis] + self.parent.shape[self.axis + 1:]
+
+    @property
+    def regs(self):  # type: ignore[override]
+        return self.parent.regs
+
+    @property
+    def vec(self):  # type: ignore[override]
+        return self.parent.vec if self.axis != len(self.parent.shape) - 1 else 1
+
+    def coords(self, tid, i):
+        c = self.parent.coords(tid, i)
+        return c[:self.axis] + c[self.axis + 1:]
+
+    def valid(self, tid, i):
+        return self.parent.valid(tid, i)
+
+    @property
+    def root(self):
+        return self.parent.root
+
+    def __str__(self) -> str:
+        return f"#slice<{self.parent}, axis={self.axis}>"
+
+
+@dataclass(frozen=True)
+class ExpandLayout(RegisterLayout):
+    """A size-1 dim inserted at ``axis`` (``x[:, None]``); broadcasting it to ``parent`` costs nothing
+    when ``base`` is a :class:`SliceLayout` of the target layout along the same axis."""
+    base: RegisterLayout
+    axis: int
+
+    @property
+    def shape(self):  # type: ignore[override]
+        s = self.base.shape
+        return s[:self.axis] + (1,) + s[self.axis:]
+
+    @property
+    def regs(self):  # type: ignore[override]
+        return self.base.regs
+
+    @property
+    def vec(self):  # type: ignore[override]
+        return self.base.vec if self.axis != len(self.base.shape) else 1
+
+    def coords(self, tid, i):
+        c = self.base.coords(tid, i)
+        return c[:self.axis] + [0] + c[self.axis:]
+
+    def valid(self, tid, i):
+        return self.base.valid(tid, i)
+
+    @property
+    def root(self):
+        return self.base.root
+
+    def __str__(self) -> str:
+        return f"#expand<{self.base}, axis={self.axis}>"
+
+
+@dataclass(frozen=True)
+class PermutedLayout(RegisterLayout):
+    """``base`` with its dims permuted (a register-level transpose, free)."""
+    base: RegisterLayout
+    perm: tuple[int, ...]
+
+    @property
+    def shape(self):  # type: ignore[override]
+        return tuple(self.base.shape[p] for p in self.perm)
+
+    @property
+    def regs(self):  # type: ignore[override]
+        return self.base.regs
+
+    @property
+    def vec(self):  # type: ignore[override]
+        return self.base.vec if self.perm[-1] == len(self.perm) - 1 else 1
+
+    def coords(self, tid, i):
+        c = self.base.coords(tid, i)
+        return [c[p] for p in self.perm]
+
+    def valid(self, tid, i):
+        return self.base.valid(tid, i)
+
+    @property
+    def root(self):
+        return self.base.root
+
+    def __str__(self) -> str:
+        return f"#perm<{self.base}, {list(self.perm)}>"
+
+
+def broadcast_view(src: RegisterLayout, target: RegisterLayout) -> bool:
+    """True when a tile in ``src`` (size-1 dims) can be read as ``target`` with no data movement."""
+    return (isinstance(src, ExpandLayout) and isinstance(src.base, SliceLayout)
+            and src.base.parent == target and src.base.axis == src.axis)
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """A 2-D shared-memory tile, rows of ``cols`` elements stored contiguously, in ``stages`` copies.
+
+    16-byte chunks are XOR-swizzled so that 8 consecutive rows at one logical chunk fall in 8 different
+    bank groups, which makes both the cp.async writes (row-wise) and the ldmatrix reads (8 rows at a
+    time) conflict-free: 128-byte rows use chunk ^ (row % 8); 64-byte rows chunk ^ ((row / 2) % 4);
+    32-byte rows chunk ^ ((row / 4) % 2) (CUTLASS Swizzle<3,3,3>, <2,3,3>, <1,3,3>).
+    """
+    rows: int
+    cols: int
+    elem_bytes: int
+    stages: int = 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * self.elem_bytes
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.stage_bytes * self.stages
+
+    @property
+    def swizzle_bits(self) -> int:
+        """log2 of the number of chunks a row group XORs over (0: no swizzle)."""
+        rb = self.row_bytes
+        if rb % 16:
+            return 0
+        return {16: 0, 32: 1, 64: 2}.get(rb, 3 if rb % 128 == 0 else 0)
+
+    def chunk_offset(self, row: Any, chunk: Any) -> Any:
+        """Byte offset of 16-byte chunk ``chunk`` of ``row`` inside one stage."""
+        bits = self.swizzle_bits
+        if bits == 0:
+            return row * self.row_bytes + chunk * 16
+        phase = (row >> (3 - bits)) & ((1 << bits) - 1)
+        return row * self.row_bytes + (chunk ^ phase) * 16
+
+    def __str__(self) -> str:
+        return f"#shared<{self.rows}x{self.cols}, swizzle={1 << self.swizzle_bits if self.swizzle_bits else 0}, " \
+               f"stages={self.stages}>"
+
+
+def coords_table(layout: RegisterLayout, threads: int) -> dict[tuple[int, ...], list[tuple[int, int]]]:
+    """Every (tid, reg) that holds each coordinate; for tests and for checking a layout covers its tile."""
+    table: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for tid in range(threads):
+        for i in range(layout.regs):
+            if layout.valid(tid, i) is True or layout.valid(tid, i):
+                table.setdefault(tuple(layout.coords(tid, i)), []).append((tid, i))
+    return table
+
+
+def pick_warp_grid(m: int, n: int, num_warps: int) -> tuple[int, int] | None:
+    """The warps_m x warps_n split of an m x n accumulator with the squarest per-warp tile, or None."""
+    best = None
+    for wm in range(1, num_warps + 1):
+        if num_warps % wm:
+            continue
+        wn = num_warps // wm
+        if m % (16 * wm) or n % (8 * wn):
+            continue
+        tm, tn = m // wm, n // wn
+        score = (abs(tm - tn), -tm)
+        if best is None or score < best[0]:
+            best = (score, (wm, wn))
+    return best[1] if best else None
+
+
+def shapes_of(layouts: Sequence[RegisterLayout]) -> list[tuple[int, ...]]:
+    return [l.shape for l in layouts]
