@@ -558,8 +558,6 @@ def test_malformed_kernel(case: Case):
     assert shown[caret.index("^"):].startswith(case.at), f"caret at {shown[caret.index('^'):]!r}\n{text}"
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/jit.py Kernel.bind() turns *rest into a tuple argument and rejects "
-                                        "it (TypeError) before check_signature() runs on the parsed source")
 def test_varargs_on_launch():
     with pytest.raises(UnsupportedSyntaxError, match=r"kernels cannot take \*args"):
         k_varargs.ir(meta(64))

@@ -140,6 +140,7 @@ class Kernel:
         return f"{self.__name__}{self.signature}"
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundCall:
+        self.parsed  # signature errors (*args, **kwargs ...) are located errors, before binding
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in LAUNCH_OPTIONS}
         try:
             bound = self.signature.bind(*args, **kwargs)

@@ -1,0 +1,182 @@
+"""Compiled kernels on the GPU against float64 references (fresh random inputs, NaN-poisoned outputs).
+
+Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/test_gpu_kernels.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+
+pytestmark = pytest.mark.gpu
+
+
+@tilejit.kernel
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def matmul_nt(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C = A @ Bt.T with Bt stored N x K."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def matmul_tn(At, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C = At.T @ B with At stored K x M."""
+    K = At.shape[0]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc += At[k0:k0 + BK, m0:m0 + BM].T @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def bmm_epilogue(A, B, bias, C, scale, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C[b] = relu(scale * A[b] @ B[b] + bias[None, :]) in the output dtype."""
+    b = T.program_id(2)
+    K = A.shape[2]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=2):
+        acc += A[b, m0:m0 + BM, k0:k0 + BK] @ B[b, k0:k0 + BK, n0:n0 + BN]
+    y = acc * scale + bias[n0:n0 + BN].to(T.float32)[None, :]
+    C[b, m0:m0 + BM, n0:n0 + BN] = T.maximum(y, 0.0).to(C.dtype)
+
+
+@tilejit.kernel
+def softmax_rows(X, Y, BN: T.constexpr):
+    r = T.program_id(0)
+    N = X.shape[1]
+    cols = T.arange(0, BN)
+    x = X[r, 0:BN].to(T.float32)
+    x = T.where(cols < N, x, float("-inf"))
+    e = T.exp(x - T.max(x, 0))
+    Y[r, 0:BN] = (e / T.sum(e, 0)).to(Y.dtype)
+
+
+@tilejit.kernel
+def atom(A, B, C):
+    """One warp computing a single 16x8x16 mma atom (the seeds' first program)."""
+    C[0:16, 0:8] = A[0:16, 0:16] @ B[0:16, 0:8]
+
+
+def _ref(a, b):
+    return a.double() @ b.double()
+
+
+def _check(out, ref, dtype):
+    tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-4}[dtype]
+    assert not torch.isnan(out).any(), "some outputs were never written"
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()) * 0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mnk", [(1000, 3000, 777), (17, 129, 33), (128, 8, 4096), (256, 256, 256)])
+def test_matmul_nn(dtype, mnk):
+    m, n, k = mnk
+    torch.manual_seed(m + n + k)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=32, num_warps=4)
+    _check(c, _ref(a, b), dtype)
+
+
+@pytest.mark.parametrize("num_warps", [1, 2, 4, 8])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_matmul_warps_stages(num_warps, stages):
+    m, n, k = 300, 200, 200
+    torch.manual_seed(num_warps * 10 + stages)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    matmul[(tilejit.cdiv(m, 64), tilejit.cdiv(n, 64))](a, b, c, BM=64, BN=64, BK=32, num_warps=num_warps,
+                                                       num_stages=stages)
+    _check(c, _ref(a, b), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_nt_tn(dtype):
+    m, n, k = 333, 190, 160
+    torch.manual_seed(7)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    bt = torch.randn(n, k, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul_nt[(tilejit.cdiv(m, 64), tilejit.cdiv(n, 128))](a, bt, c, BM=64, BN=128, BK=32, num_warps=4)
+    _check(c, _ref(a, bt.T), dtype)
+    at = torch.randn(k, m, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul_tn[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 64))](at, b, c2, BM=128, BN=64, BK=32, num_warps=4)
+    _check(c2, _ref(at.T, b), dtype)
+
+
+def test_matmul_non_contiguous_and_fp32_out():
+    torch.manual_seed(3)
+    base = torch.randn(300, 500, device="cuda", dtype=torch.float16)
+    a = base[:, ::2]  # unit stride broken along K: element-wise staging path
+    b = torch.randn(250, 130, device="cuda", dtype=torch.float16).T.contiguous().T  # column-major
+    c = torch.full((300, 130), float("nan"), device="cuda", dtype=torch.float32)
+    matmul[(tilejit.cdiv(300, 64), tilejit.cdiv(130, 64))](a, b, c, BM=64, BN=64, BK=32, num_warps=4)
+    _check(c, _ref(a, b), torch.float16)
+
+
+def test_batched_fused_epilogue():
+    torch.manual_seed(11)
+    bsz, m, n, k = 3, 100, 90, 70
+    a = torch.randn(bsz, m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(bsz, k, n, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((bsz, m, n), float("nan"), device="cuda", dtype=torch.float16)
+    bmm_epilogue[(tilejit.cdiv(m, 64), tilejit.cdiv(n, 64), bsz)](a, b, bias, c, 0.5, BM=64, BN=64, BK=32)
+    ref = torch.relu(0.5 * (a.double() @ b.double()) + bias.double()[None, None, :])
+    _check(c, ref, torch.float16)
+
+
+@pytest.mark.parametrize("n", [100, 128, 1000])
+def test_softmax_rows(n):
+    torch.manual_seed(n)
+    x = torch.randn(37, n, device="cuda", dtype=torch.float16) * 4
+    y = torch.full_like(x, float("nan"))
+    bn = 1 << (n - 1).bit_length()
+    softmax_rows[(37,)](x, y, BN=bn)
+    ref = torch.softmax(x.double(), dim=1)
+    _check(y, ref, torch.float16)
+
+
+def test_single_atom_one_warp():
+    torch.manual_seed(0)
+    a = torch.randn(16, 16, device="cuda", dtype=torch.float16)
+    b = torch.randn(16, 8, device="cuda", dtype=torch.float16)
+    c = torch.full((16, 8), float("nan"), device="cuda", dtype=torch.float16)
+    atom[(1,)](a, b, c, num_warps=1)
+    _check(c, _ref(a, b), torch.float16)
+
+
+def test_large_square_4096():
+    torch.manual_seed(1)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    matmul[(32, 32)](a, b, c, BM=128, BN=128, BK=32, num_warps=4, num_stages=3)
+    _check(c, _ref(a, b), torch.bfloat16)
