@@ -78,9 +78,9 @@ class Registry:
             if why is None:
                 return impl
             rejected.append((impl.name, why))
-        listing = "; ".join(f"{name}: {why}" for name, why in rejected) or "no implementations registered"
         raise DispatchError(
-            f"no lowering of {op_name} fits on {target.arch} (candidates: {listing})",
+            f"no lowering of {op_name} fits on {target.arch}" + ("" if rejected else ": none is registered"),
+            candidates=rejected,
             filename=getattr(loc, "filename", None), lineno=getattr(loc, "lineno", None),
             col=getattr(loc, "col", None), source_line=source_line,
             hint="change the tile shape, dtypes or num_warps so that one candidate's predicates hold")
