@@ -32,6 +32,12 @@ struct alignas(8) tj_v8 { unsigned x, y; };
 /// Python floor division and modulo (the language's // and %).
 template <class T> TJ_DEVICE T tj_floordiv(T a, T b) { T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
 template <class T> TJ_DEVICE T tj_pymod(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+/// cp.async of 16 bytes (src_bytes of them read, the rest zero-filled) issued only when pred holds;
+/// a PTX predicate, so the copy stays branch-free and schedulable next to the tensor-core work.
+TJ_DEVICE void tj_cp_async_16_if(unsigned smem_addr, const void* gptr, int src_bytes, bool pred) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, %2; }"
+               :: "r"(smem_addr), "l"(gptr), "r"(src_bytes), "r"((int)pred) : "memory");
+}
 template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
 template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
 """
@@ -278,7 +284,7 @@ class Emitter:
             f'extern "C" __global__ void __launch_bounds__({threads}) {self.kernel_name}(',
             "    " + ",\n    ".join(decls) + ") {" if decls else ") {",
             "  extern __shared__ __align__(1024) unsigned char tj_smem[];",
-            "  const int tid = threadIdx.x;",
+            "  const int tid = (int)threadIdx.x;",
             "  const unsigned tj_smem_u32 = tj_smem_addr(tj_smem);",
             f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset};",
             "  (void)tj_smem_u32; (void)tj_scratch;",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..ir import Op, OpKind, Value
 from .emitter import RULES, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
-from .lower_memory import issue_shared_load, stage_shared
+from .lower_memory import SharedCopy, issue_shared_load, stage_shared
 
 
 def _positive_constant(v: Value) -> bool:
@@ -48,10 +48,8 @@ def _for(em: Emitter, op: Op) -> None:
     stages = op.attrs.stages or 1
     body_ops = {r.id: o for o in body.ops for r in o.results}
 
-    def issue(iv_expr: str, slot: str) -> None:
-        for load in piped:
-            starts = [_rematerialize(em, v, body_ops, iv.id, iv_expr) for v in load.operands[1:]]
-            issue_shared_load(em, load, starts, slot)
+    def starts_at(load: Op, iv_expr: str) -> list[str]:
+        return [_rematerialize(em, v, body_ops, iv.id, iv_expr) for v in load.operands[1:]]
 
     em.open("")
     if piped:
@@ -59,26 +57,33 @@ def _for(em: Emitter, op: Op) -> None:
             stage_shared(em, load.result)
         em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead")
         for s in range(stages - 1):
-            em.open(f"if ({in_range(f'({lo} + ({iv_t}){s} * {step})')})")
-            issue(f"{lo} + ({iv_t}){s} * {step}", str(s))
-            em.close()
+            at = f"{lo} + ({iv_t}){s} * {step}"
+            for load in piped:
+                issue_shared_load(em, load, starts_at(load, at), str(s), guard=in_range(f"({at})"))
             em.line("tj_cp_async_commit();")
         em.line("int tj_it = 0;")
     iv_name = em.name(iv)
     incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
     em.open(f"for ({iv_t} {iv_name} = {lo}; {in_range(iv_name)}; {incr})")
+    copies = []
     if piped:
         em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
         em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
-        em.open(f"if ({in_range(f'({nxt})')})")
-        issue(nxt, f"(tj_it + {stages - 1}) % {stages}")
-        em.close()
+        em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
+        em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
+        for load in piped:
+            copy = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch")
+            copy.begin()
+            copy.fast()
+            copies.append(copy)
         em.line("tj_cp_async_commit();")
         for load in piped:
             em.shared[load.result.id].slot = f"(tj_it % {stages})"
     for inner in body.ops[:-1]:
         RULES[inner.kind](em, inner)
+    for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
+        copy.slow()
     _assign_yields(em, carried, body.terminator.operands)
     em.close()
     if piped:

@@ -179,54 +179,122 @@ def stage_shared(em: Emitter, v: Value) -> SharedTile:
     return tile
 
 
-def issue_shared_load(em: Emitter, op: Op, starts: list[str], slot: str) -> None:
-    """Copy the window of load ``op`` into ``slot`` of its shared ring (cp.async where possible)."""
-    tile = stage_shared(em, op.result)
-    lay = tile.layout
-    win = Window(em, op, starts)
-    threads = em.target.threads
-    ctype = c_type(op.result.dtype)
-    stage = f"({slot}) * {lay.stage_bytes}" if slot != "0" else "0"
-    em.open("")
-    em.line(f"const {ctype}* tj_p = {win.base_expr()};")
-    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
-    em.line(f"const unsigned tj_dst = tj_smem_u32 + {tile.offset} + {stage};")
-    chunked = win.unit_last and lay.row_bytes % 16 == 0
-    per_chunk = 16 // lay.elem_bytes
-    r_start, c_start = win.starts[win.tile_dims[0]], win.starts[win.tile_dims[1]]
-    if chunked:
-        chunks = lay.rows * lay.row_bytes // 16
+class SharedCopy:
+    """Copies the window of one shared-scope load into a slot of its ring.
+
+    Two parts, so a pipelined loop can put them apart: ``fast`` issues predicated, branch-free
+    16-byte ``cp.async`` copies when the window allows them (unit-stride rows, 16-byte aligned, start
+    column >= 0; a uniform run-time check), and ``slow`` copies element by element when it does not.
+    In a pipelined loop ``fast`` runs before the tensor-core work (the scheduler interleaves the two)
+    and ``slow`` after it. Names are prefixed so several copies can share one C scope.
+    """
+
+    def __init__(self, em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true") -> None:
+        self.em = em
+        self.tile = stage_shared(em, op.result)
+        self.lay = self.tile.layout
+        self.win = Window(em, op, starts)
+        self.slot = slot
+        self.guard = guard
+        self.ctype = c_type(op.result.dtype)
+        self.x = em.fresh("tj_c") + "_"
+        self.chunked = self.win.unit_last and self.lay.row_bytes % 16 == 0
+
+    def begin(self) -> None:
+        em, x, win, lay = self.em, self.x, self.win, self.lay
+        stage = f"({self.slot}) * {lay.stage_bytes}" if self.slot != "0" else "0"
+        em.line(f"const {self.ctype}* {x}p = {win.base_expr()};")
+        em.line(f"const bool {x}dropped_ok = {win.dropped_ok()};")
+        em.line(f"const unsigned {x}dst = tj_smem_u32 + {self.tile.offset} + {stage};")
+        if self.chunked:
+            c_start = win.starts[win.tile_dims[1]]
+            r_start = win.starts[win.tile_dims[0]]
+            em.line(f"const bool {x}fast = ({self.guard}) && {win.vector_ok(16 // lay.elem_bytes).replace('tj_p', x + 'p')}"
+                    f" && (int64_t)({c_start}) >= 0 && (int64_t)({r_start}) >= 0;")
+        else:
+            em.line(f"const bool {x}fast = false;")
+
+    def fast(self) -> None:
+        """Predicated cp.async of the window's rows; the part of a chunk past the last column is
+        zero-filled (src-size < 16) and rows outside the tensor are pure zero fills.
+
+        Thread ``tid`` copies chunk ``tid % chunks_per_row`` of rows ``tid / chunks_per_row + j * rows_per_pass``:
+        its column, bounds and byte count are the same for every ``j``, and its row offsets and shared
+        addresses depend only on ``tid``.
+        """
+        if not self.chunked:
+            return
+        em, x, win, lay = self.em, self.x, self.win, self.lay
+        threads = em.target.threads
+        per_chunk = 16 // lay.elem_bytes
+        c_start = win.starts[win.tile_dims[1]]
+        row_stride = win.stride(win.tile_dims[0])
         cpr = lay.row_bytes // 16
-        em.open(f"if ({win.vector_ok(per_chunk)} && (int64_t)({c_start}) >= 0)")
+        ncol = f"{win.size(win.tile_dims[1])} - ((int64_t)({c_start}) + {x}k * {per_chunk})"
+        bytes_expr = (f"(int)({x}left <= 0 ? 0 : ({x}left >= {per_chunk} ? 16 : {x}left * {lay.elem_bytes}))")
+        if threads % cpr == 0:
+            rpp = threads // cpr  # rows per pass of all threads
+            passes = -(-lay.rows // rpp)
+            r_start = win.starts[win.tile_dims[0]]
+            em.line(f"const int {x}k = {c_text(CExpr('tid') % cpr)}, {x}r0 = {c_text(CExpr('tid') // cpr)};")
+            em.line(f"const int64_t {x}left = {ncol};")
+            em.line(f"const int {x}bytes = {bytes_expr};")
+            # Rows of the tensor left from this thread's first row (the fast path has start >= 0).
+            em.line(f"const int64_t {x}rl = {x}dropped_ok ? {win.size(win.tile_dims[0])} - ((int64_t)({r_start}) + {x}r0) : 0;")
+            em.line(f"const int {x}rows = {x}rl <= 0 ? 0 : ({x}rl >= {lay.rows} ? {lay.rows} : (int){x}rl);")
+            em.line(f"const int64_t {x}rstep = (int64_t){rpp} * {row_stride};")
+            em.line(f"const {self.ctype}* {x}src = {x}p + {x}k * {per_chunk} + (int64_t){x}r0 * {row_stride};")
+            em.line(f"const unsigned {x}dst0 = {x}dst + {c_text(lay.chunk_offset(CExpr(x + 'r0'), CExpr(x + 'k')))};")
+            # A row outside the tensor is a pure zero fill (src-size 0 reads nothing, as CUTLASS's
+            # zfill copies rely on), so the address needs no clamping and the copy no branch.
+            for j in range(passes):
+                if lay.rows % rpp and j == passes - 1:
+                    em.open(f"if ({x}r0 + {j * rpp} < {lay.rows})")
+                if rpp % 8 == 0 or lay.swizzle_bits == 0:
+                    dst = f"{x}dst0 + {j * rpp * lay.row_bytes}"  # same swizzle phase on every pass
+                else:
+                    dst = f"{x}dst + {c_text(lay.chunk_offset(CExpr(f'({x}r0 + {j * rpp})'), CExpr(x + 'k')))}"
+                em.line(f"tj_cp_async_16_if({dst}, {x}src + {j} * {x}rstep, {j * rpp} < {x}rows ? {x}bytes : 0, {x}fast);")
+                if lay.rows % rpp and j == passes - 1:
+                    em.close()
+            return
+        chunks = lay.rows * cpr
         em.line("#pragma unroll")
         em.open(f"for (int tj_j = 0; tj_j < {-(-chunks // threads)}; ++tj_j)")
         em.line(f"const int tj_c = tid + tj_j * {threads};")
         if chunks % threads:
             em.line(f"if (tj_c >= {chunks}) break;")
-        em.line(f"const int tj_r = tj_c / {cpr}, tj_k = tj_c % {cpr};")
-        em.line(f"const int64_t tj_col = (int64_t)({c_start}) + tj_k * {per_chunk};")
-        em.line(f"const int64_t tj_left = {win.size(win.tile_dims[1])} - tj_col;")
-        em.line(f"const int tj_n = (tj_dropped_ok && {win.in_bounds(0, 'tj_r')}) ? "
-                f"(int)(tj_left <= 0 ? 0 : (tj_left >= {per_chunk} ? {per_chunk} : tj_left)) : 0;")
-        em.line(f"const {ctype}* tj_src = tj_n > 0 ? tj_p + (int64_t)tj_r * {win.stride(win.tile_dims[0])} + "
-                f"tj_k * {per_chunk} : tj_p;")
-        offset = c_text(lay.chunk_offset(CExpr("tj_r"), CExpr("tj_k")))
-        em.line(f"tj_cp_async_16(tj_dst + {offset}, tj_src, tj_n * {lay.elem_bytes});")
+        em.line(f"const int tj_r = {c_text(CExpr('tj_c') // cpr)}, {x}k = {c_text(CExpr('tj_c') % cpr)};")
+        em.line(f"const int64_t {x}left = {ncol};")
+        em.line(f"const int tj_n = ({x}dropped_ok && {win.in_bounds(0, 'tj_r')}) ? {bytes_expr} : 0;")
+        em.line(f"const {self.ctype}* tj_src = tj_n > 0 ? {x}p + (int64_t)tj_r * {row_stride} + {x}k * {per_chunk} : {x}p;")
+        em.line(f"tj_cp_async_16_if({x}dst + {c_text(lay.chunk_offset(CExpr('tj_r'), CExpr(x + 'k')))}, tj_src, tj_n, {x}fast);")
         em.close()
-        em.close("} else {")
-        em.depth += 1
-    # Element-wise fallback: unaligned rows, negative starts or a non-unit inner stride.
-    total = lay.rows * lay.cols
-    em.line("#pragma unroll 4")
-    em.open(f"for (int tj_e = tid; tj_e < {total}; tj_e += {threads})")
-    em.line(f"const int tj_r = tj_e / {lay.cols}, tj_k = tj_e % {lay.cols};")
-    em.line(f"const bool tj_ok = tj_dropped_ok && {win.in_bounds(0, 'tj_r')} && {win.in_bounds(1, 'tj_k')};")
-    dst_off = c_text(tile_elem_offset(lay, CExpr("tj_r"), CExpr("tj_k")))
-    em.line(f"*reinterpret_cast<{ctype}*>(tj_smem + {tile.offset} + {stage} + {dst_off}) = "
-            f"tj_ok ? tj_p[{win.offset(['tj_r', 'tj_k'])}] : {ctype}{{}};")
-    em.close()
-    if chunked:
+
+    def slow(self) -> None:
+        """Element-wise copy for windows the fast path cannot take (unaligned rows, negative starts,
+        a non-unit inner stride)."""
+        em, x, win, lay = self.em, self.x, self.win, self.lay
+        threads = em.target.threads
+        em.open(f"if (({self.guard}) && !{x}fast)")
+        em.line("#pragma unroll 4")
+        em.open(f"for (int tj_e = tid; tj_e < {lay.rows * lay.cols}; tj_e += {threads})")
+        em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
+        em.line(f"const bool tj_ok = {x}dropped_ok && {win.in_bounds(0, 'tj_r')} && {win.in_bounds(1, 'tj_k')};")
+        dst_off = c_text(tile_elem_offset(lay, CExpr("tj_r"), CExpr("tj_k")))
+        em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem + ({x}dst - tj_smem_u32) + {dst_off}) = "
+                f"tj_ok ? {x}p[{win.offset(['tj_r', 'tj_k'])}] : {self.ctype}{{}};")
         em.close()
+        em.close()
+
+
+def issue_shared_load(em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true") -> None:
+    """Copy the window of load ``op`` into ``slot`` of its shared ring, both paths in one scope."""
+    em.open("")
+    copy = SharedCopy(em, op, starts, slot, guard)
+    copy.begin()
+    copy.fast()
+    copy.slow()
     em.close()
 
 

@@ -38,8 +38,19 @@ class CExpr:
             return 0
         return self._bin("*", o)
     def __rmul__(self, o): return self.__mul__(o)
-    def __floordiv__(self, o): return self if not isinstance(o, CExpr) and o == 1 else self._bin("/", o)
-    def __mod__(self, o): return self._bin("%", o)
+    # Layout expressions are never negative, so division by a power of two is a shift and the
+    # remainder a mask (signed '/' and '%' would cost extra instructions for negative operands).
+    def __floordiv__(self, o):
+        if not isinstance(o, CExpr) and o == 1:
+            return self
+        if not isinstance(o, CExpr) and o > 0 and o & (o - 1) == 0:
+            return self._bin(">>", o.bit_length() - 1)
+        return self._bin("/", o)
+
+    def __mod__(self, o):
+        if not isinstance(o, CExpr) and o > 0 and o & (o - 1) == 0:
+            return self._bin("&", o - 1)
+        return self._bin("%", o)
     def __rshift__(self, o): return self if not isinstance(o, CExpr) and o == 0 else self._bin(">>", o)
     def __and__(self, o): return self._bin("&", o)
     def __xor__(self, o): return self._bin("^", o)

@@ -97,6 +97,12 @@ class Kernel:
         self._ir_cache: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
+        self._fast: dict[tuple, Any] = {}            # cheap call signature -> Launcher
+        runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
+        self._min_positional = runtime[-1] + 1 if runtime else 0
+        self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
+        self._defaults = {**LAUNCH_OPTIONS, **{n: p.default for n, p in self.signature.parameters.items()
+                                               if p.default is not inspect.Parameter.empty}}
         self._specializations: dict[str, Any] = {}   # for the specialization-count warning
 
     # -- source --------------------------------------------------------------------------------
@@ -221,14 +227,84 @@ class Kernel:
     # -- launching -----------------------------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            self.run(grid, args, kwargs)
+            fast = self._fast_args(args, kwargs)
+            if fast is not None:
+                # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
+                launcher = self._fast.get(fast[0])
+                if launcher is not None:
+                    grid3 = self._fast_grid(grid, args, kwargs)
+                    if grid3 is not None:
+                        launcher(grid3, _raw_stream(fast[2]), fast[1])
+                        return
+            self.run(grid, args, kwargs, fast)
         return launch
+
+    # -- the fast path: a dict hit on a cheap signature, then one cuLaunchKernel -------------------
+    def _fast_args(self, args: Sequence[Any], kwargs: dict[str, Any]):
+        """(signature, packed parameter values, device index) when every runtime argument is positional;
+        the signature holds everything the specialization key depends on (except global constants,
+        which are read when a specialization is first compiled)."""
+        if len(args) < self._min_positional:
+            return None
+        sig: list[Any] = [len(args)]
+        values: list[Any] = []
+        device = -1
+        tensor_type = _torch_tensor()
+        for name, a in zip(self.arg_names, args):
+            if name in self.constexpr_names:
+                sig.append(a)
+            elif isinstance(a, tensor_type):
+                # The full strides (a superset of the unit-stride pattern the key uses) and the shape
+                # when the kernel needs extents at compile time.
+                strides = a.stride()
+                ptr = a.data_ptr()
+                device = a.get_device()
+                sig.append((a.dtype, strides, ptr & 15 == 0, device,
+                            a.shape if name in self._shape_dims else None))
+                values.append(ptr)
+                values += a.shape
+                values += strides
+            elif type(a) is int:
+                sig.append((a == 1, a & 15 == 0))
+                values.append(a)
+            elif type(a) is float:
+                sig.append(1.5)
+                values.append(a)
+            elif type(a) is bool:
+                sig.append(a is True and 2 or 3)
+                values.append(int(a))
+            else:
+                return None
+        for k, v in kwargs.items():
+            if k not in self._fast_kwargs:
+                return None
+            sig.append(k)
+            sig.append(v)
+        try:
+            return tuple(sig), values, device
+        except TypeError:
+            return None
+
+    def _fast_grid(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
+        if callable(grid):
+            grid = grid({**self._defaults, **dict(zip(self.arg_names, args)), **kwargs})
+        if type(grid) is tuple and all(type(g) is int and g > 0 for g in grid):
+            n = len(grid)
+            if n == 3:
+                return grid
+            if n == 2:
+                return (grid[0], grid[1], 1)
+            if n == 1:
+                return (grid[0], 1, 1)
+        return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
                         f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
-    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None) -> None:
+        """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
+        fast path under the call's cheap signature."""
         call = self.bind(args, dict(kwargs))
         grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
                                     "num_stages": call.options.num_stages}, self.__name__)
@@ -248,7 +324,11 @@ class Kernel:
                                  "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
         from .launch import launch_compiled
 
-        launch_compiled(self, call, grid3)
+        launcher = launch_compiled(self, call, grid3)
+        if fast is not None:
+            fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
+            if fast is not None:
+                self._fast[fast[0]] = launcher
 
     def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""
@@ -277,10 +357,21 @@ class Kernel:
         return f"<tilejit.kernel {self.__name__}>"
 
 
-def _is_tensor(v: Any) -> bool:
+def _torch_tensor():
     import torch
 
-    return isinstance(v, torch.Tensor)
+    return torch.Tensor
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, _torch_tensor())
+
+
+def _raw_stream(device: int) -> int:
+    """torch's current stream on ``device`` as a CUstream int, without building a Stream object."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def _spec_json(spec: ArgSpec) -> Any:

@@ -203,7 +203,7 @@ def pack_values(call) -> list[Any]:
     return values
 
 
-def launch_compiled(kernel, call, grid: tuple[int, int, int]) -> None:
+def launch_compiled(kernel, call, grid: tuple[int, int, int]):
     import torch
 
     tensors = [v for v in call.values.values() if isinstance(v, torch.Tensor)]
@@ -213,3 +213,4 @@ def launch_compiled(kernel, call, grid: tuple[int, int, int]) -> None:
     launcher = compiled.launcher(device_index)
     stream = torch.cuda.current_stream(device_index).cuda_stream
     launcher(grid, stream, pack_values(call))
+    return launcher

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The one script to run on a GPU machine: GPU tests, launch/compile costs, matmul TFLOP/s, then a short summary.
+#
+#   OUT=/some/dir bash benchmarks/device_run.sh          # ~5-9 minutes: tests, launch costs, matmul --quick
+#   OUT=/some/dir FULL=1 bash benchmarks/device_run.sh   # the full matmul sweep only (tests and launch off)
+#
+# Files written to $OUT (7, flat): gpu_tests.log, launch.log, matmul.log, launch.json, matmul.json,
+# matmul.png (with matplotlib), RESULTS.md (benchmarks/RESULTS.md with the new sections appended).
+# Limits per step (seconds) can be changed: T_TESTS, T_LAUNCH, T_MATMUL; RUN_TESTS=0 / RUN_LAUNCH=0 skip a step.
+# Nothing here needs a package index; Triton is optional (its columns read n/a without it).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-$PWD/benchmarks/out}"
+mkdir -p "$OUT"
+# A fresh kernel cache outside $OUT: cold-compile numbers are cold, and nothing stale is reused.
+export TILEJIT_CACHE_DIR="${TILEJIT_CACHE_DIR:-$(mktemp -d)/tilejit-cache}"
+
+FULL="${FULL:-0}"
+if [ "$FULL" = 1 ]; then default_on=0; else default_on=1; fi
+RUN_TESTS="${RUN_TESTS:-$default_on}"
+RUN_LAUNCH="${RUN_LAUNCH:-$default_on}"
+T_TESTS="${T_TESTS:-170}"
+T_LAUNCH="${T_LAUNCH:-110}"
+if [ "$FULL" = 1 ]; then T_MATMUL="${T_MATMUL:-560}"; else T_MATMUL="${T_MATMUL:-240}"; fi
+# Stop starting new shapes well before the hard limit, so the report is written.
+BUDGET=$((T_MATMUL - 60))
+
+steps=()
+failed=0
+step() {  # step NAME LIMIT COMMAND...: run with a time limit, output tee'd to $OUT/NAME.log
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo "=== $name (limit ${limit}s): $*"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=$?
+    [ "$rc" = 124 ] && echo "=== $name: TIMED OUT after ${limit}s"
+    steps+=("$name: rc=$rc in $((SECONDS - start))s")
+    [ "$rc" = 0 ] || failed=1
+}
+
+echo "=== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available())"
+python3 -c "import triton; print('triton', triton.__version__)" 2>/dev/null || echo "triton: not importable"
+
+if [ "$RUN_TESTS" = 1 ]; then
+    step gpu_tests "$T_TESTS" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
+fi
+if [ "$RUN_LAUNCH" = 1 ]; then
+    step launch "$T_LAUNCH" python3 -m benchmarks.launch --out "$OUT"
+fi
+if [ "$FULL" = 1 ]; then
+    step matmul "$T_MATMUL" python3 -m benchmarks.matmul --budget-s "$BUDGET" --out "$OUT"
+else
+    step matmul "$T_MATMUL" python3 -m benchmarks.matmul --quick --budget-s "$BUDGET" --out "$OUT"
+fi
+cp benchmarks/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null || echo "no benchmarks/RESULTS.md was written"
+
+echo
+echo "=== summary"
+printf '%s\n' "${steps[@]}"
+[ -f "$OUT/gpu_tests.log" ] && echo "gpu tests: $(grep -E '[0-9]+ (passed|failed|skipped|error|deselected)' "$OUT/gpu_tests.log" | tail -n 1)"
+python3 - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+
+def cell(r):
+    return f"{r['tflops']:.0f}" if r.get("status") == "ok" else r.get("status", "?")
+
+if (out / "launch.json").exists():
+    data = json.loads((out / "launch.json").read_text())
+    print("launch us:", ", ".join(f"{k} {v['us_per_launch']:.1f}" for k, v in data["launch"].items() if v))
+    first, imports = data.get("first_launch"), data.get("imports")
+    if first:
+        print(f"cold compile+launch {first['cold_ms']:.0f} ms, disk hit {first['disk_hit_ms']:.1f} ms", end="")
+    if imports:
+        print(f", import tilejit {imports['tilejit_ms']:.0f} ms", end="")
+    print()
+if (out / "matmul.json").exists():
+    data = json.loads((out / "matmul.json").read_text())
+    print(f"matmul TFLOP/s on {data['meta']['gpu']} (complete={data.get('complete')}): shape dtype tilejit cuBLAS Triton config")
+    for r in data["rows"]:
+        t = r["tilejit"]
+        print(f"  {r['m']}x{r['n']}x{r['k']} {r['dtype']} {cell(t)} {cell(r['cublas'])} {cell(r['triton'])} "
+              f"{t.get('config', '')}")
+EOF
+exit $failed

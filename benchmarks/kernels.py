@@ -1,0 +1,38 @@
+"""The tilejit kernels the benchmarks time.
+
+``matmul`` is the DESIGN.md matmul under ``@tilejit.autotune`` with the default space of
+``tilejit.configs``. One change from DESIGN.md: the loop is ``T.range(0, K, BK)`` without ``stages=3`` so that
+each config's ``num_stages`` sets the pipeline depth. The autotune key is the tensors ``A`` and ``B`` (the
+autotuner keys a tensor by dtype and shape), so the kernel keeps DESIGN.md's signature without extra M, N, K
+parameters. ``matmul.kernel`` is the plain kernel, launched with explicit tiles.
+"""
+from __future__ import annotations
+
+import tilejit
+import tilejit.language as T
+from tilejit.configs import matmul_configs, matmul_prune
+
+
+@tilejit.autotune(configs=matmul_configs(), key=["A", "B"], prune_configs_by={"early_config_prune": matmul_prune})
+@tilejit.kernel
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):  # pipelined num_stages deep (a launch option, set per config)
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def matmul_grid(meta):
+    """Grid of ``matmul`` for the autotuner: one program per BM x BN tile of C."""
+    return tilejit.cdiv(meta["A"].shape[0], meta["BM"]), tilejit.cdiv(meta["B"].shape[1], meta["BN"])
+
+
+@tilejit.kernel
+def tiny(X, Y, Z, W, n, m, BLOCK: T.constexpr):
+    """Four tensors and two ints, almost no work: what a launch costs on the host."""
+    i = T.program_id(0) * BLOCK
+    W[i:i + BLOCK] = X[i:i + BLOCK] * Y[i:i + BLOCK] + Z[i:i + BLOCK] + (n - m)

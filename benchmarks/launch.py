@@ -1,0 +1,219 @@
+"""Host-side costs: launch overhead, cold compile, disk-cache hit, and import time.
+
+    python -m benchmarks.launch [--launches 2000] [--reps 7] [--out DIR]
+
+- Launch overhead: a tiny kernel with four tensor arguments (1 element each) and two ints, launched N times in
+  a row from Python; wall time / N with one torch.cuda.synchronize after the N launches (reported with and
+  without that final wait), median over --reps repetitions. Against Triton (same kernel) and torch
+  ``x.add_(1)``.
+- Cold compile: the DESIGN.md matmul (128x128x32, 4 warps, 3 stages, 1024^3 fp16) in a fresh process with an
+  empty TILEJIT_CACHE_DIR: time from after the imports and input set-up to the first launch's completion, and
+  the compile seconds recorded in the cache entry.
+- Disk hit: the same in fresh processes that find the entry on disk.
+- Import: ``import tilejit`` on top of an imported torch, fresh processes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, machine_stamp, markdown_table,
+                               stamp_line, write_json)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Run in a fresh interpreter: first launch of the DESIGN.md matmul, timed after imports and input set-up.
+_FIRST_LAUNCH = """
+import json, time
+import torch
+import tilejit
+from benchmarks.kernels import matmul
+a = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+b = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+c = torch.empty(1024, 1024, device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+meta = dict(BM=128, BN=128, BK=32, num_warps=4, num_stages=3)
+t0 = time.perf_counter()
+matmul.kernel[(8, 8)](a, b, c, **meta)
+torch.cuda.synchronize()
+seconds = time.perf_counter() - t0
+compiled = matmul.kernel.compile(a, b, c, **meta)  # the in-memory entry the launch made
+print(json.dumps({"seconds": seconds, "from_disk": compiled.from_disk,
+                  "compile_seconds": compiled.meta.get("compile_seconds")}))
+"""
+
+_IMPORT = """
+import json, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import tilejit
+t2 = time.perf_counter()
+print(json.dumps({"torch": t1 - t0, "tilejit": t2 - t1}))
+"""
+
+
+def host_overhead(launch: Callable[[], Any], launches: int, reps: int) -> dict[str, float]:
+    """Median microseconds per launch over ``reps`` runs of ``launches`` back-to-back launches."""
+    import torch
+
+    for _ in range(max(100, launches // 10)):
+        launch()
+    torch.cuda.synchronize()
+    host, total = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            launch()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / launches * 1e6)
+        total.append((t2 - t0) / launches * 1e6)
+    return {"us_per_launch": statistics.median(host), "us_per_launch_with_sync": statistics.median(total),
+            "min_us_per_launch": min(host)}
+
+
+def _launchers() -> dict[str, Callable[[], Any] | str]:
+    """name -> zero-argument launch, or the reason it is unavailable."""
+    import torch
+
+    from benchmarks import kernels
+
+    x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
+    out: dict[str, Callable[[], Any] | str] = {}
+    grid = (1,)
+    out["tilejit"] = lambda: kernels.tiny[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    try:
+        from benchmarks import triton_kernels
+    except Exception as error:  # noqa: BLE001 - report, do not fail
+        out["triton"] = f"unavailable: {type(error).__name__}: {error}"
+    else:
+        out["triton"] = lambda: triton_kernels.tiny[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    out["torch x.add_(1)"] = lambda: x.add_(1)
+    return out
+
+
+def _run_python(code: str, env_extra: dict[str, str], timeout: float = 300) -> dict[str, Any]:
+    env = {**os.environ, **env_extra}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_launch_times(cold_runs: int, hit_runs: int) -> dict[str, Any]:
+    """Cold (empty cache dir each time) and disk-hit (the last cold run's dir) first launches, fresh processes."""
+    cold, hit = [], []
+    with tempfile.TemporaryDirectory(prefix="tilejit-bench-") as root:
+        for i in range(cold_runs):
+            cache = Path(root) / f"cold{i}"
+            cold.append(_run_python(_FIRST_LAUNCH, {"TILEJIT_CACHE_DIR": str(cache)}))
+        for _ in range(hit_runs):
+            hit.append(_run_python(_FIRST_LAUNCH, {"TILEJIT_CACHE_DIR": str(cache)}))
+    if any(r["from_disk"] for r in cold) or not all(r["from_disk"] for r in hit):
+        raise RuntimeError(f"cache behaved unexpectedly: cold runs {cold}, disk-hit runs {hit}")
+    return {
+        "cold_ms": statistics.median(r["seconds"] for r in cold) * 1e3,
+        "cold_compile_ms": statistics.median(r["compile_seconds"] for r in cold) * 1e3,
+        "disk_hit_ms": statistics.median(r["seconds"] for r in hit) * 1e3,
+        "cold_runs": cold, "hit_runs": hit,
+    }
+
+
+def import_times(runs: int) -> dict[str, Any]:
+    samples = [_run_python(_IMPORT, {}) for _ in range(runs)]
+    return {"tilejit_ms": statistics.median(s["tilejit"] for s in samples) * 1e3,
+            "torch_ms": statistics.median(s["torch"] for s in samples) * 1e3, "runs": samples}
+
+
+def _attempt(what: str, fn: Callable[[], Any], errors: list[str]) -> Any:
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001 - each measurement stands alone
+        errors.append(f"{what}: {type(error).__name__}: {str(error)[-1500:]}")
+        print(f"# {what} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launches", type=int, default=2000, help="launches per repetition (default 2000)")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions; the median is reported (default 7)")
+    parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes with an empty cache (default 3)")
+    parser.add_argument("--hit-runs", type=int, default=5, help="fresh processes hitting the disk cache (default 5)")
+    parser.add_argument("--import-runs", type=int, default=5, help="fresh processes timing imports (default 5)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for launch.json (default {DEFAULT_OUT})")
+    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="Markdown file the table is appended to")
+    parser.add_argument("--no-append", action="store_true", help="do not append to the results file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks.launch: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    meta = machine_stamp()
+    print(f"# launch costs on {meta['gpu']}, CPU {meta['cpu']}; {stamp_line(meta)}", flush=True)
+    errors: list[str] = []  # measurements that failed: exit status 1
+    notes: list[str] = []  # unavailable baselines (no Triton): reported, not a failure
+    rows: list[list[Any]] = []
+    results: dict[str, Any] = {"meta": meta, "launch": {}}
+
+    for name, launch in _launchers().items():
+        if isinstance(launch, str):
+            notes.append(f"{name}: {launch}")
+            rows.append([f"launch overhead: {name}", "n/a", launch[:120]])
+            continue
+        r = _attempt(f"launch overhead {name}", lambda: host_overhead(launch, args.launches, args.reps), errors)
+        results["launch"][name] = r
+        value = "ERROR" if r is None else f"{r['us_per_launch']:.2f} us"
+        note = "" if r is None else (
+            f"host loop, median of {args.reps} x {args.launches} launches (min {r['min_us_per_launch']:.2f} us); "
+            f"{r['us_per_launch_with_sync']:.2f} us with the one final torch.cuda.synchronize")
+        rows.append([f"launch overhead: {name}", value, note])
+        print(f"{name}: {value} {note}", flush=True)
+
+    first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
+    results["first_launch"] = first
+    if first is not None:
+        rows.append(["cold compile + first launch, DESIGN matmul 128x128x32 fp16", f"{first['cold_ms']:.0f} ms",
+                     f"fresh process, empty cache dir; compile_seconds in the entry {first['cold_compile_ms']:.0f} ms; "
+                     f"median of {args.cold_runs}"])
+        rows.append(["disk-cache hit + first launch, same kernel", f"{first['disk_hit_ms']:.1f} ms",
+                     f"fresh process; frontend + cache read + module load + launch; median of {args.hit_runs}"])
+        print(f"cold {first['cold_ms']:.0f} ms (compile {first['cold_compile_ms']:.0f} ms), "
+              f"disk hit {first['disk_hit_ms']:.1f} ms", flush=True)
+
+    imports = _attempt("import times", lambda: import_times(args.import_runs), errors)
+    results["imports"] = imports
+    if imports is not None:
+        rows.append(["import tilejit after import torch", f"{imports['tilejit_ms']:.0f} ms",
+                     f"fresh processes, median of {args.import_runs}; "
+                     f"import torch itself {imports['torch_ms']:.0f} ms"])
+        print(f"import tilejit {imports['tilejit_ms']:.0f} ms (torch {imports['torch_ms']:.0f} ms)", flush=True)
+
+    results["errors"], results["notes"] = errors, notes
+    path = write_json(args.out / "launch.json", results)
+    table = markdown_table(["measurement", "value", "how"], rows)
+    print()
+    print(table)
+    print(f"wrote {path}")
+    if not args.no_append:
+        title = "host costs: launch, compile, cache hit, import"
+        print(f"appended to {append_results(title, table, meta, args.results, notes + errors)}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Matmul TFLOP/s: tilejit (autotuned) vs torch.matmul (cuBLAS) vs Triton, in one run on one GPU.
+
+    python -m benchmarks.matmul [--quick] [--dtypes fp16,bf16] [--shapes 4096x4096x4096,...] [--out DIR]
+
+Before timing, every implementation's output is compared with cuBLAS's (max abs error relative to the largest
+|reference| value); a mismatch is reported as FAIL and not timed. Times are medians of ``tilejit.testing.do_bench``
+(CUDA events, L2 flushed before every run). Writes ``matmul.json`` (after every shape, so an interrupted run
+keeps what it measured) and, with matplotlib, ``matmul.png`` into --out; appends the table to
+benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, fmt, machine_stamp, markdown_table,
+                               matmul_tflops, stamp_line, write_json)
+
+Shape = tuple[int, int, int]
+
+# Issue 3: the acceptance set (--quick runs only these).
+QUICK_SHAPES: list[Shape] = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (1000, 3000, 777)]
+# Issue 5: squares, LLM projections (decode to prefill M against Llama-7B-like N, K), a ragged shape.
+SWEEP_SHAPES: list[Shape] = (
+    [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
+    + [(m, n, k) for m in (1, 16, 128, 4096) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008))]
+    + [(1000, 3000, 777)]
+)
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+REL_TOL = 2e-2  # max |out - ref| / max |ref|: 16-bit rounding of outputs is ~4e-3 of the value
+IMPLS = ("tilejit", "cublas", "triton")
+
+
+def all_shapes(quick: bool) -> list[Shape]:
+    """Quick: the issue-3 set. Full: the issue-3 set first (so a time budget covers it), then the sweep."""
+    shapes = list(QUICK_SHAPES)
+    if not quick:
+        shapes += [s for s in SWEEP_SHAPES if s not in shapes]
+    return shapes
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"shape {item!r} is not MxNxK (e.g. 4096x4096x4096)")
+        shapes.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return shapes
+
+
+def parse_dtypes(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in DTYPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join(DTYPES)}; got {text!r}")
+    return names
+
+
+def relative_error(out, ref) -> float:
+    """max |out - ref| / max |ref| in float32; inf if any output is NaN (never written)."""
+    diff = (out.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
+    return diff / max(ref.float().abs().max().item(), 1e-6)
+
+
+def _describe(config: Any) -> str:
+    if config is None:
+        return "n/a"
+    kw = config.kwargs
+    return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}"
+
+
+def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[str, Any]:
+    """Run once (autotuning happens here), check against ``ref`` with ``out`` poisoned, then time."""
+    import torch
+
+    from tilejit.testing import do_bench
+
+    try:
+        run()
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        err = relative_error(out, ref)
+        if not err <= REL_TOL:
+            return {"status": "FAIL", "rel_err": err}
+        ms = float(do_bench(run))
+    except Exception as error:  # noqa: BLE001 - one failing implementation must not stop the others
+        # A launch error (e.g. an illegal address) poisons the CUDA context: later runs will fail as well.
+        return {"status": "ERROR", "error": f"{type(error).__name__}: {error}"[:2000]}
+    return {"status": "ok", "rel_err": err, "ms": ms, "tflops": matmul_tflops(m, n, k, ms)}
+
+
+def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
+    """One shape and dtype through every implementation (``device="cpu"`` only for tests on the interpreter)."""
+    import torch
+
+    from benchmarks import kernels
+
+    dtype = getattr(torch, DTYPES[dtype_name])
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    ref = torch.matmul(a, b)
+    row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": dtype_name}
+
+    c = torch.empty(m, n, device=device, dtype=dtype)
+    row["tilejit"] = measure(lambda: kernels.matmul[kernels.matmul_grid](a, b, c), c, ref, m, n, k)
+    stats = kernels.matmul.stats
+    tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
+    row["tilejit"].update(config=_describe(kernels.matmul.best_config) if tuned else "n/a", timed=len(stats.timed),
+                          failed=len(stats.failed), tuned_from_disk=stats.from_disk)
+    if stats.failed:
+        row["tilejit"]["failed_configs"] = list(stats.failed)
+
+    c_blas = torch.empty(m, n, device=device, dtype=dtype)
+    row["cublas"] = measure(lambda: torch.matmul(a, b, out=c_blas), c_blas, ref, m, n, k)
+
+    if triton_mod is None:
+        row["triton"] = {"status": "n/a"}
+    else:
+        c_tri = torch.empty(m, n, device=device, dtype=dtype)
+        row["triton"] = measure(lambda: triton_mod.matmul(a, b, c_tri), c_tri, ref, m, n, k)
+        row["triton"]["config"] = triton_mod.matmul_best_config()
+    return row
+
+
+def _cell(result: dict[str, Any]) -> str:
+    status = result["status"]
+    if status == "ok":
+        return fmt(result["tflops"])
+    if status == "FAIL":
+        return f"FAIL (err {result['rel_err']:.2g})"
+    return status  # ERROR, n/a
+
+
+def _ratio(row: dict[str, Any], other: str) -> float | None:
+    a, b = row["tilejit"], row[other]
+    if a["status"] == "ok" and b["status"] == "ok":
+        return a["tflops"] / b["tflops"]
+    return None
+
+
+TABLE_HEADERS = ["shape (MxNxK)", "dtype", "tilejit TFLOP/s", "cuBLAS TFLOP/s", "Triton TFLOP/s",
+                 "tilejit/cuBLAS", "tilejit/Triton", "tilejit config"]
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    out = []
+    for r in rows:
+        ratios = [_ratio(r, "cublas"), _ratio(r, "triton")]
+        out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(r["tilejit"]), _cell(r["cublas"]),
+                    _cell(r["triton"]), *(None if x is None else f"{x:.2f}" for x in ratios),
+                    r["tilejit"].get("config", "n/a")])
+    return out
+
+
+def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Path | None:
+    """Grouped bars of TFLOP/s per shape and dtype, and tilejit/cuBLAS below; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']}" for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(24, max(8, 0.5 * len(rows) + 2)), 8), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    width = 0.27
+    for i, (impl, name) in enumerate((("tilejit", "tilejit"), ("cublas", "cuBLAS"), ("triton", "Triton"))):
+        values = [r[impl].get("tflops", 0.0) if r[impl]["status"] == "ok" else 0.0 for r in rows]
+        top.bar([x + (i - 1) * width for x in range(len(rows))], values, width, label=name)
+    top.set_ylabel("TFLOP/s")
+    top.legend()
+    top.set_title(f"matmul on {meta['gpu']}\n{stamp_line(meta)}", fontsize=8)
+    ratios = [_ratio(r, "cublas") or 0.0 for r in rows]
+    bottom.bar(range(len(rows)), ratios, 0.5, color="tab:blue")
+    bottom.axhline(1.0, color="gray", linewidth=0.8)
+    bottom.set_ylabel("tilejit / cuBLAS")
+    bottom.set_xticks(range(len(rows)))
+    bottom.set_xticklabels(labels, rotation=60, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _load_triton() -> tuple[Any, str | None]:
+    try:
+        from benchmarks import triton_kernels
+    except Exception as error:  # noqa: BLE001 - no Triton (or a broken one): the column says n/a
+        return None, f"{type(error).__name__}: {error}"
+    return triton_kernels, None
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.matmul", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only the issue-3 shapes " + ", ".join(
+        f"{m}x{n}x{k}" for m, n, k in QUICK_SHAPES))
+    parser.add_argument("--shapes", type=parse_shapes, help="comma-separated MxNxK list (overrides --quick)")
+    parser.add_argument("--dtypes", type=parse_dtypes, default=["fp16", "bf16"], help="fp16,bf16 (default both)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for JSON/PNG (default {DEFAULT_OUT})")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="start no new shape after this many seconds (default 420); report what ran")
+    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="Markdown file the table is appended to")
+    parser.add_argument("--no-append", action="store_true", help="do not append to the results file")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every autotuning decision")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks.matmul: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if args.verbose:
+        logging.getLogger("tilejit.autotune").setLevel(logging.INFO)
+    previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout` still gets a partial report
+
+    meta = machine_stamp()
+    triton_mod, triton_error = _load_triton()
+    shapes = args.shapes or all_shapes(args.quick)
+    work = [(shape, dt) for shape in shapes for dt in args.dtypes]
+    print(f"# matmul on {meta['gpu']}: {len(work)} runs; {stamp_line(meta)}", flush=True)
+    if triton_error:
+        print(f"# Triton unavailable: {triton_error}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    interrupted = None
+    start = time.monotonic()
+    json_path = args.out / "matmul.json"
+    try:
+        for (m, n, k), dt in work:
+            if time.monotonic() - start > args.budget_s:
+                skipped.append(f"{m}x{n}x{k} {dt}")
+                continue
+            t0 = time.monotonic()
+            try:
+                row = bench_shape(m, n, k, dt, triton_mod)
+            except Exception as error:  # noqa: BLE001 - e.g. inputs not allocatable: report, go on
+                failure = {"status": "ERROR", "error": f"{type(error).__name__}: {error}"[:2000]}
+                row = {"m": m, "n": n, "k": k, "dtype": dt, **{impl: dict(failure) for impl in IMPLS}}
+            row["seconds"] = round(time.monotonic() - t0, 1)
+            rows.append(row)
+            cells = table_rows([row])[0]
+            print(f"[{time.monotonic() - start:6.1f}s] {cells[0]} {dt}: tilejit {cells[2]} ({cells[7]}, "
+                  f"{row['tilejit'].get('timed', 0)} timed, {row['tilejit'].get('failed', 0)} failed), "
+                  f"cuBLAS {cells[3]}, Triton {cells[4]}", flush=True)
+            for impl in IMPLS:
+                if row[impl]["status"] == "ERROR":
+                    print(f"    {impl} ERROR: {row[impl]['error'].splitlines()[0][:300]}", flush=True)
+            write_json(json_path, {"meta": meta, "rows": rows, "complete": False})
+    except KeyboardInterrupt as stop:
+        interrupted = str(stop) or "KeyboardInterrupt"
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+    notes = []
+    if triton_error:
+        notes.append(f"Triton unavailable: {triton_error}")
+    if skipped:
+        notes.append(f"Not run (time budget of {args.budget_s:.0f} s spent): {', '.join(skipped)}")
+    if interrupted:
+        notes.append(f"Interrupted ({interrupted}) after {len(rows)} of {len(work)} runs.")
+    notes.append(f"tilejit: DESIGN.md matmul, autotuned over tilejit.configs.matmul_configs(); correctness "
+                 f"vs cuBLAS before timing (max abs err / max |ref| <= {REL_TOL}); do_bench median, L2 flushed.")
+    write_json(json_path, {"meta": meta, "rows": rows, "complete": not (skipped or interrupted),
+                           "notes": notes})
+    table = markdown_table(TABLE_HEADERS, table_rows(rows))
+    print()
+    print(table)
+    print("\n".join(notes))
+    print(f"wrote {json_path}")
+    if rows and not args.no_append:
+        title = "matmul TFLOP/s, tilejit vs cuBLAS vs Triton" + (" (quick set)" if args.quick else "")
+        print(f"appended to {append_results(title, table, meta, args.results, notes)}")
+    try:
+        png = plot(rows, meta, args.out / "matmul.png") if rows else None
+        print(f"wrote {png}" if png else "no plot (no rows, or matplotlib is not installed)")
+    except Exception as error:  # noqa: BLE001 - a plot is a convenience
+        print(f"plot failed: {type(error).__name__}: {error}")
+    failed = any(r[impl]["status"] in ("FAIL", "ERROR") for r in rows for impl in ("tilejit", "cublas"))
+    return 1 if failed or interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Triton baselines: a grouped-ordering tiled matmul with a small autotune space, and the tiny launch kernel.
+
+Importing this module needs triton; the benchmarks import it inside ``try`` and report "n/a" without it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _config(bm: int, bn: int, bk: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
+                         num_stages=stages)
+
+
+MATMUL_CONFIGS = [
+    _config(128, 256, 64, 8, 3), _config(256, 128, 64, 8, 3), _config(128, 128, 64, 8, 4),
+    _config(128, 128, 32, 4, 4), _config(64, 256, 32, 4, 4), _config(128, 64, 32, 4, 4),
+    _config(64, 128, 64, 4, 4), _config(64, 64, 64, 4, 4),
+]
+
+
+@triton.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # Programs walk C in groups of GROUP_M tile rows so neighbouring programs share B tiles in L2.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows/cols past the edge wrap around (their results are never stored), keeping loads unmasked in M, N.
+    a_ptrs = a_ptr + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """c = a @ b (2-D, 16-bit), autotuned over MATMUL_CONFIGS."""
+    m, k = a.shape
+    n = b.shape[1]
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    _matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                         c.stride(0), c.stride(1))
+    return c
+
+
+def matmul_best_config() -> str:
+    config = _matmul_kernel.best_config
+    if config is None:
+        return "n/a"
+    kw = config.kwargs
+    return f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{config.num_warps} s{config.num_stages}"
+
+
+@triton.jit
+def tiny(x_ptr, y_ptr, z_ptr, w_ptr, n, m, BLOCK: tl.constexpr):
+    """The same work as ``benchmarks.kernels.tiny``: four pointers, two ints (n is also the length)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    z = tl.load(z_ptr + offs, mask=mask)
+    tl.store(w_ptr + offs, x * y + z + (n - m), mask=mask)

@@ -1,0 +1,192 @@
+"""The benchmark harness on CPU: the matmul config space and its pruning, tables, RESULTS.md, the CLIs, and one
+matmul benchmark row end to end through the IR interpreter."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import common
+from benchmarks import matmul as bench_matmul
+from tilejit.configs import matmul_configs, matmul_prune, matmul_shared_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+H100_MAX_DYNAMIC_SMEM = 227 * 1024
+
+
+def _named(m: int, n: int, k: int) -> dict:
+    return {"A": torch.empty(m, k, device="meta", dtype=torch.float16),
+            "B": torch.empty(k, n, device="meta", dtype=torch.float16)}
+
+
+def _tiles(configs) -> set[tuple[int, int]]:
+    return {(c.kwargs["BM"], c.kwargs["BN"]) for c in configs}
+
+
+def test_matmul_configs_fit_shared_memory_and_are_unique():
+    configs = matmul_configs()
+    assert 12 <= len(configs) <= 16
+    assert len({c.identity for c in configs}) == len(configs)
+    for c in configs:
+        assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
+        assert c.kwargs["BM"] in (64, 128, 256) and c.kwargs["BN"] in (64, 128, 256) and c.kwargs["BK"] in (32, 64)
+        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 4
+        # at most 128 f32 accumulator registers per thread
+        assert c.kwargs["BM"] * c.kwargs["BN"] // (32 * c.num_warps) <= 128, c
+    assert (64, 64) in _tiles(configs) and (128, 256) in _tiles(configs)
+
+
+def test_matmul_configs_budget_filters():
+    small = matmul_configs(smem_budget=64 * 1024)
+    assert small and len(small) < len(matmul_configs())
+    assert all(matmul_shared_bytes(c) <= 64 * 1024 for c in small)
+
+
+def test_matmul_shared_bytes_formula():
+    c = matmul_configs()[0]
+    bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
+    assert matmul_shared_bytes(c) == c.num_stages * (bm * bk + bk * bn) * 2
+    assert matmul_shared_bytes(c, scratch_bytes=512) == matmul_shared_bytes(c) + 512
+
+
+@pytest.mark.parametrize("mnk", [(1, 4096, 4096), (16, 11008, 4096), (8192, 8192, 8192), (1000, 3000, 777),
+                                 (1, 1, 1), (128, 4096, 11008)])
+def test_matmul_prune_keeps_something_sensible(mnk):
+    m, n, k = mnk
+    configs = matmul_configs()
+    kept = matmul_prune(configs, _named(m, n, k))
+    assert kept, mnk
+    assert all(c in configs for c in kept)
+    if m <= 64:
+        assert all(c.kwargs["BM"] == 64 for c in kept)
+    if m == 128:
+        assert all(c.kwargs["BM"] <= 128 for c in kept)
+
+
+def test_matmul_prune_large_problem_drops_small_tiles():
+    kept = matmul_prune(matmul_configs(), _named(8192, 8192, 8192))
+    assert all(c.kwargs["BM"] * c.kwargs["BN"] >= 128 * 128 for c in kept)
+    assert (128, 256) in _tiles(kept)
+    everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
+    assert len(everything) == len(matmul_configs())
+
+
+def test_matmul_prune_never_empty():
+    only_big = [c for c in matmul_configs() if c.kwargs["BM"] == 256]
+    kept = matmul_prune(only_big, _named(1, 64, 32))
+    assert len(kept) == 1 and kept[0] in only_big
+
+
+def test_benchmark_kernel_uses_the_default_space():
+    from benchmarks import kernels
+
+    assert kernels.matmul.configs == matmul_configs()
+    assert kernels.matmul.key == ["A", "B"]
+    assert kernels.matmul.early_config_prune is matmul_prune
+    assert kernels.matmul_grid({"A": torch.empty(1000, 7), "B": torch.empty(7, 300), "BM": 128, "BN": 64}) == (8, 5)
+
+
+def test_markdown_table():
+    text = common.markdown_table(["a", "b|c", "d"], [[1, 2.345, None], ["x", "y|z", 3]])
+    assert text.splitlines() == [
+        "| a | b\\|c | d |",
+        "| --- | --- | --- |",
+        "| 1 | 2.3 | n/a |",
+        "| x | y\\|z | 3 |",
+    ]
+    with pytest.raises(ValueError, match="2 cells"):
+        common.markdown_table(["a", "b", "c"], [[1, 2]])
+
+
+def test_append_results(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    meta = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.1", "date": "2025-01-02T03:04:05+00:00",
+            "versions": {"tilejit": "0.1.0", "triton": None}}
+    common.append_results("matmul", "| a |\n| --- |\n| 1 |", meta, path, notes=["first note"])
+    common.append_results("launch", "| b |\n| --- |\n| 2 |", {**meta, "gpu": "NVIDIA H200"}, path)
+    text = path.read_text()
+    assert text.startswith("# Benchmark results")
+    assert "## matmul — NVIDIA H100 80GB HBM3 (2025-01-02)" in text
+    assert "## launch — NVIDIA H200 (2025-01-02)" in text
+    assert text.index("| 1 |") < text.index("## launch") < text.index("| 2 |")
+    assert "- first note" in text
+    assert "GPU: NVIDIA H100 80GB HBM3 · driver 580.1" in text and "tilejit 0.1.0" in text
+    assert "triton" not in text  # versions that are None are left out
+
+
+def test_tflops_and_stamp():
+    assert common.matmul_tflops(4096, 4096, 4096, 1.0) == pytest.approx(137.4389534, rel=1e-6)
+    stamp = common.machine_stamp()
+    assert set(stamp) == {"gpu", "driver", "cpu", "versions", "date"}
+    assert stamp["versions"]["tilejit"] and stamp["versions"]["torch"] == torch.__version__
+
+
+def test_shape_and_dtype_parsing():
+    assert bench_matmul.parse_shapes("4096x4096x4096, 1x11008x4096") == [(4096, 4096, 4096), (1, 11008, 4096)]
+    with pytest.raises(Exception, match="MxNxK"):
+        bench_matmul.parse_shapes("4096x4096")
+    assert bench_matmul.parse_dtypes("bf16") == ["bf16"]
+    with pytest.raises(Exception, match="dtypes"):
+        bench_matmul.parse_dtypes("fp32")
+    quick, full = bench_matmul.all_shapes(True), bench_matmul.all_shapes(False)
+    assert quick == [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (1000, 3000, 777)]
+    assert full[:4] == quick and len(set(full)) == len(full)
+    assert {(512, 512, 512), (1, 11008, 4096), (4096, 4096, 11008)} <= set(full)
+
+
+def test_table_rows_report_fail_and_ratios():
+    row = {"m": 8, "n": 8, "k": 8, "dtype": "fp16",
+           "tilejit": {"status": "FAIL", "rel_err": 0.5, "config": "64x64x32 w4 s3"},
+           "cublas": {"status": "ok", "tflops": 10.0}, "triton": {"status": "n/a"}}
+    ok = {**row, "tilejit": {"status": "ok", "tflops": 5.0, "config": "c"},
+          "triton": {"status": "ok", "tflops": 4.0}}
+    failed, good = bench_matmul.table_rows([row, ok])
+    assert failed[2] == "FAIL (err 0.5)" and failed[5] is None and failed[4] == "n/a"
+    assert good[5:7] == ["0.50", "1.25"]
+
+
+@pytest.mark.parametrize("module", ["benchmarks.matmul", "benchmarks.launch"])
+def test_cli_help_without_gpu(module):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: python -m " + module in proc.stdout
+
+
+def test_matmul_benchmark_end_to_end_on_the_interpreter(tmp_path, monkeypatch):
+    """main() on a small shape: configs cross-compiled for sm_90a, run by the interpreter, checked, written."""
+    import tilejit.testing
+
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    monkeypatch.setenv("TILEJIT_ARCH", "sm_90a")  # the autotuner compiles each config before timing it
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(common, "gpu_name", lambda: "CPU interpreter")
+
+    def wall_clock_bench(fn, *args, **kwargs):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    monkeypatch.setattr(tilejit.testing, "do_bench", wall_clock_bench)
+    monkeypatch.setattr(bench_matmul, "bench_shape", functools.partial(bench_matmul.bench_shape, device="cpu"))
+    results = tmp_path / "RESULTS.md"
+    rc = bench_matmul.main(["--shapes", "40x70x50", "--dtypes", "fp16", "--out", str(tmp_path),
+                            "--results", str(results)])
+    assert rc == 0
+    data = json.loads((tmp_path / "matmul.json").read_text())
+    assert data["complete"] and len(data["rows"]) == 1
+    row = data["rows"][0]
+    assert row["tilejit"]["status"] == "ok" and row["tilejit"]["rel_err"] <= bench_matmul.REL_TOL
+    assert row["tilejit"]["timed"] >= 1 and row["cublas"]["status"] == "ok"
+    assert "| 40x70x50 | fp16 |" in results.read_text()
+    assert "CPU interpreter" in results.read_text()

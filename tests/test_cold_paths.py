@@ -1,0 +1,165 @@
+"""Cold-path budgets from the kernel-cache issue, measured on CPU (NVRTC needs no GPU).
+
+* NVRTC compile of the DESIGN matmul (sm_80, nothing cached): target <= 0.3 s on the 2-core machine.
+* ``import tilejit`` on top of ``import torch``: <= 150 ms (median of 3 fresh processes).
+* A fresh process finding the entry on disk: ``kernel.compile`` returns in well under 100 ms (the issue's
+  20 ms-to-first-launch budget needs a GPU to check; this is its CPU half).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit.backend_cuda import nvrtc
+from tilejit.runtime import launch
+
+REPO = Path(__file__).resolve().parents[1]
+# Measured on the 2-core CPU machine (NVRTC 12.9), kernel.compile of DESIGN's matmul for sm_80 with a cold
+# cache: 0.75-0.87 s, of which NVRTC is ~0.8 s (front end ~0.34 s, ptxas the rest; the PTX is ~10.5k lines).
+MEASURED_COLD_COMPILE_S = 0.8
+
+
+@tilejit.kernel
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):          # software-pipelined loop
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def compile_design_matmul(arch: str = "sm_80"):
+    a = torch.empty(4096, 4096, dtype=torch.float16, device="meta")
+    return tilejit.kernel(matmul.fn).compile(a, a, a, BM=128, BN=128, BK=32, num_warps=4, arch=arch)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEJIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    return {**env, **extra}
+
+
+def run_child(code: str, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(**env), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def cold_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILEJIT_ALWAYS_COMPILE", raising=False)
+    monkeypatch.delenv("TILEJIT_KEEP_PTX", raising=False)
+    monkeypatch.setattr(launch, "_default_cache", None)
+    return tmp_path / "cache"
+
+
+def _timed_cold_compile(monkeypatch) -> tuple[float, float, int]:
+    """(wall seconds of kernel.compile, seconds inside NVRTC, NVRTC calls) for a cold compile."""
+    inside, calls = [0.0], [0]
+    real = nvrtc._run_nvrtc
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside[0] += time.perf_counter() - start
+            calls[0] += 1
+
+    monkeypatch.setattr(nvrtc, "_run_nvrtc", timed)
+    compile_design_matmul("sm_80")  # warm NVRTC's library load and the frontend's imports, not the kernel
+    monkeypatch.setattr(launch, "_default_cache", None)
+    monkeypatch.setenv("TILEJIT_ALWAYS_COMPILE", "1")
+    inside[0], calls[0] = 0.0, 0
+    start = time.perf_counter()
+    compiled = compile_design_matmul("sm_80")
+    wall = time.perf_counter() - start
+    assert not compiled.from_disk
+    return wall, inside[0], calls[0]
+
+
+def test_cold_compile_runs_nvrtc_once_within_a_generous_bound(cold_cache, monkeypatch):
+    wall, in_nvrtc, calls = _timed_cold_compile(monkeypatch)
+    assert calls == 1  # cubin and PTX from one NVRTC run, not a second pass for the PTX
+    # 4x today's measurement: catches a compile that doubles up or a pass that goes quadratic.
+    assert wall <= 4 * MEASURED_COLD_COMPILE_S, f"cold compile took {wall:.2f}s ({in_nvrtc:.2f}s in NVRTC)"
+    assert wall - in_nvrtc <= 0.25, f"{wall - in_nvrtc:.3f}s of the cold compile is outside NVRTC"
+
+
+@pytest.mark.xfail(strict=False, reason=f"issue target 0.3 s; measured ~{MEASURED_COLD_COMPILE_S} s on the "
+                   "2-core machine (NVRTC front end ~0.34 s + ptxas on ~10.5k lines of PTX)")
+def test_cold_compile_of_the_design_matmul_meets_the_issue_target(cold_cache, monkeypatch):
+    wall, in_nvrtc, _ = _timed_cold_compile(monkeypatch)
+    assert wall <= 0.3, f"cold compile took {wall:.3f}s ({in_nvrtc:.3f}s in NVRTC)"
+
+
+_IMPORT_COST = """
+import json, time
+import torch
+start = time.perf_counter()
+import tilejit
+import tilejit.language
+print(json.dumps({"ms": (time.perf_counter() - start) * 1000}))
+"""
+
+
+def test_import_tilejit_adds_at_most_150ms_to_import_torch():
+    added = statistics.median(run_child(_IMPORT_COST)["ms"] for _ in range(3))
+    assert added <= 150, f"import tilejit added {added:.1f} ms after import torch"
+
+
+_IMPORT_IS_LAZY = """
+import json, sys
+import torch
+before = set(sys.modules)
+import tilejit, tilejit.language
+new = sorted(m for m in set(sys.modules) - before if m.startswith(("tilejit.backend_cuda", "tilejit.passes",
+             "tilejit.frontend.visitor", "tilejit.autotuner", "tilejit.interpreter", "cuda.")))
+print(json.dumps({"new": new}))
+"""
+
+
+def test_import_tilejit_loads_no_compiler_backend():
+    # What keeps the import cheap: the AST visitor, passes, NVRTC and the CUDA driver load on first use.
+    assert run_child(_IMPORT_IS_LAZY)["new"] == []
+
+
+_DISK_HIT = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+import torch
+import tilejit
+from tilejit.backend_cuda import nvrtc
+import test_cold_paths as t
+calls = []
+real = nvrtc._run_nvrtc
+nvrtc._run_nvrtc = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+start = time.perf_counter()
+compiled = t.compile_design_matmul("sm_80")
+ms = (time.perf_counter() - start) * 1000
+print(json.dumps({{"ms": ms, "from_disk": compiled.from_disk, "nvrtc_calls": len(calls), "key": compiled.key}}))
+"""
+
+
+def test_fresh_process_finds_the_entry_on_disk_quickly(cold_cache):
+    warm = compile_design_matmul("sm_80")
+    code = _DISK_HIT.format(tests=str(REPO / "tests"))
+    runs = [run_child(code, TILEJIT_CACHE_DIR=str(cold_cache)) for _ in range(3)]
+    assert all(r["from_disk"] and r["nvrtc_calls"] == 0 and r["key"] == warm.key for r in runs), runs
+    ms = statistics.median(r["ms"] for r in runs)
+    assert ms < 100, f"kernel.compile on a disk hit took {ms:.1f} ms in a fresh process ({runs})"

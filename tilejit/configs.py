@@ -1,0 +1,82 @@
+"""Default autotuning spaces for common kernels (the matmul of DESIGN.md).
+
+``matmul_configs()`` is a small hand-picked set: BM=64 tiles for skinny problems (LLM decode shapes), 128x128
+for the middle, 128x256 / 256x128 on 8 warps for large squares. Every config's multi-buffered operand tiles
+fit the shared-memory budget below. ``matmul_prune`` is an ``early_config_prune`` that drops tiles much
+larger than the problem before anything is compiled.
+
+    @tilejit.autotune(configs=matmul_configs(), key=["A", "B"],
+                      prune_configs_by={"early_config_prune": matmul_prune})
+    @tilejit.kernel
+    def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr): ...
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .autotuner import Config
+
+__all__ = ["SMEM_BUDGET_BYTES", "matmul_configs", "matmul_prune", "matmul_shared_bytes"]
+
+# H100/H200 allow 227 KB of dynamic shared memory per block; stay under 200 KB to leave room for scratch
+# (layout conversions, reductions) that a fused epilogue may add.
+SMEM_BUDGET_BYTES = 200 * 1024
+
+# (BM, BN, BK, num_warps, num_stages). 8 warps wherever the f32 accumulator would exceed 128 registers per
+# thread on 4 warps (BM * BN / (32 * num_warps) floats each).
+_MATMUL_TILES = [
+    (64, 64, 32, 4, 3), (64, 64, 64, 4, 4),
+    (64, 128, 32, 4, 4), (64, 128, 64, 4, 3),
+    (64, 256, 32, 8, 3),
+    (128, 64, 32, 4, 4), (128, 64, 64, 4, 3),
+    (128, 128, 32, 4, 4), (128, 128, 64, 4, 3),
+    (128, 128, 32, 8, 3), (128, 128, 64, 8, 4),
+    (128, 256, 32, 8, 3), (128, 256, 64, 8, 3), (128, 256, 32, 8, 4),
+    (256, 128, 32, 8, 3), (256, 128, 64, 8, 3),
+]
+
+
+def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0) -> int:
+    """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch."""
+    k = config.kwargs
+    return config.num_stages * (k["BM"] * k["BK"] + k["BK"] * k["BN"]) * elem_bytes + scratch_bytes
+
+
+def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES) -> list[Config]:
+    """The default matmul search space for 16-bit operands, limited to configs that fit ``smem_budget``."""
+    configs = [Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+               for bm, bn, bk, w, s in _MATMUL_TILES]
+    return [c for c in configs if matmul_shared_bytes(c) <= smem_budget]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def matmul_problem(named_args: dict[str, Any]) -> tuple[int, int, int]:
+    """(M, N, K) of a call ``matmul(A, B, C, ...)`` with A of shape M x K and B of shape K x N."""
+    a, b = named_args["A"], named_args["B"]
+    return int(a.shape[0]), int(b.shape[1]), int(a.shape[1])
+
+
+def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs: Any) -> list[Config]:
+    """Drop configs that would waste most of their tile or their tuning time on this problem.
+
+    - a tile larger than the power-of-2 rounded extent of M, N or K computes mostly zeros: keep
+      ``BM <= max(64, next_pow2(M))`` and likewise for N and K (BK against 32);
+    - on large problems (M * N >= 4096^2, where a 128x128 grid already fills every SM many times) small tiles
+      only cost tuning time: drop tiles below 128x128.
+    Never returns an empty list: if nothing survives, the config with the smallest tile is kept.
+    """
+    m, n, k = matmul_problem(named_args)
+
+    def fits(c: Config) -> bool:
+        bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
+        if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
+            return False
+        return not (m * n >= 4096 * 4096 and bm * bn < 128 * 128)
+
+    kept = [c for c in configs if fits(c)]
+    if kept or not configs:
+        return kept
+    return [min(configs, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
