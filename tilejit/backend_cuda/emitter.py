@@ -38,6 +38,12 @@ TJ_DEVICE void tj_cp_async_16_if(unsigned smem_addr, const void* gptr, int src_b
   asm volatile("{ .reg .pred p; setp.ne.b32 p, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, %2; }"
                :: "r"(smem_addr), "l"(gptr), "r"(src_bytes), "r"((int)pred) : "memory");
 }
+/// 16-byte cp.async issued when pred holds, copying zeros instead of reading when zero holds (the
+/// ignore-src operand; PTX 9.7.9.25.3): no src-size arithmetic on the address path.
+TJ_DEVICE void tj_cp_async_16_zfill_if(unsigned smem_addr, const void* gptr, bool zero, bool pred) {
+  asm volatile("{ .reg .pred p, z; setp.ne.b32 p, %2, 0; setp.ne.b32 z, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, z; }"
+               :: "r"(smem_addr), "l"(gptr), "r"((int)pred), "r"((int)zero) : "memory");
+}
 template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
 template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
 """

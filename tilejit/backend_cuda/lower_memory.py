@@ -209,8 +209,10 @@ class SharedCopy:
         if self.chunked:
             c_start = win.starts[win.tile_dims[1]]
             r_start = win.starts[win.tile_dims[0]]
-            em.line(f"const bool {x}fast = ({self.guard}) && {win.vector_ok(16 // lay.elem_bytes).replace('tj_p', x + 'p')}"
-                    f" && (int64_t)({c_start}) >= 0 && (int64_t)({r_start}) >= 0;")
+            per_chunk = 16 // lay.elem_bytes
+            em.line(f"const bool {x}fast = ({self.guard}) && {win.vector_ok(per_chunk).replace('tj_p', x + 'p')}"
+                    f" && (int64_t)({c_start}) >= 0 && (int64_t)({r_start}) >= 0"
+                    f" && {win.size(win.tile_dims[1])} % {per_chunk} == 0;  // whole 16-byte chunks only")
         else:
             em.line(f"const bool {x}fast = false;")
 
@@ -237,16 +239,16 @@ class SharedCopy:
             passes = -(-lay.rows // rpp)
             r_start = win.starts[win.tile_dims[0]]
             em.line(f"const int {x}k = {c_text(CExpr('tid') % cpr)}, {x}r0 = {c_text(CExpr('tid') // cpr)};")
-            em.line(f"const int64_t {x}left = {ncol};")
-            em.line(f"const int {x}bytes = {bytes_expr};")
+            # The fast path needs whole chunks (see begin()), so a chunk is either read or zero-filled.
+            em.line(f"const bool {x}col_ok = {ncol} > 0;")
             # Rows of the tensor left from this thread's first row (the fast path has start >= 0).
-            em.line(f"const int64_t {x}rl = {x}dropped_ok ? {win.size(win.tile_dims[0])} - ((int64_t)({r_start}) + {x}r0) : 0;")
+            em.line(f"const int64_t {x}rl = {x}dropped_ok && {x}col_ok ? {win.size(win.tile_dims[0])} - ((int64_t)({r_start}) + {x}r0) : 0;")
             em.line(f"const int {x}rows = {x}rl <= 0 ? 0 : ({x}rl >= {lay.rows} ? {lay.rows} : (int){x}rl);")
             em.line(f"const int64_t {x}rstep = (int64_t){rpp} * {row_stride};")
             em.line(f"const {self.ctype}* {x}src = {x}p + {x}k * {per_chunk} + (int64_t){x}r0 * {row_stride};")
             em.line(f"const unsigned {x}dst0 = {x}dst + {c_text(lay.chunk_offset(CExpr(x + 'r0'), CExpr(x + 'k')))};")
-            # A row outside the tensor is a pure zero fill (src-size 0 reads nothing, as CUTLASS's
-            # zfill copies rely on), so the address needs no clamping and the copy no branch.
+            # Rows outside the tensor are zero-filled without reading (the ignore-src operand), so the
+            # address needs no clamping and the copy no branch.
             for j in range(passes):
                 if lay.rows % rpp and j == passes - 1:
                     em.open(f"if ({x}r0 + {j * rpp} < {lay.rows})")
@@ -254,7 +256,7 @@ class SharedCopy:
                     dst = f"{x}dst0 + {j * rpp * lay.row_bytes}"  # same swizzle phase on every pass
                 else:
                     dst = f"{x}dst + {c_text(lay.chunk_offset(CExpr(f'({x}r0 + {j * rpp})'), CExpr(x + 'k')))}"
-                em.line(f"tj_cp_async_16_if({dst}, {x}src + {j} * {x}rstep, {j * rpp} < {x}rows ? {x}bytes : 0, {x}fast);")
+                em.line(f"tj_cp_async_16_zfill_if({dst}, {x}src + {j} * {x}rstep, {j * rpp} >= {x}rows, {x}fast);")
                 if lay.rows % rpp and j == passes - 1:
                     em.close()
             return

@@ -22,6 +22,9 @@ from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, Tens
 __version__ = "0.1.0"
 
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 3}
+# Roles of parameters on the launch fast path: folded at compile time, passed at run time, or a tensor
+# whose extents are compile-time constants (its shape is then part of the call signature).
+_CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
 _VALID_WARPS = (1, 2, 4, 8, 16)
 
 
@@ -101,6 +104,7 @@ class Kernel:
         runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
         self._min_positional = runtime[-1] + 1 if runtime else 0
         self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
+        self._roles = [_CONSTEXPR if n in self.constexpr_names else _RUNTIME for n in self.arg_names]
         self._defaults = {**LAUNCH_OPTIONS, **{n: p.default for n, p in self.signature.parameters.items()
                                                if p.default is not inspect.Parameter.empty}}
         self._specializations: dict[str, Any] = {}   # for the specialization-count warning
@@ -203,6 +207,7 @@ class Kernel:
             try:
                 fn = build_function(self.parsed, call.specs, referenced_globals(self.fn))
             except NeedsShape as need:
+                self._roles[self.arg_names.index(need.param)] = _SHAPED
                 dims = self._shape_dims.setdefault(need.param, set())
                 if need.dim in dims:
                     raise
@@ -241,31 +246,34 @@ class Kernel:
 
     # -- the fast path: a dict hit on a cheap signature, then one cuLaunchKernel -------------------
     def _fast_args(self, args: Sequence[Any], kwargs: dict[str, Any]):
-        """(signature, packed parameter values, device index) when every runtime argument is positional;
-        the signature holds everything the specialization key depends on (except global constants,
-        which are read when a specialization is first compiled)."""
+        """(signature, packed parameter values, device index) when every runtime argument is positional.
+
+        The signature holds everything the specialization key depends on (a superset: full strides
+        rather than the unit-stride pattern), except global constants, read when a specialization is
+        first compiled; the device is the first tensor's (the slow path checks they all agree).
+        """
         if len(args) < self._min_positional:
             return None
         sig: list[Any] = [len(args)]
         values: list[Any] = []
-        device = -1
+        device = None
         tensor_type = _torch_tensor()
-        for name, a in zip(self.arg_names, args):
-            if name in self.constexpr_names:
+        for role, a in zip(self._roles, args):
+            if role is _CONSTEXPR:
                 sig.append(a)
             elif isinstance(a, tensor_type):
-                # The full strides (a superset of the unit-stride pattern the key uses) and the shape
-                # when the kernel needs extents at compile time.
                 strides = a.stride()
                 ptr = a.data_ptr()
-                device = a.get_device()
-                sig.append((a.dtype, strides, ptr & 15 == 0, device,
-                            a.shape if name in self._shape_dims else None))
+                if device is None:
+                    device = a.get_device()
+                sig += (a.dtype, strides, ptr & 15 == 0)
+                if role is _SHAPED:
+                    sig.append(a.shape)
                 values.append(ptr)
                 values += a.shape
                 values += strides
             elif type(a) is int:
-                sig.append((a == 1, a & 15 == 0))
+                sig.append(a == 1 or (a & 15 == 0 and 16))
                 values.append(a)
             elif type(a) is float:
                 sig.append(1.5)
@@ -275,11 +283,15 @@ class Kernel:
                 values.append(int(a))
             else:
                 return None
-        for k, v in kwargs.items():
-            if k not in self._fast_kwargs:
-                return None
-            sig.append(k)
-            sig.append(v)
+        if device is None:
+            return None
+        sig.append(device)
+        if kwargs:
+            for k, v in kwargs.items():
+                if k not in self._fast_kwargs:
+                    return None
+                sig.append(k)
+                sig.append(v)
         try:
             return tuple(sig), values, device
         except TypeError:
