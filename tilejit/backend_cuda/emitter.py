@@ -181,7 +181,7 @@ class Emitter:
         self.smem_top = 0
         self.scratch_bytes = 0
         self.scratch_users: list[Callable[[int], None]] = []
-        self.loop_stack: list[Any] = []
+        self.overlap_hook: Callable[[], None] | None = None
         self.counter = 0
 
     # -- naming and output ----------------------------------------------------------------
@@ -194,6 +194,11 @@ class Emitter:
 
     def alias(self, v: Value, text: str) -> None:
         self.names[v.id] = text
+
+    def take_overlap_hook(self) -> Callable[[], None] | None:
+        """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""
+        hook, self.overlap_hook = self.overlap_hook, None
+        return hook
 
     def fresh(self, base: str) -> str:
         self.counter += 1

@@ -53,24 +53,50 @@ class MmaSyncM16N8K16:
         em.open("")
         em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
-        em.line("#pragma unroll")
-        em.open(f"for (int tj_kk = 0; tj_kk < {k // 16}; ++tj_kk)")
-        em.line(f"unsigned tj_af[{tm}][4], tj_bf[{tn}][2];")
+        # Fragments are double-buffered over the k16 steps, which are unrolled here: step kk+1's
+        # ldmatrix is issued before step kk's mma. Work the enclosing loop hands over (the prefetch of
+        # a later iteration's tiles) goes right after step 0's fragments, so the mma of step 0 can
+        # overlap it (ptxas does not move shared-memory loads across the cp.async, but moves mma).
+        em.line(f"unsigned tj_af[2][{tm}][4], tj_bf[2][{tn}][2];")
+        steps = k // 16
+        self._load_fragments(em, op, layout, sa, sb, 0, 0)
+        hook = em.take_overlap_hook()
+        if hook is not None:
+            hook()
+        for kk in range(steps):
+            if kk + 1 < steps:
+                self._load_fragments(em, op, layout, sa, sb, kk + 1, (kk + 1) % 2)
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
+            em.line(f"float* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
+            buf = kk % 2
+            em.line(f"tj_mma_m16n8k16_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], tj_af[{buf}][tj_am][0], "
+                    f"tj_af[{buf}][tj_am][1], tj_af[{buf}][tj_am][2], tj_af[{buf}][tj_am][3], "
+                    f"tj_bf[{buf}][tj_an][0], tj_bf[{buf}][tj_an][1]);")
+            em.close()
+            em.close()
+        em.close()
+
+    def _load_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb, kk: int, buf: int) -> None:
+        """ldmatrix of k16 step ``kk``'s A and B fragments into fragment buffer ``buf``."""
+        tm, tn = layout.atoms
+        wtm, wtn = layout.warp_tile
         lane, j = CExpr("tj_lane"), CExpr("(tj_lane >> 3)")
         # A fragments: one ldmatrix.x4 per m16 atom.
         em.line("#pragma unroll")
         em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
         mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
+        regs = ", ".join(f"tj_af[{buf}][tj_am][{r}]" for r in range(4))
         if not op.attrs.transpose_a:  # stored m x k: rows m, 16-byte chunks along k
             row = mbase + (lane & 15)
-            chunk = CExpr("tj_kk") * 2 + (lane >> 4)
-            em.line(f"tj_ldmatrix_x4(tj_af[tj_am][0], tj_af[tj_am][1], tj_af[tj_am][2], tj_af[tj_am][3], "
-                    f"tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+            chunk = (lane >> 4) + kk * 2
+            em.line(f"tj_ldmatrix_x4({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
         else:  # stored k x m: transpose while loading
-            row = CExpr("tj_kk") * 16 + (lane & 7) + (j >> 1) * 8
+            row = (lane & 7) + (j >> 1) * 8 + kk * 16
             chunk = (mbase + (j & 1) * 8) // 8
-            em.line(f"tj_ldmatrix_x4_trans(tj_af[tj_am][0], tj_af[tj_am][1], tj_af[tj_am][2], tj_af[tj_am][3], "
-                    f"tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+            em.line(f"tj_ldmatrix_x4_trans({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
         em.close()
         # B fragments: ldmatrix.x4 covers two n8 atoms, x2 the odd one out.
         pairs = tn // 2
@@ -78,33 +104,24 @@ class MmaSyncM16N8K16:
             em.line("#pragma unroll")
             em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
             nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
-            self._load_b(em, op, sb, nbase, lane, j, "x4",
-                         "tj_bf[2 * tj_p][0], tj_bf[2 * tj_p][1], tj_bf[2 * tj_p + 1][0], tj_bf[2 * tj_p + 1][1]")
+            self._load_b(em, op, sb, nbase, lane, j, "x4", kk,
+                         f"tj_bf[{buf}][2 * tj_p][0], tj_bf[{buf}][2 * tj_p][1], "
+                         f"tj_bf[{buf}][2 * tj_p + 1][0], tj_bf[{buf}][2 * tj_p + 1][1]")
             em.close()
         if tn % 2:
             nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
-            self._load_b(em, op, sb, nbase, lane, (lane >> 3) & 1, "x2", f"tj_bf[{tn - 1}][0], tj_bf[{tn - 1}][1]")
-        em.line("#pragma unroll")
-        em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
-        em.line("#pragma unroll")
-        em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
-        em.line(f"float* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
-        em.line(f"tj_mma_m16n8k16_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], tj_af[tj_am][0], tj_af[tj_am][1], "
-                f"tj_af[tj_am][2], tj_af[tj_am][3], tj_bf[tj_an][0], tj_bf[tj_an][1]);")
-        em.close()
-        em.close()
-        em.close()
-        em.close()
+            self._load_b(em, op, sb, nbase, lane, (lane >> 3) & 1, "x2", kk,
+                         f"tj_bf[{buf}][{tn - 1}][0], tj_bf[{buf}][{tn - 1}][1]")
 
     @staticmethod
-    def _load_b(em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, j, width: str, regs: str) -> None:
+    def _load_b(em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, j, width: str, kk: int, regs: str) -> None:
         if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
-            row = CExpr("tj_kk") * 16 + (lane & 7) + (j & 1) * 8
+            row = (lane & 7) + (j & 1) * 8 + kk * 16
             chunk = (nbase + (j >> 1) * 8) // 8
             em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
         else:  # stored n x k: rows n already hold k-pairs
             row = nbase + (lane & 7) + (j >> 1) * 8
-            chunk = CExpr("tj_kk") * 2 + (j & 1)
+            chunk = (j & 1) + kk * 2
             em.line(f"tj_ldmatrix_{width}({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
 
 

@@ -73,15 +73,27 @@ def _for(em: Emitter, op: Op) -> None:
         em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
         em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
         for load in piped:
-            copy = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch")
-            copy.begin()
-            copy.fast()
-            copies.append(copy)
-        em.line("tj_cp_async_commit();")
-        for load in piped:
             em.shared[load.result.id].slot = f"(tj_it % {stages})"
+            copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch"))
+        for copy in copies:  # the prefetch's scalars, ahead of everything
+            copy.begin()
+
+        def prefetch() -> None:
+            em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
+            for copy in copies:
+                copy.fast()
+            em.line("tj_cp_async_commit();")
+
+        # The first gemm of the body emits the prefetch after its first fragment loads; without one,
+        # it goes first.
+        em.overlap_hook = prefetch
+        if not any(o.kind is OpKind.GEMM for o in body.ops):
+            em.take_overlap_hook()()
     for inner in body.ops[:-1]:
         RULES[inner.kind](em, inner)
+    hook = em.take_overlap_hook()
+    if hook is not None:
+        hook()
     for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
         copy.slow()
     _assign_yields(em, carried, body.terminator.operands)
