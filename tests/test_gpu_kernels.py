@@ -180,3 +180,22 @@ def test_large_square_4096():
     c = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
     matmul[(32, 32)](a, b, c, BM=128, BN=128, BK=32, num_warps=4, num_stages=3)
     _check(c, _ref(a, b), torch.bfloat16)
+
+
+@pytest.mark.requires_sm(90)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tiles", [(128, 128, 64, 4), (128, 256, 64, 8), (64, 128, 64, 4), (128, 64, 128, 8)])
+def test_matmul_wgmma_tiles(dtype, tiles):
+    """Tile shapes the sm_90a wgmma lowering takes (BK % 64 == 0, 64-row slabs per warpgroup)."""
+    bm, bn, bk, warps = tiles
+    m, n, k = 1000, 700, 333
+    torch.manual_seed(bm + bn + bk)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul[(tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
+    _check(c, _ref(a, b), dtype)
+    bt = torch.randn(n, k, device="cuda", dtype=dtype)
+    c2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul_nt[(tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))](a, bt, c2, BM=bm, BN=bn, BK=bk, num_warps=warps)
+    _check(c2, _ref(a, bt.T), dtype)

@@ -14,7 +14,7 @@ from ..passes.cleanup import cleanup
 from ..passes.layouts import infer_layouts
 from ..passes.pipeline import pipeline_loops
 from ..passes.scopes import infer_scopes
-from . import lower_gemm, lower_loops, lower_memory, lower_reduce  # noqa: F401  (register emission rules)
+from . import lower_gemm, lower_loops, lower_memory, lower_reduce, lower_wgmma  # noqa: F401  (register rules)
 from .emitter import Emitter
 from .nvrtc import compile_cuda
 from .registry import Target

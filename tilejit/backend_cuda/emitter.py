@@ -44,6 +44,13 @@ TJ_DEVICE void tj_cp_async_16_zfill_if(unsigned smem_addr, const void* gptr, boo
   asm volatile("{ .reg .pred p, z; setp.ne.b32 p, %2, 0; setp.ne.b32 z, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, z; }"
                :: "r"(smem_addr), "l"(gptr), "r"((int)pred), "r"((int)zero) : "memory");
 }
+/// Make this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to the async
+/// proxy (wgmma) before a barrier; nothing to do before sm_90.
+TJ_DEVICE void tj_fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
 template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
 """
@@ -151,7 +158,7 @@ class SharedTile:
     def elem_offset(self, row: Any, col: Any) -> Any:
         """Byte offset of element (row, col) inside one stage."""
         lay = self.layout
-        if lay.swizzle_bits == 0:
+        if lay.swizzle_bits == 0 and not lay.panelled:
             return row * lay.row_bytes + col * lay.elem_bytes
         per_chunk = 16 // lay.elem_bytes
         return lay.chunk_offset(row, col // per_chunk) + (col % per_chunk) * lay.elem_bytes
@@ -182,6 +189,7 @@ class Emitter:
         self.scratch_bytes = 0
         self.scratch_users: list[Callable[[int], None]] = []
         self.overlap_hook: Callable[[], None] | None = None
+        self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.counter = 0
 
     # -- naming and output ----------------------------------------------------------------
@@ -194,6 +202,9 @@ class Emitter:
 
     def alias(self, v: Value, text: str) -> None:
         self.names[v.id] = text
+
+    def require_support(self, name: str, text: str) -> None:
+        self.support.setdefault(name, text)
 
     def take_overlap_hook(self) -> Callable[[], None] | None:
         """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""
@@ -300,7 +311,8 @@ class Emitter:
             f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset};",
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
-        source = PRELUDE + SUPPORT + "\n" + "\n".join(head + body + ["}"]) + "\n"
+        extra = "".join(self.support.values())
+        source = PRELUDE + SUPPORT + extra + "\n" + "\n".join(head + body + ["}"]) + "\n"
         return source, kinds, shared_bytes
 
 

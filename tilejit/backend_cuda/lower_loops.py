@@ -68,6 +68,7 @@ def _for(em: Emitter, op: Op) -> None:
     copies = []
     if piped:
         em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
+        em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
         em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")

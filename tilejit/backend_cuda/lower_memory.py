@@ -80,7 +80,7 @@ def _load(em: Emitter, op: Op) -> None:
         em.comment(op, f"stage {em.name(op.operands[0])} window in shared memory (synchronous)")
         em.line("__syncthreads();  // earlier readers of this buffer are done")
         issue_shared_load(em, op, _start_names(em, op, 1), "0")
-        em.line("tj_cp_async_commit(); tj_cp_async_wait<0>(); __syncthreads();")
+        em.line("tj_cp_async_commit(); tj_cp_async_wait<0>(); tj_fence_proxy_async(); __syncthreads();")
         return
     out = op.result
     layout: RegisterLayout = out.type.layout
@@ -253,7 +253,7 @@ class SharedCopy:
                 if lay.rows % rpp and j == passes - 1:
                     em.open(f"if ({x}r0 + {j * rpp} < {lay.rows})")
                 if rpp % 8 == 0 or lay.swizzle_bits == 0:
-                    dst = f"{x}dst0 + {j * rpp * lay.row_bytes}"  # same swizzle phase on every pass
+                    dst = f"{x}dst0 + {j * rpp * lay.row_pitch}"  # same swizzle phase on every pass
                 else:
                     dst = f"{x}dst + {c_text(lay.chunk_offset(CExpr(f'({x}r0 + {j * rpp})'), CExpr(x + 'k')))}"
                 em.line(f"tj_cp_async_16_zfill_if({dst}, {x}src + {j} * {x}rstep, {j * rpp} >= {x}rows, {x}fast);")
@@ -375,7 +375,7 @@ def _convert(em: Emitter, op: Op) -> None:
             em.line(f"if ({valid}) {store}" if valid else store)
 
         em.reg_loop(layout, write)
-        em.line("__syncthreads();")
+        em.line("tj_fence_proxy_async(); __syncthreads();")
         return
     if src.type.layout == out.type.layout:
         em.line(f"auto& {em.name(out)} = {em.name(src)};")

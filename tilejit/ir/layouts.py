@@ -176,6 +176,46 @@ class MmaLayout(RegisterLayout):
 
 
 @dataclass(frozen=True)
+class WgmmaLayout(RegisterLayout):
+    """The accumulator of wgmma.m64nNk16 (sm_90a), N = the tile's columns, over warpgroups of 4 warps.
+
+    The tile's rows are cut into slabs of 64; warpgroup ``wg`` owns slabs ``wg, wg + groups, ...``.
+    Register ``s * N/2 + j`` of a thread holds slab ``s``'s element at row ``16 * w + g + 8 * ((j >> 1) & 1)``,
+    col ``8 * (j >> 2) + 2 * t + (j & 1)`` (w = warp in the warpgroup, g = lane / 4, t = lane % 4; PTX ISA
+    9.7.15.5.1, "Matrix fragments for wgmma.mma_async", f32 accumulator D).
+    """
+    shape: tuple[int, int]
+    groups: int  # warpgroups
+    vec: int = 2
+
+    def __post_init__(self) -> None:
+        m, n = self.shape
+        if m % (64 * self.groups) or n % 8 or n > 256:
+            raise ValueError(f"{m}x{n} does not split into m64nNk16 slabs over {self.groups} warpgroup(s)")
+
+    @property
+    def slabs(self) -> int:
+        """64-row slabs per warpgroup."""
+        return self.shape[0] // (64 * self.groups)
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        return self.slabs * self.shape[1] // 2
+
+    def coords(self, tid, i):
+        half = self.shape[1] // 2
+        wg, warp, lane = tid >> 7, (tid >> 5) & 3, tid & 31
+        g, t = lane >> 2, lane & 3
+        s, j = i // half, i % half
+        row = (s * self.groups + wg) * 64 + warp * 16 + g + ((j >> 1) & 1) * 8
+        col = (j >> 2) * 8 + t * 2 + (j & 1)
+        return [row, col]
+
+    def __str__(self) -> str:
+        return f"#wgmma<warpgroups={self.groups}>"
+
+
+@dataclass(frozen=True)
 class SliceLayout(RegisterLayout):
     """``parent`` with dim ``axis`` removed: register i holds the element at parent's coords minus axis.
 
@@ -288,12 +328,16 @@ def broadcast_view(src: RegisterLayout, target: RegisterLayout) -> bool:
 
 @dataclass(frozen=True)
 class SharedLayout:
-    """A 2-D shared-memory tile, rows of ``cols`` elements stored contiguously, in ``stages`` copies.
+    """A 2-D shared-memory tile of ``rows x cols`` elements, in ``stages`` copies (a ring).
 
-    16-byte chunks are XOR-swizzled so that 8 consecutive rows at one logical chunk fall in 8 different
-    bank groups, which makes both the cp.async writes (row-wise) and the ldmatrix reads (8 rows at a
-    time) conflict-free: 128-byte rows use chunk ^ (row % 8); 64-byte rows chunk ^ ((row / 2) % 4);
-    32-byte rows chunk ^ ((row / 4) % 2) (CUTLASS Swizzle<3,3,3>, <2,3,3>, <1,3,3>).
+    Rows are stored contiguously up to 128 bytes; a wider tile is split into column panels of 128 bytes,
+    each panel holding all rows (``rows x 128 B``) before the next. Inside a 128-byte row the 16-byte
+    chunks are XOR-swizzled so that 8 consecutive rows at one logical chunk fall in 8 different bank
+    groups, which makes the cp.async writes (row-wise) and the ldmatrix reads (8 rows at a time)
+    conflict-free: 128-byte rows use chunk ^ (row % 8); 64-byte rows chunk ^ ((row / 2) % 4); 32-byte rows
+    chunk ^ ((row / 4) % 2) (CUTLASS Swizzle<3,4,3>, <2,4,3>, <1,4,3>). A panel of 8 rows x 128 bytes
+    with chunk ^ (row % 8) is exactly the 128-byte-swizzle atom that wgmma and TMA use, in both the
+    K-major and the MN-major orientation (PTX 9.7.15.5.1, shared memory matrix layouts).
     """
     rows: int
     cols: int
@@ -303,6 +347,19 @@ class SharedLayout:
     @property
     def row_bytes(self) -> int:
         return self.cols * self.elem_bytes
+
+    @property
+    def panelled(self) -> bool:
+        return self.row_bytes > 128 and self.row_bytes % 128 == 0
+
+    @property
+    def row_pitch(self) -> int:
+        """Bytes between consecutive rows of one panel (or of the tile when it is not panelled)."""
+        return 128 if self.panelled else self.row_bytes
+
+    @property
+    def panel_bytes(self) -> int:
+        return self.rows * self.row_pitch
 
     @property
     def stage_bytes(self) -> int:
@@ -315,22 +372,25 @@ class SharedLayout:
     @property
     def swizzle_bits(self) -> int:
         """log2 of the number of chunks a row group XORs over (0: no swizzle)."""
-        rb = self.row_bytes
+        rb = self.row_pitch
         if rb % 16:
             return 0
-        return {16: 0, 32: 1, 64: 2}.get(rb, 3 if rb % 128 == 0 else 0)
+        return {16: 0, 32: 1, 64: 2, 128: 3}.get(rb, 0)
 
     def chunk_offset(self, row: Any, chunk: Any) -> Any:
         """Byte offset of 16-byte chunk ``chunk`` of ``row`` inside one stage."""
         bits = self.swizzle_bits
+        if self.panelled:
+            return (chunk >> 3) * self.panel_bytes + row * 128 + ((chunk & 7) ^ (row & 7)) * 16
         if bits == 0:
             return row * self.row_bytes + chunk * 16
         phase = (row >> (3 - bits)) & ((1 << bits) - 1)
         return row * self.row_bytes + (chunk ^ phase) * 16
 
     def __str__(self) -> str:
-        return f"#shared<{self.rows}x{self.cols}, swizzle={1 << self.swizzle_bits if self.swizzle_bits else 0}, " \
-               f"stages={self.stages}>"
+        swz = f"swizzle={16 << self.swizzle_bits}B" if self.swizzle_bits else "no swizzle"
+        panels = f", panels={self.row_bytes // 128}" if self.panelled else ""
+        return f"#shared<{self.rows}x{self.cols}, {swz}{panels}, stages={self.stages}>"
 
 
 def coords_table(layout: RegisterLayout, threads: int) -> dict[tuple[int, ...], list[tuple[int, int]]]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from ..backend_cuda.registry import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
-                          SliceLayout)
+                          SliceLayout, WgmmaLayout)
 from ..ir.rewrite import blocks, defining_op
 
 _ELEMENTWISE = {OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST}
@@ -24,7 +24,8 @@ _FLEXIBLE = {OpKind.SPLAT, OpKind.ARANGE, OpKind.BROADCAST, OpKind.CONVERT_LAYOU
 
 
 def _rank(layout: RegisterLayout) -> int:
-    return 2 if isinstance(layout.root, MmaLayout) else 1
+    """Accumulator-derived layouts win over blocked ones when operands disagree."""
+    return 2 if isinstance(layout.root, (MmaLayout, WgmmaLayout)) else 1
 
 
 def default_layout(shape: tuple[int, ...], threads: int, vec: int = 1) -> BlockedLayout:

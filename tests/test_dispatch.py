@@ -1,0 +1,86 @@
+"""The dispatch registry: which gemm lowering each arch and tile shape gets, and why others are rejected."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit.backend_cuda.registry import REGISTRY, Target
+
+
+@tilejit.kernel
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]  # ERR
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _impl(arch, bk, warps, dtype=torch.float16, bm=128, bn=128, tmp_cache=None):
+    compiled = matmul.compile(meta(256, 256, dtype=dtype), meta(256, 256, dtype=dtype), meta(256, 256, dtype=dtype),
+                              BM=bm, BN=bn, BK=bk, num_warps=warps, arch=arch)
+    ir = compiled.asm["ir"]
+    return next(name for name in ("wgmma_m64nNk16", "mma_sync_m16n8k16", "fma_fallback") if f"impl = {name}" in ir)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
+
+
+def test_sm90a_takes_wgmma_when_the_tile_fits():
+    assert _impl("sm_90a", 64, 4) == "wgmma_m64nNk16"
+    assert _impl("sm_90a", 64, 8, bn=256) == "wgmma_m64nNk16"
+
+
+def test_sm90a_falls_back_to_mma_sync_when_k_is_not_a_panel():
+    assert _impl("sm_90a", 32, 4) == "mma_sync_m16n8k16"
+
+
+def test_sm80_never_takes_wgmma():
+    assert _impl("sm_80", 64, 4) == "mma_sync_m16n8k16"
+
+
+def test_fp32_operands_take_the_fma_fallback():
+    assert _impl("sm_80", 32, 4, dtype=torch.float32) == "fma_fallback"
+
+
+def test_wgmma_kernel_uses_hgmma_and_descriptors():
+    compiled = matmul.compile(meta(256, 256), meta(256, 256), meta(256, 256), BM=128, BN=128, BK=64,
+                              num_warps=4, arch="sm_90a")
+    cuda = compiled.asm["cuda"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in cuda
+    assert "tj_wgmma_desc(" in cuda and "wgmma.wait_group.sync.aligned 0" in cuda
+    assert "fence.proxy.async.shared::cta" in cuda
+
+
+def test_rejections_are_listed_by_name():
+    class FakeOp:
+        pass
+
+    target = Target("sm_80", 4, 3)
+    reasons = {impl.name: impl.rejection(None, target) for impl in REGISTRY.candidates("gemm")
+               if impl.name == "wgmma_m64nNk16"}
+    assert reasons["wgmma_m64nNk16"].startswith("arch sm_80 outside sm_90")
+
+
+def test_dispatch_error_lists_every_candidate_with_its_reason():
+    from tilejit.errors import DispatchError
+    from tilejit.backend_cuda.registry import Registry
+
+    registry = Registry()
+    registry.register("gemm", "only_f16", priority=1, predicates={"operands are f16": lambda op, t: False})(object())
+    registry.register("gemm", "only_sm100", min_sm=100, priority=2)(object())
+    with pytest.raises(DispatchError) as info:
+        registry.select("gemm", None, Target("sm_90a", 4, 3))
+    text = str(info.value)
+    assert "only_f16" in text and "operands are f16" in text
+    assert "only_sm100" in text and "outside sm_100" in text
