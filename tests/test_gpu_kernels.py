@@ -199,3 +199,17 @@ def test_matmul_wgmma_tiles(dtype, tiles):
     c2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     matmul_nt[(tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))](a, bt, c2, BM=bm, BN=bn, BK=bk, num_warps=warps)
     _check(c2, _ref(a, bt.T), dtype)
+
+
+@pytest.mark.requires_sm(90)
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])
+def test_matmul_wgmma_stages(stages):
+    """Every pipeline depth, including the in-flight-accumulator form (stages >= 3) and short K loops."""
+    torch.manual_seed(stages)
+    for m, n, k in ((777, 640, 1000), (130, 128, 64), (200, 256, 129)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        matmul[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=64, num_warps=4,
+                                                             num_stages=stages)
+        _check(c, _ref(a, b), torch.bfloat16)
