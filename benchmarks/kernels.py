@@ -1,8 +1,10 @@
 """The tilejit kernels the benchmarks time.
 
 ``matmul`` is the DESIGN.md matmul under ``@tilejit.autotune`` with the default space of
-``tilejit.configs``. One change from DESIGN.md: the loop is ``T.range(0, K, BK)`` without ``stages=3`` so that
-each config's ``num_stages`` sets the pipeline depth. The autotune key is the tensors ``A`` and ``B`` (the
+``tilejit.configs``. Two changes from DESIGN.md: the loop is ``T.range(0, K, BK)`` without ``stages=3`` so that
+each config's ``num_stages`` sets the pipeline depth, and the programs walk C's tiles in groups of GROUP_M
+rows (a 1-D grid, as Triton's matmul tutorial does) so that concurrently running tiles share A and B panels
+in L2. The autotune key is the tensors ``A`` and ``B`` (the
 autotuner keys a tensor by dtype and shape), so the kernel keeps DESIGN.md's signature without extra M, N, K
 parameters. ``matmul.kernel`` is the plain kernel, launched with explicit tiles.
 """
@@ -15,11 +17,17 @@ from tilejit.configs import matmul_configs, matmul_prune
 
 @tilejit.autotune(configs=matmul_configs(), key=["A", "B"], prune_configs_by={"early_config_prune": matmul_prune})
 @tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: T.constexpr = 8):
     M, K = A.shape
     N = B.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
+    pid = T.program_id(0)
+    grid_m = T.cdiv(M, BM)
+    grid_n = T.cdiv(N, BN)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = min(grid_m - first_m, GROUP_M)
+    m0 = (first_m + (pid % per_group) % rows) * BM
+    n0 = ((pid % per_group) // rows) * BN
     acc = T.zeros((BM, BN), T.float32)
     for k0 in T.range(0, K, BK):  # pipelined num_stages deep (a launch option, set per config)
         acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
@@ -27,8 +35,8 @@ def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
 
 
 def matmul_grid(meta):
-    """Grid of ``matmul`` for the autotuner: one program per BM x BN tile of C."""
-    return tilejit.cdiv(meta["A"].shape[0], meta["BM"]), tilejit.cdiv(meta["B"].shape[1], meta["BN"])
+    """Grid of ``matmul`` for the autotuner: one program per BM x BN tile of C (1-D, grouped order)."""
+    return (tilejit.cdiv(meta["A"].shape[0], meta["BM"]) * tilejit.cdiv(meta["B"].shape[1], meta["BN"]),)
 
 
 @tilejit.kernel

@@ -1,7 +1,8 @@
 """Default autotuning spaces for common kernels (the matmul of DESIGN.md).
 
 ``matmul_configs()`` is a small hand-picked set: BM=64 tiles for skinny problems (LLM decode shapes), 128x128
-for the middle, 128x256 / 256x128 on 8 warps for large squares. Every config's multi-buffered operand tiles
+for the middle, 128x256 / 256x128 on 8 warps for large squares. BK=64 tiles with 4 or 8 warps are the ones
+the sm_90a wgmma lowering takes (BK=32 ones run on mma.sync everywhere). Every config's multi-buffered operand tiles
 fit the shared-memory budget below. ``matmul_prune`` is an ``early_config_prune`` that drops tiles much
 larger than the problem before anything is compiled.
 
@@ -25,14 +26,14 @@ SMEM_BUDGET_BYTES = 200 * 1024
 # (BM, BN, BK, num_warps, num_stages). 8 warps wherever the f32 accumulator would exceed 128 registers per
 # thread on 4 warps (BM * BN / (32 * num_warps) floats each).
 _MATMUL_TILES = [
-    (64, 64, 32, 4, 3), (64, 64, 64, 4, 4),
+    (64, 64, 32, 4, 3),
     (64, 128, 32, 4, 4), (64, 128, 64, 4, 3),
     (64, 256, 32, 8, 3),
     (128, 64, 32, 4, 4), (128, 64, 64, 4, 3),
     (128, 128, 32, 4, 4), (128, 128, 64, 4, 3),
-    (128, 128, 32, 8, 3), (128, 128, 64, 8, 4),
-    (128, 256, 32, 8, 3), (128, 256, 64, 8, 3), (128, 256, 32, 8, 4),
-    (256, 128, 32, 8, 3), (256, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 256, 32, 8, 3), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+    (256, 128, 32, 8, 3), (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
 ]
 
 
