@@ -4,7 +4,7 @@
 #   OUT=/some/dir bash benchmarks/device_run.sh          # ~5-9 minutes: tests, launch costs, matmul --quick
 #   OUT=/some/dir FULL=1 bash benchmarks/device_run.sh   # the full matmul sweep only (tests and launch off)
 #
-# Files written to $OUT (7, flat): gpu_tests.log, launch.log, matmul.log, launch.json, matmul.json,
+# Files written to $OUT (8, flat): gpu_tests.log, memcheck.log, launch.log, matmul.log, launch.json, matmul.json,
 # matmul.png (with matplotlib), RESULTS.md (benchmarks/RESULTS.md with the new sections appended).
 # Limits per step (seconds) can be changed: T_TESTS, T_LAUNCH, T_MATMUL; RUN_TESTS=0 / RUN_LAUNCH=0 skip a step.
 # Nothing here needs a package index; Triton is optional (its columns read n/a without it).
@@ -46,6 +46,13 @@ python3 -c "import triton; print('triton', triton.__version__)" 2>/dev/null || e
 
 if [ "$RUN_TESTS" = 1 ]; then
     step gpu_tests "$T_TESTS" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
+fi
+RUN_SANITIZER="${RUN_SANITIZER:-$RUN_TESTS}"
+if [ "$RUN_SANITIZER" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    # memcheck on a representative subset: both gemm lowerings, ragged and strided windows, reductions.
+    step memcheck "${T_SANITIZER:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
+        -k "nt_tn or softmax or atom or batched or non_contiguous or (wgmma_tiles and 128-128-64-4 and bfloat16) or (wgmma_stages and 3)"
 fi
 if [ "$RUN_LAUNCH" = 1 ]; then
     step launch "$T_LAUNCH" python3 -m benchmarks.launch --out "$OUT"
