@@ -12,9 +12,10 @@ from ..ir import Function, print_function, verify
 from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
 from ..passes.layouts import infer_layouts
+from ..passes.copies import select_copies
 from ..passes.pipeline import pipeline_loops
 from ..passes.scopes import infer_scopes
-from . import lower_gemm, lower_loops, lower_memory, lower_reduce, lower_wgmma  # noqa: F401  (register rules)
+from . import lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma, lower_wgmma  # noqa: F401  (register rules)
 from .emitter import Emitter
 from .nvrtc import compile_cuda
 from .registry import Target
@@ -31,6 +32,8 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     ("infer-layouts", infer_layouts),
     # multi-buffer the shared loads of T.range loops (needs the shared layouts from the step before)
     ("pipeline", pipeline_loops),
+    # pick each shared load's copy lowering (TMA only for pipelined loads, so after the step before)
+    ("select-copies", select_copies),
     # drop what the rewrites left unused
     ("cleanup", lambda fn, t: cleanup(fn)),
 ]
@@ -64,12 +67,14 @@ class CompiledArtifacts:
     compile_seconds: float
     registers: int | None
     spill_bytes: int | None
+    tensor_maps: list[dict]
 
 
 def compile_function(fn: Function, target: Target, kernel_name: str) -> CompiledArtifacts:
     start = time.perf_counter()
     run_passes(fn, target)
-    source, kinds, shared_bytes = Emitter(fn, target, kernel_name).generate()
+    emitter = Emitter(fn, target, kernel_name)
+    source, kinds, shared_bytes = emitter.generate()
     result = compile_cuda(source, name=kernel_name, arch=target.arch, keep_ptx=knobs.keep_ptx(),
                           options=["--ptxas-options=-v"])
     registers = _PTXAS_REGISTERS.search(result.log)
@@ -77,7 +82,8 @@ def compile_function(fn: Function, target: Target, kernel_name: str) -> Compiled
     return CompiledArtifacts(kernel_name, source, print_function(fn), result.ptx, result.cubin, kinds,
                              shared_bytes, target.threads, time.perf_counter() - start,
                              int(registers.group(1)) if registers else None,
-                             int(spills.group(1)) + int(spills.group(2)) if spills else None)
+                             int(spills.group(1)) + int(spills.group(2)) if spills else None,
+                             [m.to_json() for m in emitter.tensor_maps])
 
 
 # ptxas -v reports, per kernel: "Used 128 registers, ..." and "N bytes spill stores, M bytes spill loads".

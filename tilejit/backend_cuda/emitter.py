@@ -190,6 +190,7 @@ class Emitter:
         self.scratch_users: list[Callable[[int], None]] = []
         self.overlap_hook: Callable[[], None] | None = None
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
+        self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others
         self.counter = 0
 
     # -- naming and output ----------------------------------------------------------------
@@ -202,6 +203,12 @@ class Emitter:
 
     def alias(self, v: Value, text: str) -> None:
         self.names[v.id] = text
+
+    def tensor_map_param(self, spec: Any) -> str:
+        """The name of the ``__grid_constant__ CUtensorMap`` parameter for ``spec`` (added once)."""
+        if spec not in self.tensor_maps:
+            self.tensor_maps.append(spec)
+        return f"tj_tmap{self.tensor_maps.index(spec)}"
 
     def require_support(self, name: str, text: str) -> None:
         self.support.setdefault(name, text)
@@ -298,6 +305,9 @@ class Emitter:
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
         self.emit_block(self.fn.body)
+        for n, _ in enumerate(self.tensor_maps):  # encoded by the host per launch, passed by value
+            decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
+            kinds.append("tmap")
         body = self.lines
         scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
         shared_bytes = self.smem_top

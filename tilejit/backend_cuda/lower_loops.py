@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..ir import Op, OpKind, Value
 from .emitter import RULES, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
+from . import lower_tma
 from .lower_memory import SharedCopy, issue_shared_load, stage_shared
 
 
@@ -51,14 +52,40 @@ def _for(em: Emitter, op: Op) -> None:
     def starts_at(load: Op, iv_expr: str) -> list[str]:
         return [_rematerialize(em, v, body_ops, iv.id, iv_expr) for v in load.operands[1:]]
 
+    tma = [o for o in piped if o.attrs.copy == "tma_bulk_tensor"]
+    per_thread = [o for o in piped if o not in tma]
     em.open("")
+    if tma:
+        em.require_support("tma", lower_tma.SUPPORT)
+        bars = em.allocate_shared(8 * stages, 8)
+        tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
+        maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
+            o.operands[0].name, lower_tma.box_of(o, stage_shared(em, o.result).layout), o.result.dtype.itemsize))
+            for o in tma}
+        em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
+        em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init(tj_smem_u32 + {bars} + 8 * s, 1); }}")
+        em.line("tj_fence_proxy_async();")
+        em.line("__syncthreads();")
+
+    def issue_tma(at: str, slot: str, guard: str) -> None:
+        if not tma:
+            return
+        em.open(f"if (tid == 0 && ({guard}))")
+        bar = f"tj_smem_u32 + {bars} + 8 * ({slot})"
+        em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
+        for o in tma:
+            lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, at), slot, bar, maps[o.result.id])
+        em.close()
+
     if piped:
         for load in piped:
             stage_shared(em, load.result)
-        em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead")
+        em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead"
+                + (f", {len(tma)} by TMA" if tma else ""))
         for s in range(stages - 1):
             at = f"{lo} + ({iv_t}){s} * {step}"
-            for load in piped:
+            issue_tma(at, str(s), in_range(f"({at})"))
+            for load in per_thread:
                 issue_shared_load(em, load, starts_at(load, at), str(s), guard=in_range(f"({at})"))
             em.line("tj_cp_async_commit();")
         em.line("int tj_it = 0;")
@@ -67,20 +94,26 @@ def _for(em: Emitter, op: Op) -> None:
     em.open(f"for ({iv_t} {iv_name} = {lo}; {in_range(iv_name)}; {incr})")
     copies = []
     if piped:
-        em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
-        em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
+        if per_thread:
+            em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
+            em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
+        if tma:
+            em.line(f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
+                    "  // TMA tiles landed")
         em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
         em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
         for load in piped:
             em.shared[load.result.id].slot = f"(tj_it % {stages})"
+        for load in per_thread:
             copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch"))
         for copy in copies:  # the prefetch's scalars, ahead of everything
             copy.begin()
 
         def prefetch() -> None:
             em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
+            issue_tma(nxt, "tj_slot_next", "tj_prefetch")
             for copy in copies:
                 copy.fast()
             em.line("tj_cp_async_commit();")

@@ -13,6 +13,7 @@ class TensorSpec:
     rank: int
     unit_stride_dims: tuple[int, ...] = ()   # dims whose stride is 1
     aligned16: bool = False                  # data pointer 16-byte aligned
+    strides16: bool = False                  # every non-unit stride is a multiple of 16 bytes (TMA's rule)
     shape_constants: tuple[tuple[int, int], ...] = ()  # (dim, size) pairs the kernel needs at compile time
 
 

@@ -200,6 +200,7 @@ class AccessAttrs:
     shape: tuple[int, ...]
     dropped: tuple[int, ...] = ()
     pipeline: int = 0  # set by the pipelining pass: number of ring slots this load is prefetched through
+    copy: str | None = None  # the global->shared lowering the dispatch registry chose (shared loads)
 
     def __post_init__(self) -> None:
         if any(n <= 0 for n in self.shape):

@@ -1,0 +1,133 @@
+"""Global -> shared copies: the ``copy`` table of the dispatch registry, and the TMA lowering.
+
+* ``tma_bulk_tensor`` (sm_90+): one thread issues ``cp.async.bulk.tensor`` per 128-byte panel of the tile
+  (PTX 9.7.9.25.5.2), described by a CUtensorMap the host encodes per launch with 128-byte swizzle, which
+  writes exactly the swizzled panel layout of :class:`~tilejit.ir.layouts.SharedLayout`; completion is
+  counted in bytes on an mbarrier per ring slot (PTX 9.7.13.15), and out-of-bounds parts of the box are
+  zero-filled by the hardware. Needs a 16-byte aligned tensor with 16-byte multiple strides.
+* ``cp_async`` (sm_80+): per-thread 16-byte cp.async with an element-wise fallback chosen at run time
+  (``lower_memory.SharedCopy``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..frontend.spec import TensorSpec
+from ..ir import Op
+from ..ir.layouts import SharedLayout
+from .registry import REGISTRY, Target
+
+SUPPORT = r"""
+/// mbarrier with an expected arrival count (PTX 9.7.13.15.11).
+TJ_DEVICE void tj_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+/// Arrive and add BYTES to the transaction count the phase waits for (PTX 9.7.13.15.13).
+TJ_DEVICE void tj_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+/// Spin until the phase with parity PHASE of the barrier has completed (PTX 9.7.13.15.16).
+TJ_DEVICE void tj_mbar_wait(unsigned bar, unsigned phase) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+  }
+}
+/// Tile copy global -> shared by the tensor memory accelerator, completing on an mbarrier (PTX 9.7.9.25.5.2).
+TJ_DEVICE void tj_tma_load_2d(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+TJ_DEVICE void tj_tma_load_3d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+TJ_DEVICE void tj_tma_load_4d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+TJ_DEVICE void tj_tma_load_5d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
+}
+"""
+
+# The box's inner extent: one 128-byte swizzle span (TMA requires inner box bytes <= the swizzle span).
+SPAN_BYTES = 128
+
+
+@dataclass(frozen=True)
+class CopyQuery:
+    """What a copy lowering's predicates look at: the load, its tensor's specialization, its loop."""
+    op: Op
+    spec: TensorSpec | None
+    pipelined: bool
+
+    @property
+    def tile_dims(self) -> list[int]:
+        return [d for d in range(self.op.operands[0].type.rank) if d not in self.op.attrs.dropped]
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """One CUtensorMap kernel parameter: which tensor argument, and the box it copies."""
+    tensor: str                 # parameter name
+    box: tuple[int, ...]        # box extents, innermost (the tensor's last dim) first
+    elem_bytes: int
+
+    def to_json(self) -> dict:
+        return {"tensor": self.tensor, "box": list(self.box), "elem_bytes": self.elem_bytes}
+
+
+def box_of(op: Op, lay: SharedLayout) -> tuple[int, ...]:
+    """Box extents, innermost first: one 128-byte panel of the tile's columns, its rows, 1 for dropped dims."""
+    rank = op.operands[0].type.rank
+    extents = []
+    for d in reversed(range(rank)):
+        if d == rank - 1:
+            extents.append(SPAN_BYTES // lay.elem_bytes)
+        else:
+            extents.append(1 if d in op.attrs.dropped else op.attrs.shape[d])
+    return tuple(extents)
+
+
+def _tensor_ok(q: CopyQuery, target: Target) -> bool:
+    s = q.spec
+    rank = q.op.operands[0].type.rank
+    return (s is not None and s.aligned16 and s.strides16 and (rank - 1) in s.unit_stride_dims
+            and 2 <= rank <= 5)
+
+
+def _tile_ok(q: CopyQuery, target: Target) -> bool:
+    rank = q.op.operands[0].type.rank
+    dims = q.tile_dims
+    if len(dims) != 2 or dims[-1] != rank - 1:
+        return False
+    rows, cols = q.op.attrs.shape[dims[0]], q.op.attrs.shape[dims[1]]
+    elem = q.op.result.dtype.itemsize
+    return (cols * elem) % SPAN_BYTES == 0 and rows <= 256 and rows % 8 == 0 and elem in (1, 2, 4)
+
+
+REGISTRY.register("copy", "tma_bulk_tensor", min_sm=90, priority=10, predicates={
+    "the load is prefetched by a pipelined loop": lambda q, t: q.pipelined,
+    "tensor is 16-byte aligned, unit-stride in its last dim, other strides 16-byte multiples, rank 2..5": _tensor_ok,
+    "tile is 2-D along the tensor's last dim, rows of 128-byte multiples, <= 256 rows, a multiple of 8": _tile_ok,
+})(object())
+
+REGISTRY.register("copy", "cp_async", min_sm=80, priority=5)(object())
+
+
+def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str) -> None:
+    """The calling thread issues one bulk tensor copy per 128-byte panel of ``op``'s tile into ``slot``."""
+    lay: SharedLayout = tile.layout
+    rank = op.operands[0].type.rank
+    panel_cols = SPAN_BYTES // lay.elem_bytes
+    for p in range(lay.row_bytes // SPAN_BYTES):
+        coords = []
+        for d in reversed(range(rank)):
+            start = f"(int)({starts[d]})"
+            coords.append(f"{start} + {p * panel_cols}" if d == rank - 1 and p else start)
+        stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
+        dst = f"tj_smem_u32 + {tile.offset}{stage} + {p * lay.panel_bytes}"
+        em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {', '.join(coords)}, {bar});")

@@ -1,0 +1,21 @@
+"""Choose each shared-memory load's global -> shared lowering through the dispatch registry ("copy").
+
+Runs after pipelining: the bulk tensor copy (TMA) is only used for loads a pipelined loop prefetches.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..backend_cuda.lower_tma import CopyQuery
+from ..backend_cuda.registry import REGISTRY, Target
+from ..ir import Function, OpKind, Scope
+
+
+def select_copies(fn: Function, target: Target) -> None:
+    specs = fn.attrs.get("tensor_specs", {})
+    for op in fn.walk():
+        if op.kind is not OpKind.LOAD or op.result.type.scope is not Scope.SHARED:
+            continue
+        query = CopyQuery(op, specs.get(op.operands[0].name), bool(op.attrs.pipeline))
+        impl = REGISTRY.select("copy", query, target, op.loc)
+        op.attrs = replace(op.attrs, copy=impl.name)
