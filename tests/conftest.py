@@ -52,3 +52,13 @@ def requires_sm():
             pytest.skip(f"needs sm_{need}+, this GPU is sm_{major}{minor}")
 
     return check
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler_fingerprint():
+    """Every cache key hashes tilejit's own source, read once per process. The tree may be edited while the
+    suite runs, so each test hashes it afresh (at its first compile): a test and the child processes it starts
+    then agree on the keys."""
+    from tilejit.runtime import jit
+
+    jit.compiler_fingerprint.cache_clear()

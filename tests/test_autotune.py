@@ -14,7 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tilejit
+import tilejit.language as T
 from tilejit.autotuner import AutotuneError, Autotuner, Config, autotune
+from tilejit.backend_cuda import nvrtc
 from tilejit.errors import LaunchError, TilejitError
 
 
@@ -170,6 +173,45 @@ def test_autotune_disabled_uses_the_first_config(monkeypatch, cache_dir):
     assert tuner.best_config.kwargs["BM"] == 128
     assert kernel.launches[-1][1]["BM"] == 128
     assert not (cache_dir / "autotune").exists()
+
+
+def test_interpreter_mode_times_configs_without_compiling_and_keys_the_choice_apart(monkeypatch, cache_dir):
+    kernel = FakeKernel()
+    tuner, bench = make_tuner(kernel, configs_for(128, 64, 32), TIMES)
+    launch(tuner)  # on the "GPU" path: compiled, then timed
+    assert len(kernel.compiles) == 3 and tuner.best_config.kwargs["BM"] == 64
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    kernel.compiles.clear()
+    bench.timed.clear()
+    tuner._chosen.clear()  # as a new process would
+    launch(tuner)
+    assert kernel.compiles == [] and sorted(bench.timed) == [32, 64, 128]  # tuned again: its own key
+    assert tuner.best_config.kwargs["BM"] == 64 and kernel.launches[-1][1]["BM"] == 64
+    keys = sorted(json.loads(record_file(cache_dir, kernel).read_text()))
+    assert len(keys) == 2 and keys[1] == keys[0] + "; interpreter"
+
+
+@tilejit.kernel
+def double(X, Y, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * 2.0
+
+
+def test_interpreter_mode_autotunes_a_real_kernel_without_nvrtc_or_a_gpu(monkeypatch):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+
+    def no_nvrtc(*args, **kwargs):
+        raise AssertionError("NVRTC was asked for under TILEJIT_INTERPRET=1")
+
+    for name in ("_nvrtc", "nvrtc_version", "compile_cuda"):
+        monkeypatch.setattr(nvrtc, name, no_nvrtc)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    tuner = autotune([Config({"BLOCK": 32}), Config({"BLOCK": 64}, num_warps=8)], key=["X"])(double)
+    x = torch.randn(256)
+    y = torch.full((256,), float("nan"))
+    tuner[lambda meta: (256 // meta["BLOCK"],)](x, y)  # the default bench: wall clock on the interpreter
+    assert tuner.stats.compiled == [] and len(tuner.stats.timed) == 2 and tuner.stats.failed == []
+    torch.testing.assert_close(y, x * 2.0)
 
 
 def test_passing_a_tuned_parameter_at_launch_is_an_error():

@@ -162,11 +162,10 @@ def test_cli_help_without_gpu(module):
 
 
 def test_matmul_benchmark_end_to_end_on_the_interpreter(tmp_path, monkeypatch):
-    """main() on a small shape: configs cross-compiled for sm_90a, run by the interpreter, checked, written."""
+    """main() on a small shape: configs tuned and run by the interpreter (no NVRTC), checked, written."""
     import tilejit.testing
 
     monkeypatch.setenv("TILEJIT_INTERPRET", "1")
-    monkeypatch.setenv("TILEJIT_ARCH", "sm_90a")  # the autotuner compiles each config before timing it
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)

@@ -348,3 +348,45 @@ def test_ptx_is_absent_when_not_kept(root, monkeypatch):
     assert "ptx" not in asm and "cuda" in asm and cubin_sm(asm["cubin"]) == 80
     with pytest.raises(KeyError):
         asm["ptx"]
+
+
+# ---- compile-time extents: a disk hit needs no frontend ---------------------------------------------------
+
+@tilejit.kernel
+def double_rows(X, Y, BM: T.constexpr):
+    m0 = T.program_id(0) * BM
+    Y[m0:m0 + BM, :] = X[m0:m0 + BM, :] * 2.0  # a full ':' slice: X's and Y's extent 1 is compiled in
+
+
+def compile_double_rows(cols: int):
+    x = torch.empty(256, cols, device="meta")
+    return tilejit.kernel(double_rows.fn).compile(x, x, BM=32, arch="sm_80")
+
+
+def test_compile_time_extents_are_recorded_so_a_disk_hit_skips_the_frontend(root, monkeypatch, nvrtc_calls):
+    first = compile_double_rows(64)
+    assert not first.from_disk and nvrtc_calls() == 1
+    record = KernelCache().read_extents(tilejit.kernel(double_rows.fn).source_hash())
+    assert record == {"X": [1], "Y": [1]}
+
+    new_process_state(monkeypatch)
+    frontend_runs = []
+    real_build_ir = tilejit.Kernel.build_ir
+    monkeypatch.setattr(tilejit.Kernel, "build_ir",
+                        lambda self, call: frontend_runs.append(1) or real_build_ir(self, call))
+    again = compile_double_rows(64)
+    assert again.from_disk and again.key == first.key and frontend_runs == [] and nvrtc_calls() == 1
+
+    # Another extent is another kernel: a miss, compiled (with the frontend), under its own key.
+    other = compile_double_rows(32)
+    assert not other.from_disk and other.key != first.key and frontend_runs and nvrtc_calls() == 2
+
+
+def test_a_lost_extents_record_costs_a_frontend_run_not_a_wrong_kernel(root, monkeypatch, nvrtc_calls):
+    first = compile_double_rows(64)
+    new_process_state(monkeypatch)
+    for path in (root / "extents").iterdir():
+        path.unlink()
+    again = compile_double_rows(64)
+    assert again.from_disk and again.key == first.key and nvrtc_calls() == 1
+    assert KernelCache().read_extents(tilejit.kernel(double_rows.fn).source_hash()) == {"X": [1], "Y": [1]}

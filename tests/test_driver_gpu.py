@@ -172,6 +172,42 @@ def test_launcher_rejects_bad_values_naming_the_parameter():
         launcher((1, 1, 1), 0, [0])
 
 
+def test_launcher_parameters_do_not_mix_between_threads(monkeypatch):
+    """cuLaunchKernel releases the GIL: a launch on one thread must not see parameters another thread packed.
+    The fake driver reads the parameters through the void** it is given, yields the GIL, and reads again."""
+    import ctypes
+    import threading
+    import time
+    import types
+
+    from tilejit.backend_cuda import driver
+
+    mixed = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        slots = (ctypes.c_void_p * 2).from_address(params)
+        first = [ctypes.c_int64.from_address(slots[k]).value for k in range(2)]
+        time.sleep(0)  # let another thread pack and launch in between
+        again = [ctypes.c_int64.from_address(slots[k]).value for k in range(2)]
+        if first != [stream, -stream] or again != first:
+            mixed.append((stream, first, again))
+        return (0,)
+
+    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=fake_launch))
+    launcher = driver.make_launcher(_fake_loaded(), ["i64", "i64"], (32, 1, 1))
+
+    def launch_many(thread: int) -> None:
+        for _ in range(2000):
+            launcher((1, 1, 1), thread, [thread, -thread])
+
+    threads = [threading.Thread(target=launch_many, args=(t,)) for t in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mixed == []
+
+
 def test_launcher_rejects_too_many_threads():
     from tilejit.backend_cuda.driver import make_launcher
 

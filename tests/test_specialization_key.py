@@ -12,6 +12,8 @@ kernel to other line numbers) and the file's path do not.
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import json
 import logging
 import os
 import re
@@ -66,6 +68,15 @@ class KeyRecorder:
 
     def __init__(self) -> None:
         self.keys: list[str] = []
+
+    def load(self, key):
+        return None  # nothing is on disk: every compile asks get_or_compile
+
+    def read_extents(self, source_hash):
+        return {}
+
+    def write_extents(self, source_hash, kernel_name, extents):
+        pass
 
     def get_or_compile(self, key, compile_fn):
         self.keys.append(key)
@@ -342,5 +353,71 @@ def test_specialization_warning_for_varying_launch_options(recorder, caplog):
         kernel.compile(vec(), vec(), 0.5, 3, BLOCK=128, num_stages=stages, arch="sm_80")
     messages = _warnings(caplog)
     assert len(messages) == 1, messages
-    assert "num_stages" in messages[0] or "launch options" in messages[0]
-    assert _names(messages[0], "X", "Y", "BLOCK", "n") == {"X": False, "Y": False, "BLOCK": False, "n": False}
+    assert _names(messages[0], "num_stages", "num_warps", "X", "Y", "BLOCK", "n") == \
+        {"num_stages": True, "num_warps": False, "X": False, "Y": False, "BLOCK": False, "n": False}
+    assert "autotune" in messages[0]  # the hint fits launch options, not the constexpr advice
+
+
+def test_specialization_warning_names_num_warps_and_a_constexpr_varying_together(recorder, caplog):
+    caplog.set_level(logging.WARNING, logger="tilejit")
+    kernel = tilejit.kernel(scale.fn)
+    for warps, block in itertools.product((1, 2, 4, 8), (64, 128)):
+        kernel.compile(vec(), vec(), 0.5, 3, BLOCK=block, num_warps=warps, arch="sm_80")
+    messages = _warnings(caplog)
+    assert len(messages) == 1, messages
+    assert _names(messages[0], "num_warps", "BLOCK", "num_stages", "X") == \
+        {"num_warps": True, "BLOCK": True, "num_stages": False, "X": False}
+
+
+def test_autotuning_its_own_configs_does_not_count_as_respecialization(recorder, caplog, monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TILEJIT_ARCH", "sm_80")  # kernel.compile without arch= and without a GPU
+    caplog.set_level(logging.WARNING, logger="tilejit")
+    kernel = tilejit.kernel(scale.fn)
+    configs = [tilejit.Config({"BLOCK": block}, num_warps=warps) for block in (64, 128, 256) for warps in (2, 4, 8)]
+    tuner = tilejit.autotune(configs, key=["n"], bench_fn=lambda run: 1.0)(kernel)
+    args = (vec(), vec(), 0.5, 3)
+    chosen = tuner._choose((1,), args, {}, tuner._named_args(args, {}))
+    assert chosen == configs[0] and len(tuner.stats.compiled) == 9 and recorder.keys  # all 9 compiled
+    assert _warnings(caplog) == []
+    # The same nine compiles outside the autotuner are the accident the warning is for.
+    for config in configs:
+        kernel.compile(vec(), vec(), 0.5, 3, **config.all_kwargs(), arch="sm_90a")
+    assert len(_warnings(caplog)) == 1
+
+
+# ---- the compiler's own source ----------------------------------------------------------------------------
+
+def test_compiler_source_is_part_of_the_key(recorder, monkeypatch):
+    before = scale_key()
+    monkeypatch.setattr(jit, "compiler_fingerprint", lambda: "0" * 64)
+    assert scale_key() != before
+
+
+def test_package_digest_changes_with_any_source_file(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "notes.txt").write_text("not source")
+    first = jit.package_digest(package)
+    assert jit.package_digest(package) == first
+    (package / "notes.txt").write_text("still not source")
+    assert jit.package_digest(package) == first
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    assert jit.package_digest(package) != first
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "sub" / "c.py").write_text("")
+    assert jit.package_digest(package) != first
+
+
+def test_compiler_fingerprint_covers_tilejit_and_is_not_computed_on_import():
+    code = ("import json, tilejit\nfrom tilejit.runtime import jit\nbefore = jit.compiler_fingerprint.cache_info().currsize\n"
+            "print(json.dumps([before, jit.compiler_fingerprint(), jit.package_digest(__import__('pathlib').Path("
+            "tilejit.__file__).parent)]))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    computed_at_import, fingerprint, digest = json.loads(done.stdout)
+    assert computed_at_import == 0
+    assert fingerprint == digest and len(fingerprint) == 64

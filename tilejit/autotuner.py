@@ -8,14 +8,26 @@ memory and in ``<cache dir>/autotune/<kernel>-<source hash>.json``, with the tim
 - a second process reuses the stored choice without compiling or timing anything;
 - a config is known by its content (constexpr values, num_warps, num_stages), not its position in the list, so
   adding configs times only the new ones and compares them with the stored times of the old ones;
-- editing the kernel (or upgrading tilejit) changes the source hash and therefore the file.
+- editing the kernel (or any of tilejit's own source) changes the source hash and therefore the file.
 
 A config that fails to compile or launch is skipped, its reason logged on the "tilejit.autotune" logger and
 stored, so later processes do not try it again; when every config fails an ``AutotuneError`` lists them all.
+
+The first config is used, with nothing compiled, timed or stored, when there is only one or when
+``TILEJIT_AUTOTUNE=0``.
+
+Under ``TILEJIT_INTERPRET=1`` nothing needs NVRTC or a GPU: the compile step is skipped (the interpreter builds
+each config's IR on its first run, so a config the frontend rejects fails at its launch, and is skipped like any
+failing config), and configs are timed on the interpreter, by default with a wall-clock median instead of CUDA
+events. Those times rank configs for the interpreter only, so the key carries "interpreter": such a choice is
+stored apart from, and never stands in for, a choice made on a GPU.
+
+Compiling the configs does not count toward a kernel's "specialized 8 times" warning (``Kernel.tuning``).
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import logging
@@ -283,6 +295,8 @@ class Autotuner:
         device = _device_name(named.values())
         if device:
             parts.append(f"device={device}")
+        if knobs.interpret():
+            parts.append("interpreter")
         return "; ".join(parts)
 
     def prune_configs(self, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Config]:
@@ -316,8 +330,11 @@ class Autotuner:
         if todo:
             logger.info("tuning %s for %s: %d configs to time (%d known)", self.__name__, key, len(todo),
                         len(candidates) - len(todo))
-            with _progress(total=2 * len(todo), desc=f"autotune {self.__name__}") as bar:
-                compiled = self._compile_all(todo, args, kwargs, failures, stats, bar)
+            interpret = knobs.interpret()
+            steps = len(todo) if interpret else 2 * len(todo)
+            with _progress(total=steps, desc=f"autotune {self.__name__}") as bar, _tuning(self.kernel):
+                # The interpreter compiles nothing: each config's IR is built on its first (timed) run.
+                compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar)
                 self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
 
         ranked = [c for c in candidates if c.identity in timings]
@@ -397,6 +414,12 @@ class Autotuner:
         return knobs.cache_dir() / "autotune" / f"{self.__name__}-{self.source_hash()}.json"
 
 
+def _tuning(kernel: Any) -> Any:
+    """``kernel.tuning()`` (compiles inside it do not count as respecializations), for kernels that offer it."""
+    tuning = getattr(kernel, "tuning", None)
+    return tuning() if tuning is not None else contextlib.nullcontext()
+
+
 def _compile_executor(workers: int) -> concurrent.futures.Executor:
     """Where configs compile. Threads suffice because NVRTC releases the GIL while compiling; swap in a
     ProcessPoolExecutor here if a compile step ever holds it."""
@@ -404,9 +427,25 @@ def _compile_executor(workers: int) -> concurrent.futures.Executor:
 
 
 def _default_bench(run: Callable[[], None]) -> float:
+    if knobs.interpret():
+        return _wall_clock_bench(run)
     from tilejit.testing import do_bench
 
     return float(do_bench(run))
+
+
+def _wall_clock_bench(run: Callable[[], None], repeats: int = 3) -> float:
+    """Median wall-clock ms of ``repeats`` runs after one warm-up run (which builds the IR): for the
+    interpreter, where there are no CUDA events to time with."""
+    import time
+
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 class _TuningStore:

@@ -5,8 +5,10 @@ launches on torch's streams, so kernels interleave with torch ops and CUDA graph
 the GPU at import time; ``cuda.bindings.driver`` is imported on first use.
 
 The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters
-live in one preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
-``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. Two ways to make
+live in a preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
+``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. The buffer is per
+thread (created on a thread's first launch): cuLaunchKernel releases the GIL, so with one shared buffer a second
+thread could overwrite the parameters between the first thread's pack and launch. Two ways to make
 that call are kept (see ``LAUNCH_IMPLS``): cuda.bindings' ``cuLaunchKernel``, which accepts the ``void**``
 address as a plain int, and ctypes on ``libcuda.so.1``. ``DEFAULT_LAUNCH_IMPL`` is the one measured faster on an
 H200 (see its comment); the other stays as a fallback for bindings that reject an int address.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -273,27 +276,44 @@ class Launcher:
             fmt.append(code)
             offset += size
         self._struct = struct.Struct("".join(fmt))
-        self._buffer = ctypes.create_string_buffer(max(self._struct.size, 1))
-        base = ctypes.addressof(self._buffer)
-        self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
-        self._params_address = ctypes.addressof(self._pointers)
+        self._offsets = tuple(offsets)
+        self._per_thread = threading.local()
         self._tmap_positions = tuple(i for i, k in enumerate(self.param_kinds) if k == "tmap")
         self.launch = self._build_launch(loaded, impl)
 
+    def _thread_buffer(self) -> tuple[Any, int]:
+        """This thread's (parameter buffer, address of its ``void*[]``), made on the thread's first launch."""
+        per_thread = self._per_thread
+        slot = getattr(per_thread, "slot", None)
+        if slot is None:
+            buffer = ctypes.create_string_buffer(max(self._struct.size, 1))
+            base = ctypes.addressof(buffer)
+            # Kept alive with the thread's slot: the driver reads the array through a bare address.
+            per_thread.pointers = (ctypes.c_void_p * max(len(self._offsets), 1))(*[base + o for o in self._offsets])
+            slot = per_thread.slot = (buffer, ctypes.addressof(per_thread.pointers))
+        return slot
+
+    @property
+    def _pointers(self) -> Any:
+        """The calling thread's ``void*[]`` of parameter addresses (for tests and debugging)."""
+        self._thread_buffer()
+        return self._per_thread.pointers
+
     def _build_launch(self, loaded: LoadedKernel, impl: str) -> Callable[[tuple[int, int, int], int, Sequence[Any]], None]:
-        """The per-call path as one closure over locals (no attribute lookups, no extra frames)."""
-        pack_into, buffer, params = self._struct.pack_into, self._buffer, self._params_address
+        """The per-call path as one closure over locals (no attribute lookups beyond the thread's buffer, no
+        extra frames)."""
+        pack_into, per_thread, thread_buffer = self._struct.pack_into, self._per_thread, self._thread_buffer
         bx, by, bz = self.block
         smem = self.dynamic_smem_bytes
         if impl == "bindings":
             function, cu_launch = loaded.function, _driver().cuLaunchKernel
 
-            def raw(gx: int, gy: int, gz: int, stream: int) -> Any:
+            def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
                 return cu_launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, 0)[0]
         else:
             handle, cu_launch = int(loaded.function), _libcuda_launch()
 
-            def raw(gx: int, gy: int, gz: int, stream: int) -> Any:
+            def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
                 return cu_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
         self._raw_launch = raw
         to_bytes = self._tensor_maps_as_bytes if self._tmap_positions else None
@@ -302,12 +322,16 @@ class Launcher:
             if to_bytes is not None:
                 values = to_bytes(values)
             try:
+                buffer, params = per_thread.slot
+            except AttributeError:
+                buffer, params = thread_buffer()
+            try:
                 pack_into(buffer, 0, *values)
             except struct.error as exc:
                 raise self._bad_values(values, exc) from None
-            err = raw(grid[0], grid[1], grid[2], stream)
+            err = raw(grid[0], grid[1], grid[2], stream, params)
             if err:
-                self._recover(err, grid, stream)
+                self._recover(err, grid, stream, params)
 
         return launch
 
@@ -335,14 +359,14 @@ class Launcher:
                 return LaunchError(f"kernel {self.loaded.name!r} parameter {i} ({kind}): cannot pass {v!r}: {e}")
         return LaunchError(f"kernel {self.loaded.name!r}: cannot pack parameters: {exc}")
 
-    def _recover(self, err: int, grid: tuple[int, int, int], stream: int) -> None:
+    def _recover(self, err: int, grid: tuple[int, int, int], stream: int, params: int) -> None:
         """A failed launch: retry once with the kernel's own context current (the caller's thread may have
         another device's context current), else raise LaunchError naming the error."""
         drv = _driver()
         current = drv.cuCtxGetCurrent()
         if current[0] == drv.CUresult.CUDA_SUCCESS and int(current[1]) != int(self.loaded.context):
             with _ContextPushed(self.loaded.context):
-                err = self._raw_launch(*grid, stream)
+                err = self._raw_launch(*grid, stream, params)
             if not err:
                 return
         raise LaunchError(

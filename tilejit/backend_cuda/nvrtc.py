@@ -12,13 +12,17 @@ not.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from tilejit import knobs
 from tilejit.errors import BackendCompileError, BackendUnavailableError
 
 SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
@@ -99,10 +103,123 @@ def _nvrtc() -> ModuleType:
 
 
 @functools.cache
-def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library that compile_cuda uses."""
+def _library_version() -> tuple[int, int]:
+    """(major, minor) as the loaded library reports it (loads NVRTC)."""
     _, major, minor = _nvrtc().nvrtcVersion()
     return int(major), int(minor)
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library that compile_cuda uses.
+
+    Part of every cache key, so it is needed even when every kernel comes from the disk cache; loading NVRTC
+    just to ask costs ~7 ms, so the answer is kept in ``<cache dir>/nvrtc.json`` and trusted while nothing
+    that decides which library would load has changed (see ``_library_probe``).
+    """
+    recorded = _recorded_version()
+    if recorded is not None:
+        return recorded
+    version = _library_version()
+    _record_version(version)
+    return version
+
+
+# ---- the NVRTC version record ---------------------------------------------------------------------------------
+
+def _record_path():
+    return knobs.cache_dir() / "nvrtc.json"
+
+
+def _library_probe() -> dict:
+    """What decides which libnvrtc the bindings load (cuda-pathfinder searches the NVIDIA wheels in
+    site-packages, then conda, the loader's path and the CUDA toolkit): the bindings' version, the environment
+    variables of that search, and the site-packages directories' mtimes (a ``pip install`` or uninstall adds
+    or removes a dist-info directory there). Cheap: a few ``stat`` calls."""
+    try:
+        import cuda.bindings
+
+        bindings = str(cuda.bindings.__version__)
+    except Exception:  # noqa: BLE001 - older cuda-python: the key just omits it
+        bindings = None
+    sites = []
+    for entry in sys.path:
+        if entry.rstrip("/").endswith(("site-packages", "dist-packages")):
+            try:
+                sites.append([entry, os.stat(entry).st_mtime_ns])
+            except OSError:
+                pass
+    return {"bindings": bindings, "prefix": sys.prefix, "env": knobs.cuda_library_search_env(),
+            "site_packages": sites}
+
+
+def _file_identity(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [path, st.st_mtime_ns, st.st_size]
+
+
+def _loaded_library_path() -> str | None:
+    """Where the libnvrtc this process loaded lives (None if it cannot be told)."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return str(load_nvidia_dynamic_lib("nvrtc").abs_path)  # cached by pathfinder: no second load
+    except Exception:  # noqa: BLE001 - bindings without pathfinder: look at the process's mappings
+        pass
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "libnvrtc.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _recorded_version() -> tuple[int, int] | None:
+    """The version in the record, if the record describes this environment and its library is unchanged."""
+    try:
+        record = json.loads(_record_path().read_text())
+        version, library = record["version"], record["library"]
+        if record["probe"] != _library_probe() or _file_identity(library[0]) != library:
+            return None
+        major, minor = version
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return (major, minor) if isinstance(major, int) and isinstance(minor, int) else None
+
+
+def _record_version(version: tuple[int, int]) -> None:
+    """Remember the version of the loaded library, in the cache directory as it is now (called after every
+    compile, so each cache directory a process compiles into gets a record, and a wrong one is corrected).
+    Nothing is written when the library cannot be identified or the directory is not writable: the next
+    process then loads NVRTC to ask, as before."""
+    path = _loaded_library_path()
+    library = _file_identity(path) if path else None
+    if library is None:
+        return
+    record = {"version": list(version), "library": library, "probe": _library_probe()}
+    target = _record_path()
+    try:
+        if json.loads(target.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass
+    if hasattr(nvrtc_version, "cache_clear"):  # (tests may have replaced it)
+        nvrtc_version.cache_clear()  # in case this process trusted an out-of-date record: the real one from now
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
+        os.replace(tmp, target)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 @functools.cache
@@ -280,11 +397,13 @@ def compile_cuda(
         _, ptx, _ = _run_nvrtc(
             source, name, arch, [f"--gpu-architecture={virtual}", *common], want_cubin=False, want_ptx=True
         )
+    seconds = time.perf_counter() - start
+    _record_version(_library_version())
     return CompileResult(
         cubin=cubin,
         ptx=ptx,
         log=log,
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         arch=arch,
-        nvrtc_version=nvrtc_version(),
+        nvrtc_version=_library_version(),
     )

@@ -40,6 +40,28 @@ def parse_function(fn: Callable) -> ParsedSource:
     return ParsedSource(fn, filename, tree, text, col_offset)
 
 
+def check_signature(parsed: ParsedSource) -> None:
+    """Reject parameter lists the language has no meaning for (``*args``, ``**kwargs``, keyword-only and
+    positional-only parameters) with a located error, before any argument is seen.
+
+    Kept here, away from the AST visitor, so that binding a launch does not import the frontend and the IR: a
+    launch whose kernel is found in the disk cache never needs them. The rest of the construct checks runs
+    with the frontend (``visitor.check_constructs``), before anything is compiled.
+    """
+    from ..errors import UnsupportedSyntaxError
+
+    args = parsed.tree.args
+    found = [(node, f"kernels cannot take {what}") for what, node in (("*args", args.vararg),
+                                                                      ("**kwargs", args.kwarg)) if node]
+    found += [(node, "kernels take plain positional-or-keyword parameters only")
+              for node in args.posonlyargs + args.kwonlyargs]
+    if found:
+        node, message = found[0]
+        lineno, col = node.lineno, node.col_offset + parsed.col_offset
+        raise UnsupportedSyntaxError(message, filename=parsed.filename, lineno=lineno, col=col,
+                                     source_line=parsed.source_line(lineno))
+
+
 def source_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

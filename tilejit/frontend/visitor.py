@@ -893,19 +893,6 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
     return fn
 
 
-def check_signature(parsed: ParsedSource) -> None:
-    """Reject signatures and constructs the language has no meaning for (before any argument is seen)."""
-    args = parsed.tree.args
-    gen = CodeGenerator(parsed, Builder(Block()), {})
-    for what, present in (("*args", args.vararg), ("**kwargs", args.kwarg)):
-        if present is not None:
-            raise gen.error(present, f"kernels cannot take {what}", cls=UnsupportedSyntaxError)
-    if args.kwonlyargs or args.posonlyargs:
-        node = (args.kwonlyargs or args.posonlyargs)[0]
-        raise gen.error(node, "kernels take plain positional-or-keyword parameters only", cls=UnsupportedSyntaxError)
-    check_constructs(parsed)
-
-
 _UNSUPPORTED_NODES = tuple(getattr(ast, name) for name in (
     "Try", "TryStar", "With", "AsyncWith", "AsyncFor", "AsyncFunctionDef", "Lambda", "ClassDef", "Global",
     "Nonlocal", "Yield", "YieldFrom", "Await", "ListComp", "DictComp", "SetComp", "GeneratorExp", "Delete",

@@ -6,6 +6,9 @@ Layout under the cache root (``knobs.cache_dir()``)::
     <root>/<key[:2]>/<key>.lock        held by the one process compiling <key>
     <root>/<key[:2]>/<key>.tmp-*/      an entry being written (or left behind by a killed process)
     <root>/autotune/<name>.json        best configs written by the autotuner
+    <root>/extents/<source hash>.json  which tensor extents a kernel source needs at compile time (a hint that
+                                       lets a fresh process compute the key of a disk hit without the frontend)
+    <root>/nvrtc.json                  the NVRTC version last loaded, and what identifies its library (nvrtc.py)
 
 Why it is built this way:
 
@@ -123,6 +126,46 @@ class KernelCache:
     @property
     def autotune_dir(self) -> Path:
         return self.root / "autotune"
+
+    @property
+    def extents_dir(self) -> Path:
+        return self.root / "extents"
+
+    # ---- compile-time extents, per kernel source -----------------------------------------------------------
+
+    def read_extents(self, source_hash: str) -> dict[str, list[int]]:
+        """``{parameter: [dims]}`` recorded for a kernel source by ``write_extents``; ``{}`` when none (or
+        unreadable: the record is only a hint)."""
+        _check_key(source_hash)
+        try:
+            data = json.loads((self.extents_dir / f"{source_hash}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        extents = data.get("extents") if isinstance(data, dict) else None
+        if not isinstance(extents, dict):
+            return {}
+        return {name: [d for d in dims if isinstance(d, int)] for name, dims in extents.items()
+                if isinstance(name, str) and isinstance(dims, list)}
+
+    def write_extents(self, source_hash: str, kernel_name: str, extents: dict[str, set[int]]) -> None:
+        """Record (merged with what is recorded already) which extents of which tensor parameters a kernel
+        source needs at compile time. Written atomically; not writing it only costs later processes a
+        frontend run, so failures are ignored."""
+        _check_key(source_hash)
+        if not self._writable:
+            return
+        merged = {name: set(dims) for name, dims in self.read_extents(source_hash).items()}
+        for name, dims in extents.items():
+            merged.setdefault(name, set()).update(dims)
+        record = {"kernel": kernel_name, "extents": {name: sorted(dims) for name, dims in sorted(merged.items())}}
+        path = self.extents_dir / f"{source_hash}.json"
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}")
+        try:
+            _make_private_dirs(self.root, self.extents_dir)
+            tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+        except OSError:
+            _remove(tmp)
 
     # ---- reading -----------------------------------------------------------------------------------------
 
@@ -349,6 +392,9 @@ class KernelCache:
         if self.autotune_dir.is_dir():
             for path in self.autotune_dir.glob("*.json"):
                 removed += _remove(path)
+        if self.extents_dir.is_dir():  # hints, not entries: removed but not counted
+            for path in self.extents_dir.iterdir():
+                _remove(path)
         return removed
 
     def prune(self, older_than_seconds: float) -> int:
@@ -366,6 +412,10 @@ class KernelCache:
         for record in self.autotune_records():
             if (as_timestamp(record.get("created")) or _mtime(Path(record["path"]))) < cutoff:
                 removed += _remove(Path(record["path"]))
+        if self.extents_dir.is_dir():
+            for path in self.extents_dir.iterdir():
+                if _mtime(path) < cutoff:
+                    _remove(path)
         return removed
 
     def _shards(self) -> list[Path]:

@@ -6,17 +6,21 @@ the interpreter (``TILEJIT_INTERPRET=1``) or compiled on the GPU.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import inspect
 import json
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import dtypes as D
 from .. import knobs
 from .. import language as lang
-from ..frontend.source import JITFunction, ParsedSource, parse_function, referenced_globals, referenced_helpers
+from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
+                               referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
 
 __version__ = "0.1.0"
@@ -26,6 +30,26 @@ LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 3}
 # whose extents are compile-time constants (its shape is then part of the call signature).
 _CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
 _VALID_WARPS = (1, 2, 4, 8, 16)
+_PLAIN_PARAMETER = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """sha256 of tilejit's own source files, read once per process (at the first compile, not at import).
+
+    Part of every kernel's source hash, so editing the compiler (not only bumping ``__version__``) makes old
+    cache entries and autotune records unreachable instead of silently reusing code an older compiler made.
+    """
+    return package_digest(Path(__file__).resolve().parents[1])
+
+
+def package_digest(root: Path) -> str:
+    """sha256 over every ``*.py`` under ``root``: relative path and contents, in sorted path order."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,9 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
         raise ValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
     unit = tuple(d for d in range(t.dim()) if t.stride(d) == 1)
     aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
-    return TensorSpec(dtype, t.dim(), unit, aligned, tuple((d, int(t.shape[d])) for d in sorted(shape_dims)))
+    # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
+    extents = tuple((d, int(t.shape[d])) for d in sorted(shape_dims) if d < t.dim())
+    return TensorSpec(dtype, t.dim(), unit, aligned, shape_constants=extents)
 
 
 def _scalar_spec(name: str, v: Any) -> ScalarSpec:
@@ -95,8 +121,11 @@ class Kernel:
             if name in LAUNCH_OPTIONS:
                 raise TypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
         self._parsed: ParsedSource | None = None
+        self._constructs_checked = False
         self._source_hash: str | None = None
         self._shape_dims: dict[str, set[int]] = {}   # tensor extents the kernel needs at compile time
+        self._stored_shape_dims: dict[str, set[int]] | None = None  # as last read from / written to the cache
+        self._plain_signature = all(p.kind is _PLAIN_PARAMETER for p in self.signature.parameters.values())
         self._ir_cache: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
@@ -108,22 +137,24 @@ class Kernel:
         self._defaults = {**LAUNCH_OPTIONS, **{n: p.default for n, p in self.signature.parameters.items()
                                                if p.default is not inspect.Parameter.empty}}
         self._specializations: dict[str, Any] = {}   # for the specialization-count warning
+        self._quiet = 0                              # > 0 while an autotuner compiles its own configs
 
     # -- source --------------------------------------------------------------------------------
     @property
     def parsed(self) -> ParsedSource:
+        """The kernel's source and AST, its parameter list checked (a located error for ``*args`` ...)."""
         if self._parsed is None:
-            from ..frontend.visitor import check_signature
-
             parsed = parse_function(self.fn)
             check_signature(parsed)
             self._parsed = parsed
         return self._parsed
 
     def source_hash(self) -> str:
-        """sha256 of the kernel's source, every helper it calls, and the tilejit version."""
+        """sha256 of the kernel's source, every helper it calls, the tilejit version and the compiler's own
+        source (``compiler_fingerprint``)."""
         if self._source_hash is None:
             h = hashlib.sha256(__version__.encode())
+            h.update(compiler_fingerprint().encode())
             h.update(self.parsed.text.encode())
             for helper in sorted(referenced_helpers(self.fn), key=lambda f: f.__name__):
                 h.update(helper.__name__.encode())
@@ -150,7 +181,8 @@ class Kernel:
         return f"{self.__name__}{self.signature}"
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundCall:
-        self.parsed  # signature errors (*args, **kwargs ...) are located errors, before binding
+        if not self._plain_signature:
+            self.parsed  # raises the located error for *args, **kwargs ..., before binding
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in LAUNCH_OPTIONS}
         try:
             bound = self.signature.bind(*args, **kwargs)
@@ -195,9 +227,12 @@ class Kernel:
     # -- IR ----------------------------------------------------------------------------------
     def build_ir(self, call: BoundCall):
         """The frontend IR of this call's specialization (cached); adds compile-time extents on demand."""
-        from ..frontend.visitor import build_function
+        from ..frontend.visitor import build_function, check_constructs
         from ..ir import verify
 
+        if not self._constructs_checked:
+            check_constructs(self.parsed)
+            self._constructs_checked = True
         while True:
             key = self._key(call, "ir")
             with self._lock:
@@ -207,13 +242,10 @@ class Kernel:
             try:
                 fn = build_function(self.parsed, call.specs, referenced_globals(self.fn))
             except NeedsShape as need:
-                self._roles[self.arg_names.index(need.param)] = _SHAPED
-                dims = self._shape_dims.setdefault(need.param, set())
-                if need.dim in dims:
+                if need.dim in self._shape_dims.get(need.param, ()):
                     raise
-                dims.add(need.dim)
-                t = call.values[need.param]
-                call.specs[need.param] = _tensor_spec(need.param, t, dims)
+                self._need_extent(need.param, need.dim)
+                self.respecialize_extents(call)
                 continue
             from ..passes.cleanup import cleanup
 
@@ -222,6 +254,33 @@ class Kernel:
             with self._lock:
                 self._ir_cache[key] = fn
             return fn
+
+    def _need_extent(self, param: str, dim: int) -> None:
+        """From now on, extent ``dim`` of tensor ``param`` is a compile-time constant (part of the key)."""
+        self._roles[self.arg_names.index(param)] = _SHAPED
+        self._shape_dims.setdefault(param, set()).add(dim)
+
+    def respecialize_extents(self, call: BoundCall) -> None:
+        """Bring the tensor specs of ``call`` up to date with the extents known to be compile-time constants."""
+        for name, dims in list(self._shape_dims.items()):  # another thread may be adding one
+            dims = set(dims)
+            spec = call.specs.get(name)
+            if isinstance(spec, TensorSpec) and {d for d, _ in spec.shape_constants} != dims:
+                call.specs[name] = _tensor_spec(name, call.values[name], dims)
+
+    def use_stored_extents(self, stored: dict[str, list[int]]) -> None:
+        """Adopt the compile-time extents an earlier process recorded for this source (the cache's
+        ``read_extents``), so a disk hit needs no frontend run to learn them. Only a hint: a key that includes
+        the extents can only match an entry compiled with them, so an out-of-date record costs a miss, never a
+        wrong kernel."""
+        adopted: dict[str, set[int]] = {}
+        for param, dims in stored.items():
+            if param in self.arg_names and param not in self.constexpr_names:
+                for dim in dims:
+                    if isinstance(dim, int) and dim >= 0:
+                        self._need_extent(param, dim)
+                        adopted.setdefault(param, set()).add(dim)
+        self._stored_shape_dims = adopted
 
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The printed IR of the specialization these arguments select (tensors may be on ``meta``)."""
@@ -348,22 +407,41 @@ class Kernel:
 
         return compile_call(self, self.bind(args, dict(kwargs)), arch)
 
+    @contextlib.contextmanager
+    def tuning(self):
+        """Within this block, new specializations do not count toward the respecialization warning: an
+        autotuner compiling its own configs is not the user's kernel being respecialized by accident."""
+        with self._lock:
+            self._quiet += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._quiet -= 1
+
     def _note_specialization(self, call: BoundCall) -> None:
-        """Warn once when a kernel keeps being respecialized, naming the argument that varies."""
+        """Warn once when a kernel keeps being respecialized, naming the arguments or launch options that vary."""
         import logging
 
-        self._specializations[self._key(call, "ir")] = call.specs
+        if self._quiet:
+            return
+        described = {**{name: repr(spec) for name, spec in call.specs.items()},
+                     "num_warps": call.options.num_warps, "num_stages": call.options.num_stages}
+        self._specializations[self._key(call, "ir")] = described
         if len(self._specializations) != 8:
             return
         seen: dict[str, set] = {}
-        for specs in self._specializations.values():
-            for name, spec in specs.items():
-                seen.setdefault(name, set()).add(repr(spec))
-        varying = [n for n, s in seen.items() if len(s) > 1] or ["launch options"]
+        for values in self._specializations.values():
+            for name, value in values.items():
+                seen.setdefault(name, set()).add(value)
+        varying = [n for n, s in seen.items() if len(s) > 1] or ["the compile-time globals it reads"]
+        if set(varying) <= set(LAUNCH_OPTIONS):
+            hint = "keep to a few values, or let @tilejit.autotune choose them"
+        else:
+            hint = "pass values that vary as plain ints instead of T.constexpr, or round them"
         logging.getLogger("tilejit").warning(
-            "kernel %s has been specialized 8 times; %s keep%s changing (each value compiles a new kernel; "
-            "pass values that vary as plain ints instead of T.constexpr, or round them)",
-            self.__name__, ", ".join(varying), "s" if len(varying) == 1 else "")
+            "kernel %s has been specialized 8 times; %s keep%s changing (each value compiles a new kernel; %s)",
+            self.__name__, ", ".join(varying), "s" if len(varying) == 1 else "", hint)
 
     def __repr__(self) -> str:
         return f"<tilejit.kernel {self.__name__}>"

@@ -8,7 +8,6 @@ import threading
 from typing import Any
 
 from .. import knobs
-from ..backend_cuda.registry import Target
 from .cache import CacheEntry, KernelCache
 
 _cache_lock = threading.Lock()
@@ -128,19 +127,39 @@ def resolve_arch(arch: str | None, device_index: int | None = None) -> str:
 
 
 def compile_call(kernel, call, arch: str | None, device_index: int | None = None) -> CompiledKernel:
-    """Compile (or fetch from memory/disk) the specialization ``call`` selects, for ``arch``."""
+    """Compile (or fetch from memory/disk) the specialization ``call`` selects, for ``arch``.
+
+    The frontend runs only when the entry is not in the cache: which tensor extents are compile-time
+    constants (part of the key) is recorded per kernel source in the cache, so a fresh process computes the
+    key of a disk hit from the arguments alone. On a miss the frontend runs before any cache lock is taken
+    (user errors surface first, and any extents it discovers go into the key).
+    """
     from ..backend_cuda.nvrtc import nvrtc_version
 
     arch = resolve_arch(arch, device_index)
     major, minor = nvrtc_version()
-    kernel.build_ir(call)  # frontend errors (and the extents it needs) before any cache lock is taken
-    key = kernel._key(call, f"cuda:{arch}:nvrtc{major}.{minor}")
+    target = f"cuda:{arch}:nvrtc{major}.{minor}"
+    cache = default_cache()
+    if kernel._stored_shape_dims is None:
+        kernel.use_stored_extents(cache.read_extents(kernel.source_hash()))
+    kernel.respecialize_extents(call)
+    key = kernel._key(call, target)
     compiled = kernel._compiled.get(key)
     if compiled is not None:
         return compiled
+    if knobs.always_compile() or cache.load(key) is None:
+        kernel.build_ir(call)
+        key = kernel._key(call, target)
+        compiled = kernel._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        if kernel._shape_dims != kernel._stored_shape_dims:
+            cache.write_extents(kernel.source_hash(), kernel.__name__, kernel._shape_dims)
+            kernel._stored_shape_dims = {p: set(d) for p, d in kernel._shape_dims.items()}
 
     def build() -> tuple[dict, dict]:
         from ..backend_cuda.compiler import compile_function
+        from ..backend_cuda.registry import Target
         from ..frontend.source import referenced_globals
         from ..frontend.visitor import build_function
         from ..passes.cleanup import cleanup
@@ -163,7 +182,7 @@ def compile_call(kernel, call, arch: str | None, device_index: int | None = None
         }
         return files, meta
 
-    entry, built = default_cache().get_or_compile(key, build)
+    entry, built = cache.get_or_compile(key, build)
     compiled = CompiledKernel(entry, from_disk=not built)
     kernel._compiled[key] = compiled
     kernel._note_specialization(call)
