@@ -89,7 +89,10 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
     aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
     # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
     extents = tuple((d, int(t.shape[d])) for d in sorted(shape_dims) if d < t.dim())
-    return TensorSpec(dtype, t.dim(), unit, aligned, shape_constants=extents)
+    # TMA's rule for the tensor maps of bulk copies: strides other than the unit one are positive
+    # multiples of 16 bytes.
+    strides16 = all(st == 1 or (st > 0 and st * t.element_size() % 16 == 0) for st in t.stride())
+    return TensorSpec(dtype, t.dim(), unit, aligned, strides16=strides16, shape_constants=extents)
 
 
 def _scalar_spec(name: str, v: Any) -> ScalarSpec:
@@ -467,7 +470,7 @@ def _raw_stream(device: int) -> int:
 def _spec_json(spec: ArgSpec) -> Any:
     if isinstance(spec, TensorSpec):
         return ["tensor", spec.dtype.name, spec.rank, list(spec.unit_stride_dims), spec.aligned16,
-                [list(p) for p in spec.shape_constants]]
+                spec.strides16, [list(p) for p in spec.shape_constants]]
     if isinstance(spec, ScalarSpec):
         return ["scalar", spec.dtype.name, spec.equals_one, spec.divisible16]
     value = spec.value

@@ -97,11 +97,39 @@ class CompiledKernel:
                 if launcher is None:
                     loaded = load_cubin(self.entry.binary, self.name, device_index, self.shared_bytes)
                     launcher = make_launcher(loaded, self.param_kinds, (self.threads, 1, 1), self.shared_bytes)
+                    maps = self.meta.get("tensor_maps") or []
+                    if maps:
+                        launcher = _with_tensor_maps(launcher, maps, self.meta["value_layout"])
                     self._launchers[device_index] = launcher
         return launcher
 
     def __repr__(self) -> str:
         return f"<CompiledKernel {self.meta.get('kernel')} {self.arch} key={self.key[:12]}>"
+
+
+def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]):
+    """A launcher that appends the kernel's CUtensorMaps (encoded, or found in the cache) to the values."""
+    from .tma import TensorMapPacker
+
+    packer = TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in layout.items()})
+
+    def launch(grid, stream, values):
+        launcher(grid, stream, packer(values))
+
+    return launch
+
+
+def value_layout(call) -> dict[str, list[int]]:
+    """Where each tensor argument's pointer, sizes and strides sit in the packed values: [start, rank]."""
+    layout, at = {}, 0
+    for name, spec in call.specs.items():
+        kind = type(spec).__name__
+        if kind == "TensorSpec":
+            layout[name] = [at, spec.rank]
+            at += 1 + 2 * spec.rank
+        elif kind == "ScalarSpec":
+            at += 1
+    return layout
 
 
 def _versions() -> dict[str, str]:
@@ -179,6 +207,7 @@ def compile_call(kernel, call, arch: str | None, device_index: int | None = None
             "registers": art.registers, "spills": art.spill_bytes,
             "compile_seconds": round(art.compile_seconds, 4), "versions": _versions(),
             "binary": "kernel.cubin", "num_warps": call.options.num_warps, "num_stages": call.options.num_stages,
+            "tensor_maps": art.tensor_maps, "value_layout": value_layout(call),
         }
         return files, meta
 
