@@ -54,6 +54,8 @@ def _for(em: Emitter, op: Op) -> None:
 
     tma = [o for o in piped if o.attrs.copy == "tma_bulk_tensor"]
     per_thread = [o for o in piped if o not in tma]
+    # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
+    outer_hook, em.overlap_hook = em.overlap_hook, None
     em.open("")
     if tma:
         em.require_support("tma", lower_tma.SUPPORT)
@@ -136,6 +138,7 @@ def _for(em: Emitter, op: Op) -> None:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")
     em.close()
+    em.overlap_hook = outer_hook
 
 
 def _assign_yields(em: Emitter, carried: list[Value], yielded: list[Value]) -> None:

@@ -88,8 +88,10 @@ class _Inference:
             body = op.regions[0]
             term = body.terminator
             for init, arg, res, y in zip(op.operands[3:], body.args[1:], op.results, term.operands):
-                choice = self.get(y) if self.get(y) is not None and _is_flexible(init, self) else self.get(init)
-                choice = choice or self.get(y) or self.get(arg)
+                # The carried value takes the stronger of what enters and what comes back (an accumulator
+                # initialised from a load keeps the gemm's layout; the init converts once, before the loop).
+                known = [l for l in (self.get(init), self.get(y)) if l is not None]
+                choice = max(known, key=_rank) if known else self.get(arg)
                 if choice is not None:
                     changed |= self.set(arg, choice) | self.set(res, choice)
         elif op.kind is OpKind.IF:
