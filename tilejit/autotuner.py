@@ -212,6 +212,9 @@ class Autotuner:
         self.best_config: Config | None = None
         self.stats = AutotuneStats()
         self._chosen: dict[str, Config] = {}
+        # Launch fast path: a cheap tuple of what the key string depends on -> chosen config.
+        self._fast_choice: dict[tuple, Config] = {}
+        self._tuned_names = {n for c in self.configs for n in c.kwargs} | set(_LAUNCH_OPTIONS)
         self._lock = threading.Lock()
 
     # -- the kernel interface, passed through so decorators compose --------------------------------------------
@@ -236,11 +239,38 @@ class Autotuner:
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            self._run(grid, args, kwargs)
+            fast = self._fast_key(args, kwargs)
+            config = self._fast_choice.get(fast) if fast is not None else None
+            if config is None:
+                self._run(grid, args, kwargs, fast)
+                return
+            self.best_config = config
+            if config.pre_hook is None and not callable(grid):
+                self.kernel[grid](*args, **kwargs, **config.all_kwargs())
+            else:
+                self._launch(config, grid, args, kwargs, self._named_args(args, kwargs))
 
         return launch
 
-    def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
+        """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
+        None when a tuned parameter is passed (the slow path raises about it)."""
+        if any(name in self._tuned_names for name in kwargs) or not knobs.autotune_enabled():
+            return None
+        key: list[Any] = []
+        for value in (*args, *kwargs.values()):
+            if _is_tensor(value):
+                key += (value.dtype, value.shape, value.get_device())
+            elif isinstance(value, (int, float, bool, str)) or value is None:
+                key.append(value)
+            else:
+                return None
+        if kwargs:
+            key.append(tuple(kwargs))
+        key.append(knobs.interpret())  # an interpreter choice never stands in for a GPU one
+        return tuple(key)
+
+    def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> None:
         tuned = [name for name in kwargs if name in _LAUNCH_OPTIONS or any(name in c.kwargs for c in self.configs)]
         if tuned:
             raise TypeError(
@@ -251,6 +281,8 @@ class Autotuner:
         config = self._choose(grid, args, kwargs, named)
         self.best_config = config
         self._launch(config, grid, args, kwargs, named)
+        if fast is not None:
+            self._fast_choice[fast] = config
 
     def _named_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
