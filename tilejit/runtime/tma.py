@@ -7,6 +7,7 @@ number wrapped in cuuint32_t / cuuint64_t, 128-byte swizzle, out-of-bounds parts
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections import OrderedDict
 from typing import Any, Sequence
@@ -50,6 +51,8 @@ def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: i
     if err != driver.CUresult.CUDA_SUCCESS:
         raise LaunchError(f"cuTensorMapEncodeTiled failed ({err.name}) for a tensor of sizes {list(sizes)}, "
                           f"strides {list(strides)} and box {list(box)}")
+    # Kept as the 128 bytes the kernel parameter is, so a cached launch copies bytes and converts nothing.
+    tensor_map = ctypes.string_at(tensor_map.getPtr(), 128)
     _cache[key] = tensor_map
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
