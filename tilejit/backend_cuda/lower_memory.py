@@ -86,42 +86,8 @@ def _load(em: Emitter, op: Op) -> None:
     layout: RegisterLayout = out.type.layout
     name = em.declare_tile(out)
     win = Window(em, op, _start_names(em, op, 1))
-    vec = layout.vec if win.unit_last else 1
-    zero = f"{c_type(out.dtype)}{{}}"
     em.comment(op, f"load {win.t} window into registers")
-    em.open("")
-    em.line(f"const {c_type(out.dtype)}* tj_p = {win.base_expr()};")
-    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
-    if vec > 1:
-        em.line(f"const bool tj_vec_ok = {win.vector_ok(vec)};")
-    em.line("#pragma unroll")
-    em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
-    em.line(f"const int i = tj_g * {vec};")
-    coords = em.coords(layout, "i")
-    valid = em.valid(layout, "i")
-    lead = [win.in_bounds(k, c) for k, c in enumerate(coords[:-1])]
-    rows_ok = " && ".join(["tj_dropped_ok"] + lead + ([valid] if valid else []))
-    em.line(f"const bool tj_rows_ok = {rows_ok};")
-    last = coords[-1]
-    if vec > 1:
-        nbytes = vec * out.dtype.itemsize
-        full = f"tj_vec_ok && tj_rows_ok && {win.in_bounds(len(coords) - 1, last)} && " \
-               f"{win.in_bounds(len(coords) - 1, last, vec - 1)}"
-        em.open(f"if ({full})")
-        em.line(f"*reinterpret_cast<{_VEC_TYPES[nbytes]}*>(&{name}[i]) = "
-                f"*reinterpret_cast<const {_VEC_TYPES[nbytes]}*>(tj_p + {win.offset(coords)});")
-        em.close("} else {")
-        em.depth += 1
-    em.line("#pragma unroll")
-    em.open(f"for (int tj_v = 0; tj_v < {vec}; ++tj_v)")
-    elem = coords[:-1] + [f"({last} + tj_v)"]
-    em.line(f"const bool tj_ok = tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])};")
-    em.line(f"{name}[i + tj_v] = tj_ok ? tj_p[{win.offset(elem)}] : {zero};")
-    em.close()
-    if vec > 1:
-        em.close()
-    em.close()
-    em.close()
+    _move_window(em, win, layout, name, layout.vec if win.unit_last else 1, load=True)
 
 
 @emits(OpKind.STORE)
@@ -129,13 +95,21 @@ def _store(em: Emitter, op: Op) -> None:
     value = op.operands[1]
     layout: RegisterLayout = value.type.layout
     win = Window(em, op, _start_names(em, op, 2))
-    src = em.name(value)
     vec = layout.vec if win.unit_last else 1
     while vec > 1 and (vec * win.esize > 16 or layout.regs % vec):
         vec //= 2
     em.comment(op, f"store into {win.t} window")
+    _move_window(em, win, layout, em.name(value), vec, load=False)
+
+
+def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool) -> None:
+    """Registers ``regs`` (in ``layout``) from or to a global window: ``vec``-element vector accesses for a
+    group that is aligned (a uniform run-time check) and wholly in bounds, predicated element accesses
+    otherwise (out-of-bounds loads read 0, out-of-bounds stores are dropped)."""
+    ctype = c_type(win.tensor.dtype)
+    const = "const " if load else ""
     em.open("")
-    em.line(f"{c_type(win.tensor.dtype)}* tj_p = {win.base_expr()};")
+    em.line(f"{const}{ctype}* tj_p = {win.base_expr()};")
     em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
     if vec > 1:
         em.line(f"const bool tj_vec_ok = {win.vector_ok(vec)};")
@@ -148,18 +122,23 @@ def _store(em: Emitter, op: Op) -> None:
     em.line(f"const bool tj_rows_ok = {' && '.join(['tj_dropped_ok'] + lead + ([valid] if valid else []))};")
     last = coords[-1]
     if vec > 1:
-        nbytes = vec * win.esize
+        vt = _VEC_TYPES[vec * win.esize]
         full = f"tj_vec_ok && tj_rows_ok && {win.in_bounds(len(coords) - 1, last)} && " \
                f"{win.in_bounds(len(coords) - 1, last, vec - 1)}"
+        memory = f"*reinterpret_cast<{const}{vt}*>(tj_p + {win.offset(coords)})"
+        register = f"*reinterpret_cast<{'' if load else 'const '}{vt}*>(&{regs}[i])"
         em.open(f"if ({full})")
-        em.line(f"*reinterpret_cast<{_VEC_TYPES[nbytes]}*>(tj_p + {win.offset(coords)}) = "
-                f"*reinterpret_cast<const {_VEC_TYPES[nbytes]}*>(&{src}[i]);")
+        em.line(f"{register} = {memory};" if load else f"{memory} = {register};")
         em.close("} else {")
         em.depth += 1
     em.line("#pragma unroll")
     em.open(f"for (int tj_v = 0; tj_v < {vec}; ++tj_v)")
     elem = coords[:-1] + [f"({last} + tj_v)"]
-    em.line(f"if (tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])}) tj_p[{win.offset(elem)}] = {src}[i + tj_v];")
+    ok = f"tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])}"
+    if load:
+        em.line(f"{regs}[i + tj_v] = ({ok}) ? tj_p[{win.offset(elem)}] : {ctype}{{}};")
+    else:
+        em.line(f"if ({ok}) tj_p[{win.offset(elem)}] = {regs}[i + tj_v];")
     em.close()
     if vec > 1:
         em.close()

@@ -215,45 +215,56 @@ class WgmmaLayout(RegisterLayout):
         return f"#wgmma<warpgroups={self.groups}>"
 
 
+class _ViewLayout(RegisterLayout):
+    """A layout that indexes the registers of another one (``base``) and only relabels coordinates:
+    the same register count and validity, and the same root."""
+
+    base: RegisterLayout
+
+    @property
+    def regs(self):  # type: ignore[override]
+        return self.base.regs
+
+    def valid(self, tid, i):
+        return self.base.valid(tid, i)
+
+    @property
+    def root(self):
+        return self.base.root
+
+
 @dataclass(frozen=True)
-class SliceLayout(RegisterLayout):
-    """``parent`` with dim ``axis`` removed: register i holds the element at parent's coords minus axis.
+class SliceLayout(_ViewLayout):
+    """``base`` with dim ``axis`` removed: register i holds the element at base's coords minus axis.
 
     This is what a reduction along ``axis`` produces; several registers (and threads) then hold the same
     element, which makes broadcasting back over ``axis`` free.
     """
-    parent: RegisterLayout
+    base: RegisterLayout
     axis: int
 
     @property
-    def shape(self):  # type: ignore[override]
-        return self.parent.shape[:self.axis] + self.parent.shape[self.axis + 1:]
+    def parent(self) -> RegisterLayout:
+        return self.base
 
     @property
-    def regs(self):  # type: ignore[override]
-        return self.parent.regs
+    def shape(self):  # type: ignore[override]
+        return self.base.shape[:self.axis] + self.base.shape[self.axis + 1:]
 
     @property
     def vec(self):  # type: ignore[override]
-        return self.parent.vec if self.axis != len(self.parent.shape) - 1 else 1
+        return self.base.vec if self.axis != len(self.base.shape) - 1 else 1
 
     def coords(self, tid, i):
-        c = self.parent.coords(tid, i)
+        c = self.base.coords(tid, i)
         return c[:self.axis] + c[self.axis + 1:]
 
-    def valid(self, tid, i):
-        return self.parent.valid(tid, i)
-
-    @property
-    def root(self):
-        return self.parent.root
-
     def __str__(self) -> str:
-        return f"#slice<{self.parent}, axis={self.axis}>"
+        return f"#slice<{self.base}, axis={self.axis}>"
 
 
 @dataclass(frozen=True)
-class ExpandLayout(RegisterLayout):
+class ExpandLayout(_ViewLayout):
     """A size-1 dim inserted at ``axis`` (``x[:, None]``); broadcasting it to ``parent`` costs nothing
     when ``base`` is a :class:`SliceLayout` of the target layout along the same axis."""
     base: RegisterLayout
@@ -265,10 +276,6 @@ class ExpandLayout(RegisterLayout):
         return s[:self.axis] + (1,) + s[self.axis:]
 
     @property
-    def regs(self):  # type: ignore[override]
-        return self.base.regs
-
-    @property
     def vec(self):  # type: ignore[override]
         return self.base.vec if self.axis != len(self.base.shape) else 1
 
@@ -276,19 +283,12 @@ class ExpandLayout(RegisterLayout):
         c = self.base.coords(tid, i)
         return c[:self.axis] + [0] + c[self.axis:]
 
-    def valid(self, tid, i):
-        return self.base.valid(tid, i)
-
-    @property
-    def root(self):
-        return self.base.root
-
     def __str__(self) -> str:
         return f"#expand<{self.base}, axis={self.axis}>"
 
 
 @dataclass(frozen=True)
-class PermutedLayout(RegisterLayout):
+class PermutedLayout(_ViewLayout):
     """``base`` with its dims permuted (a register-level transpose, free)."""
     base: RegisterLayout
     perm: tuple[int, ...]
@@ -298,23 +298,12 @@ class PermutedLayout(RegisterLayout):
         return tuple(self.base.shape[p] for p in self.perm)
 
     @property
-    def regs(self):  # type: ignore[override]
-        return self.base.regs
-
-    @property
     def vec(self):  # type: ignore[override]
         return self.base.vec if self.perm[-1] == len(self.perm) - 1 else 1
 
     def coords(self, tid, i):
         c = self.base.coords(tid, i)
         return [c[p] for p in self.perm]
-
-    def valid(self, tid, i):
-        return self.base.valid(tid, i)
-
-    @property
-    def root(self):
-        return self.base.root
 
     def __str__(self) -> str:
         return f"#perm<{self.base}, {list(self.perm)}>"
@@ -323,7 +312,7 @@ class PermutedLayout(RegisterLayout):
 def broadcast_view(src: RegisterLayout, target: RegisterLayout) -> bool:
     """True when a tile in ``src`` (size-1 dims) can be read as ``target`` with no data movement."""
     return (isinstance(src, ExpandLayout) and isinstance(src.base, SliceLayout)
-            and src.base.parent == target and src.base.axis == src.axis)
+            and src.base.base == target and src.base.axis == src.axis)
 
 
 @dataclass(frozen=True)
