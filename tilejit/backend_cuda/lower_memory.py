@@ -31,6 +31,7 @@ class Window:
         self.dropped = op.attrs.dropped
         self.tile_dims = [d for d in range(self.rank) if d not in self.dropped]
         self.starts = starts
+        self.shape = op.attrs.shape
         spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
         self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
             and self.tile_dims[-1] == self.rank - 1
@@ -55,7 +56,21 @@ class Window:
         return f"(uint64_t)((int64_t)({self.starts[d]}) + {coord}{f' + {extra}' if extra else ''}) < (uint64_t){self.size(d)}"
 
     def offset(self, coords: list[str]) -> str:
-        return " + ".join(f"(int64_t)({c}) * {self.stride(d)}" for c, d in zip(coords, self.tile_dims)) or "0"
+        """Element offset of tile coordinates from the window's base (a unit last stride is not multiplied)."""
+        terms = [f"(int64_t)({c})" if d == self.rank - 1 and self.unit_last else f"(int64_t)({c}) * {self.stride(d)}"
+                 for c, d in zip(coords, self.tile_dims)]
+        return " + ".join(terms) or "0"
+
+    def window_inside(self) -> str:
+        """The whole window lies inside the tensor (every tile dim; dropped dims are checked apart)."""
+        conds = []
+        for k, d in enumerate(self.tile_dims):
+            length = self.length(k)
+            conds.append(f"(int64_t)({self.starts[d]}) >= 0 && (int64_t)({self.starts[d]}) + {length} <= {self.size(d)}")
+        return " && ".join(conds) or "true"
+
+    def length(self, k: int) -> int:
+        return self.shape[self.tile_dims[k]]
 
     def vector_ok(self, vec: int) -> str:
         """Uniform run-time condition for ``vec``-element accesses along the last dim."""
@@ -103,46 +118,51 @@ def _store(em: Emitter, op: Op) -> None:
 
 
 def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool) -> None:
-    """Registers ``regs`` (in ``layout``) from or to a global window: ``vec``-element vector accesses for a
-    group that is aligned (a uniform run-time check) and wholly in bounds, predicated element accesses
-    otherwise (out-of-bounds loads read 0, out-of-bounds stores are dropped)."""
+    """Registers ``regs`` (in ``layout``) from or to a global window.
+
+    A window wholly inside the tensor and aligned for ``vec``-element accesses (a uniform run-time check:
+    the common, interior case) moves with vector accesses and no per-element tests; any other window moves
+    element by element, predicated (out-of-bounds loads read 0, out-of-bounds stores are dropped). Two
+    straight-line variants instead of a test per group keep both the kernel and its compile time small.
+    """
     ctype = c_type(win.tensor.dtype)
     const = "const " if load else ""
     em.open("")
     em.line(f"{const}{ctype}* tj_p = {win.base_expr()};")
     em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
-    if vec > 1:
-        em.line(f"const bool tj_vec_ok = {win.vector_ok(vec)};")
+    interior = [f"{win.window_inside()}", "tj_dropped_ok"] + ([win.vector_ok(vec)] if vec > 1 else [])
+    em.open(f"if ({' && '.join(interior)})")
+    _window_loop(em, win, layout, regs, vec, load, predicated=False)
+    em.close("} else {")
+    em.depth += 1
+    _window_loop(em, win, layout, regs, 1, load, predicated=True)
+    em.close()
+    em.close()
+
+
+def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool,
+                 predicated: bool) -> None:
+    ctype = c_type(win.tensor.dtype)
+    const = "const " if load else ""
     em.line("#pragma unroll")
     em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
     em.line(f"const int i = tj_g * {vec};")
     coords = em.coords(layout, "i")
-    valid = em.valid(layout, "i")
-    lead = [win.in_bounds(k, c) for k, c in enumerate(coords[:-1])]
-    em.line(f"const bool tj_rows_ok = {' && '.join(['tj_dropped_ok'] + lead + ([valid] if valid else []))};")
-    last = coords[-1]
+    conds = [em.valid(layout, "i")] if em.valid(layout, "i") else []
+    if predicated:
+        conds = ["tj_dropped_ok"] + [win.in_bounds(k, c) for k, c in enumerate(coords)] + conds
+    guard = f"if ({' && '.join(conds)}) " if conds else ""
+    offset = win.offset(coords)
     if vec > 1:
         vt = _VEC_TYPES[vec * win.esize]
-        full = f"tj_vec_ok && tj_rows_ok && {win.in_bounds(len(coords) - 1, last)} && " \
-               f"{win.in_bounds(len(coords) - 1, last, vec - 1)}"
-        memory = f"*reinterpret_cast<{const}{vt}*>(tj_p + {win.offset(coords)})"
+        memory = f"*reinterpret_cast<{const}{vt}*>(tj_p + {offset})"
         register = f"*reinterpret_cast<{'' if load else 'const '}{vt}*>(&{regs}[i])"
-        em.open(f"if ({full})")
-        em.line(f"{register} = {memory};" if load else f"{memory} = {register};")
-        em.close("} else {")
-        em.depth += 1
-    em.line("#pragma unroll")
-    em.open(f"for (int tj_v = 0; tj_v < {vec}; ++tj_v)")
-    elem = coords[:-1] + [f"({last} + tj_v)"]
-    ok = f"tj_rows_ok && {win.in_bounds(len(coords) - 1, elem[-1])}"
-    if load:
-        em.line(f"{regs}[i + tj_v] = ({ok}) ? tj_p[{win.offset(elem)}] : {ctype}{{}};")
     else:
-        em.line(f"if ({ok}) tj_p[{win.offset(elem)}] = {regs}[i + tj_v];")
-    em.close()
-    if vec > 1:
-        em.close()
-    em.close()
+        memory, register = f"tj_p[{offset}]", f"{regs}[i]"
+    if load and predicated:
+        em.line(f"{register} = {guard[4:-2] if guard else 'true'} ? {memory} : {ctype}{{}};")
+    else:
+        em.line(f"{guard}{register} = {memory};" if load else f"{guard}{memory} = {register};")
     em.close()
 
 
