@@ -17,7 +17,7 @@ from ..ir import Op, OpKind, Scope, TileType, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text
 from .emitter import Emitter, SharedTile, c_type, emits
 
-_VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "unsigned", 2: "unsigned short", 1: "unsigned char"}
+_VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}
 
 
 class Window:
@@ -31,7 +31,6 @@ class Window:
         self.dropped = op.attrs.dropped
         self.tile_dims = [d for d in range(self.rank) if d not in self.dropped]
         self.starts = starts
-        self.shape = op.attrs.shape
         spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
         self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
             and self.tile_dims[-1] == self.rank - 1
@@ -60,17 +59,6 @@ class Window:
         terms = [f"(int64_t)({c})" if d == self.rank - 1 and self.unit_last else f"(int64_t)({c}) * {self.stride(d)}"
                  for c, d in zip(coords, self.tile_dims)]
         return " + ".join(terms) or "0"
-
-    def window_inside(self) -> str:
-        """The whole window lies inside the tensor (every tile dim; dropped dims are checked apart)."""
-        conds = []
-        for k, d in enumerate(self.tile_dims):
-            length = self.length(k)
-            conds.append(f"(int64_t)({self.starts[d]}) >= 0 && (int64_t)({self.starts[d]}) + {length} <= {self.size(d)}")
-        return " && ".join(conds) or "true"
-
-    def length(self, k: int) -> int:
-        return self.shape[self.tile_dims[k]]
 
     def vector_ok(self, vec: int) -> str:
         """Uniform run-time condition for ``vec``-element accesses along the last dim."""
@@ -120,38 +108,40 @@ def _store(em: Emitter, op: Op) -> None:
 def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool) -> None:
     """Registers ``regs`` (in ``layout``) from or to a global window.
 
-    A window wholly inside the tensor and aligned for ``vec``-element accesses (a uniform run-time check:
-    the common, interior case) moves with vector accesses and no per-element tests; any other window moves
-    element by element, predicated (out-of-bounds loads read 0, out-of-bounds stores are dropped). Two
-    straight-line variants instead of a test per group keep both the kernel and its compile time small.
+    When the window's rows are aligned for ``vec``-element accesses and the last extent and start are
+    multiples of ``vec`` (a uniform run-time check), every group of ``vec`` registers is wholly inside or
+    wholly outside the tensor, so the window moves with predicated vector accesses; otherwise it moves
+    element by element. Out-of-bounds loads read 0; out-of-bounds stores are dropped. Two straight-line
+    variants, rather than a vector-or-scalar choice per group, keep the kernel and its compile time small.
     """
     ctype = c_type(win.tensor.dtype)
     const = "const " if load else ""
     em.open("")
     em.line(f"{const}{ctype}* tj_p = {win.base_expr()};")
     em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
-    interior = [f"{win.window_inside()}", "tj_dropped_ok"] + ([win.vector_ok(vec)] if vec > 1 else [])
-    em.open(f"if ({' && '.join(interior)})")
-    _window_loop(em, win, layout, regs, vec, load, predicated=False)
-    em.close("} else {")
-    em.depth += 1
-    _window_loop(em, win, layout, regs, 1, load, predicated=True)
-    em.close()
+    if vec > 1:
+        last = win.tile_dims[-1]
+        whole = [win.vector_ok(vec), f"{win.size(last)} % {vec} == 0", f"(int64_t)({win.starts[last]}) % {vec} == 0"]
+        em.open(f"if ({' && '.join(whole)})")
+        _window_loop(em, win, layout, regs, vec, load)
+        em.close("} else {")
+        em.depth += 1
+    _window_loop(em, win, layout, regs, 1, load)
+    if vec > 1:
+        em.close()
     em.close()
 
 
-def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool,
-                 predicated: bool) -> None:
+def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool) -> None:
+    """One access per group of ``vec`` registers, predicated on its first element being in bounds."""
     ctype = c_type(win.tensor.dtype)
     const = "const " if load else ""
     em.line("#pragma unroll")
     em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
     em.line(f"const int i = tj_g * {vec};")
     coords = em.coords(layout, "i")
-    conds = [em.valid(layout, "i")] if em.valid(layout, "i") else []
-    if predicated:
-        conds = ["tj_dropped_ok"] + [win.in_bounds(k, c) for k, c in enumerate(coords)] + conds
-    guard = f"if ({' && '.join(conds)}) " if conds else ""
+    valid = em.valid(layout, "i")
+    ok = " && ".join(["tj_dropped_ok"] + [win.in_bounds(k, c) for k, c in enumerate(coords)] + ([valid] if valid else []))
     offset = win.offset(coords)
     if vec > 1:
         vt = _VEC_TYPES[vec * win.esize]
@@ -159,10 +149,11 @@ def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
         register = f"*reinterpret_cast<{'' if load else 'const '}{vt}*>(&{regs}[i])"
     else:
         memory, register = f"tj_p[{offset}]", f"{regs}[i]"
-    if load and predicated:
-        em.line(f"{register} = {guard[4:-2] if guard else 'true'} ? {memory} : {ctype}{{}};")
+    if load:
+        zero = f"{vt}{{}}" if vec > 1 else f"{ctype}{{}}"
+        em.line(f"{register} = ({ok}) ? {memory} : {zero};")
     else:
-        em.line(f"{guard}{register} = {memory};" if load else f"{guard}{memory} = {register};")
+        em.line(f"if ({ok}) {memory} = {register};")
     em.close()
 
 
