@@ -28,7 +28,7 @@ def _impl(arch, bk, warps, dtype=torch.float16, bm=128, bn=128, tmp_cache=None):
     compiled = matmul.compile(meta(256, 256, dtype=dtype), meta(256, 256, dtype=dtype), meta(256, 256, dtype=dtype),
                               BM=bm, BN=bn, BK=bk, num_warps=warps, arch=arch)
     ir = compiled.asm["ir"]
-    return next(name for name in ("wgmma_m64nNk16", "mma_sync_m16n8k16", "fma_fallback") if f"impl = {name}" in ir)
+    return next(name for name in ("wgmma_m64nNk16", "mma_sync_m16n8k16", "mma_sync_m16n8k8", "fma_fallback") if f"impl = {name}" in ir)
 
 
 @pytest.fixture(autouse=True)
@@ -84,3 +84,8 @@ def test_dispatch_error_lists_every_candidate_with_its_reason():
     text = str(info.value)
     assert "only_f16" in text and "operands are f16" in text
     assert "only_sm100" in text and "outside sm_100" in text
+
+
+def test_k_multiple_of_8_but_not_16_takes_m16n8k8():
+    assert _impl("sm_80", 24, 4) == "mma_sync_m16n8k8"
+    assert _impl("sm_90a", 8, 4) == "mma_sync_m16n8k8"

@@ -213,3 +213,25 @@ def test_matmul_wgmma_stages(stages):
         matmul[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, BM=128, BN=128, BK=64, num_warps=4,
                                                              num_stages=stages)
         _check(c, _ref(a, b), torch.bfloat16)
+
+
+@pytest.mark.parametrize("bk", [8, 24])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_m16n8k8_tiles(bk, dtype):
+    """K tiles that are multiples of 8 but not 16 run on mma.sync.m16n8k8, in all three majorness forms."""
+    m, n, k = 200, 150, 100
+    torch.manual_seed(bk)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    grid = (tilejit.cdiv(m, 64), tilejit.cdiv(n, 64))
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul[grid](a, b, c, BM=64, BN=64, BK=bk, num_warps=4)
+    _check(c, _ref(a, b), dtype)
+    bt = b.T.contiguous()
+    c2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul_nt[grid](a, bt, c2, BM=64, BN=64, BK=bk, num_warps=4)
+    _check(c2, _ref(a, b), dtype)
+    at = a.T.contiguous()
+    c3 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    matmul_tn[grid](at, b, c3, BM=64, BN=64, BK=bk, num_warps=2)
+    _check(c3, _ref(a, b), dtype)

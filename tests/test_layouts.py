@@ -539,7 +539,7 @@ def _meta(*shape):
     return torch.empty(*shape, dtype=torch.float16, device="meta")
 
 
-_LDM = re.compile(r"tj_ldmatrix_(x4|x2)(_trans)?\((.*), (tj_[ab]) \+ (.*)\);$")
+_LDM = re.compile(r"tj_ldmatrix_(x4|x2|x1)(_trans)?\((.*), (tj_[ab]) \+ (.*)\);$")
 
 
 def _emitted_gemm(kernel, bm, bn, bk, warps, a_shape, b_shape):
@@ -722,3 +722,59 @@ def test_emitted_cp_async_fast_path_fills_the_swizzled_tile(variant, bm, bn, bk,
                     assert len({bank_group(o) for o in offs[t0:t0 + 8]}) == len(offs[t0:t0 + 8])
             written += [off for off, _ in one]
         assert sorted(written) == list(range(0, lay.stage_bytes, 16))
+
+
+K8_CONFIGS = [(64, 64, 8, 4), (64, 24, 24, 2), (32, 64, 40, 2)]
+
+
+@pytest.mark.parametrize("variant", ["nn", "nt", "tn"])
+@pytest.mark.parametrize("bm,bn,bk,warps", K8_CONFIGS, ids=[f"{a}x{b}x{c}-w{d}" for a, b, c, d in K8_CONFIGS])
+def test_emitted_ldmatrix_addresses_match_m16n8k8_fragments(variant, bm, bn, bk, warps):
+    """The m16n8k8 form (K % 16 != 0): A by ldmatrix x2 (matrix j = rows 8j..8j+7 of the m16 atom, k 0-7),
+    B by x2 for two n8 atoms (matrix j = atom j) or x1 for one; every lane's address is the row the
+    fragment needs (PTX 9.7.14.5.7)."""
+    kernel, a_shape, b_shape = {"nn": (_nn, (bm, bk), (bk, bn)), "nt": (_nt, (bm, bk), (bn, bk)),
+                                "tn": (_tn, (bk, bm), (bk, bn))}[variant]
+    gemm, lay_a, lay_b, acc, lines = _emitted_gemm(kernel, bm, bn, bk, warps, a_shape, b_shape)
+    assert gemm.attrs.impl == "mma_sync_m16n8k8"
+    wm, wn = acc.warps_m, acc.warps_n
+    wtm, wtn = acc.warp_tile
+    tm, tn = acc.atoms
+    inv = {"tj_a": _inverse(lay_a), "tj_b": _inverse(lay_b)}
+    a_lines = [ln for ln in lines if ln[3] == "tj_a"]
+    b_lines = [ln for ln in lines if ln[3] == "tj_b"]
+    steps = bk // 8
+    assert len(a_lines) == steps and all(ln[0] == "x2" for ln in a_lines)
+    per_step = (tn // 2 > 0) + (tn % 2)
+    assert len(b_lines) == steps * per_step
+
+    def check(line, expected):
+        width, _, _, base, expr = line
+        code = compile(c_to_python(expr), "<c>", "eval")
+        lanes = {"x4": 32, "x2": 16, "x1": 8}[width]
+        loop_n = tm if base == "tj_a" else tn // 2
+        loop_vals = range(loop_n) if ("tj_am" in expr or "tj_p" in expr) else [None]
+        for wmi in range(wm):
+            for wni in range(wn):
+                for lv in loop_vals:
+                    for lane in range(lanes):
+                        env = {"tj_lane": lane, "tj_wm": wmi, "tj_wn": wni, "tj_am": lv, "tj_p": lv}
+                        got = inv[base][eval(code, {}, env)]  # noqa: S307
+                        assert got == expected(lane, wmi, wni, lv), (line, lane, wmi, wni, lv)
+
+    for kk, line in enumerate(a_lines):
+        def a_rows(lane, wmi, wni, am, kk=kk):
+            j, r = divmod(lane, 8)
+            m, k = wmi * wtm + am * 16 + 8 * j, kk * 8
+            return (k + r, m) if variant == "tn" else (m + r, k)
+        check(line, a_rows)
+    for idx, line in enumerate(b_lines):
+        kk = idx // per_step
+        odd = line[0] == "x1"
+
+        def b_rows(lane, wmi, wni, p, kk=kk, odd=odd):
+            j, r = divmod(lane, 8)
+            atom = tn - 1 if odd else 2 * p + j
+            n, k = wni * wtn + atom * 8, kk * 8
+            return (n + r, k) if variant == "nt" else (k + r, n)
+        check(line, b_rows)

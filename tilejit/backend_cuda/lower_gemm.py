@@ -28,8 +28,16 @@ def _operand_dtypes(*dtypes):
     return lambda op, t: op.operands[0].dtype in allowed and op.operands[1].dtype in allowed
 
 
-class MmaSyncM16N8K16:
-    """ldmatrix + mma.sync.m16n8k16 (PTX 9.7.14.5.8 fragments; 9.7.14.5.15 ldmatrix)."""
+class MmaSync:
+    """ldmatrix + mma.sync.m16n8k{16,8} (PTX 9.7.14.5.8 / 9.7.14.5.7 fragments; 9.7.14.5.15 ldmatrix).
+
+    ``k_atom`` is the instruction's K: 16 (A: 4 registers, B: 2) or 8 (A: 2, B: 1), for tiles whose K is a
+    multiple of 8 but not of 16. The accumulator layout is the same m16n8 one either way.
+    """
+
+    def __init__(self, k_atom: int) -> None:
+        self.k_atom = k_atom
+        self.a_regs, self.b_regs = k_atom // 4, k_atom // 8
 
     def acc_layout(self, op: Op, target: Target) -> MmaLayout:
         m, n, _ = _mnk(op)
@@ -42,23 +50,22 @@ class MmaSyncM16N8K16:
         layout: MmaLayout = out.type.layout
         m, n, k = _mnk(op)
         tm, tn = layout.atoms
-        wtm, wtn = layout.warp_tile
         kind = "bf16" if a.dtype == D.bfloat16 else "f16"
         sa, sb = em.shared[a.id], em.shared[b.id]
         name = em.declare_tile(out)
-        em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k16 ({layout.warps_m}x{layout.warps_n} warps, "
+        em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k{self.k_atom} ({layout.warps_m}x{layout.warps_n} warps, "
                        f"{tm}x{tn} atoms per warp)")
         src = em.name(acc)
         em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
         em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
-        # Fragments are double-buffered over the k16 steps, which are unrolled here: step kk+1's
+        # Fragments are double-buffered over the k steps, which are unrolled here: step kk+1's
         # ldmatrix is issued before step kk's mma. Work the enclosing loop hands over (the prefetch of
         # a later iteration's tiles) goes right after step 0's fragments, so the mma of step 0 can
         # overlap it (ptxas does not move shared-memory loads across the cp.async, but moves mma).
-        em.line(f"unsigned tj_af[2][{tm}][4], tj_bf[2][{tn}][2];")
-        steps = k // 16
+        em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
+        steps = k // self.k_atom
         self._load_fragments(em, op, layout, sa, sb, 0, 0)
         hook = em.take_overlap_hook()
         if hook is not None:
@@ -72,56 +79,70 @@ class MmaSyncM16N8K16:
             em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
             em.line(f"float* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
             buf = kk % 2
-            em.line(f"tj_mma_m16n8k16_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], tj_af[{buf}][tj_am][0], "
-                    f"tj_af[{buf}][tj_am][1], tj_af[{buf}][tj_am][2], tj_af[{buf}][tj_am][3], "
-                    f"tj_bf[{buf}][tj_an][0], tj_bf[{buf}][tj_an][1]);")
+            frags = [f"tj_af[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
+            frags += [f"tj_bf[{buf}][tj_an][{r}]" for r in range(self.b_regs)]
+            em.line(f"tj_mma_m16n8k{self.k_atom}_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], {', '.join(frags)});")
             em.close()
             em.close()
         em.close()
 
     def _load_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb, kk: int, buf: int) -> None:
-        """ldmatrix of k16 step ``kk``'s A and B fragments into fragment buffer ``buf``."""
+        """ldmatrix of k step ``kk``'s A and B fragments into fragment buffer ``buf``."""
         tm, tn = layout.atoms
         wtm, wtn = layout.warp_tile
         lane, j = CExpr("tj_lane"), CExpr("(tj_lane >> 3)")
-        # A fragments: one ldmatrix.x4 per m16 atom.
+        half = (lane >> 3) & 1  # which of two matrices lanes 0-15 address (x2 forms)
+        k16 = self.k_atom == 16
+        # A fragments: one ldmatrix per m16 atom (x4 for k16, x2 for k8).
         em.line("#pragma unroll")
         em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
         mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
-        regs = ", ".join(f"tj_af[{buf}][tj_am][{r}]" for r in range(4))
+        regs = ", ".join(f"tj_af[{buf}][tj_am][{r}]" for r in range(self.a_regs))
+        width = "x4" if k16 else "x2"
         if not op.attrs.transpose_a:  # stored m x k: rows m, 16-byte chunks along k
             row = mbase + (lane & 15)
-            chunk = (lane >> 4) + kk * 2
-            em.line(f"tj_ldmatrix_x4({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+            chunk = ((lane >> 4) + kk * 2) if k16 else kk
+            em.line(f"tj_ldmatrix_{width}({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
         else:  # stored k x m: transpose while loading
-            row = (lane & 7) + (j >> 1) * 8 + kk * 16
-            chunk = (mbase + (j & 1) * 8) // 8
-            em.line(f"tj_ldmatrix_x4_trans({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+            if k16:
+                row, chunk = (lane & 7) + (j >> 1) * 8 + kk * 16, (mbase + (j & 1) * 8) // 8
+            else:
+                row, chunk = (lane & 7) + kk * 8, (mbase + half * 8) // 8
+            em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
         em.close()
-        # B fragments: ldmatrix.x4 covers two n8 atoms, x2 the odd one out.
+        # B fragments: one ldmatrix covers two n8 atoms (x4 for k16, x2 for k8); an odd one out takes half.
         pairs = tn // 2
         if pairs:
             em.line("#pragma unroll")
             em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
             nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
-            self._load_b(em, op, sb, nbase, lane, j, "x4", kk,
-                         f"tj_bf[{buf}][2 * tj_p][0], tj_bf[{buf}][2 * tj_p][1], "
-                         f"tj_bf[{buf}][2 * tj_p + 1][0], tj_bf[{buf}][2 * tj_p + 1][1]")
+            regs = ", ".join(f"tj_bf[{buf}][2 * tj_p + {p}][{r}]" for p in range(2) for r in range(self.b_regs))
+            self._load_b(em, op, sb, nbase, lane, kk, regs, pair=True)
             em.close()
         if tn % 2:
             nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
-            self._load_b(em, op, sb, nbase, lane, (lane >> 3) & 1, "x2", kk,
-                         f"tj_bf[{buf}][{tn - 1}][0], tj_bf[{buf}][{tn - 1}][1]")
+            regs = ", ".join(f"tj_bf[{buf}][{tn - 1}][{r}]" for r in range(self.b_regs))
+            self._load_b(em, op, sb, nbase, lane, kk, regs, pair=False)
 
-    @staticmethod
-    def _load_b(em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, j, width: str, kk: int, regs: str) -> None:
+    def _load_b(self, em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, kk: int, regs: str, pair: bool) -> None:
+        """B fragments of one n8 atom (``pair``: two adjacent ones) at k step ``kk``.
+
+        Matrix order in the ldmatrix result is (atom, k half): k16 pairs load 4 matrices (n-atom, k 0-7 |
+        8-15), k16 singles and k8 pairs 2, k8 singles 1.
+        """
+        k16 = self.k_atom == 16
+        count = (2 if k16 else 1) * (2 if pair else 1)
+        width = {4: "x4", 2: "x2", 1: "x1"}[count]
+        j = CExpr("(tj_lane >> 3)") & (count - 1) if count > 1 else CExpr("0")
+        khalf = (j & 1) if k16 else CExpr("0")          # which 8 of the step's 16 k values
+        atom = ((j >> 1) if k16 else j) if pair else CExpr("0")  # which of the two n8 atoms
         if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
-            row = (lane & 7) + (j & 1) * 8 + kk * 16
-            chunk = (nbase + (j >> 1) * 8) // 8
+            row = (lane & 7) + khalf * 8 + kk * self.k_atom
+            chunk = (nbase + atom * 8) // 8
             em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
         else:  # stored n x k: rows n already hold k-pairs
-            row = nbase + (lane & 7) + (j >> 1) * 8
-            chunk = (j & 1) + kk * 2
+            row = nbase + (lane & 7) + atom * 8
+            chunk = khalf + kk * (self.k_atom // 8)
             em.line(f"tj_ldmatrix_{width}({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
 
 
@@ -160,9 +181,11 @@ class FmaFallback:
         em.reg_loop(layout, body)
 
 
-def _mma_shapes_fit(op: Op, target: Target) -> bool:
-    m, n, k = _mnk(op)
-    return k % 16 == 0 and pick_warp_grid(m, n, target.num_warps) is not None
+def _mma_shapes_fit(k_atom: int):
+    def fits(op: Op, target: Target) -> bool:
+        m, n, k = _mnk(op)
+        return k % k_atom == 0 and pick_warp_grid(m, n, target.num_warps) is not None
+    return fits
 
 
 def _acc_f32(op: Op, target: Target) -> bool:
@@ -172,8 +195,14 @@ def _acc_f32(op: Op, target: Target) -> bool:
 REGISTRY.register("gemm", "mma_sync_m16n8k16", min_sm=80, priority=10, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
-    "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit,
-})(MmaSyncM16N8K16())
+    "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(16),
+})(MmaSync(16))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k8", min_sm=80, priority=9, predicates={
+    "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
+    "accumulator is f32": _acc_f32,
+    "K % 8 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(8),
+})(MmaSync(8))
 
 REGISTRY.register("gemm", "fma_fallback", min_sm=70, priority=0)(FmaFallback())
 
