@@ -48,7 +48,8 @@ def keep_ptx() -> bool:
 
 
 def arch_override() -> str | None:
-    """TILEJIT_ARCH=sm_80 forces the target arch (e.g. to run the sm_80 path on an H100)."""
+    """TILEJIT_ARCH=sm_90a: the arch to compile for when none is given (default: the GPU's own). A GPU only
+    loads cubins built for its own major arch, so this mostly serves compile-only use."""
     value = os.environ.get("TILEJIT_ARCH", "").strip()
     return value or None
 
