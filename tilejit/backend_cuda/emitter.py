@@ -12,8 +12,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import (BinaryOp, Block, CompareOp, Function, Op, OpKind, Scope, ScalarType, TensorType, TileType,
-                  UnaryOp, Value)
+from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text
 from .prelude import PRELUDE
 from .registry import Target
@@ -327,10 +326,6 @@ class Emitter:
 
 
 # -- scalars and elementwise ops --------------------------------------------------------------------
-
-def operand_text(em: Emitter, v: Value) -> str:
-    return em.name(v)
-
 
 def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
     """The C expression of a scalar op given its operands' C expressions."""

@@ -11,9 +11,8 @@
 """
 from __future__ import annotations
 
-from typing import Callable
 
-from ..ir import Op, OpKind, Scope, TileType, Value
+from ..ir import Op, OpKind, Scope, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text
 from .emitter import Emitter, SharedTile, c_type, emits
 
@@ -81,7 +80,7 @@ def _load(em: Emitter, op: Op) -> None:
     if op.result.type.scope is Scope.SHARED:
         if op.attrs.pipeline:
             return  # issued ahead of time by the enclosing pipelined loop
-        tile = stage_shared(em, op.result)
+        stage_shared(em, op.result)
         em.comment(op, f"stage {em.name(op.operands[0])} window in shared memory (synchronous)")
         em.line("__syncthreads();  // earlier readers of this buffer are done")
         issue_shared_load(em, op, _start_names(em, op, 1), "0")
@@ -376,5 +375,3 @@ def _convert(em: Emitter, op: Op) -> None:
     em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout}")
     through_scratch(em, src, name, out.type.layout, out.type.shape)
 
-
-Rematerialize = Callable[[Value], str]

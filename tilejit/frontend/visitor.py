@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import ast
 import builtins
-import math
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .. import dtypes as D
 from .. import language as lang
@@ -21,7 +20,7 @@ from ..ir import (AxisAttrs, BinaryOp, Block, Builder, CompareOp, ForAttrs, Func
                   NoAttrs, OpKind, Param, ReduceKind, ScalarType, TensorType, TileType, UnaryOp, Value)
 from .semantic import Semantic, SemanticError, describe, is_const, promote
 from .source import JITFunction, ParsedSource
-from .spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+from .spec import ArgSpec, ConstexprSpec, NeedsShape, TensorSpec
 
 
 @dataclass

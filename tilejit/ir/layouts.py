@@ -9,7 +9,7 @@ registers are consecutive along the last dim (the widest safe vector access).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 
 class CExpr:
@@ -407,6 +407,3 @@ def pick_warp_grid(m: int, n: int, num_warps: int) -> tuple[int, int] | None:
             best = (score, (wm, wn))
     return best[1] if best else None
 
-
-def shapes_of(layouts: Sequence[RegisterLayout]) -> list[tuple[int, ...]]:
-    return [l.shape for l in layouts]

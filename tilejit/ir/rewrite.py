@@ -30,7 +30,3 @@ def blocks(block: Block) -> Iterator[Block]:
 def defining_op(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None
 
-
-def insert_before(block: Block, anchor: Op, new_ops: list[Op]) -> None:
-    i = block.ops.index(anchor)
-    block.ops[i:i] = new_ops

@@ -7,7 +7,7 @@ elementwise is read back into registers for those uses.
 """
 from __future__ import annotations
 
-from ..ir import Builder, Function, NoAttrs, Op, OpKind, Scope, TileType
+from ..ir import Function, NoAttrs, Op, OpKind, Scope, TileType
 from ..ir.rewrite import blocks, defining_op
 
 
@@ -27,13 +27,13 @@ def infer_scopes(fn: Function) -> None:
                 if src is not None and src.kind is OpKind.LOAD:
                     staged.add(v.id)
     for block in blocks(fn.body):
-        for op in list(block.ops):
+        for a in block.args:
+            if isinstance(a.type, TileType):
+                a.type = a.type.with_scope(Scope.REGISTER)
+        for op in block.ops:
             for r in op.results:
                 if isinstance(r.type, TileType):
                     r.type = r.type.with_scope(Scope.SHARED if r.id in staged else Scope.REGISTER)
-            for a in block.args:
-                if isinstance(a.type, TileType) and a.type.scope is None:
-                    a.type = a.type.with_scope(Scope.REGISTER)
     for block in blocks(fn.body):
         for op in list(block.ops):
             for index, v in enumerate(op.operands):

@@ -1,8 +1,6 @@
 """Compiling a specialization (through the disk cache) and launching it on torch tensors."""
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import threading
 from typing import Any
