@@ -428,6 +428,12 @@ def X2():
     return (meta(64, 64),)
 
 
+@tilejit.kernel
+def k_to_with_extra_keyword(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = x.to(T.float16, rounding="rn")  # ERR
+
+
 CASES = [
     Case(k_try, X1, dict(BN=16), UnsupportedSyntaxError, "'try' is not supported", "try:"),
     Case(k_with, X1, dict(BN=16), UnsupportedSyntaxError, "'with' is not supported", "with open"),
@@ -453,6 +459,7 @@ CASES = [
     Case(k_mutable_global_dict, X1, dict(BN=16), NameResolutionError, "global 'MUTABLE_DICT' (dict) cannot be used",
          "MUTABLE_DICT"),
     Case(k_closure, X1, dict(BN=16), NameResolutionError, "'sizes' (list) cannot be used", "sizes"),
+    Case(k_to_with_extra_keyword, X1, dict(BN=16), TypeCheckError, ".to() takes exactly one argument", "x.to("),
     Case(k_plain_python_call, X1, dict(BN=16), NameResolutionError, "'plain_python_helper' (function) cannot be used",
          "plain_python_helper"),
     Case(k_recursion, X1, dict(BN=16), UnsupportedSyntaxError, "recursion is not supported", "recursive_helper(x)",
@@ -673,3 +680,4 @@ def test_language_outside_a_kernel(call):
 
 def test_cdiv_works_on_the_host():
     assert T.cdiv(100, 16) == 7 and tilejit.cdiv(96, 16) == 6
+

@@ -728,7 +728,12 @@ class CodeGenerator(ast.NodeVisitor):
                          UnsupportedSyntaxError)
 
     def method_to(self, node: ast.Call, value: Value, args: list, kwargs: dict) -> Value:
-        dtype = args[0] if args else kwargs.get("dtype")
+        extra = [k for k in kwargs if k != "dtype"]
+        if len(args) + len(kwargs) != 1 or extra:
+            raise self.error(node, ".to() takes exactly one argument, the dtype"
+                             + (f" (unexpected {', '.join(repr(k) for k in extra)})" if extra else ""),
+                             "write x.to(T.float16)")
+        dtype = args[0] if args else kwargs["dtype"]
         if not isinstance(dtype, DType):
             raise self.error(node, f".to() takes a dtype such as T.float16, got {dtype!r}")
         return self.sem.cast(value, dtype)
