@@ -717,3 +717,32 @@ def test_layout_invariants_hold(case):
     fn, source = lowered(case)
     assert _check_invariants(fn) > 0
     assert 'extern "C" __global__' in source
+
+
+@tilejit.kernel
+def gemm_only_under_if(A, B, C, flag, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    extra = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, A.shape[1], BK, stages=3):
+        a = A[m0:m0 + BM, k0:k0 + BK]
+        b = B[k0:k0 + BK, n0:n0 + BN]
+        if flag:  # a gemm under a runtime branch, before the loop's unconditional one
+            extra += a @ b
+        acc += a @ b
+    C[m0:m0 + BM, n0:n0 + BN] = acc + extra
+
+
+def test_prefetch_is_not_hidden_inside_a_runtime_branch():
+    """The loop's prefetch must run every iteration, so a gemm inside an `if` must not host it."""
+    _, source = lower(gemm_only_under_if, meta(256, 256), meta(256, 256), meta(256, 256), True,
+                      BM=64, BN=64, BK=32, arch="sm_80")
+    body = kernel_body(source)
+    loop = body.index("for (int64_t")
+    branch = body.index("if (v", loop)  # the runtime `if (flag)` inside the loop
+    branch_end = body.index("tj_mma_m16n8k16", branch)
+    prefetch = body.index("// prefetch iteration +2", loop)
+    assert prefetch < branch or prefetch > branch_end, "prefetch emitted inside the runtime branch"
+    assert body.count("// prefetch iteration +2") == 1
+    assert _copies_never_issued(body) == []

@@ -427,6 +427,8 @@ def declare_var(em: Emitter, v: Value) -> str:
 
 @emits(OpKind.IF)
 def _if(em: Emitter, op: Op) -> None:
+    # An enclosing loop's prefetch must run on every iteration: a gemm inside a branch may not take it.
+    outer_hook, em.overlap_hook = em.overlap_hook, None
     results = [declare_var(em, r) for r in op.results]
     em.open(f"if ({em.name(op.operands[0])})")
     _branch(em, op.regions[0], results)
@@ -435,6 +437,7 @@ def _if(em: Emitter, op: Op) -> None:
         em.depth += 1
         _branch(em, op.regions[1], results)
     em.close()
+    em.overlap_hook = outer_hook
 
 
 def _branch(em: Emitter, block: Block, results: list[str]) -> None:
