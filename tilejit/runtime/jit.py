@@ -90,8 +90,8 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
     # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
     extents = tuple((d, int(t.shape[d])) for d in sorted(shape_dims) if d < t.dim())
     # TMA's rule for the tensor maps of bulk copies: strides other than the unit one are positive
-    # multiples of 16 bytes.
-    strides16 = all(st == 1 or (st > 0 and st * t.element_size() % 16 == 0) for st in t.stride())
+    # multiples of 16 bytes (and a tensor map cannot describe an empty tensor).
+    strides16 = t.numel() > 0 and all(st == 1 or (st > 0 and st * t.element_size() % 16 == 0) for st in t.stride())
     return TensorSpec(dtype, t.dim(), unit, aligned, strides16=strides16, shape_constants=extents)
 
 
