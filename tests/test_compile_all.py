@@ -147,6 +147,7 @@ INTERPRETER_CASES = {
                         dict(BM=32, BN=32, BK=16), BOTH_MMA),
     "softmax_masked": (ti.softmax_masked, (m(7, 100), m(7, 128)[:, :100]), dict(BN=128), {}),
     "softmax_full": (ti.softmax_full, (m(5, 37, dtype=f32), m(5, 37, dtype=f32)), {}, {}),
+    "while_gcd": (ti.while_gcd, (m(6, dtype=torch.int32),) * 4, {}, {}),
     "reduce2d": (ti.reduce2d, (m(16, 32), m(32, dtype=f32), m(16, dtype=f32), m(32), m(16), m(32), m(16),
                                m(1, dtype=f32)), dict(BM=16, BN=32), {}),
     "reduce_int": (ti.reduce_int, (m(50, dtype=i8), m(4, dtype=i32)), dict(BN=64), {}),

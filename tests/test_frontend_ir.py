@@ -626,3 +626,25 @@ def test_kernel_ir_runs_the_verifier(monkeypatch):
     fresh = tilejit.kernel(matmul.fn)  # a new Kernel: nothing cached yet
     fresh.ir(meta(100, 70), meta(70, 50), meta(100, 50), BM=64, BN=64, BK=32)
     assert verified == ["matmul"]
+
+
+@tilejit.kernel
+def k_while_scalar(X, n, BN: T.constexpr):
+    i = 0
+    total = 0.0
+    while i < n:
+        total = total + i * 0.5
+        i += 2
+    X[0:BN] = total
+
+
+def test_while_loop_carries_scalars():
+    ir = k_while_scalar.ir(torch.empty(64, device="meta"), 10, BN=16)
+    filecheck(ir, r"""
+        CHECK: %total, %i = tj.while (%total_1 = {{%[0-9]+}}, %i_1 = {{%[0-9]+}}) -> (f32, i32) {
+        CHECK: tj.cmp {{.*}} {op = lt} : i1
+        CHECK-NEXT: tj.yield
+        CHECK-NEXT: } do (%total_2, %i_2) {
+        CHECK: tj.yield %total_3, %i_3
+        CHECK: tj.splat %total {shape = [16]}
+    """)

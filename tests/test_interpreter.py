@@ -636,3 +636,37 @@ def test_interpreter_speed_is_reasonable():
         best = min(best, time.perf_counter() - start)
     assert best < 1.0, f"a 200^3 matmul with 32x32x16 tiles took {best:.2f} s in the interpreter"
     check(C, A.double() @ B.double())
+
+
+@tilejit.kernel
+def while_gcd(A, B, Out, Steps):
+    i = T.program_id(0)
+    a = A[i:i + 1]
+    b = B[i:i + 1]
+    x = T.sum(a, 0)
+    y = T.sum(b, 0)
+    steps = 0
+    while y != 0:
+        x, y = y, x % y
+        steps += 1
+    Out[i:i + 1] = x
+    Steps[i:i + 1] = steps
+
+
+def test_while_loop_over_scalars(monkeypatch):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    import math as _math
+
+    a = torch.tensor([12, 35, 17, 0, 81, 1000000], dtype=torch.int32)
+    b = torch.tensor([18, 14, 5, 9, 0, 35], dtype=torch.int32)
+    out = torch.full((6,), -1, dtype=torch.int32)
+    steps = torch.full((6,), -1, dtype=torch.int32)
+    while_gcd[(6,)](a, b, out, steps)
+    assert out.tolist() == [_math.gcd(x, y) for x, y in zip(a.tolist(), b.tolist())]
+    ref_steps = []
+    for x, y in zip(a.tolist(), b.tolist()):
+        n = 0
+        while y:
+            x, y, n = y, x % y, n + 1
+        ref_steps.append(n)
+    assert steps.tolist() == ref_steps

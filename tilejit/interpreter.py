@@ -478,6 +478,23 @@ def _for(op: Op, env: Env, ctx: _Context) -> None:
         env[result.id] = value
 
 
+@rule(OpKind.WHILE)
+def _while(op: Op, env: Env, ctx: _Context) -> None:
+    cond_block, body = op.regions
+    carried = [env[v.id] for v in op.operands]
+    while True:
+        for arg, value in zip(cond_block.args, carried):
+            env[arg.id] = value
+        (cond,) = _run_block(cond_block, env, ctx)
+        if not bool(cond):
+            break
+        for arg, value in zip(body.args, carried):
+            env[arg.id] = value
+        carried = _run_block(body, env, ctx)
+    for result, value in zip(op.results, carried):
+        env[result.id] = value
+
+
 @rule(OpKind.IF)
 def _if(op: Op, env: Env, ctx: _Context) -> None:
     taken = op.regions[0] if bool(env[op.operands[0].id]) else op.regions[1]

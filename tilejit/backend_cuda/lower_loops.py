@@ -141,6 +141,27 @@ def _for(em: Emitter, op: Op) -> None:
     em.overlap_hook = outer_hook
 
 
+@emits(OpKind.WHILE)
+def _while(em: Emitter, op: Op) -> None:
+    """``while (true) { condition; if (!cond) break; body; carried = yields; }`` over scalar variables."""
+    cond_block, body = op.regions
+    outer_hook, em.overlap_hook = em.overlap_hook, None  # an enclosing loop's prefetch stays outside
+    for arg, init, twin, res in zip(cond_block.args, op.operands, body.args, op.results):
+        name = declare_var(em, arg)
+        assign_value(em, name, init)
+        em.alias(twin, name)
+        em.alias(res, name)
+    em.open("while (true)")
+    for inner in cond_block.ops[:-1]:
+        RULES[inner.kind](em, inner)
+    em.line(f"if (!({em.name(cond_block.terminator.operands[0])})) break;")
+    for inner in body.ops[:-1]:
+        RULES[inner.kind](em, inner)
+    _assign_yields(em, body.args, body.terminator.operands)
+    em.close()
+    em.overlap_hook = outer_hook
+
+
 def _assign_yields(em: Emitter, carried: list[Value], yielded: list[Value]) -> None:
     """carried = yielded, safe when a yielded value is itself a carried variable (swaps)."""
     carried_names = {em.name(a) for a in carried}

@@ -378,8 +378,68 @@ class CodeGenerator(ast.NodeVisitor):
         return body, yielded
 
     def visit_While(self, node: ast.While) -> None:
-        raise self.error(node, "'while' loops are not supported in kernels",
-                         "use for ... in range(...) with a bound", UnsupportedSyntaxError)
+        """A runtime ``while`` over scalars: the names it rebinds are carried; tiles may not be."""
+        if node.orelse:
+            raise self.error(node, "while/else is not supported", cls=UnsupportedSyntaxError)
+        before = dict(self.scope)
+        candidates = [n for n in _assigned_names(node.body) if n in before]
+        for n in candidates:
+            if isinstance(before[n], Value) and before[n].is_tile:
+                raise self._tile_in_while(node, n)
+            if not (isinstance(before[n], Value) or is_const(before[n])):
+                raise self.error(node, f"'{n}' ({describe(before[n])}) cannot be reassigned inside a loop")
+        carried = {n: self._type_of(before[n]) for n in candidates}
+        for _ in range(4):  # as for `for`: a name bound to a Python constant takes the body's type
+            cond_block, body, yielded = self._while_regions(node, carried, before)
+            joined = {n: self._join_type(n, before[n] if is_const(before[n]) else Value(carried[n]),
+                                         yielded[n], _last_store(node.body, n) or node) for n in carried}
+            if joined == carried:
+                break
+            carried = joined
+        else:
+            raise self.error(node, "loop-carried values keep changing type")
+        for n, t in carried.items():
+            if isinstance(t, TileType):
+                raise self._tile_in_while(_last_store(node.body, n) or node, n)
+        inits = [self._coerce(before[n], carried[n], n, node) for n in carried]
+        with self.b.at(body):
+            outs = [self._coerce(yielded[n], carried[n], n, _last_store(node.body, n) or node) for n in carried]
+            self.b.create(OpKind.YIELD, outs, [], NoAttrs())
+        op = self.b.create(OpKind.WHILE, inits, list(carried.values()), NoAttrs(), regions=[cond_block, body])
+        self.scope = before
+        for name in _assigned_names(node.body):
+            if name not in before:
+                self.scope.pop(name, None)
+                self.dead[name] = "it is first assigned inside a loop; initialise it before the loop"
+        for (name, _), result in zip(carried.items(), op.results):
+            result.name = name
+            self.scope[name] = result
+
+    def _tile_in_while(self, node: ast.AST, name: str) -> CompilationError:
+        return self.error(node, f"a while loop cannot carry the tile '{name}'",
+                          "use for ... in range(...) (or T.range) for loops over tiles", UnsupportedSyntaxError)
+
+    def _while_regions(self, node: ast.While, carried: dict[str, Any], before: dict[str, Any]):
+        """The condition block (yields the test as a bool) and the body block (values not yet yielded)."""
+        cond_args = [Value(t, n) for n, t in carried.items()]
+        cond_block = Block(cond_args)
+        self.scope = {**before, **dict(zip(carried, cond_args))}
+        with self.b.at(cond_block):
+            test = self.visit(node.test)
+            if isinstance(test, Value) and test.is_tile:
+                raise self.error(node.test, "a while condition must be a scalar, not a tile",
+                                 "reduce the tile first, e.g. T.max(x, 0) > 0")
+            if not (isinstance(test, Value) or is_const(test)):
+                raise self.error(node.test, f"a while condition must be a scalar, got {describe(test)}")
+            self.b.create(OpKind.YIELD, [self.sem.as_value(self.sem.truth(test))], [], NoAttrs())
+        body_args = [Value(t, n) for n, t in carried.items()]
+        body = Block(body_args)
+        self.scope = {**before, **dict(zip(carried, body_args))}
+        with self.b.at(body):
+            self.visit_body(node.body)
+        yielded = {n: self.scope[n] for n in carried}
+        self.scope = before
+        return cond_block, body, yielded
 
     # -- expressions -----------------------------------------------------------------------
     def visit_Constant(self, node: ast.Constant) -> Any:
@@ -908,8 +968,6 @@ def check_constructs(parsed: ParsedSource) -> None:
     constexpr ``if`` prunes, so a kernel is rejected before anything is compiled whatever its arguments."""
     gen = CodeGenerator(parsed, Builder(Block()), {})
     for node in ast.walk(parsed.tree):
-        if isinstance(node, ast.While):
-            gen.visit_While(node)
         if isinstance(node, _UNSUPPORTED_NODES) or (isinstance(node, ast.FunctionDef) and node is not parsed.tree):
             name = type(node).__name__.lower()
             raise gen.error(node, f"'{name}' is not supported in kernels",

@@ -54,6 +54,7 @@ class OpKind(enum.Enum):
     # control flow
     FOR = ("for", Family.CONTROL)
     IF = ("if", Family.CONTROL)
+    WHILE = ("while", Family.CONTROL)  # regions: [condition (yields a bool), body]; scalars only
     YIELD = ("yield", Family.CONTROL)
 
     def __init__(self, mnemonic: str, family: Family) -> None:
@@ -246,5 +247,6 @@ ATTRS_OF_KIND: dict[OpKind, type] = {
     OpKind.STORE: AccessAttrs,
     OpKind.FOR: ForAttrs,
     OpKind.IF: NoAttrs,
+    OpKind.WHILE: NoAttrs,
     OpKind.YIELD: NoAttrs,
 }

@@ -100,6 +100,18 @@ class Printer:
             self.block(body, depth + 1)
             self.lines.append(pad + "}")
             return
+        if op.kind is OpKind.WHILE:
+            cond, body = op.regions
+            results = ", ".join(n.define(r) for r in op.results)
+            carried = ", ".join(f"{n.define(a)} = {n(i)}" for a, i in zip(cond.args, op.operands))
+            self.lines.append(f"{pad}{results + ' = ' if results else ''}tj.while ({carried}) -> "
+                              f"({', '.join(str(r.type) for r in op.results)}) {{")
+            self.block(cond, depth + 1)
+            args = ", ".join(n.define(a) for a in body.args)
+            self.lines.append(f"{pad}}} do ({args}) {{")
+            self.block(body, depth + 1)
+            self.lines.append(pad + "}")
+            return
         if op.kind is OpKind.IF:
             results = ", ".join(n.define(r) for r in op.results)
             text = f"{pad}{results + ' = ' if results else ''}tj.if {n(op.operands[0])}"

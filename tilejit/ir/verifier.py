@@ -100,6 +100,22 @@ def _if(op: Op) -> str | None:
     return None
 
 
+@rule(OpKind.WHILE)
+def _while(op: Op) -> str | None:
+    cond, body = op.regions
+    types = [v.type for v in op.operands]
+    if [a.type for a in cond.args] != types or [a.type for a in body.args] != types:
+        return "condition and body arguments must match the carried values"
+    if cond.terminator is None or len(cond.terminator.operands) != 1 or \
+            not isinstance(cond.terminator.operands[0].type, ScalarType):
+        return "the condition region must yield one scalar"
+    if body.terminator is None or [v.type for v in body.terminator.operands] != types:
+        return "the body must yield every carried value, of its type"
+    if any(isinstance(t, TileType) for t in types):
+        return "a while loop carries scalars only"
+    return None
+
+
 def verify(fn: Function) -> None:
     defined: set[int] = {p.value.id for p in fn.params if p.value is not None}
     _verify_block(fn, fn.body, defined)
