@@ -362,10 +362,13 @@ class Kernel:
     def _fast_grid(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         if callable(grid):
             grid = grid({**self._defaults, **dict(zip(self.arg_names, args)), **kwargs})
-        if type(grid) is tuple and all(type(g) is int and g > 0 for g in grid):
-            n = len(grid)
-            if n == 3:
-                return grid
+        if type(grid) is not tuple:
+            return None
+        n = len(grid)
+        if n == 3 and type(grid[0]) is int and type(grid[1]) is int and type(grid[2]) is int \
+                and grid[0] > 0 and grid[1] > 0 and grid[2] > 0:
+            return grid
+        if n < 3 and all(type(g) is int and g > 0 for g in grid):
             if n == 2:
                 return (grid[0], grid[1], 1)
             if n == 1:
@@ -462,9 +465,11 @@ def _is_tensor(v: Any) -> bool:
 
 def _raw_stream(device: int) -> int:
     """torch's current stream on ``device`` as a CUstream int, without building a Stream object."""
+    global _raw_stream
     import torch
 
-    return torch._C._cuda_getCurrentRawStream(device)
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # bind once: later calls skip this frame
+    return _raw_stream(device)
 
 
 def _spec_json(spec: ArgSpec) -> Any:
