@@ -154,13 +154,13 @@ class SharedTile:
         slot = "" if self.slot == "0" else f" + ({self.slot}) * {self.layout.stage_bytes}"
         return f"(tj_smem_u32 + {self.offset}{slot})"
 
+    def pointer(self) -> str:
+        """Generic (byte) pointer to the slot being read, for ordinary loads and stores."""
+        return f"(tj_smem + ({self.base()} - tj_smem_u32))"
+
     def elem_offset(self, row: Any, col: Any) -> Any:
         """Byte offset of element (row, col) inside one stage."""
-        lay = self.layout
-        if lay.swizzle_bits == 0 and not lay.panelled:
-            return row * lay.row_bytes + col * lay.elem_bytes
-        per_chunk = 16 // lay.elem_bytes
-        return lay.chunk_offset(row, col // per_chunk) + (col % per_chunk) * lay.elem_bytes
+        return self.layout.elem_offset(row, col)
 
 
 RULES: dict[OpKind, Callable[["Emitter", Op], None]] = {}

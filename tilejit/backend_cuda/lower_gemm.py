@@ -172,8 +172,8 @@ class FmaFallback:
             em.open(f"for (int tj_k = 0; tj_k < {k}; ++tj_k)")
             ar, ac = (CExpr("tj_k"), CExpr(row)) if op.attrs.transpose_a else (CExpr(row), CExpr("tj_k"))
             br, bc = (CExpr(col), CExpr("tj_k")) if op.attrs.transpose_b else (CExpr("tj_k"), CExpr(col))
-            av = f"*reinterpret_cast<const {ta}*>(tj_smem + ({sa.base()} - tj_smem_u32) + {c_text(sa.elem_offset(ar, ac))})"
-            bv = f"*reinterpret_cast<const {tb}*>(tj_smem + ({sb.base()} - tj_smem_u32) + {c_text(sb.elem_offset(br, bc))})"
+            av = f"*reinterpret_cast<const {ta}*>({sa.pointer()} + {c_text(sa.elem_offset(ar, ac))})"
+            bv = f"*reinterpret_cast<const {tb}*>({sb.pointer()} + {c_text(sb.elem_offset(br, bc))})"
             em.line(f"tj_s += {convert(av, a.dtype, cd)} * {convert(bv, b.dtype, cd)};")
             em.close()
             em.line(f"{name}[{i}] = tj_s;")

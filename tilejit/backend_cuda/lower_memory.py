@@ -274,7 +274,7 @@ class SharedCopy:
         em.open(f"for (int tj_e = tid; tj_e < {lay.rows * lay.cols}; tj_e += {threads})")
         em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
         em.line(f"const bool tj_ok = {x}dropped_ok && {win.in_bounds(0, 'tj_r')} && {win.in_bounds(1, 'tj_k')};")
-        dst_off = c_text(tile_elem_offset(lay, CExpr("tj_r"), CExpr("tj_k")))
+        dst_off = c_text(lay.elem_offset(CExpr("tj_r"), CExpr("tj_k")))
         em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem + ({x}dst - tj_smem_u32) + {dst_off}) = "
                 f"tj_ok ? {x}p[{win.offset(['tj_r', 'tj_k'])}] : {self.ctype}{{}};")
         em.close()
@@ -289,10 +289,6 @@ def issue_shared_load(em: Emitter, op: Op, starts: list[str], slot: str, guard: 
     copy.fast()
     copy.slow()
     em.close()
-
-
-def tile_elem_offset(lay: SharedLayout, row, col):
-    return SharedTile(0, lay).elem_offset(row, col)
 
 
 # -- layout conversions --------------------------------------------------------------------------
@@ -349,7 +345,7 @@ def _convert(em: Emitter, op: Op) -> None:
         ctype = c_type(out.dtype)
         em.comment(op, "read a shared tile into registers")
         em.reg_loop(layout, lambda i: em.line(
-            f"{name}[{i}] = *reinterpret_cast<const {ctype}*>(tj_smem + ({tile.base()} - tj_smem_u32) + "
+            f"{name}[{i}] = *reinterpret_cast<const {ctype}*>({tile.pointer()} + "
             f"{c_text(tile.elem_offset(*[CExpr(c) for c in em.coords(layout, i)]))});"))
         return
     if src.type.scope is Scope.REGISTER and out.type.scope is Scope.SHARED:

@@ -376,6 +376,13 @@ class SharedLayout:
         phase = (row >> (3 - bits)) & ((1 << bits) - 1)
         return row * self.row_bytes + (chunk ^ phase) * 16
 
+    def elem_offset(self, row: Any, col: Any) -> Any:
+        """Byte offset of element (row, col) inside one stage."""
+        if self.swizzle_bits == 0 and not self.panelled:
+            return row * self.row_bytes + col * self.elem_bytes
+        per_chunk = 16 // self.elem_bytes
+        return self.chunk_offset(row, col // per_chunk) + (col % per_chunk) * self.elem_bytes
+
     def __str__(self) -> str:
         swz = f"swizzle={16 << self.swizzle_bits}B" if self.swizzle_bits else "no swizzle"
         panels = f", panels={self.row_bytes // 128}" if self.panelled else ""
