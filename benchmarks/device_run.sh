@@ -6,7 +6,8 @@
 #
 # Files written to $OUT (8, flat): gpu_tests.log, memcheck.log, launch.log, matmul.log, launch.json, matmul.json,
 # matmul.png (with matplotlib), RESULTS.md (benchmarks/RESULTS.md with the new sections appended).
-# Limits per step (seconds) can be changed: T_TESTS, T_LAUNCH, T_MATMUL; RUN_TESTS=0 / RUN_LAUNCH=0 skip a step.
+# Limits per step (seconds) can be changed: T_TESTS, T_LAUNCH, T_MATMUL; RUN_TESTS=0 / RUN_LAUNCH=0 / RUN_MATMUL=0
+# skip a step.
 # Nothing here needs a package index; Triton is optional (its columns read n/a without it).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,9 @@ fi
 if [ "$RUN_LAUNCH" = 1 ]; then
     step launch "$T_LAUNCH" python3 -m benchmarks.launch --out "$OUT"
 fi
-if [ "$FULL" = 1 ]; then
+if [ "${RUN_MATMUL:-1}" != 1 ]; then
+    :
+elif [ "$FULL" = 1 ]; then
     step matmul "$T_MATMUL" python3 -m benchmarks.matmul --budget-s "$BUDGET" --out "$OUT"
 else
     step matmul "$T_MATMUL" python3 -m benchmarks.matmul --quick --budget-s "$BUDGET" --out "$OUT"

@@ -86,12 +86,25 @@ def _launchers() -> dict[str, Callable[[], Any] | str]:
     """name -> zero-argument launch, or the reason it is unavailable."""
     import torch
 
+    import tilejit
     from benchmarks import kernels
 
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
     out: dict[str, Callable[[], Any] | str] = {}
     grid = (1,)
     out["tilejit"] = lambda: kernels.tiny[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    # The same kernel through the pure-Python launch path (what runs where the native launcher cannot be built).
+    python_path = tilejit.kernel(kernels.tiny.fn)
+    previous = os.environ.get("TILEJIT_NATIVE_LAUNCH")
+    os.environ["TILEJIT_NATIVE_LAUNCH"] = "0"  # read at the kernel's first launch
+    try:
+        python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    finally:
+        if previous is None:
+            del os.environ["TILEJIT_NATIVE_LAUNCH"]
+        else:
+            os.environ["TILEJIT_NATIVE_LAUNCH"] = previous
+    out["tilejit, Python launch path"] = lambda: python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
     try:
         from benchmarks import triton_kernels
     except Exception as error:  # noqa: BLE001 - report, do not fail
@@ -183,6 +196,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['us_per_launch_with_sync']:.2f} us with the one final torch.cuda.synchronize")
         rows.append([f"launch overhead: {name}", value, note])
         print(f"{name}: {value} {note}", flush=True)
+
+    from benchmarks import kernels
+    from tilejit.runtime import native
+
+    active = kernels.tiny._dispatcher is not None
+    results["native_launcher"] = "active" if active else f"unavailable: {native.failure()}"
+    print(f"native launcher: {results['native_launcher']}", flush=True)
+    if active:
+        stats = kernels.tiny._dispatcher.stats()
+        results["native_stats"] = stats
+        if stats["fallbacks"] or stats["hits"] < args.launches:
+            errors.append(f"the timed tilejit launches did not all take the native path: {stats}")
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
     results["first_launch"] = first

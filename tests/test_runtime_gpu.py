@@ -317,3 +317,44 @@ def test_launch_on_a_side_stream_does_not_wait_for_the_default_stream():
     assert not torch.cuda.current_stream(dev).query(), "the side-stream launch waited for the default stream"
     assert torch.all(y == 4.0)
     torch.cuda.synchronize()
+
+
+# ---- the compiled launcher (runtime/_launch.c) ----------------------------------------------------------------
+
+def test_launches_after_the_first_take_the_native_path_and_match_the_python_path(monkeypatch):
+    from tilejit.runtime import native
+
+    dev = device_or_skip(0)
+    if native.load() is None:
+        pytest.skip(f"native launcher unavailable here: {native.failure()}")
+    fast = tilejit.kernel(axpb.fn)
+    monkeypatch.setenv("TILEJIT_NATIVE_LAUNCH", "0")
+    slow = tilejit.kernel(axpb.fn)
+    x = torch.randn(3000, device=dev)
+    launch_axpb(slow, x, torch.empty_like(x), 1.0, 0.0)
+    monkeypatch.delenv("TILEJIT_NATIVE_LAUNCH")
+    assert slow._dispatcher is None
+    # Python path (compiles, makes the dispatcher), a native miss (remembers the entry), then native hits.
+    for step in range(4):
+        y_fast, y_slow = torch.full_like(x, NAN), torch.full_like(x, NAN)
+        launch_axpb(fast, x, y_fast, 1.5 + step, -float(step))
+        launch_axpb(slow, x, y_slow, 1.5 + step, -float(step))
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y_fast, (x.double() * (1.5 + step) - step).float())
+        assert torch.equal(y_fast, y_slow)
+    stats = fast._dispatcher.stats()
+    assert stats["misses"] == 1 and stats["hits"] == 2 and stats["fallbacks"] == 0
+
+
+def test_native_path_respecializes_on_alignment_and_dtype(monkeypatch):
+    dev = device_or_skip(0)
+    kernel = tilejit.kernel(axpb.fn)
+    base = torch.randn(5000, device=dev, dtype=torch.float64)
+    for x in (base.float(), base.float()[1:], base.half(), base.float()[3:]):  # aligned, not, fp16, not again
+        y = torch.full_like(x, NAN)
+        launch_axpb(kernel, x, y, 2.0, 0.5)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y.double(), (x.double() * 2.0 + 0.5).to(y.dtype).double())
+    if kernel._dispatcher is not None:
+        # The first launch (Python) made the dispatcher; unaligned fp32 and fp16 missed; unaligned again hit.
+        assert kernel._dispatcher.stats() == {"hits": 1, "misses": 2, "fallbacks": 0, "entries": 2}

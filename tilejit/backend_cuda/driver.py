@@ -224,6 +224,22 @@ def load_cubin(cubin: bytes, kernel_name: str, device_index: int, dynamic_smem_b
     return loaded
 
 
+def param_struct(param_kinds: Sequence[str]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The packed kernel-parameter buffer of ``param_kinds`` (each at its natural alignment, as the kernel reads
+    its parameters) and each parameter's byte offset in it."""
+    fmt, offsets, offset = ["="], [], 0
+    for kind in param_kinds:
+        code, size, align = _PARAM_LAYOUT[kind]
+        pad = -offset % align
+        if pad:
+            fmt.append(f"{pad}x")
+            offset += pad
+        offsets.append(offset)
+        fmt.append(code)
+        offset += size
+    return struct.Struct("".join(fmt)), tuple(offsets)
+
+
 @functools.cache
 def _libcuda_launch() -> Any:
     lib = ctypes.CDLL("libcuda.so.1")
@@ -265,21 +281,11 @@ class Launcher:
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.impl = impl
 
-        fmt, offsets, offset = ["="], [], 0
-        for kind in self.param_kinds:
-            code, size, align = _PARAM_LAYOUT[kind]
-            pad = -offset % align
-            if pad:
-                fmt.append(f"{pad}x")
-                offset += pad
-            offsets.append(offset)
-            fmt.append(code)
-            offset += size
-        self._struct = struct.Struct("".join(fmt))
-        self._offsets = tuple(offsets)
+        self._struct, self._offsets = param_struct(self.param_kinds)
         self._per_thread = threading.local()
         self._tmap_positions = tuple(i for i, k in enumerate(self.param_kinds) if k == "tmap")
         self.launch = self._build_launch(loaded, impl)
+        self._native_entries: dict[Any, Any] = {}
 
     def _thread_buffer(self) -> tuple[Any, int]:
         """This thread's (parameter buffer, address of its ``void*[]``), made on the thread's first launch."""
@@ -334,6 +340,24 @@ class Launcher:
                 self._recover(err, grid, stream, params)
 
         return launch
+
+    def native_entry(self, tmaps: Callable[[Sequence[Any]], list[bytes]] | None = None,
+                     fallback: Callable[..., None] | None = None) -> Any:
+        """This launcher as an Entry of the compiled launcher (``runtime/_launch.c``), made once; None when that
+        launcher is unavailable. ``fallback`` (default: this launcher) runs a launch the driver refused, so
+        tilejit's context retry and errors apply."""
+        entry = self._native_entries.get(tmaps)
+        if entry is None:
+            from ..runtime import native
+
+            module = native.load()
+            if module is None:
+                return None
+            kinds = bytes(native.KIND_CODES[k] for k in self.param_kinds)
+            entry = module.Entry(int(self.loaded.function), self.block, self.dynamic_smem_bytes, kinds,
+                                 self.loaded.device_index, tmaps, fallback or self)
+            self._native_entries[tmaps] = entry
+        return entry
 
     def __call__(self, grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
         """Launch on ``stream`` (an int handle). Hot callers may hold ``self.launch`` instead (same thing, one

@@ -133,6 +133,7 @@ class Kernel:
         self._lock = threading.RLock()
         self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
         self._fast: dict[tuple, Any] = {}            # cheap call signature -> Launcher
+        self._dispatcher: Any = None                  # the compiled launcher's table, after the first GPU launch
         runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
         self._min_positional = runtime[-1] + 1 if runtime else 0
         self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
@@ -293,18 +294,26 @@ class Kernel:
 
     # -- launching -----------------------------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            return dispatcher.bind(grid)  # the compiled launcher (runtime/_launch.c)
+
         def launch(*args: Any, **kwargs: Any) -> None:
-            fast = self._fast_args(args, kwargs)
-            if fast is not None:
-                # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
-                launcher = self._fast.get(fast[0])
-                if launcher is not None:
-                    grid3 = self._fast_grid(grid, args, kwargs)
-                    if grid3 is not None:
-                        launcher(grid3, _raw_stream(fast[2]), fast[1])
-                        return
-            self.run(grid, args, kwargs, fast)
+            self._python_launch(grid, args, kwargs)
         return launch
+
+    def _python_launch(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """The launch path in Python: the reference for ``_launch.c`` and its fallback for calls it cannot sign."""
+        fast = self._fast_args(args, kwargs)
+        if fast is not None:
+            # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
+            launcher = self._fast.get(fast[0])
+            if launcher is not None:
+                grid3 = self._fast_grid(grid, args, kwargs)
+                if grid3 is not None:
+                    launcher(grid3, _raw_stream(fast[2]), fast[1])
+                    return
+        self.run(grid, args, kwargs, fast)
 
     # -- the fast path: a dict hit on a cheap signature, then one cuLaunchKernel -------------------
     def _fast_args(self, args: Sequence[Any], kwargs: dict[str, Any]):
@@ -312,7 +321,7 @@ class Kernel:
 
         The signature holds everything the specialization key depends on (a superset: full strides
         rather than the unit-stride pattern), except global constants, read when a specialization is
-        first compiled; the device is the first tensor's (the slow path checks they all agree).
+        first compiled. Tensors on different devices take the slow path, which rejects them.
         """
         if len(args) < self._min_positional:
             return None
@@ -326,8 +335,11 @@ class Kernel:
             elif isinstance(a, tensor_type):
                 strides = a.stride()
                 ptr = a.data_ptr()
+                where = a.get_device()
                 if device is None:
-                    device = a.get_device()
+                    device = where
+                elif where != device:
+                    return None
                 sig += (a.dtype, strides, ptr & 15 == 0)
                 if role is _SHAPED:
                     sig.append(a.shape)
@@ -379,9 +391,9 @@ class Kernel:
         raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
                         f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
-    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None) -> None:
+    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
-        fast path under the call's cheap signature."""
+        fast path under the call's cheap signature. Returns the launcher (None in the interpreter)."""
         call = self.bind(args, dict(kwargs))
         grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
                                     "num_stages": call.options.num_stages}, self.__name__)
@@ -394,7 +406,7 @@ class Kernel:
             from ..interpreter import interpret
 
             interpret(self.build_ir(call), grid3, call.values)
-            return
+            return None
         for n, t in tensors.items():
             if t.device.type != "cuda":
                 raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
@@ -406,6 +418,29 @@ class Kernel:
             fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
             if fast is not None:
                 self._fast[fast[0]] = launcher
+        if self._dispatcher is None and tensors:
+            self._dispatcher = self._make_dispatcher()
+        return launcher
+
+    def _make_dispatcher(self):
+        """The compiled launcher's per-kernel table (None when it cannot be built): made at the first GPU launch,
+        so importing tilejit or running the interpreter never builds it."""
+        from . import native
+
+        module = native.load() if knobs.native_launch() else None
+        if module is None:
+            return None
+        import torch
+
+        return module.Dispatcher(
+            roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
+            tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
+            fallback=self._python_launch, grid_fn=self._fast_grid, min_positional=self._min_positional)
+
+    def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
+        """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
+        launcher = self.run(grid, args, kwargs)
+        return None if launcher is None else launcher.native_entry()
 
     def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""

@@ -73,7 +73,11 @@ class TensorMapPacker:
             self.plan.append((start, rank, int(m["elem_bytes"]), tuple(m["box"])))
 
     def __call__(self, values: list[Any]) -> list[Any]:
-        out = list(values)
+        return [*values, *self.maps(values)]
+
+    def maps(self, values: Sequence[Any]) -> list[bytes]:
+        """The 128-byte CUtensorMaps for the packed ``values``, in the kernel's parameter order."""
+        out = []
         for start, rank, elem_bytes, box in self.plan:
             ptr = values[start]
             sizes = values[start + 1:start + 1 + rank]
