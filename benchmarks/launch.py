@@ -82,6 +82,27 @@ def host_overhead(launch: Callable[[], Any], launches: int, reps: int) -> dict[s
             "min_us_per_launch": min(host)}
 
 
+def driver_floor(launches: int, reps: int) -> float:
+    """Median microseconds of one bare cuLaunchKernel of the benchmark's kernel, called from C with parameters packed
+    once (``_launch.c``'s ``time_driver_launches``)."""
+    import torch
+
+    from benchmarks import kernels
+    from tilejit.runtime import native
+
+    x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
+    call = ((x, y, z, w, 1, 0), {"BLOCK": 32, "num_warps": 1})
+    for _ in range(2):  # the second launch registers the entry with the native table
+        kernels.tiny[(1,)](*call[0], **call[1])
+    stream = torch.cuda.current_stream().cuda_stream
+    samples = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        samples.append(native.load().time_driver_launches(kernels.tiny._dispatcher, launches, stream, *call))
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def _launchers() -> dict[str, Callable[[], Any] | str]:
     """name -> zero-argument launch, or the reason it is unavailable."""
     import torch
@@ -89,6 +110,9 @@ def _launchers() -> dict[str, Callable[[], Any] | str]:
     import tilejit
     from benchmarks import kernels
 
+    from tilejit.runtime import native
+
+    native.load()  # built now rather than in the background during the timed launches (a fresh cache dir)
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
     out: dict[str, Callable[[], Any] | str] = {}
     grid = (1,)
@@ -208,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         results["native_stats"] = stats
         if stats["fallbacks"] or stats["hits"] < args.launches:
             errors.append(f"the timed tilejit launches did not all take the native path: {stats}")
+        floor = _attempt("driver floor", lambda: driver_floor(args.launches, args.reps), errors)
+        results["driver_floor_us"] = floor
+        if floor is not None:
+            rows.append(["cuLaunchKernel alone (same kernel, C loop)", f"{floor:.2f} us",
+                         f"parameters packed once, no Python; median of {args.reps} x {args.launches}: the floor "
+                         "under any launcher on this host"])
+            print(f"cuLaunchKernel alone: {floor:.2f} us", flush=True)
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
     results["first_launch"] = first

@@ -165,6 +165,44 @@ def test_an_unbuildable_launcher_warns_once_and_falls_back(tmp_path, monkeypatch
     assert not list((tmp_path / "cache" / "native").glob("*.tmp"))  # no half-written library left behind
 
 
+def test_the_first_launch_starts_a_background_build_and_does_not_wait_for_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_builder", None)
+    started = threading.Event()
+    real_build = native.build
+
+    def slow_build(path):
+        started.set()
+        real_build(path)
+
+    monkeypatch.setattr(native, "build", slow_build)
+    assert native.load_async() is None  # not ready yet: the caller launches through Python meanwhile
+    assert started.wait(60)
+    native._builder.join(120)
+    assert native.ready() is not None and native.load_async() is native.ready()
+    assert native.library_path(tmp_path / "cache" / "native").is_file()
+
+
+def test_stale_temporaries_of_killed_builds_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    directory = tmp_path / "cache" / "native"
+    directory.mkdir(parents=True, mode=0o700)
+    old, recent = directory / "launch-x.so.abc.tmp", directory / "launch-x.so.def.tmp"
+    old.write_bytes(b"half")
+    recent.write_bytes(b"in progress")
+    os.utime(old, (1, 1))
+    native._load_or_build()
+    assert not old.exists() and recent.exists()
+
+
+def test_timing_the_driver_needs_a_remembered_entry(mod, make):
+    d, rec = make(TINY_KINDS)
+    with pytest.raises(ValueError, match="launch the kernel with these arguments first"):
+        mod.time_driver_launches(d, 10, 0, tiny_args())
+
+
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("TILEJIT_NATIVE_LAUNCH", "0")
     monkeypatch.setattr(native, "_module", None)

@@ -346,8 +346,11 @@ def test_launches_after_the_first_take_the_native_path_and_match_the_python_path
     assert stats["misses"] == 1 and stats["hits"] == 2 and stats["fallbacks"] == 0
 
 
-def test_native_path_respecializes_on_alignment_and_dtype(monkeypatch):
+def test_native_path_respecializes_on_alignment_and_dtype():
+    from tilejit.runtime import native
+
     dev = device_or_skip(0)
+    native.load()  # ready before the first launch, so that launch makes the dispatcher
     kernel = tilejit.kernel(axpb.fn)
     base = torch.randn(5000, device=dev, dtype=torch.float64)
     for x in (base.float(), base.float()[1:], base.half(), base.float()[3:]):  # aligned, not, fp16, not again

@@ -22,6 +22,7 @@ from .. import language as lang
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+from . import native
 
 __version__ = "0.1.0"
 
@@ -312,6 +313,8 @@ class Kernel:
                 grid3 = self._fast_grid(grid, args, kwargs)
                 if grid3 is not None:
                     launcher(grid3, _raw_stream(fast[2]), fast[1])
+                    if self._dispatcher is None and native.ready() is not None:  # built in the background
+                        self._dispatcher = self._make_dispatcher()
                     return
         self.run(grid, args, kwargs, fast)
 
@@ -423,11 +426,9 @@ class Kernel:
         return launcher
 
     def _make_dispatcher(self):
-        """The compiled launcher's per-kernel table (None when it cannot be built): made at the first GPU launch,
-        so importing tilejit or running the interpreter never builds it."""
-        from . import native
-
-        module = native.load() if knobs.native_launch() else None
+        """The compiled launcher's per-kernel table, or None while it is being built (it starts building at the
+        first GPU launch, so importing tilejit or running the interpreter never builds it) or when it cannot be."""
+        module = native.load_async() if knobs.native_launch() else None
         if module is None:
             return None
         import torch

@@ -14,22 +14,17 @@ else can write; otherwise it is built again in a private temporary directory.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
-import importlib.util
 import os
-import platform
-import shlex
-import shutil
 import stat
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
+
+# Imported where used (subprocess, sysconfig, tempfile, ...): `import tilejit` must stay cheap, and most processes
+# load an already built library or never launch on a GPU.
 
 from .. import knobs
 
@@ -40,6 +35,8 @@ KIND_CODES = {"ptr": 0, "i64": 1, "i32": 2, "f32": 3, "tmap": 4}
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: str | None = None
+_builder: threading.Thread | None = None
+_STALE_TMP_S = 600  # a temporary library older than this was left by a killed build
 
 
 class NativeBuildError(RuntimeError):
@@ -63,12 +60,34 @@ def load() -> ModuleType | None:
     return _module
 
 
+def load_async() -> ModuleType | None:
+    """The ``_launch`` module if it is ready; otherwise start building it on a background thread (once) and return
+    None, so the first launch does not wait for the C compiler (it overlaps NVRTC, or the Python path runs
+    meanwhile)."""
+    global _builder
+    if _module is not None or _failure is not None or not knobs.native_launch():
+        return _module
+    with _lock:
+        if _builder is None and _module is None and _failure is None:
+            _builder = threading.Thread(target=load, name="tilejit-native-build", daemon=True)
+            _builder.start()
+    return _module
+
+
+def ready() -> ModuleType | None:
+    """The ``_launch`` module if it is loaded, without building anything."""
+    return _module
+
+
 def failure() -> str | None:
     """Why the native launcher is unavailable (None when it loaded or was never asked for)."""
     return _failure
 
 
 def digest() -> str:
+    import hashlib
+    import platform
+
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (sys.version, platform.machine(), platform.system(), _ext_suffix()):
         h.update(b"\0" + part.encode())
@@ -76,6 +95,9 @@ def digest() -> str:
 
 
 def _ext_suffix() -> str:
+    import importlib.machinery
+    import sysconfig
+
     return sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
@@ -84,6 +106,8 @@ def library_path(directory: Path) -> Path:
 
 
 def _load_or_build() -> ModuleType:
+    import tempfile
+
     directory = knobs.cache_dir() / "native"
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -95,8 +119,19 @@ def _load_or_build() -> ModuleType:
         directory = Path(tempfile.mkdtemp(prefix="tilejit-native-"))
     path = library_path(directory)
     if not (path.is_file() and _private(path)):
+        _remove_stale_temporaries(directory)
         build(path)
     return _import(path)
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    now = time.time()
+    for tmp in directory.glob("launch-*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > _STALE_TMP_S:
+                tmp.unlink()
+        except OSError:
+            pass
 
 
 def _private(path: Path) -> bool:
@@ -110,6 +145,10 @@ def _private(path: Path) -> bool:
 
 def compiler() -> list[str]:
     """The C compiler command: $CC, else the one Python was built with, else ``cc``; NativeBuildError if none."""
+    import shlex
+    import shutil
+    import sysconfig
+
     for candidate in (knobs.c_compiler(), sysconfig.get_config_var("CC"), "cc", "gcc", "clang"):
         if not candidate:
             continue
@@ -121,6 +160,11 @@ def compiler() -> list[str]:
 
 def build(path: Path) -> None:
     """Compile ``_launch.c`` into ``path`` (written under a temporary name, then renamed into place)."""
+    import shlex
+    import subprocess
+    import sysconfig
+    import tempfile
+
     include = sysconfig.get_paths().get("include")
     if not include or not (Path(include) / "Python.h").is_file():
         raise NativeBuildError(f"Python's C headers are not installed (no Python.h in {include}; on Debian/Ubuntu: "
@@ -144,6 +188,9 @@ def build(path: Path) -> None:
 
 
 def _import(path: Path) -> ModuleType:
+    import importlib.machinery
+    import importlib.util
+
     loader = importlib.machinery.ExtensionFileLoader("tilejit.runtime._launch", str(path))
     spec = importlib.util.spec_from_file_location("tilejit.runtime._launch", path, loader=loader)
     if spec is None:
