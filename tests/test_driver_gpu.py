@@ -194,7 +194,7 @@ def test_launcher_parameters_do_not_mix_between_threads(monkeypatch):
         return (0,)
 
     monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=fake_launch))
-    launcher = driver.make_launcher(_fake_loaded(), ["i64", "i64"], (32, 1, 1))
+    launcher = driver.make_launcher(_fake_loaded(), ["i64", "i64"], (32, 1, 1), impl="bindings")
 
     def launch_many(thread: int) -> None:
         for _ in range(2000):

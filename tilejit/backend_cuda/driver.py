@@ -1,17 +1,18 @@
-"""Loading cubins and launching kernels with the CUDA driver API (cuda.bindings 12.x and 13.x).
+"""Loading cubins and launching kernels with the CUDA driver API.
 
 torch owns the CUDA contexts: tilejit loads modules into the primary context torch created for a device and
-launches on torch's streams, so kernels interleave with torch ops and CUDA graph capture. Nothing here touches
-the GPU at import time; ``cuda.bindings.driver`` is imported on first use.
+launches on torch's streams, so kernels interleave with torch ops and CUDA graph capture. The driver is reached
+through ctypes (``libcuda.py``): importing cuda.bindings' driver module would cost a fresh process more than
+its whole budget for the first launch from a disk-cache hit. Nothing here touches the GPU at import time.
 
-The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters
-live in a preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
-``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. The buffer is per
-thread (created on a thread's first launch): cuLaunchKernel releases the GIL, so with one shared buffer a second
-thread could overwrite the parameters between the first thread's pack and launch. Two ways to make
-that call are kept (see ``LAUNCH_IMPLS``): cuda.bindings' ``cuLaunchKernel``, which accepts the ``void**``
-address as a plain int, and ctypes on ``libcuda.so.1``. ``DEFAULT_LAUNCH_IMPL`` is the one measured faster on an
-H200 (see its comment); the other stays as a fallback for bindings that reject an int address.
+Launches normally go through the compiled launcher (``runtime/_launch.c``); this module's ``Launcher`` is the
+Python path: the first launch of each specialization, and every launch where the compiled launcher cannot be
+built. It does the least per call: parameters live in a preallocated buffer described by a ``struct.Struct``
+(one ``pack_into`` fills them all), the ``void*[]`` array of their addresses is built once, and the call is one
+``cuLaunchKernel``. The buffer is per thread (created on a thread's first launch): cuLaunchKernel releases the
+GIL, so with one shared buffer a second thread could overwrite the parameters between the first thread's pack
+and launch. Two ways to make that call are kept (see ``LAUNCH_IMPLS``): ctypes on ``libcuda.so.1`` (the
+default: no cuda.bindings import) and cuda.bindings' ``cuLaunchKernel``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from typing import Any
 
 from tilejit.errors import BackendUnavailableError, LaunchError
 
+from . import libcuda
+
 PARAM_KINDS = ("ptr", "i64", "i32", "f32", "tmap")
 # struct code, size, alignment of each kernel-parameter kind as the kernel sees it.
 _PARAM_LAYOUT: dict[str, tuple[str, int, int]] = {
@@ -37,16 +40,17 @@ _PARAM_LAYOUT: dict[str, tuple[str, int, int]] = {
 }
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 
-LAUNCH_IMPLS = ("bindings", "ctypes")
+LAUNCH_IMPLS = ("ctypes", "bindings")
 # Measured on an H200 (driver 580, cuda-bindings 13.3, torch 2.11), 14 params (8 ptr, 2 i64, 2 i32, 2 f32),
-# host time per launch, median of 7 x 20k: "bindings" 4.5 us, "ctypes" 5.5-5.8 us; a bare cuda.bindings
-# cuLaunchKernel call with everything prebuilt takes 4.1-4.2 us there and pack_into 0.5 us, so the driver call
-# itself is the floor (torch's x.add_(1): 7.2 us). ctypes loses on per-argument conversion of its 11 arguments.
-DEFAULT_LAUNCH_IMPL = "bindings"
+# host time per launch, median of 7 x 20k: "bindings" 4.5 us, "ctypes" 5.5-5.8 us. ctypes is the default all
+# the same: it spares the ~16 ms import of cuda.bindings.driver on a first launch, and the hot path is the
+# compiled launcher, not this one.
+DEFAULT_LAUNCH_IMPL = "ctypes"
 
 
 @functools.cache
 def _driver() -> ModuleType:
+    """cuda.bindings' driver module, for the "bindings" launch impl only."""
     try:
         from cuda.bindings import driver
     except ImportError:
@@ -54,40 +58,16 @@ def _driver() -> ModuleType:
             from cuda import cuda as driver  # cuda-python < 12.6
         except ImportError as exc:
             raise BackendUnavailableError(
-                "tilejit needs the CUDA driver bindings: `pip install 'cuda-python>=12.8'`"
+                "the 'bindings' launch impl needs the CUDA driver bindings: `pip install 'cuda-python>=12.8'`"
             ) from exc
     return driver
 
 
-def _error_name(err: Any) -> str:
-    drv = _driver()
-    try:
-        if not isinstance(err, drv.CUresult):
-            err = drv.CUresult(int(err))
-        ok, name = drv.cuGetErrorName(err)
-        ok2, text = drv.cuGetErrorString(err)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        text = text.decode() if isinstance(text, bytes) else str(text)
-        return f"{name} ({text})" if ok2 == drv.CUresult.CUDA_SUCCESS else name
-    except Exception:
-        return str(err)
+_contexts: dict[int, int] = {}  # device index -> torch's primary CUcontext (fixed for the process's life)
 
 
-def _check(result: tuple, what: str) -> Any:
-    """Unpack a cuda.bindings result tuple, raising LaunchError with the error's name on failure."""
-    err = result[0]
-    if err != _driver().CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"{what} failed: {_error_name(err)}")
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
-
-
-_contexts: dict[int, Any] = {}  # device index -> torch's primary CUcontext (fixed for the process's life)
-
-
-def ensure_torch_context(device_index: int) -> Any:
-    """Make torch create its primary context on ``device_index`` and return it (a ``CUcontext``).
+def ensure_torch_context(device_index: int) -> int:
+    """Make torch create its primary context on ``device_index`` and return it (a ``CUcontext`` handle).
 
     Does not change torch's current device for the caller: the device is selected only inside a
     ``torch.cuda.device`` block, where a one-element allocation forces the lazily created context to exist.
@@ -104,24 +84,14 @@ def ensure_torch_context(device_index: int) -> Any:
         raise LaunchError(f"CUDA device index {device_index} out of range: torch sees {count} device(s)")
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")
-        ctx = _check(_driver().cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
+        ctx = libcuda.current_context()
+    if not ctx:
         raise LaunchError(f"torch did not make a CUDA context current for device {device_index}")
     _contexts[device_index] = ctx
     return ctx
 
 
-class _ContextPushed:
-    """``with _ContextPushed(ctx):`` makes ``ctx`` current on this thread for the block, then restores."""
-
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
-
-    def __enter__(self) -> None:
-        _check(_driver().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
-
-    def __exit__(self, *exc: object) -> None:
-        _check(_driver().cuCtxPopCurrent(), "cuCtxPopCurrent")
+_ContextPushed = libcuda.ContextPushed
 
 
 @dataclass(frozen=True)
@@ -160,21 +130,17 @@ class LoadedKernel:
                 f"{nbytes} dynamic) but device {self.device_index} allows at most {available} "
                 "(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN); use fewer stages or smaller tiles"
             )
-        drv = _driver()
         with _ContextPushed(self.context):
-            _check(
-                drv.cuFuncSetAttribute(
-                    self.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
-                ),
-                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.name!r}",
-            )
+            libcuda.check(libcuda.function("cuFuncSetAttribute")(
+                self.function, libcuda.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.name!r}")
         self.dynamic_smem_limit = nbytes
 
     def unload(self) -> None:
         """Unload the module; the kernel must not be launched afterwards."""
         if self.module is not None:
             with _ContextPushed(self.context):
-                _check(_driver().cuModuleUnload(self.module), "cuModuleUnload")
+                libcuda.check(libcuda.function("cuModuleUnload")(self.module), "cuModuleUnload")
             self.module = None
 
     def __repr__(self) -> str:
@@ -189,31 +155,24 @@ def load_cubin(cubin: bytes, kernel_name: str, device_index: int, dynamic_smem_b
     Opts in to more than 48 KiB of shared memory when the kernel needs it; raises LaunchError, saying how many
     bytes were needed and how many the device has, when it cannot.
     """
-    drv = _driver()
     ctx = ensure_torch_context(device_index)
     with _ContextPushed(ctx):
-        module = _check(drv.cuModuleLoadData(cubin), f"cuModuleLoadData for kernel {kernel_name!r}")
         try:
-            function = _check(drv.cuModuleGetFunction(module, kernel_name.encode()),
-                              f"cuModuleGetFunction({kernel_name!r})")
-            fa = drv.CUfunction_attribute
-
-            def get(attr: Any) -> int:
-                return int(_check(drv.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({attr})"))
-
-            device = _check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
-            optin = _check(drv.cuDeviceGetAttribute(
-                drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
-                "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+            module = libcuda.module_load(cubin)
+        except LaunchError as error:
+            raise LaunchError(f"{error} (kernel {kernel_name!r})") from None
+        try:
+            function = libcuda.module_function(module, kernel_name)
             attributes = KernelAttributes(
-                num_regs=get(fa.CU_FUNC_ATTRIBUTE_NUM_REGS),
-                local_bytes=get(fa.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
-                static_smem_bytes=get(fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
-                max_threads_per_block=get(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
-                max_smem_optin_bytes=int(optin),
+                num_regs=libcuda.function_attribute(function, libcuda.FUNC_NUM_REGS),
+                local_bytes=libcuda.function_attribute(function, libcuda.FUNC_LOCAL_SIZE_BYTES),
+                static_smem_bytes=libcuda.function_attribute(function, libcuda.FUNC_SHARED_SIZE_BYTES),
+                max_threads_per_block=libcuda.function_attribute(function, libcuda.FUNC_MAX_THREADS_PER_BLOCK),
+                max_smem_optin_bytes=libcuda.current_device_attribute(
+                    libcuda.DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             )
         except BaseException:
-            drv.cuModuleUnload(module)
+            libcuda.function("cuModuleUnload")(module)
             raise
     loaded = LoadedKernel(kernel_name, device_index, ctx, module, function, attributes)
     try:
@@ -238,16 +197,6 @@ def param_struct(param_kinds: Sequence[str]) -> tuple[struct.Struct, tuple[int, 
         fmt.append(code)
         offset += size
     return struct.Struct("".join(fmt)), tuple(offsets)
-
-
-@functools.cache
-def _libcuda_launch() -> Any:
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernel
-    u = ctypes.c_uint
-    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
 
 
 class Launcher:
@@ -312,12 +261,20 @@ class Launcher:
         bx, by, bz = self.block
         smem = self.dynamic_smem_bytes
         if impl == "bindings":
-            function, cu_launch = loaded.function, _driver().cuLaunchKernel
+            drv = _driver()
+            cu_function = getattr(drv, "CUfunction", None)
+            function = cu_function(loaded.function) if cu_function and loaded.function is not None else loaded.function
+            cu_launch = drv.cuLaunchKernel
 
             def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
                 return cu_launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, 0)[0]
         else:
-            handle, cu_launch = int(loaded.function), _libcuda_launch()
+            handle = loaded.function
+            try:
+                cu_launch = libcuda.function("cuLaunchKernel")
+            except BackendUnavailableError as missing:  # no driver: a launcher can be built, not launched
+                def cu_launch(*args: Any, _missing: Exception = missing) -> int:
+                    raise _missing
 
             def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
                 return cu_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
@@ -386,15 +343,13 @@ class Launcher:
     def _recover(self, err: int, grid: tuple[int, int, int], stream: int, params: int) -> None:
         """A failed launch: retry once with the kernel's own context current (the caller's thread may have
         another device's context current), else raise LaunchError naming the error."""
-        drv = _driver()
-        current = drv.cuCtxGetCurrent()
-        if current[0] == drv.CUresult.CUDA_SUCCESS and int(current[1]) != int(self.loaded.context):
+        if libcuda.current_context() != self.loaded.context:
             with _ContextPushed(self.loaded.context):
                 err = self._raw_launch(*grid, stream, params)
             if not err:
                 return
         raise LaunchError(
-            f"cuLaunchKernel({self.loaded.name!r}) failed: {_error_name(err)}; grid={tuple(grid)}, "
+            f"cuLaunchKernel({self.loaded.name!r}) failed: {libcuda.error_name(int(err))}; grid={tuple(grid)}, "
             f"block={self.block}, dynamic_smem={self.dynamic_smem_bytes}, device={self.loaded.device_index}"
         )
 

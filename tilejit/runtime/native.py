@@ -1,7 +1,7 @@
 """The compiled launcher (``_launch.c``): built from the package's own source on first use, then loaded.
 
 A launch through Python costs about 10 us of host time (reading each tensor's pointer, sizes and strides
-through torch's Python API, building the call signature, then cuda.bindings' ``cuLaunchKernel`` wrapper).
+through torch's Python API, building the call signature, packing, then a ctypes or cuda.bindings call).
 ``_launch.c`` does the same work without a Python frame. It needs a C compiler and Python's headers, and nothing
 from CUDA or torch at build time (``libcuda.so.1`` is opened at the first launch), so it builds in well under a
 second on any machine that has ``cc``. Where it cannot be built, or with ``TILEJIT_NATIVE_LAUNCH=0``, launches

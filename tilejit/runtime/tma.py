@@ -2,13 +2,11 @@
 
 A map describes one tensor argument (its address, extents and strides) and the box a kernel copies.
 Launches reuse maps through a small cache keyed by everything the encoding depends on, so a repeated
-launch on the same tensors costs a dict lookup. Encoding follows HARDWARE.md ("TMA from Python"): every
-number wrapped in cuuint32_t / cuuint64_t, 128-byte swizzle, out-of-bounds parts of a box zero-filled.
+launch on the same tensors costs a dict lookup. Encoding follows HARDWARE.md ("TMA from Python"), through
+ctypes (``backend_cuda/libcuda.py``): 128-byte swizzle, out-of-bounds parts of a box zero-filled.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -18,41 +16,24 @@ _CACHE_SIZE = 1024
 _cache: OrderedDict[tuple, Any] = OrderedDict()
 
 
-@functools.cache
-def _data_types() -> dict[int, Any]:
-    from cuda.bindings import driver
-
-    t = driver.CUtensorMapDataType
-    return {1: t.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2: t.CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            4: t.CU_TENSOR_MAP_DATA_TYPE_UINT32}
-
-
-def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: int, box: Sequence[int]) -> Any:
-    """A CUtensorMap for a tensor at ``ptr`` with ``sizes``/``strides`` (elements, outermost first) and a
-    ``box`` given innermost first. The element type only matters by size: a copy moves bytes."""
+def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: int, box: Sequence[int]) -> bytes:
+    """The 128 bytes of a CUtensorMap for a tensor at ``ptr`` with ``sizes``/``strides`` (elements, outermost
+    first) and a ``box`` given innermost first. The element type only matters by size: a copy moves bytes."""
     key = (ptr, tuple(sizes), tuple(strides), elem_bytes, tuple(box))
     found = _cache.get(key)
     if found is not None:
         return found
-    from cuda.bindings import driver
+    from ..backend_cuda import libcuda
 
-    rank = len(sizes)
-    dims = [driver.cuuint64_t(int(n)) for n in reversed(sizes)]
     # globalStrides: bytes between consecutive elements of dims 1..rank-1 (innermost first, dim 0 implied).
-    byte_strides = [driver.cuuint64_t(int(s) * elem_bytes) for s in list(reversed(strides))[1:]]
-    result = driver.cuTensorMapEncodeTiled(
-        _data_types()[elem_bytes], driver.cuuint32_t(rank), ptr, dims, byte_strides,
-        [driver.cuuint32_t(int(b)) for b in box], [driver.cuuint32_t(1)] * rank,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    err, tensor_map = result[0], result[1]
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cuTensorMapEncodeTiled failed ({err.name}) for a tensor of sizes {list(sizes)}, "
-                          f"strides {list(strides)} and box {list(box)}")
-    # Kept as the 128 bytes the kernel parameter is, so a cached launch copies bytes and converts nothing.
-    tensor_map = ctypes.string_at(tensor_map.getPtr(), 128)
+    byte_strides = [int(s) * elem_bytes for s in list(reversed(strides))[1:]]
+    try:
+        tensor_map = libcuda.encode_tensor_map_tiled(libcuda.TENSOR_MAP_UINT_TYPES[elem_bytes], ptr,
+                                                     [int(n) for n in reversed(sizes)], byte_strides,
+                                                     [int(b) for b in box])
+    except LaunchError as error:
+        raise LaunchError(f"{error} for a tensor of sizes {list(sizes)}, strides {list(strides)} and box "
+                          f"{list(box)}") from None
     _cache[key] = tensor_map
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
