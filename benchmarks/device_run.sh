@@ -40,6 +40,10 @@ step() {  # step NAME LIMIT COMMAND...: run with a time limit, output tee'd to $
     [ "$rc" = 0 ] || failed=1
 }
 
+# Bytecode for the package, as `pip install` writes it: first launches in fresh processes then time tilejit, not
+# Python compiling tilejit's lazily imported modules (images often set PYTHONDONTWRITEBYTECODE).
+python3 -m compileall -q tilejit benchmarks >/dev/null || echo "compileall failed (timings include bytecode compiles)"
+
 echo "=== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available())"
