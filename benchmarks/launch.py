@@ -61,30 +61,53 @@ print(json.dumps({"torch": t1 - t0, "tilejit": t2 - t1}))
 """
 
 
-def host_overhead(launch: Callable[[], Any], launches: int, reps: int) -> dict[str, float]:
-    """Median microseconds per launch over ``reps`` runs of ``launches`` back-to-back launches."""
+def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps: int,
+                   timers: dict[str, Callable[[int], float]] | None = None) -> dict[str, dict[str, float]]:
+    """Median microseconds per launch of each launcher over ``reps`` runs of ``launches`` back-to-back launches.
+
+    The launchers take turns (the order rotates every repetition) after a shared warm-up of about a second, so a
+    slow stretch of a shared host, or GPU clocks still ramping up, lands on all of them alike rather than on
+    whichever ran first. ``timers`` are measured in the same rotation: each returns microseconds per launch for
+    a count of launches it makes itself (the bare-driver floor).
+    """
     import torch
 
-    for _ in range(max(100, launches // 10)):
-        launch()
-    torch.cuda.synchronize()
-    host, total = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(launches):
-            launch()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / launches * 1e6)
-        total.append((t2 - t0) / launches * 1e6)
-    return {"us_per_launch": statistics.median(host), "us_per_launch_with_sync": statistics.median(total),
-            "min_us_per_launch": min(host)}
+    def loop_timer(launch: Callable[[], Any]) -> Callable[[int], tuple[float, float]]:
+        def timed(n: int) -> tuple[float, float]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                launch()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+        return timed
+
+    measured = {name: loop_timer(launch) for name, launch in launchers.items()}
+    for name, timer in (timers or {}).items():
+        measured[name] = lambda n, timer=timer: (timer(n),) * 2
+    deadline = time.perf_counter() + 1.0
+    while time.perf_counter() < deadline:
+        for timed in measured.values():
+            timed(max(100, launches // 10))
+    host: dict[str, list[float]] = {name: [] for name in measured}
+    total: dict[str, list[float]] = {name: [] for name in measured}
+    names = list(measured)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            h, t = measured[name](launches)
+            host[name].append(h)
+            total[name].append(t)
+    return {name: {"us_per_launch": statistics.median(host[name]), "min_us_per_launch": min(host[name]),
+                   "us_per_launch_with_sync": statistics.median(total[name])} for name in names}
 
 
-def driver_floor(launches: int, reps: int) -> float:
-    """Median microseconds of one bare cuLaunchKernel of the benchmark's kernel, called from C with parameters packed
-    once (``_launch.c``'s ``time_driver_launches``)."""
+FLOOR = "cuLaunchKernel alone (C loop)"
+
+
+def driver_floor_timer() -> Callable[[int], float]:
+    """A timer of one bare cuLaunchKernel of the benchmark's kernel, called from C with parameters packed once
+    (``_launch.c``'s ``time_driver_launches``): microseconds per launch for ``n`` launches."""
     import torch
 
     from benchmarks import kernels
@@ -94,13 +117,15 @@ def driver_floor(launches: int, reps: int) -> float:
     call = ((x, y, z, w, 1, 0), {"BLOCK": 32, "num_warps": 1})
     for _ in range(2):  # the second launch registers the entry with the native table
         kernels.tiny[(1,)](*call[0], **call[1])
-    stream = torch.cuda.current_stream().cuda_stream
-    samples = []
-    for _ in range(reps):
+    module = native.load()
+
+    def timed(n: int) -> float:
         torch.cuda.synchronize()
-        samples.append(native.load().time_driver_launches(kernels.tiny._dispatcher, launches, stream, *call))
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+        us = module.time_driver_launches(kernels.tiny._dispatcher, n, torch.cuda.current_stream().cuda_stream, *call)
+        torch.cuda.synchronize()
+        return us
+
+    return timed
 
 
 def _launchers() -> dict[str, Callable[[], Any] | str]:
@@ -207,22 +232,35 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[Any]] = []
     results: dict[str, Any] = {"meta": meta, "launch": {}}
 
+    available: dict[str, Callable[[], Any]] = {}
     for name, launch in _launchers().items():
         if isinstance(launch, str):
             notes.append(f"{name}: {launch}")
             rows.append([f"launch overhead: {name}", "n/a", launch[:120]])
-            continue
-        r = _attempt(f"launch overhead {name}", lambda: host_overhead(launch, args.launches, args.reps), errors)
-        results["launch"][name] = r
-        value = "ERROR" if r is None else f"{r['us_per_launch']:.2f} us"
-        note = "" if r is None else (
-            f"host loop, median of {args.reps} x {args.launches} launches (min {r['min_us_per_launch']:.2f} us); "
-            f"{r['us_per_launch_with_sync']:.2f} us with the one final torch.cuda.synchronize")
-        rows.append([f"launch overhead: {name}", value, note])
-        print(f"{name}: {value} {note}", flush=True)
+        else:
+            available[name] = launch
 
     from benchmarks import kernels
     from tilejit.runtime import native
+
+    timers: dict[str, Callable[[int], float]] = {}
+    if kernels.tiny._dispatcher is not None:
+        timers[FLOOR] = driver_floor_timer()
+    measured = _attempt("launch overheads", lambda: host_overheads(available, args.launches, args.reps, timers),
+                        errors) or {}
+    for name, r in measured.items():
+        results["launch"][name] = r
+        if name == FLOOR:
+            results["driver_floor_us"] = r["us_per_launch"]
+            rows.append([FLOOR, f"{r['us_per_launch']:.2f} us",
+                         f"same kernel, parameters packed once, a C loop with no Python: the floor under any "
+                         f"launcher on this host; median of {args.reps} x {args.launches}"])
+        else:
+            rows.append([f"launch overhead: {name}", f"{r['us_per_launch']:.2f} us",
+                         f"host loop, median of {args.reps} x {args.launches} launches, launchers taking turns "
+                         f"(min {r['min_us_per_launch']:.2f} us); {r['us_per_launch_with_sync']:.2f} us with the "
+                         "final torch.cuda.synchronize"])
+        print(f"{name}: {r['us_per_launch']:.2f} us (min {r['min_us_per_launch']:.2f})", flush=True)
 
     active = kernels.tiny._dispatcher is not None
     results["native_launcher"] = "active" if active else f"unavailable: {native.failure()}"
@@ -230,15 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if active:
         stats = kernels.tiny._dispatcher.stats()
         results["native_stats"] = stats
-        if stats["fallbacks"] or stats["hits"] < args.launches:
+        if stats["fallbacks"] or stats["hits"] < args.launches * args.reps:
             errors.append(f"the timed tilejit launches did not all take the native path: {stats}")
-        floor = _attempt("driver floor", lambda: driver_floor(args.launches, args.reps), errors)
-        results["driver_floor_us"] = floor
-        if floor is not None:
-            rows.append(["cuLaunchKernel alone (same kernel, C loop)", f"{floor:.2f} us",
-                         f"parameters packed once, no Python; median of {args.reps} x {args.launches}: the floor "
-                         "under any launcher on this host"])
-            print(f"cuLaunchKernel alone: {floor:.2f} us", flush=True)
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
     results["first_launch"] = first

@@ -189,3 +189,34 @@ def test_matmul_benchmark_end_to_end_on_the_interpreter(tmp_path, monkeypatch):
     assert row["tilejit"]["timed"] >= 1 and row["cublas"]["status"] == "ok"
     assert "| 40x70x50 | fp16 |" in results.read_text()
     assert "CPU interpreter" in results.read_text()
+
+
+def test_launch_overheads_take_turns_and_include_timers(monkeypatch):
+    import torch
+
+    from benchmarks import launch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    order: list[str] = []
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def launch_once():
+            calls[name] += 1
+            if not order or order[-1] != name:
+                order.append(name)
+        return launch_once
+
+    floor_counts = []
+    result = launch.host_overheads({"a": make("a"), "b": make("b")}, launches=50, reps=4,
+                                   timers={"floor": lambda n: floor_counts.append(n) or 1.25})
+    assert set(result) == {"a", "b", "floor"}
+    assert result["floor"]["us_per_launch"] == 1.25
+    assert all(r["us_per_launch"] > 0 and r["min_us_per_launch"] <= r["us_per_launch"] for r in result.values())
+    assert floor_counts.count(50) == 4  # measured once per repetition, after the warm-up
+    assert calls["a"] >= 4 * 50 and calls["b"] >= 4 * 50
+    # The order rotates every repetition, so no launcher always runs first.
+    timed: list[str] = []
+    timers = {name: (lambda n, name=name: (timed.append(name) if n == 7 else None) or 1.0) for name in "xyz"}
+    launch.host_overheads({}, launches=7, reps=4, timers=timers)
+    assert timed == list("xyzyzxzxyxyz")
