@@ -7,6 +7,7 @@ objects (``_lowering.lower``, no NVRTC) for every kernel.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.ir import OpKind, Scope
+from tilejit.backend_cuda.nvrtc import compile_cuda, nvrtc_supports
 from tilejit.ir.layouts import ExpandLayout, RegisterLayout, SharedLayout, SliceLayout, broadcast_view
 
 import test_gpu_kernels as gpu_kernels
@@ -40,14 +42,14 @@ def meta(*shape, dtype=torch.float16):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """compiled(name) -> the CompiledKernel of one of the CASES below (each compiled once per module)."""
+    """compiled(name) -> the CompiledKernel of a case of CASES or PLAIN_CASES (each compiled once per module)."""
     seen: dict[str, object] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
 
         def get(name: str):
             if name not in seen:
-                kernel, args, kwargs = CASES[name]()
+                kernel, args, kwargs = {**CASES, **PLAIN_CASES}[name]()
                 seen[name] = kernel.compile(*args, **kwargs)
             return seen[name]
 
@@ -99,6 +101,13 @@ def row_max_epilogue(A, B, C, R, BM: T.constexpr, BN: T.constexpr, BK: T.constex
     mx = T.max(acc, 1)
     C[m0:m0 + BM, n0:n0 + BN] = (acc - mx[:, None]).to(C.dtype)
     R[m0:m0 + BM] = mx
+
+
+@tilejit.kernel
+def copy_rows(X, Y, BM: T.constexpr, BN: T.constexpr):
+    """A register tile loaded and stored whole: BM x BN / 128 registers per thread."""
+    m0 = T.program_id(0) * BM
+    Y[m0:m0 + BM, 0:BN] = X[m0:m0 + BM, 0:BN]
 
 
 @tilejit.kernel
@@ -225,6 +234,13 @@ CASES = {
     "induction": lambda: _mm(induction_arith, 64, 64, 32, "sm_80"),
     "acc_from_load": lambda: _mm(acc_from_load, 64, 64, 32, "sm_80"),
 }
+# Kernels with no loop, gemm or layout conversion (nothing for test_layout_invariants_hold to check).
+PLAIN_CASES = {
+    "copy_i8": lambda: (copy_rows, (meta(64, 256, dtype=torch.int8), meta(64, 256, dtype=torch.int8)),
+                        dict(BM=16, BN=256, arch="sm_80")),
+    "copy_f32": lambda: (copy_rows, (meta(64, 256, dtype=torch.float32), meta(64, 256, dtype=torch.float32)),
+                         dict(BM=16, BN=256, arch="sm_90a")),
+}
 LOWER_ONLY = {"mm80_lowered": lambda: _mm(design_matmul, 128, 128, 32, "sm_80")}
 
 
@@ -261,10 +277,12 @@ def test_design_matmul_sm80_cuda_and_ptx(compiled):
     body = kernel_body(c.asm["cuda"])
     filecheck(body, r"""
         CHECK: software pipeline: 3 stages, 2 tile(s) prefetched 2 iteration(s) ahead
+        CHECK-NEXT: #pragma unroll 1
+        CHECK-NEXT: for (int tj_s = 0; tj_s < 2; ++tj_s) {
+        CHECK: tj_cp_async_16_zfill_if(
         CHECK: tj_cp_async_16_zfill_if(
         CHECK: tj_cp_async_commit();
-        CHECK: tj_cp_async_16_zfill_if(
-        CHECK: tj_cp_async_commit();
+        CHECK-NOT: tj_cp_async_16_zfill_if(
         CHECK: for (int64_t
         CHECK-NEXT: tj_cp_async_wait<1>();
         CHECK: __syncthreads();
@@ -548,9 +566,10 @@ def test_windows_computed_from_the_induction_variable_are_prefetched(compiled):
     body = kernel_body(c.asm["cuda"])
     filecheck(body, r"""
         CHECK: software pipeline: 4 stages, 2 tile(s) prefetched 3 iteration(s) ahead
+        CHECK-NEXT: #pragma unroll 1
+        CHECK-NEXT: for (int tj_s = 0; tj_s < 3; ++tj_s) {
         CHECK: tj_cp_async_commit();
-        CHECK: tj_cp_async_commit();
-        CHECK: tj_cp_async_commit();
+        CHECK-NOT: tj_cp_async_commit();
         CHECK: for (
         CHECK-NEXT: tj_cp_async_wait<2>();
         CHECK: const int tj_slot_next = (tj_it + 3) % 4;
@@ -575,8 +594,6 @@ def nested_pipelines(A, B, C, D, E, BM: T.constexpr, BN: T.constexpr, BK: T.cons
 
 def _copies_never_issued(body: str) -> list[str]:
     """Prefixes of SharedCopy objects whose run-time checks are emitted but whose cp.async never is."""
-    import re
-
     prefixes = re.findall(r"const bool (tj_c\d+_)fast = ", body)
     return [x for x in prefixes
             if not re.search(rf"tj_cp_async_16(_zfill)?_if\(.*{x}fast\);", body)]
@@ -598,6 +615,161 @@ def test_outer_prefetch_survives_an_inner_pipelined_loop():
     assert body.count("// software pipeline: 2 stages") == 2
     assert _copies_never_issued(body) == []
     assert body.count("// prefetch iteration +1") == 2
+
+
+# -- cold paths: compact fallbacks (the cold NVRTC compile of the DESIGN matmul, tests/test_cold_paths.py) --------
+
+def test_design_matmul_store_fallback_is_a_rolled_loop_over_a_local_copy():
+    """The vectorized epilogue store is as before; its element-wise fallback copies the register tile to a
+    local array with constant-index 16-byte moves (so the tile stays in registers) and stores from that
+    array in a rolled loop, instead of 128 unrolled predicated stores."""
+    _, source = lowered("mm80_lowered")
+    filecheck(kernel_body(source), r"""
+        CHECK: store into
+        CHECK: if (((uint64_t)(tj_p) % 4 == 0) && ({{v[0-9]+}}_C_stride0 % 2 == 0) && {{v[0-9]+}}_C_size1 % 2 == 0 && (int64_t)({{v[0-9]+}}_n0) % 2 == 0) {
+        CHECK-NEXT: #pragma unroll
+        CHECK-NEXT: for (int tj_g = 0; tj_g < 64; ++tj_g) {
+        CHECK-NEXT: const int i = tj_g * 2;
+        CHECK-NEXT: if (tj_dropped_ok && {{.*}}) *reinterpret_cast<uint32_t*>(tj_p + {{.*}}) = *reinterpret_cast<const uint32_t*>(&[[REGS:v[0-9]+]][i]);
+        CHECK-NEXT: }
+        CHECK-NEXT: } else {
+        CHECK-NEXT: alignas(16) tj_half tj_tmp[128];
+        CHECK-NEXT: #pragma unroll
+        CHECK-NEXT: for (int tj_g = 0; tj_g < 16; ++tj_g) {
+        CHECK-NEXT: *reinterpret_cast<tj_v16*>(&tj_tmp[tj_g * 8]) = *reinterpret_cast<const tj_v16*>(&[[REGS]][tj_g * 8]);
+        CHECK-NEXT: }
+        CHECK-NEXT: #pragma unroll 1
+        CHECK-NEXT: for (int tj_g = 0; tj_g < 128; ++tj_g) {
+        CHECK-NEXT: const int i = tj_g * 1;
+        CHECK-NEXT: if (tj_dropped_ok && {{.*}}) tj_p[{{.*}}] = tj_tmp[i];
+        CHECK-NEXT: }
+        CHECK-NEXT: }
+    """)
+
+
+def test_design_matmul_ptx_has_one_rolled_scalar_store_and_no_spills(compiled):
+    c = compiled("mm80")
+    ptx = c.asm["ptx"]
+    assert ptx.count("st.global.u32") == 64  # the vectorized epilogue, unrolled
+    assert ptx.count("st.global.u16") == 1   # its fallback, rolled
+    assert ptx.count("st.local.v4") == 16    # the local copy of the 128 halves; nothing else goes to local memory
+    assert c.meta["spills"] == 0
+
+
+@pytest.mark.parametrize("case, ctype, regs", [("copy_i8", "int8_t", 32), ("copy_f32", "float", 32)])
+def test_large_store_fallbacks_roll_and_loads_stay_unrolled(compiled, case, ctype, regs):
+    """Loads keep their unrolled fallback (a rolled one would serialize the reads); stores of more than 16
+    registers roll theirs."""
+    c = compiled(case)
+    per = 16 // {"int8_t": 1, "float": 4}[ctype]
+    filecheck(kernel_body(c.asm["cuda"]), rf"""
+        CHECK: load {{{{.*}}}} window into registers
+        CHECK: }} else {{
+        CHECK-NEXT: #pragma unroll
+        CHECK-NEXT: for (int tj_g = 0; tj_g < {regs}; ++tj_g) {{
+        CHECK-NOT: tj_tmp
+        CHECK: store into
+        CHECK: }} else {{
+        CHECK-NEXT: alignas(16) {ctype} tj_tmp[{regs}];
+        CHECK-NEXT: #pragma unroll
+        CHECK-NEXT: for (int tj_g = 0; tj_g < {regs // per}; ++tj_g) {{
+        CHECK: #pragma unroll 1
+        CHECK-NEXT: for (int tj_g = 0; tj_g < {regs}; ++tj_g) {{
+    """)
+    assert c.meta["spills"] == 0
+
+
+def test_small_store_fallbacks_stay_unrolled(compiled):
+    """Elementwise kernels' tiles (8 registers here) keep the unrolled fallback they take on odd sizes."""
+    body = kernel_body(compiled("softmax_rows").asm["cuda"])
+    filecheck(body, r"""
+        CHECK: store into
+        CHECK: } else {
+        CHECK-NEXT: #pragma unroll
+        CHECK-NEXT: for (int tj_g = 0; tj_g < 8; ++tj_g) {
+    """)
+    assert "tj_tmp" not in body
+
+
+_SLOW_COPY_PARAMS = ("int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t sr, int64_t sc, bool dropped_ok")
+
+
+def test_element_wise_shared_copies_are_noinline_functions_called_from_each_site():
+    """The copy of A (and of B) is defined once ahead of the kernel, with `#pragma unroll 4`, and called from
+    the prologue (a rolled loop over the prefetched stages) and from the loop body."""
+    _, source = lowered("mm80_lowered")
+    head, body = source.split('extern "C" __global__')
+    filecheck(head, rf"""
+        CHECK: static __device__ __noinline__ void [[A:tj_copy_slow[0-9]+]](const tj_half* p, unsigned dst, {_SLOW_COPY_PARAMS}) {{
+        CHECK-NEXT: extern __shared__ __align__(1024) unsigned char tj_smem_fn[];
+        CHECK-NEXT: #pragma unroll 4
+        CHECK-NEXT: for (int tj_j = 0; tj_j < 32; ++tj_j) {{
+        CHECK-NEXT: const int tj_e = (int)threadIdx.x + tj_j * 128;
+        CHECK-NEXT: const int tj_r = (tj_e >> 5), tj_k = (tj_e & 31);
+        CHECK-NEXT: const bool tj_ok = dropped_ok && (uint64_t)(r0 + tj_r) < (uint64_t)nr && (uint64_t)(c0 + tj_k) < (uint64_t)nc;
+        CHECK-NEXT: *reinterpret_cast<tj_half*>(tj_smem_fn + dst + {{{{.*}}}}) = tj_ok ? p[(int64_t)(tj_r) * sr + (int64_t)(tj_k) * sc] : tj_half{{}};
+        CHECK-NEXT: }}
+        CHECK-NEXT: }}
+        CHECK: static __device__ __noinline__ void [[B:tj_copy_slow[0-9]+]](const tj_half* p, unsigned dst, {_SLOW_COPY_PARAMS}) {{
+        CHECK: const int tj_r = (tj_e >> 7), tj_k = (tj_e & 127);
+    """)
+    assert head.count("__noinline__") == 2
+    site = r"""
+        CHECK: tj_cp_async_16_zfill_if({{.*}}, tj_c[[@X@:[0-9]+]]_fast);
+        CHECK: if ({{.*}} && !tj_c[[@X@]]_fast) {
+        CHECK-NEXT: [[@FN@]](tj_c[[@X@]]_p, tj_c[[@X@]]_dst - tj_smem_u32, @ARGS@, tj_c[[@X@]]_dropped_ok);
+        CHECK-NEXT: }
+    """
+    # (row start, rows, column start, columns, row stride, column stride) of each window
+    a_args = ("{{v[0-9]+}}_m0, {{v[0-9]+}}_A_size0, {{.*}}, {{v[0-9]+}}_A_size1, "
+              "{{v[0-9]+}}_A_stride0, {{v[0-9]+}}_A_stride1")
+    b_args = ("{{.*}}, {{v[0-9]+}}_B_size0, {{v[0-9]+}}_n0, {{v[0-9]+}}_B_size1, "
+              "{{v[0-9]+}}_B_stride0, {{v[0-9]+}}_B_stride1")
+    filecheck(f"{head}{body}", "\n".join([
+        "CHECK: static __device__ __noinline__ void [[A:tj_copy_slow[0-9]+]](",
+        "CHECK: static __device__ __noinline__ void [[B:tj_copy_slow[0-9]+]](",
+        "CHECK: #pragma unroll 1",
+        "CHECK-NEXT: for (int tj_s = 0; tj_s < 2; ++tj_s) {",
+        site.replace("@X@", "PA").replace("@FN@", "A").replace("@ARGS@", a_args),
+        site.replace("@X@", "PB").replace("@FN@", "B").replace("@ARGS@", b_args),
+        # the loop's own copies: cp.async before the math, the element-wise calls after it
+        "CHECK: const bool tj_c[[LA:[0-9]+]]_fast = (tj_prefetch) && ",
+        "CHECK: const bool tj_c[[LB:[0-9]+]]_fast = (tj_prefetch) && ",
+        "CHECK: prefetch iteration +2",
+        "CHECK: tj_mma_m16n8k16_f16(",
+        "CHECK: if ((tj_prefetch) && !tj_c[[LA]]_fast) {",
+        f"CHECK-NEXT: [[A]](tj_c[[LA]]_p, tj_c[[LA]]_dst - tj_smem_u32, {a_args}, tj_c[[LA]]_dropped_ok);",
+        "CHECK: if ((tj_prefetch) && !tj_c[[LB]]_fast) {",
+        f"CHECK-NEXT: [[B]](tj_c[[LB]]_p, tj_c[[LB]]_dst - tj_smem_u32, {b_args}, tj_c[[LB]]_dropped_ok);",
+    ]))
+    assert body.count("tj_copy_slow") == 4
+
+
+def test_copies_of_the_same_shape_share_one_function_across_loops():
+    """Two pipelined loops over tiles of the same shapes and dtype: 4 windows, 2 functions, 8 calls."""
+    _, source = lower(nested_pipelines, meta(256, 256), meta(256, 256), meta(256, 256), meta(256, 256),
+                      meta(256, 256), BM=64, BN=64, BK=32, arch="sm_80")
+    head, body = source.split('extern "C" __global__')
+    assert head.count("__noinline__") == 2
+    assert len(re.findall(r"\btj_copy_slow[0-9]+\(tj_c[0-9]+_p, ", body)) == 8
+
+
+@pytest.mark.parametrize("arch, bk, functions", [("sm_80", 32, 2), ("sm_90a", 32, 1), ("sm_90a", 64, 0),
+                                                 ("sm_100a", 32, 1), ("sm_100a", 64, 0)])
+def test_design_matmul_with_out_of_line_copies_compiles_cleanly(arch, bk, functions):
+    """NVRTC compiles the kernel and its copy functions (one per operand the threads copy, TMA takes the
+    others on sm_90a+) for every target without a warning (a second `extern __shared__ tj_smem` declaration
+    would draw one) or a spill; each function stays out of line."""
+    if not nvrtc_supports(arch):
+        pytest.skip(f"the installed NVRTC cannot target {arch}")
+    _, source = lower(design_matmul, meta(4096, 4096), meta(4096, 4096), meta(4096, 4096), BM=128, BN=128,
+                      BK=bk, num_warps=4, arch=arch)
+    assert source.count("__noinline__") == functions
+    result = compile_cuda(source, name="tj_matmul", arch=arch, options=["--ptxas-options=-v"])
+    assert "warning" not in result.log, result.log
+    assert result.ptx.count("\n.func ") == functions and result.ptx.count("call.uni") == 2 * functions
+    assert result.log.count("0 bytes spill stores, 0 bytes spill loads") == 1 + functions
+    assert result.cubin[:4] == b"\x7fELF"
 
 
 # -- scope conversions ------------------------------------------------------------------------------------------------

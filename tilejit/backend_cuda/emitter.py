@@ -190,6 +190,7 @@ class Emitter:
         self.overlap_hook: Callable[[], None] | None = None
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others
+        self.functions: dict[tuple[str, str], str] = {}  # (parameters, body) -> name of a device_function
         self.counter = 0
 
     # -- naming and output ----------------------------------------------------------------
@@ -211,6 +212,23 @@ class Emitter:
 
     def require_support(self, name: str, text: str) -> None:
         self.support.setdefault(name, text)
+
+    def device_function(self, base: str, params: str, body: Callable[[], None]) -> str:
+        """The name of a ``__noinline__`` device function taking ``params`` whose body is what ``body`` emits,
+        defined ahead of the kernel once per distinct text: NVRTC compiles it once however many sites call
+        it, where an inlined copy per site multiplies the compile time of bulky cold paths."""
+        lines, depth = self.lines, self.depth
+        self.lines, self.depth = [], 1
+        try:
+            body()
+            text = "\n".join(self.lines)
+        finally:
+            self.lines, self.depth = lines, depth
+        name = self.functions.get((params, text))
+        if name is None:
+            name = self.functions[(params, text)] = f"{base}{len(self.functions)}"
+            self.require_support(name, f"static __device__ __noinline__ void {name}({params}) {{\n{text}\n}}\n")
+        return name
 
     def take_overlap_hook(self) -> Callable[[], None] | None:
         """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""

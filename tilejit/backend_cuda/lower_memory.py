@@ -5,8 +5,10 @@
   element accesses that read 0 out of bounds.
 * global -> shared (gemm operands): ``cp.async`` 16-byte chunks with zero-fill for the out-of-bounds
   part of a row, into the swizzled layout; element-wise copies when the tensor's rows are not 16-byte
-  aligned. Pipelined loads are issued by the loop (``lower_loops``), others synchronously here.
-* registers -> global: predicated stores, vectorized along the layout's contiguous registers.
+  aligned, out of line (one ``__noinline__`` function per distinct copy, called from each site).
+  Pipelined loads are issued by the loop (``lower_loops``), others synchronously here.
+* registers -> global: predicated stores, vectorized along the layout's contiguous registers; the
+  element-wise fallback of a large tile is a rolled loop over a local copy.
 * conversions between layouts, and broadcasts that are not free, go through the shared scratch buffer.
 """
 from __future__ import annotations
@@ -17,6 +19,9 @@ from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_
 from .emitter import Emitter, SharedTile, c_type, emits
 
 _VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}
+# Element-wise store fallbacks up to this many registers stay unrolled: they are small, and elementwise
+# kernels (a few registers per thread) take them on every tensor whose size breaks the vector width.
+_UNROLLED_STORE_REGS = 16
 
 
 class Window:
@@ -114,6 +119,12 @@ def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
     wholly outside the tensor, so the window moves with predicated vector accesses; otherwise it moves
     element by element. Out-of-bounds loads read 0; out-of-bounds stores are dropped. Two straight-line
     variants, rather than a vector-or-scalar choice per group, keep the kernel and its compile time small.
+
+    The element-wise fallback of a vectorized store of more than ``_UNROLLED_STORE_REGS`` registers is a
+    rolled loop: unrolled, it was most of the DESIGN matmul's PTX (a predicated store per register) and
+    of its NVRTC time. Indexing the register tile in a rolled loop would push it to local memory for the
+    fast path too, so the fallback first copies it to a local array. Loads stay unrolled, to keep their
+    reads in flight.
     """
     ctype = c_type(win.tensor.dtype)
     const = "const " if load else ""
@@ -127,17 +138,33 @@ def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
         _window_loop(em, win, layout, regs, vec, load)
         em.close("} else {")
         em.depth += 1
-    _window_loop(em, win, layout, regs, 1, load)
+    rolled = vec > 1 and not load and layout.regs > _UNROLLED_STORE_REGS and layout.regs * win.esize % 16 == 0
+    if rolled:
+        regs = _local_copy(em, layout, regs, ctype, win.esize)
+    _window_loop(em, win, layout, regs, 1, load, unroll="1" if rolled else "")
     if vec > 1:
         em.close()
     em.close()
 
 
-def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool) -> None:
+def _local_copy(em: Emitter, layout: RegisterLayout, regs: str, ctype: str, esize: int) -> str:
+    """``tj_tmp``, a local-memory copy of register tile ``regs`` (a multiple of 16 bytes) made with
+    constant-index 16-byte moves, so a rolled loop can index it while ``regs`` stays in registers."""
+    per = 16 // esize
+    em.line(f"alignas(16) {ctype} tj_tmp[{layout.regs}];")
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_g = 0; tj_g < {layout.regs // per}; ++tj_g)")
+    em.line(f"*reinterpret_cast<tj_v16*>(&tj_tmp[tj_g * {per}]) = *reinterpret_cast<const tj_v16*>(&{regs}[tj_g * {per}]);")
+    em.close()
+    return "tj_tmp"
+
+
+def _window_loop(em: Emitter, win: Window, layout: RegisterLayout, regs: str, vec: int, load: bool,
+                 unroll: str = "") -> None:
     """One access per group of ``vec`` registers, predicated on its first element being in bounds."""
     ctype = c_type(win.tensor.dtype)
     const = "const " if load else ""
-    em.line("#pragma unroll")
+    em.line(f"#pragma unroll {unroll}".rstrip())
     em.open(f"for (int tj_g = 0; tj_g < {layout.regs // vec}; ++tj_g)")
     em.line(f"const int i = tj_g * {vec};")
     coords = em.coords(layout, "i")
@@ -266,18 +293,38 @@ class SharedCopy:
 
     def slow(self) -> None:
         """Element-wise copy for windows the fast path cannot take (unaligned rows, negative starts,
-        a non-unit inner stride)."""
-        em, x, win, lay = self.em, self.x, self.win, self.lay
-        threads = em.target.threads
+        a non-unit inner stride). A call: the copies of one tile (each prefetched stage and the loop's
+        own) share one non-inlined function, which NVRTC compiles once."""
+        em, x, win = self.em, self.x, self.win
+        rows, cols = win.tile_dims
+        fn = em.device_function(
+            "tj_copy_slow", f"const {self.ctype}* p, unsigned dst, int64_t r0, int64_t nr, int64_t c0, "
+            "int64_t nc, int64_t sr, int64_t sc, bool dropped_ok", self._slow_body)
         em.open(f"if (({self.guard}) && !{x}fast)")
-        em.line("#pragma unroll 4")
-        em.open(f"for (int tj_e = tid; tj_e < {lay.rows * lay.cols}; tj_e += {threads})")
-        em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
-        em.line(f"const bool tj_ok = {x}dropped_ok && {win.in_bounds(0, 'tj_r')} && {win.in_bounds(1, 'tj_k')};")
-        dst_off = c_text(lay.elem_offset(CExpr("tj_r"), CExpr("tj_k")))
-        em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem + ({x}dst - tj_smem_u32) + {dst_off}) = "
-                f"tj_ok ? {x}p[{win.offset(['tj_r', 'tj_k'])}] : {self.ctype}{{}};")
+        args = [f"{x}p", f"{x}dst - tj_smem_u32", win.starts[rows], win.size(rows), win.starts[cols],
+                win.size(cols), win.stride(rows), win.stride(cols), f"{x}dropped_ok"]
+        em.line(f"{fn}({', '.join(args)});")
         em.close()
+
+    def _slow_body(self) -> None:
+        """The body of ``slow``'s function: shared byte offset ``dst`` gets the window at ``p`` (start
+        ``r0, c0`` of extents ``nr, nc``, strides ``sr, sc``), zeros outside it."""
+        em, lay = self.em, self.lay
+        # The kernel's dynamic shared memory (every extern __shared__ array starts there); another name than
+        # the kernel's tj_smem, which NVRTC would warn conflicts with this declaration's linkage.
+        em.line("extern __shared__ __align__(1024) unsigned char tj_smem_fn[];")
+        elems, threads = lay.rows * lay.cols, em.target.threads
+        # A constant trip count: unrolled by 4 without the remainder loop a count that depends on tid needs.
+        em.line("#pragma unroll 4")
+        em.open(f"for (int tj_j = 0; tj_j < {-(-elems // threads)}; ++tj_j)")
+        em.line(f"const int tj_e = (int)threadIdx.x + tj_j * {threads};")
+        if elems % threads:
+            em.line(f"if (tj_e >= {elems}) break;")
+        em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
+        em.line("const bool tj_ok = dropped_ok && (uint64_t)(r0 + tj_r) < (uint64_t)nr && (uint64_t)(c0 + tj_k) < (uint64_t)nc;")
+        dst_off = c_text(lay.elem_offset(CExpr("tj_r"), CExpr("tj_k")))
+        em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem_fn + dst + {dst_off}) = "
+                f"tj_ok ? p[(int64_t)(tj_r) * sr + (int64_t)(tj_k) * sc] : {self.ctype}{{}};")
         em.close()
 
 
