@@ -105,15 +105,16 @@ class Recorder:
 def make(mod):
     made = []
 
-    def make(kinds, roles=(RUNTIME,) * 6, fast_kwargs=("BLOCK", "num_warps"), min_positional=None,
+    def make(kinds, roles=(RUNTIME,) * 6, fast_kwargs=("BLOCK", "num_warps"), names="XYZWnm", defaults=None,
              tmaps=None):
         rec = Recorder(mod, kinds, tmaps)
         roles = list(roles)
-        runtime = [i for i, r in enumerate(roles) if r != CONSTEXPR]
+        names = tuple(names)[:len(roles)]
         d = mod.Dispatcher(roles=roles, role_constexpr=CONSTEXPR, role_shaped=SHAPED, fast_kwargs=set(fast_kwargs),
                            tensor_type=FakeTensor, stream_getter=lambda device: 0x5000 + device, slow=rec.slow,
-                           fallback=rec.fallback, grid_fn=rec.grid_fn,
-                           min_positional=runtime[-1] + 1 if min_positional is None else min_positional)
+                           fallback=rec.fallback, grid_fn=rec.grid_fn, names=names,
+                           runtime_index={n: i for i, n in enumerate(names) if roles[i] != CONSTEXPR},
+                           defaults=defaults or {})
         rec.roles = roles
         mod.set_launch_hook(rec.hook)
         made.append(rec)
@@ -333,6 +334,25 @@ def test_calls_the_signature_cannot_describe_take_the_python_fallback(make, call
     assert d.stats()["fallbacks"] == 1
 
 
+def test_run_time_parameters_by_keyword_or_default_are_signed_in_their_place(make):
+    d, rec = make(TINY_KINDS, defaults={"m": 0})
+    x, y, z, w, n, m = tiny_args()
+    positional = d.signature(x, y, z, w, n, 0)
+    assert d.signature(x, y, z, w, n) == d.signature(x, y, z, w, n, m=0)  # default or keyword: same words
+    assert d.signature(x, y, z, W=w, n=n)[1:] == positional[1:]  # only the positional count differs
+    assert d.signature(x, y, z, w, n, m=17) != d.signature(x, y, z, w, n, m=16)
+    d.bind((1,))(x, y, z, W=w, n=n, BLOCK=32)
+    d.bind((1,))(x, y, z, W=w, n=n, BLOCK=32)
+    values = []
+    for t in (x, y, z, w):
+        values += [t.data_ptr(), *t.shape, *t.stride()]
+    assert rec.launches[0]["params"] == expected_bytes(TINY_KINDS, values + [n, 0])
+    for args, kwargs in [((x, y, z), {"n": n}),  # W missing: Python says so
+                         ((x, y, z, w, n), {"n": n})]:  # n twice
+        d.bind((1,))(*args, **kwargs)
+    assert len(rec.fallback_calls) == 2 and len(rec.launches) == 1
+
+
 def test_grids_that_are_not_plain_tuples(make):
     d, rec = make(TINY_KINDS)
     args = tiny_args()
@@ -354,7 +374,8 @@ def test_errors_from_python_callbacks_propagate(make):
 
     d2 = type(d)(roles=[RUNTIME] * 6, role_constexpr=CONSTEXPR, role_shaped=SHAPED, fast_kwargs=set(),
                  tensor_type=FakeTensor, stream_getter=lambda i: 0, slow=failing_slow, fallback=rec.fallback,
-                 grid_fn=rec.grid_fn, min_positional=6)
+                 grid_fn=rec.grid_fn, names=tuple("XYZWnm"), runtime_index={n: i for i, n in enumerate("XYZWnm")},
+                 defaults={})
     with pytest.raises(ValueError, match="from the slow path"):
         d2.bind((1,))(*args)
     d.bind((1,))(*args)

@@ -160,7 +160,9 @@ typedef struct {
     PyObject *slow;          /* (grid, args, kwargs) -> Entry to remember, or None */
     PyObject *fallback;      /* (grid, args, kwargs) -> None: calls the signature cannot encode */
     PyObject *grid_fn;       /* (grid, args, kwargs) -> 3-tuple or None, for grids that are not tuples */
-    Py_ssize_t min_positional;
+    PyObject *names;         /* tuple: every parameter's name, in order */
+    PyObject *runtime_index; /* dict: name -> position, of the parameters passed at run time */
+    PyObject *defaults;      /* dict: name -> default, of run-time parameters that have one */
     slot_t *slots;
     Py_ssize_t capacity, used;
     Py_ssize_t hits, misses, fallbacks;
@@ -190,17 +192,24 @@ static void dispatcher_dealloc(Dispatcher *d) {
     Py_XDECREF(d->slow);
     Py_XDECREF(d->fallback);
     Py_XDECREF(d->grid_fn);
+    Py_XDECREF(d->names);
+    Py_XDECREF(d->runtime_index);
+    Py_XDECREF(d->defaults);
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
 static int dispatcher_init(Dispatcher *d, PyObject *args, PyObject *kw) {
     static char *names[] = {"roles", "role_constexpr", "role_shaped", "fast_kwargs", "tensor_type", "stream_getter",
-                            "slow", "fallback", "grid_fn", "min_positional", NULL};
-    PyObject *roles, *rc, *rs, *fk, *tt, *sg, *slow, *fb, *gf;
-    Py_ssize_t minpos;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOO!OOOOOn", names, &PyList_Type, &roles, &rc, &rs, &PySet_Type,
-                                     &fk, &tt, &sg, &slow, &fb, &gf, &minpos))
+                            "slow", "fallback", "grid_fn", "names", "runtime_index", "defaults", NULL};
+    PyObject *roles, *rc, *rs, *fk, *tt, *sg, *slow, *fb, *gf, *pn, *ri, *df;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOO!OOOOOO!O!O!", names, &PyList_Type, &roles, &rc, &rs,
+                                     &PySet_Type, &fk, &tt, &sg, &slow, &fb, &gf, &PyTuple_Type, &pn, &PyDict_Type,
+                                     &ri, &PyDict_Type, &df))
         return -1;
+    if (PyTuple_GET_SIZE(pn) != PyList_GET_SIZE(roles)) {
+        PyErr_SetString(PyExc_ValueError, "one name per role");
+        return -1;
+    }
     if (!PyType_Check(tt)) {
         PyErr_SetString(PyExc_TypeError, "tensor_type must be a type");
         return -1;
@@ -214,7 +223,9 @@ static int dispatcher_init(Dispatcher *d, PyObject *args, PyObject *kw) {
     Py_XSETREF(d->slow, Py_NewRef(slow));
     Py_XSETREF(d->fallback, Py_NewRef(fb));
     Py_XSETREF(d->grid_fn, Py_NewRef(gf));
-    d->min_positional = minpos;
+    Py_XSETREF(d->names, Py_NewRef(pn));
+    Py_XSETREF(d->runtime_index, Py_NewRef(ri));
+    Py_XSETREF(d->defaults, Py_NewRef(df));
     clear_slots(d);
     return 0;
 }
@@ -359,11 +370,25 @@ static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, sign
     s->n = s->nvalues = 0;
     s->npinned = 0;
     s->device = -1;
-    if (nargs < d->min_positional || nargs > nroles)
+    if (nargs > nroles)
         return 0;
     put(s, (uint64_t)nargs);
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        PyObject *a = PyTuple_GET_ITEM(args, i), *role = PyList_GET_ITEM(d->roles, i);
+    for (Py_ssize_t i = 0; i < nroles; i++) {
+        PyObject *a, *role = PyList_GET_ITEM(d->roles, i);
+        if (i < nargs)
+            a = PyTuple_GET_ITEM(args, i);
+        else if (role == d->role_constexpr)
+            continue; /* a keyword (signed with the keywords below) or its default (fixed per kernel) */
+        else {        /* a run-time parameter passed by keyword, or left at its default */
+            PyObject *name = PyTuple_GET_ITEM(d->names, i);
+            a = kwargs ? PyDict_GetItemWithError(kwargs, name) : NULL;
+            if (!a && !PyErr_Occurred())
+                a = PyDict_GetItemWithError(d->defaults, name);
+            if (!a) { /* missing: Python raises the TypeError */
+                PyErr_Clear();
+                return 0;
+            }
+        }
         if (role == d->role_constexpr) {
             if (!put_constant(s, a))
                 return 0;
@@ -397,6 +422,12 @@ static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, sign
         Py_ssize_t pos = 0;
         PyObject *k, *v;
         while (PyDict_Next(kwargs, &pos, &k, &v)) {
+            PyObject *at = PyDict_GetItemWithError(d->runtime_index, k);
+            if (at) { /* a run-time parameter: signed in its place above, unless also given by position */
+                if (PyLong_AsSsize_t(at) < nargs)
+                    return 0;
+                continue;
+            }
             int known = PyUnicode_CheckExact(k) ? PySet_Contains(d->fast_kwargs, k) : 0;
             if (known != 1) {
                 PyErr_Clear();

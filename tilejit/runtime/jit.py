@@ -436,7 +436,10 @@ class Kernel:
         return module.Dispatcher(
             roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
             tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
-            fallback=self._python_launch, grid_fn=self._fast_grid, min_positional=self._min_positional)
+            fallback=self._python_launch, grid_fn=self._fast_grid, names=tuple(self.arg_names),
+            runtime_index={n: i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names},
+            defaults={n: p.default for n, p in self.signature.parameters.items()
+                      if n not in self.constexpr_names and p.default is not inspect.Parameter.empty})
 
     def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
