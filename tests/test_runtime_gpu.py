@@ -361,3 +361,19 @@ def test_native_path_respecializes_on_alignment_and_dtype():
     if kernel._dispatcher is not None:
         # The first launch (Python) made the dispatcher; unaligned fp32 and fp16 missed; unaligned again hit.
         assert kernel._dispatcher.stats() == {"hits": 1, "misses": 2, "fallbacks": 0, "entries": 2}
+
+
+def test_run_time_arguments_by_keyword_take_the_native_path():
+    from tilejit.runtime import native
+
+    dev = device_or_skip(0)
+    native.load()
+    kernel = tilejit.kernel(axpb.fn)
+    x = torch.randn(4097, device=dev)
+    for step in range(3):
+        y = torch.full_like(x, NAN)
+        kernel[(tilejit.cdiv(x.numel(), BLOCK),)](X=x, Y=y, b=0.25, a=float(step), BLOCK=BLOCK)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y, x * float(step) + 0.25)
+    if kernel._dispatcher is not None:
+        assert kernel._dispatcher.stats()["fallbacks"] == 0 and kernel._dispatcher.stats()["hits"] == 1
