@@ -1,11 +1,11 @@
 """Host-side costs: launch overhead, cold compile, disk-cache hit, and import time.
 
-    python -m benchmarks.launch [--launches 2000] [--reps 7] [--out DIR]
+    python -m benchmarks.launch [--launches 500] [--reps 15] [--out DIR]
 
 - Launch overhead: a tiny kernel with four tensor arguments (1 element each) and two ints, launched N times in
-  a row from Python; wall time / N with one torch.cuda.synchronize after the N launches (reported with and
-  without that final wait), median over --reps repetitions. Against Triton (same kernel) and torch
-  ``x.add_(1)``.
+  a row from Python while the GPU is kept busy (so the launches only queue); host time / N, median over --reps
+  repetitions, the launchers taking turns. Against Triton (same kernel), torch ``x.add_(1)``, and the bare
+  driver call tilejit's launcher ends in (cuLaunchKernel through ctypes with the parameters packed once).
 - Cold compile: the DESIGN.md matmul (128x128x32, 4 warps, 3 stages, 1024^3 fp16) in a fresh process with an
   empty TILEJIT_CACHE_DIR: time from after the imports and input set-up to the first launch's completion, and
   the compile seconds recorded in the cache entry.
@@ -63,67 +63,81 @@ print(json.dumps({"torch": t1 - t0, "tilejit": t2 - t1}))
 
 def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps: int,
                    timers: dict[str, Callable[[int], float]] | None = None) -> dict[str, dict[str, float]]:
-    """Median microseconds per launch of each launcher over ``reps`` runs of ``launches`` back-to-back launches.
+    """Median microseconds of host time per launch of each launcher over ``reps`` runs of ``launches`` launches.
 
-    The launchers take turns (the order rotates every repetition) after a shared warm-up of about a second, so a
-    slow stretch of a shared host, or GPU clocks still ramping up, lands on all of them alike rather than on
-    whichever ran first. ``timers`` are measured in the same rotation: each returns microseconds per launch for
-    a count of launches it makes itself (the bare-driver floor).
+    Each run starts behind a GPU kept busy by ``torch.cuda._sleep`` for longer than the run takes, so launches
+    only queue: the time is the host's alone, not the GPU's pace at running tiny kernels back to back (which
+    otherwise caps every launcher at the same few microseconds once its queue fills). The launchers take turns
+    (the order rotates every repetition) after each has run once and then a shared warm-up of about a second,
+    so a slow stretch of a shared host lands on all of them alike. ``timers`` are measured in the same rotation:
+    each returns microseconds per launch for a count of launches it makes itself.
     """
     import torch
 
-    def loop_timer(launch: Callable[[], Any]) -> Callable[[int], tuple[float, float]]:
-        def timed(n: int) -> tuple[float, float]:
-            torch.cuda.synchronize()
+    busy_cycles = int(2e5 * launches)  # ~100 us of GPU time per launch at ~2 GHz: longer than any launcher
+
+    def loop_timer(launch: Callable[[], Any]) -> Callable[[int], float]:
+        def timed(n: int) -> float:
+            torch.cuda._sleep(busy_cycles)
             t0 = time.perf_counter()
             for _ in range(n):
                 launch()
-            t1 = time.perf_counter()
+            us = (time.perf_counter() - t0) / n * 1e6
             torch.cuda.synchronize()
-            return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+            return us
+        return timed
+
+    def busy(timer: Callable[[int], float]) -> Callable[[int], float]:
+        def timed(n: int) -> float:
+            torch.cuda._sleep(busy_cycles)
+            us = timer(n)
+            torch.cuda.synchronize()
+            return us
         return timed
 
     measured = {name: loop_timer(launch) for name, launch in launchers.items()}
-    for name, timer in (timers or {}).items():
-        measured[name] = lambda n, timer=timer: (timer(n),) * 2
+    measured.update({name: busy(timer) for name, timer in (timers or {}).items()})
+    for timed in measured.values():
+        timed(10)  # first calls (a JIT's compile) outside the warm-up's time limit
     deadline = time.perf_counter() + 1.0
     while time.perf_counter() < deadline:
         for timed in measured.values():
-            timed(max(100, launches // 10))
-    host: dict[str, list[float]] = {name: [] for name in measured}
-    total: dict[str, list[float]] = {name: [] for name in measured}
+            timed(launches)
+    samples: dict[str, list[float]] = {name: [] for name in measured}
     names = list(measured)
     for rep in range(reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
-            h, t = measured[name](launches)
-            host[name].append(h)
-            total[name].append(t)
-    return {name: {"us_per_launch": statistics.median(host[name]), "min_us_per_launch": min(host[name]),
-                   "us_per_launch_with_sync": statistics.median(total[name])} for name in names}
+            samples[name].append(measured[name](launches))
+    return {name: {"us_per_launch": statistics.median(samples[name]), "min_us_per_launch": min(samples[name])}
+            for name in names}
 
 
-FLOOR = "cuLaunchKernel alone (C loop)"
+FLOOR = "cuLaunchKernel alone (ctypes loop)"
 
 
 def driver_floor_timer() -> Callable[[int], float]:
-    """A timer of one bare cuLaunchKernel of the benchmark's kernel, called from C with parameters packed once
-    (``_launch.c``'s ``time_driver_launches``): microseconds per launch for ``n`` launches."""
+    """A timer of the benchmark kernel's cuLaunchKernel with its parameters packed once, called through ctypes
+    in a Python loop (what tilejit's launcher calls last): microseconds per launch for ``n`` launches. The floor
+    under any Python launcher on this host, give or take the ~0.3 us of the loop and ctypes' conversions."""
     import torch
 
     from benchmarks import kernels
-    from tilejit.runtime import native
 
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
-    call = ((x, y, z, w, 1, 0), {"BLOCK": 32, "num_warps": 1})
-    for _ in range(2):  # the second launch registers the entry with the native table
-        kernels.tiny[(1,)](*call[0], **call[1])
-    module = native.load()
+    args, kwargs = (x, y, z, w, 1, 0), {"BLOCK": 32, "num_warps": 1}
+    kernels.tiny[(1,)](*args, **kwargs)
+    signature, values, device = kernels.tiny._fast_args(args, kwargs)
+    launcher = kernels.tiny._fast[signature]
+    launcher((1, 1, 1), torch.cuda.current_stream().cuda_stream, values)  # packs this thread's buffer
+    buffer, params = launcher._per_thread.slot
+    raw = launcher._raw_launch
 
     def timed(n: int) -> float:
-        torch.cuda.synchronize()
-        us = module.time_driver_launches(kernels.tiny._dispatcher, n, torch.cuda.current_stream().cuda_stream, *call)
-        torch.cuda.synchronize()
-        return us
+        stream = torch.cuda.current_stream().cuda_stream
+        t0 = time.perf_counter()
+        for _ in range(n):
+            raw(1, 1, 1, stream, params)
+        return (time.perf_counter() - t0) / n * 1e6
 
     return timed
 
@@ -132,28 +146,12 @@ def _launchers() -> dict[str, Callable[[], Any] | str]:
     """name -> zero-argument launch, or the reason it is unavailable."""
     import torch
 
-    import tilejit
     from benchmarks import kernels
 
-    from tilejit.runtime import native
-
-    native.load()  # built now rather than in the background during the timed launches (a fresh cache dir)
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
     out: dict[str, Callable[[], Any] | str] = {}
     grid = (1,)
     out["tilejit"] = lambda: kernels.tiny[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
-    # The same kernel through the pure-Python launch path (what runs where the native launcher cannot be built).
-    python_path = tilejit.kernel(kernels.tiny.fn)
-    previous = os.environ.get("TILEJIT_NATIVE_LAUNCH")
-    os.environ["TILEJIT_NATIVE_LAUNCH"] = "0"  # read at the kernel's first launch
-    try:
-        python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
-    finally:
-        if previous is None:
-            del os.environ["TILEJIT_NATIVE_LAUNCH"]
-        else:
-            os.environ["TILEJIT_NATIVE_LAUNCH"] = previous
-    out["tilejit, Python launch path"] = lambda: python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
     try:
         from benchmarks import triton_kernels
     except Exception as error:  # noqa: BLE001 - report, do not fail
@@ -210,8 +208,8 @@ def _attempt(what: str, fn: Callable[[], Any], errors: list[str]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--launches", type=int, default=2000, help="launches per repetition (default 2000)")
-    parser.add_argument("--reps", type=int, default=7, help="repetitions; the median is reported (default 7)")
+    parser.add_argument("--launches", type=int, default=500, help="launches per repetition (default 500)")
+    parser.add_argument("--reps", type=int, default=15, help="repetitions; the median is reported (default 15)")
     parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes with an empty cache (default 3)")
     parser.add_argument("--hit-runs", type=int, default=5, help="fresh processes hitting the disk cache (default 5)")
     parser.add_argument("--import-runs", type=int, default=5, help="fresh processes timing imports (default 5)")
@@ -240,12 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             available[name] = launch
 
-    from benchmarks import kernels
-    from tilejit.runtime import native
-
-    timers: dict[str, Callable[[int], float]] = {}
-    if kernels.tiny._dispatcher is not None:
-        timers[FLOOR] = driver_floor_timer()
+    timers = {FLOOR: driver_floor_timer()}
     measured = _attempt("launch overheads", lambda: host_overheads(available, args.launches, args.reps, timers),
                         errors) or {}
     for name, r in measured.items():
@@ -253,23 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         if name == FLOOR:
             results["driver_floor_us"] = r["us_per_launch"]
             rows.append([FLOOR, f"{r['us_per_launch']:.2f} us",
-                         f"same kernel, parameters packed once, a C loop with no Python: the floor under any "
-                         f"launcher on this host; median of {args.reps} x {args.launches}"])
+                         f"same kernel, parameters packed once, only the driver call in a Python loop: the floor "
+                         f"under a Python launcher on this host; median of {args.reps} x {args.launches}"])
         else:
             rows.append([f"launch overhead: {name}", f"{r['us_per_launch']:.2f} us",
-                         f"host loop, median of {args.reps} x {args.launches} launches, launchers taking turns "
-                         f"(min {r['min_us_per_launch']:.2f} us); {r['us_per_launch_with_sync']:.2f} us with the "
-                         "final torch.cuda.synchronize"])
+                         f"host time, median of {args.reps} x {args.launches} launches queued behind a busy GPU, "
+                         f"launchers taking turns (min {r['min_us_per_launch']:.2f} us)"])
         print(f"{name}: {r['us_per_launch']:.2f} us (min {r['min_us_per_launch']:.2f})", flush=True)
-
-    active = kernels.tiny._dispatcher is not None
-    results["native_launcher"] = "active" if active else f"unavailable: {native.failure()}"
-    print(f"native launcher: {results['native_launcher']}", flush=True)
-    if active:
-        stats = kernels.tiny._dispatcher.stats()
-        results["native_stats"] = stats
-        if stats["fallbacks"] or stats["hits"] < args.launches * args.reps:
-            errors.append(f"the timed tilejit launches did not all take the native path: {stats}")
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
     results["first_launch"] = first

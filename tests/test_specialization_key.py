@@ -421,3 +421,34 @@ def test_compiler_fingerprint_covers_tilejit_and_is_not_computed_on_import():
     computed_at_import, fingerprint, digest = json.loads(done.stdout)
     assert computed_at_import == 0
     assert fingerprint == digest and len(fingerprint) == 64
+
+
+# ---- the launch fast path's signature (Kernel._fast_args) --------------------------------------------------
+
+@tilejit.kernel
+def _scaled(X, Y, n, alpha=1.0, BLOCK: T.constexpr = 64):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * alpha + n
+
+
+def test_fast_signature_takes_run_time_arguments_by_keyword_or_default():
+    x, y = torch.ones(10), torch.zeros(10)
+    positional = _scaled._fast_args((x, y, 3, 1.0), {"BLOCK": 64})
+    by_keyword = _scaled._fast_args((x,), {"Y": y, "n": 3, "BLOCK": 64})
+    defaulted = _scaled._fast_args((x, y, 3), {"BLOCK": 64})
+    assert positional is not None and by_keyword is not None and defaulted is not None
+    # Values always follow parameter order; the signature also records how many came by position.
+    assert positional[1] == by_keyword[1] == defaulted[1] == [x.data_ptr(), 10, 1, y.data_ptr(), 10, 1, 3, 1.0]
+    assert by_keyword[0][1:] == positional[0][1:] and by_keyword[0][0] == 1
+    assert _scaled._fast_args((x, y, 3), {"BLOCK": 64, "alpha": 2.0})[1][-1] == 2.0
+    assert _scaled._fast_args((x, y, 16), {})[0] != _scaled._fast_args((x, y, 3), {})[0]  # n % 16 is in the key
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((torch.ones(4),), {"n": 3}),                              # Y missing: the slow path raises
+    ((torch.ones(4), torch.ones(4), 3), {"n": 4}),             # n twice
+    ((torch.ones(4), torch.ones(4), 3), {"BLOK": 64}),         # unknown keyword
+    ((torch.ones(4), torch.ones(4), [3]), {}),                 # not a kernel argument type
+])
+def test_calls_the_fast_signature_cannot_describe_go_to_the_slow_path(args, kwargs):
+    assert _scaled._fast_args(args, kwargs) is None

@@ -22,7 +22,6 @@ from .. import language as lang
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
-from . import native
 
 __version__ = "0.1.0"
 
@@ -30,6 +29,7 @@ LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 3}
 # Roles of parameters on the launch fast path: folded at compile time, passed at run time, or a tensor
 # whose extents are compile-time constants (its shape is then part of the call signature).
 _CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
+_BY_KEYWORD = "<by keyword>"  # a constexpr position after the positional arguments, in a fast-path signature
 _VALID_WARPS = (1, 2, 4, 8, 16)
 _PLAIN_PARAMETER = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
@@ -134,10 +134,12 @@ class Kernel:
         self._lock = threading.RLock()
         self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
         self._fast: dict[tuple, Any] = {}            # cheap call signature -> Launcher
-        self._dispatcher: Any = None                  # the compiled launcher's table, after the first GPU launch
         runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
         self._min_positional = runtime[-1] + 1 if runtime else 0
         self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
+        self._runtime_index = {n: i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names}
+        self._runtime_defaults = {n: p.default for n, p in self.signature.parameters.items()
+                                  if n not in self.constexpr_names and p.default is not inspect.Parameter.empty}
         self._roles = [_CONSTEXPR if n in self.constexpr_names else _RUNTIME for n in self.arg_names]
         self._defaults = {**LAUNCH_OPTIONS, **{n: p.default for n, p in self.signature.parameters.items()
                                                if p.default is not inspect.Parameter.empty}}
@@ -295,40 +297,35 @@ class Kernel:
 
     # -- launching -----------------------------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        dispatcher = self._dispatcher
-        if dispatcher is not None:
-            return dispatcher.bind(grid)  # the compiled launcher (runtime/_launch.c)
-
         def launch(*args: Any, **kwargs: Any) -> None:
-            self._python_launch(grid, args, kwargs)
+            fast = self._fast_args(args, kwargs)
+            if fast is not None:
+                # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
+                launcher = self._fast.get(fast[0])
+                if launcher is not None:
+                    grid3 = self._fast_grid(grid, args, kwargs)
+                    if grid3 is not None:
+                        launcher(grid3, _raw_stream(fast[2]), fast[1])
+                        return
+            self.run(grid, args, kwargs, fast)
         return launch
-
-    def _python_launch(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        """The launch path in Python: the reference for ``_launch.c`` and its fallback for calls it cannot sign."""
-        fast = self._fast_args(args, kwargs)
-        if fast is not None:
-            # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
-            launcher = self._fast.get(fast[0])
-            if launcher is not None:
-                grid3 = self._fast_grid(grid, args, kwargs)
-                if grid3 is not None:
-                    launcher(grid3, _raw_stream(fast[2]), fast[1])
-                    if self._dispatcher is None and native.ready() is not None:  # built in the background
-                        self._dispatcher = self._make_dispatcher()
-                    return
-        self.run(grid, args, kwargs, fast)
 
     # -- the fast path: a dict hit on a cheap signature, then one cuLaunchKernel -------------------
     def _fast_args(self, args: Sequence[Any], kwargs: dict[str, Any]):
-        """(signature, packed parameter values, device index) when every runtime argument is positional.
+        """(signature, packed parameter values, device index) of a call, or None when it needs the slow path.
 
         The signature holds everything the specialization key depends on (a superset: full strides
         rather than the unit-stride pattern), except global constants, read when a specialization is
-        first compiled. Tensors on different devices take the slow path, which rejects them.
+        first compiled. Run-time parameters may come by position, by keyword or from their defaults;
+        values follow parameter order either way. Tensors on different devices take the slow path, which
+        rejects them.
         """
-        if len(args) < self._min_positional:
-            return None
-        sig: list[Any] = [len(args)]
+        given = len(args)
+        if given < self._min_positional:
+            args = self._fill_runtime(args, kwargs)
+            if args is None:
+                return None
+        sig: list[Any] = [given]
         values: list[Any] = []
         device = None
         tensor_type = _torch_tensor()
@@ -364,7 +361,13 @@ class Kernel:
             return None
         sig.append(device)
         if kwargs:
+            runtime_index = self._runtime_index
             for k, v in kwargs.items():
+                at = runtime_index.get(k)
+                if at is not None:
+                    if at < given:
+                        return None  # also given by position: the slow path raises
+                    continue  # signed in its place above
                 if k not in self._fast_kwargs:
                     return None
                 sig.append(k)
@@ -373,6 +376,21 @@ class Kernel:
             return tuple(sig), values, device
         except TypeError:
             return None
+
+    def _fill_runtime(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:
+        """``args`` extended to the last run-time parameter with keyword arguments and defaults (constexpr
+        positions hold a marker: their values are signed with the keywords); None when one is missing."""
+        filled = list(args)
+        for name, role in zip(self.arg_names[len(args):self._min_positional], self._roles[len(args):]):
+            if role is _CONSTEXPR:
+                filled.append(_BY_KEYWORD)
+            elif name in kwargs:
+                filled.append(kwargs[name])
+            elif name in self._runtime_defaults:
+                filled.append(self._runtime_defaults[name])
+            else:
+                return None
+        return filled
 
     def _fast_grid(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         if callable(grid):
@@ -394,9 +412,9 @@ class Kernel:
         raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
                         f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
-    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
+    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None) -> None:
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
-        fast path under the call's cheap signature. Returns the launcher (None in the interpreter)."""
+        fast path under the call's cheap signature."""
         call = self.bind(args, dict(kwargs))
         grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
                                     "num_stages": call.options.num_stages}, self.__name__)
@@ -409,7 +427,7 @@ class Kernel:
             from ..interpreter import interpret
 
             interpret(self.build_ir(call), grid3, call.values)
-            return None
+            return
         for n, t in tensors.items():
             if t.device.type != "cuda":
                 raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
@@ -421,30 +439,6 @@ class Kernel:
             fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
             if fast is not None:
                 self._fast[fast[0]] = launcher
-        if self._dispatcher is None and tensors:
-            self._dispatcher = self._make_dispatcher()
-        return launcher
-
-    def _make_dispatcher(self):
-        """The compiled launcher's per-kernel table, or None while it is being built (it starts building at the
-        first GPU launch, so importing tilejit or running the interpreter never builds it) or when it cannot be."""
-        module = native.load_async() if knobs.native_launch() else None
-        if module is None:
-            return None
-        import torch
-
-        return module.Dispatcher(
-            roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
-            tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
-            fallback=self._python_launch, grid_fn=self._fast_grid, names=tuple(self.arg_names),
-            runtime_index={n: i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names},
-            defaults={n: p.default for n, p in self.signature.parameters.items()
-                      if n not in self.constexpr_names and p.default is not inspect.Parameter.empty})
-
-    def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
-        """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
-        launcher = self.run(grid, args, kwargs)
-        return None if launcher is None else launcher.native_entry()
 
     def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""

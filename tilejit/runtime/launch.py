@@ -122,10 +122,6 @@ class TensorMapLauncher:
     def __call__(self, grid, stream, values) -> None:
         self.launcher(grid, stream, self.packer(values))
 
-    def native_entry(self):
-        """The compiled launcher's Entry: the plain kernel's, with the maps computed by the packer."""
-        return self.launcher.native_entry(tmaps=self.packer.maps, fallback=self)
-
 
 def value_layout(call) -> dict[str, list[int]]:
     """Where each tensor argument's pointer, sizes and strides sit in the packed values: [start, rank]."""
