@@ -22,6 +22,10 @@ _VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "uint32_t", 2: "uint16_t", 1: "uint8_
 # Element-wise store fallbacks up to this many registers stay unrolled: they are small, and elementwise
 # kernels (a few registers per thread) take them on every tensor whose size breaks the vector width.
 _UNROLLED_STORE_REGS = 16
+# The rolled fallback is used below sm_90 only. On sm_90a it perturbed ptxas's scheduling of the wgmma main loop
+# (same instructions, other order): 128x128x64 / 4 warps / 4 stages on 8192x8192x1024 fp16 ran at 365 TFLOP/s
+# instead of 385 (H200, three alternating runs each), while on sm_80 code it shortened the main loop.
+_ROLLED_STORE_BEFORE_SM = 90
 
 
 class Window:
@@ -120,8 +124,8 @@ def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
     element by element. Out-of-bounds loads read 0; out-of-bounds stores are dropped. Two straight-line
     variants, rather than a vector-or-scalar choice per group, keep the kernel and its compile time small.
 
-    The element-wise fallback of a vectorized store of more than ``_UNROLLED_STORE_REGS`` registers is a
-    rolled loop: unrolled, it was most of the DESIGN matmul's PTX (a predicated store per register) and
+    Below sm_90, the element-wise fallback of a vectorized store of more than ``_UNROLLED_STORE_REGS`` registers
+    is a rolled loop: unrolled, it was most of the DESIGN matmul's PTX (a predicated store per register) and
     of its NVRTC time. Indexing the register tile in a rolled loop would push it to local memory for the
     fast path too, so the fallback first copies it to a local array. Loads stay unrolled, to keep their
     reads in flight.
@@ -138,7 +142,8 @@ def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
         _window_loop(em, win, layout, regs, vec, load)
         em.close("} else {")
         em.depth += 1
-    rolled = vec > 1 and not load and layout.regs > _UNROLLED_STORE_REGS and layout.regs * win.esize % 16 == 0
+    rolled = (vec > 1 and not load and layout.regs > _UNROLLED_STORE_REGS and layout.regs * win.esize % 16 == 0
+              and em.target.sm < _ROLLED_STORE_BEFORE_SM)
     if rolled:
         regs = _local_copy(em, layout, regs, ctype, win.esize)
     _window_loop(em, win, layout, regs, 1, load, unroll="1" if rolled else "")
