@@ -1,10 +1,9 @@
 """Host-side costs: launch overhead, cold compile, disk-cache hit, and import time.
 
-    python -m benchmarks.launch [--launches 500] [--reps 15] [--out DIR]
+    python -m benchmarks.launch [--launches 1000] [--reps 15] [--out DIR]
 
 - Launch overhead: a tiny kernel with four tensor arguments (1 element each) and two ints, launched N times in
-  a row from Python while the GPU is kept busy (so the launches only queue); host time / N, median over --reps
-  repetitions, the launchers taking turns. Against Triton (same kernel), torch ``x.add_(1)``, and the bare
+  a row from Python; host time / N, median over --reps repetitions, the launchers taking turns. Against Triton (same kernel), torch ``x.add_(1)``, and the bare
   driver call tilejit's launcher ends in (cuLaunchKernel through ctypes with the parameters packed once).
 - Cold compile: the DESIGN.md matmul (128x128x32, 4 warps, 3 stages, 1024^3 fp16) in a fresh process with an
   empty TILEJIT_CACHE_DIR: time from after the imports and input set-up to the first launch's completion, and
@@ -63,22 +62,23 @@ print(json.dumps({"torch": t1 - t0, "tilejit": t2 - t1}))
 
 def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps: int,
                    timers: dict[str, Callable[[int], float]] | None = None) -> dict[str, dict[str, float]]:
-    """Median microseconds of host time per launch of each launcher over ``reps`` runs of ``launches`` launches.
+    """Median microseconds of host time per launch of each launcher over ``reps`` runs of ``launches`` back-to-back
+    launches (the GPU synchronized before and after each run, outside the timing).
 
-    Each run starts behind a GPU kept busy by ``torch.cuda._sleep`` for longer than the run takes, so launches
-    only queue: the time is the host's alone, not the GPU's pace at running tiny kernels back to back (which
-    otherwise caps every launcher at the same few microseconds once its queue fills). The launchers take turns
-    (the order rotates every repetition) after each has run once and then a shared warm-up of about a second,
-    so a slow stretch of a shared host lands on all of them alike. ``timers`` are measured in the same rotation:
-    each returns microseconds per launch for a count of launches it makes itself.
+    The launchers take turns (the order rotates every repetition) after each has run once and then a shared
+    warm-up of about a second, so a slow stretch of a shared host, or GPU clocks still ramping up, lands on all
+    of them alike. ``timers`` are measured in the same rotation: each returns microseconds per launch for a count
+    of launches it makes itself.
+
+    Not used: timing launches queued behind a GPU kept busy by ``torch.cuda._sleep``. On the H200 host that made
+    tilejit's and the bare driver call's launches 1.6-2.3x slower (13.2 and 5.6 us) while torch's and Triton's
+    barely moved, so it measures something about long launch queues rather than the launcher.
     """
     import torch
 
-    busy_cycles = int(2e5 * launches)  # ~100 us of GPU time per launch at ~2 GHz: longer than any launcher
-
     def loop_timer(launch: Callable[[], Any]) -> Callable[[int], float]:
         def timed(n: int) -> float:
-            torch.cuda._sleep(busy_cycles)
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
                 launch()
@@ -87,16 +87,16 @@ def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps:
             return us
         return timed
 
-    def busy(timer: Callable[[int], float]) -> Callable[[int], float]:
+    def synced(timer: Callable[[int], float]) -> Callable[[int], float]:
         def timed(n: int) -> float:
-            torch.cuda._sleep(busy_cycles)
+            torch.cuda.synchronize()
             us = timer(n)
             torch.cuda.synchronize()
             return us
         return timed
 
     measured = {name: loop_timer(launch) for name, launch in launchers.items()}
-    measured.update({name: busy(timer) for name, timer in (timers or {}).items()})
+    measured.update({name: synced(timer) for name, timer in (timers or {}).items()})
     for timed in measured.values():
         timed(10)  # first calls (a JIT's compile) outside the warm-up's time limit
     deadline = time.perf_counter() + 1.0
@@ -208,7 +208,7 @@ def _attempt(what: str, fn: Callable[[], Any], errors: list[str]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--launches", type=int, default=500, help="launches per repetition (default 500)")
+    parser.add_argument("--launches", type=int, default=1000, help="launches per repetition (default 1000)")
     parser.add_argument("--reps", type=int, default=15, help="repetitions; the median is reported (default 15)")
     parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes with an empty cache (default 3)")
     parser.add_argument("--hit-runs", type=int, default=5, help="fresh processes hitting the disk cache (default 5)")
@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"under a Python launcher on this host; median of {args.reps} x {args.launches}"])
         else:
             rows.append([f"launch overhead: {name}", f"{r['us_per_launch']:.2f} us",
-                         f"host time, median of {args.reps} x {args.launches} launches queued behind a busy GPU, "
-                         f"launchers taking turns (min {r['min_us_per_launch']:.2f} us)"])
+                         f"host time, median of {args.reps} x {args.launches} back-to-back launches, launchers "
+                         f"taking turns (min {r['min_us_per_launch']:.2f} us)"])
         print(f"{name}: {r['us_per_launch']:.2f} us (min {r['min_us_per_launch']:.2f})", flush=True)
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)

@@ -197,8 +197,6 @@ def test_launch_overheads_take_turns_and_include_timers(monkeypatch):
     from benchmarks import launch
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    slept = []
-    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
     calls = {"a": 0, "b": 0}
 
     def make(name):
@@ -213,9 +211,6 @@ def test_launch_overheads_take_turns_and_include_timers(monkeypatch):
     assert result["floor"]["us_per_launch"] == 1.25
     assert all(r["us_per_launch"] > 0 and r["min_us_per_launch"] <= r["us_per_launch"] for r in result.values())
     assert floor_counts.count(50) >= 4 and calls["a"] >= 4 * 50 and calls["b"] >= 4 * 50
-    # Every timed run starts behind a busy GPU, long enough for its launches to only queue.
-    assert len(slept) == len(floor_counts) + (calls["a"] + calls["b"] - 20) // 50 + 2
-    assert all(cycles >= 50 * 1e5 for cycles in slept)
     # The order rotates every repetition, so no launcher always runs first.
     timed: list[str] = []
     timers = {name: (lambda n, name=name: timed.append(name) or 1.0) for name in "xyz"}
