@@ -71,4 +71,3 @@ def cuda_library_search_env() -> dict[str, str | None]:
     """LD_LIBRARY_PATH, CONDA_PREFIX, CUDA_PATH, CUDA_HOME: not tilejit's, but they steer which CUDA libraries
     load, so the NVRTC version record is trusted only while they are unchanged."""
     return {name: os.environ.get(name) for name in ("LD_LIBRARY_PATH", "CONDA_PREFIX", "CUDA_PATH", "CUDA_HOME")}
-

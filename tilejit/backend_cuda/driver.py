@@ -5,12 +5,13 @@ launches on torch's streams, so kernels interleave with torch ops and CUDA graph
 through ctypes (``libcuda.py``): importing cuda.bindings' driver module would cost a fresh process more than
 its whole budget for the first launch from a disk-cache hit. Nothing here touches the GPU at import time.
 
-The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters live in a preallocated buffer described by a ``struct.Struct``
-(one ``pack_into`` fills them all), the ``void*[]`` array of their addresses is built once, and the call is one
-``cuLaunchKernel``. The buffer is per thread (created on a thread's first launch): cuLaunchKernel releases the
-GIL, so with one shared buffer a second thread could overwrite the parameters between the first thread's pack
-and launch. Two ways to make that call are kept (see ``LAUNCH_IMPLS``): ctypes on ``libcuda.so.1`` (the
-default: no cuda.bindings import) and cuda.bindings' ``cuLaunchKernel``.
+The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters
+live in a preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
+``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. The buffer is per
+thread (created on a thread's first launch): cuLaunchKernel releases the GIL, so with one shared buffer a second
+thread could overwrite the parameters between the first thread's pack and launch. Two ways to make that call
+are kept (see ``LAUNCH_IMPLS``): ctypes on ``libcuda.so.1`` (the default: no cuda.bindings import) and
+cuda.bindings' ``cuLaunchKernel``.
 """
 from __future__ import annotations
 

@@ -105,22 +105,16 @@ class CompiledKernel:
         return f"<CompiledKernel {self.meta.get('kernel')} {self.arch} key={self.key[:12]}>"
 
 
-def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]) -> "TensorMapLauncher":
+def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]):
+    """A launcher that appends the kernel's CUtensorMaps (encoded, or found in the cache) to the values."""
     from .tma import TensorMapPacker
 
-    return TensorMapLauncher(launcher, TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in
-                                                              layout.items()}))
+    packer = TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in layout.items()})
 
+    def launch(grid, stream, values):
+        launcher(grid, stream, packer(values))
 
-class TensorMapLauncher:
-    """A launcher that appends the kernel's CUtensorMaps (encoded, or found in the cache) to the values."""
-
-    def __init__(self, launcher, packer) -> None:
-        self.launcher = launcher
-        self.packer = packer
-
-    def __call__(self, grid, stream, values) -> None:
-        self.launcher(grid, stream, self.packer(values))
+    return launch
 
 
 def value_layout(call) -> dict[str, list[int]]:
