@@ -112,46 +112,67 @@ def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps:
             for name in names}
 
 
-FLOOR = "cuLaunchKernel alone (ctypes loop)"
-
-
-def driver_floor_timer() -> Callable[[int], float]:
-    """A timer of the benchmark kernel's cuLaunchKernel with its parameters packed once, called through ctypes
-    in a Python loop (what tilejit's launcher calls last): microseconds per launch for ``n`` launches. The floor
-    under any Python launcher on this host, give or take the ~0.3 us of the loop and ctypes' conversions."""
+def driver_floor_timer() -> tuple[str, Callable[[int], float]]:
+    """(name, timer) of the benchmark kernel's bare cuLaunchKernel with its parameters packed once: from a C loop
+    (``_launch.c``'s ``time_driver_launches``) when the compiled launcher is loaded, else through ctypes in a
+    Python loop. The timer returns microseconds per launch for ``n`` launches: the floor under any launcher."""
     import torch
 
     from benchmarks import kernels
+    from tilejit.runtime import native
 
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
     args, kwargs = (x, y, z, w, 1, 0), {"BLOCK": 32, "num_warps": 1}
-    kernels.tiny[(1,)](*args, **kwargs)
-    signature, values, device = kernels.tiny._fast_args(args, kwargs)
+    for _ in range(2):  # the first launch compiles and makes the dispatcher, the second registers its entry
+        kernels.tiny[(1,)](*args, **kwargs)
+    module = native.ready()
+    if module is not None and kernels.tiny._dispatcher is not None:
+        def timed(n: int) -> float:
+            return module.time_driver_launches(kernels.tiny._dispatcher, n, torch.cuda.current_stream().cuda_stream,
+                                               args, kwargs)
+        return "cuLaunchKernel alone (C loop)", timed
+    signature, values, _ = kernels.tiny._fast_args(args, kwargs)
     launcher = kernels.tiny._fast[signature]
     launcher((1, 1, 1), torch.cuda.current_stream().cuda_stream, values)  # packs this thread's buffer
-    buffer, params = launcher._per_thread.slot
-    raw = launcher._raw_launch
+    params, raw = launcher._per_thread.slot[1], launcher._raw_launch
 
-    def timed(n: int) -> float:
+    def timed_ctypes(n: int) -> float:
         stream = torch.cuda.current_stream().cuda_stream
         t0 = time.perf_counter()
         for _ in range(n):
             raw(1, 1, 1, stream, params)
         return (time.perf_counter() - t0) / n * 1e6
 
-    return timed
+    return "cuLaunchKernel alone (ctypes loop)", timed_ctypes
 
 
 def _launchers() -> dict[str, Callable[[], Any] | str]:
     """name -> zero-argument launch, or the reason it is unavailable."""
     import torch
 
+    import tilejit
     from benchmarks import kernels
+    from tilejit.runtime import native
 
+    native.load()  # built now rather than in the background during the timed launches (a fresh cache dir)
     x, y, z, w = (torch.ones(1, device="cuda") for _ in range(4))
     out: dict[str, Callable[[], Any] | str] = {}
     grid = (1,)
     out["tilejit"] = lambda: kernels.tiny[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    # The same kernel through the Python launch path (what runs where the compiled launcher cannot be built): the
+    # switch is read at a kernel's first GPU launch.
+    python_path = tilejit.kernel(kernels.tiny.fn)
+    previous = os.environ.get("TILEJIT_NATIVE_LAUNCH")
+    os.environ["TILEJIT_NATIVE_LAUNCH"] = "0"
+    try:
+        python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    finally:
+        if previous is None:
+            del os.environ["TILEJIT_NATIVE_LAUNCH"]
+        else:
+            os.environ["TILEJIT_NATIVE_LAUNCH"] = previous
+    assert python_path._dispatcher is None and python_path._native_off
+    out["tilejit, Python launch path"] = lambda: python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
     try:
         from benchmarks import triton_kernels
     except Exception as error:  # noqa: BLE001 - report, do not fail
@@ -238,21 +259,33 @@ def main(argv: list[str] | None = None) -> int:
         else:
             available[name] = launch
 
-    timers = {FLOOR: driver_floor_timer()}
+    floor_name, floor_timer = driver_floor_timer()
+    timers = {floor_name: floor_timer}
     measured = _attempt("launch overheads", lambda: host_overheads(available, args.launches, args.reps, timers),
                         errors) or {}
     for name, r in measured.items():
         results["launch"][name] = r
-        if name == FLOOR:
+        if name == floor_name:
             results["driver_floor_us"] = r["us_per_launch"]
-            rows.append([FLOOR, f"{r['us_per_launch']:.2f} us",
-                         f"same kernel, parameters packed once, only the driver call in a Python loop: the floor "
-                         f"under a Python launcher on this host; median of {args.reps} x {args.launches}"])
+            rows.append([name, f"{r['us_per_launch']:.2f} us",
+                         f"same kernel, parameters packed once, nothing but the driver call in the loop: the floor "
+                         f"under any launcher on this host; median of {args.reps} x {args.launches}"])
         else:
             rows.append([f"launch overhead: {name}", f"{r['us_per_launch']:.2f} us",
                          f"host time, median of {args.reps} x {args.launches} back-to-back launches, launchers "
                          f"taking turns (min {r['min_us_per_launch']:.2f} us)"])
         print(f"{name}: {r['us_per_launch']:.2f} us (min {r['min_us_per_launch']:.2f})", flush=True)
+
+    from benchmarks import kernels
+    from tilejit.runtime import native
+
+    dispatcher = kernels.tiny._dispatcher
+    results["native_launcher"] = "active" if dispatcher is not None else f"unavailable: {native.failure()}"
+    print(f"compiled launcher: {results['native_launcher']}", flush=True)
+    if dispatcher is not None:
+        results["native_stats"] = stats = dispatcher.stats()
+        if stats["fallbacks"] or stats["hits"] < args.launches * args.reps:
+            errors.append(f"the timed tilejit launches did not all take the compiled launcher: {stats}")
 
     first = _attempt("first launch", lambda: first_launch_times(args.cold_runs, args.hit_runs), errors)
     results["first_launch"] = first

@@ -319,10 +319,71 @@ def test_launch_on_a_side_stream_does_not_wait_for_the_default_stream():
     torch.cuda.synchronize()
 
 
-# ---- the fast path ---------------------------------------------------------------------------------------------
+# ---- the compiled launcher (runtime/_launch.c) ----------------------------------------------------------------
 
-def test_run_time_arguments_by_keyword_or_default_take_the_fast_path(monkeypatch):
+def test_launches_after_the_first_take_the_native_path_and_match_the_python_path(monkeypatch):
+    from tilejit.runtime import native
+
     dev = device_or_skip(0)
+    if native.load() is None:
+        pytest.skip(f"native launcher unavailable here: {native.failure()}")
+    fast = tilejit.kernel(axpb.fn)
+    monkeypatch.setenv("TILEJIT_NATIVE_LAUNCH", "0")
+    slow = tilejit.kernel(axpb.fn)
+    x = torch.randn(3000, device=dev)
+    launch_axpb(slow, x, torch.empty_like(x), 1.0, 0.0)
+    monkeypatch.delenv("TILEJIT_NATIVE_LAUNCH")
+    assert slow._dispatcher is None
+    # Python path (compiles, makes the dispatcher), a native miss (remembers the entry), then native hits.
+    for step in range(4):
+        y_fast, y_slow = torch.full_like(x, NAN), torch.full_like(x, NAN)
+        launch_axpb(fast, x, y_fast, 1.5 + step, -float(step))
+        launch_axpb(slow, x, y_slow, 1.5 + step, -float(step))
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y_fast, (x.double() * (1.5 + step) - step).float())
+        assert torch.equal(y_fast, y_slow)
+    stats = fast._dispatcher.stats()
+    assert stats["misses"] == 1 and stats["hits"] == 2 and stats["fallbacks"] == 0
+
+
+def test_native_path_respecializes_on_alignment_and_dtype():
+    from tilejit.runtime import native
+
+    dev = device_or_skip(0)
+    native.load()  # ready before the first launch, so that launch makes the dispatcher
+    kernel = tilejit.kernel(axpb.fn)
+    base = torch.randn(5000, device=dev, dtype=torch.float64)
+    for x in (base.float(), base.float()[1:], base.half(), base.float()[3:]):  # aligned, not, fp16, not again
+        y = torch.full_like(x, NAN)
+        launch_axpb(kernel, x, y, 2.0, 0.5)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y.double(), (x.double() * 2.0 + 0.5).to(y.dtype).double())
+    if kernel._dispatcher is not None:
+        # The first launch (Python) made the dispatcher; unaligned fp32 and fp16 missed; unaligned again hit.
+        assert kernel._dispatcher.stats() == {"hits": 1, "misses": 2, "fallbacks": 0, "entries": 2}
+
+
+def test_run_time_arguments_by_keyword_take_the_native_path():
+    from tilejit.runtime import native
+
+    dev = device_or_skip(0)
+    native.load()
+    kernel = tilejit.kernel(axpb.fn)
+    x = torch.randn(4097, device=dev)
+    for step in range(3):
+        y = torch.full_like(x, NAN)
+        kernel[(tilejit.cdiv(x.numel(), BLOCK),)](X=x, Y=y, b=0.25, a=float(step), BLOCK=BLOCK)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y, x * float(step) + 0.25)
+    if kernel._dispatcher is not None:
+        assert kernel._dispatcher.stats()["fallbacks"] == 0 and kernel._dispatcher.stats()["hits"] == 1
+
+
+# ---- the Python launch path (where the compiled launcher cannot be built) -------------------------------------
+
+def test_python_path_takes_run_time_arguments_by_keyword_without_the_slow_path(monkeypatch):
+    dev = device_or_skip(0)
+    monkeypatch.setenv("TILEJIT_NATIVE_LAUNCH", "0")  # read at the kernel's first GPU launch
     kernel = tilejit.kernel(axpb.fn)
     x = torch.randn(4097, device=dev)
     slow_calls = []
@@ -333,11 +394,13 @@ def test_run_time_arguments_by_keyword_or_default_take_the_fast_path(monkeypatch
         kernel[(tilejit.cdiv(x.numel(), BLOCK),)](X=x, Y=y, b=0.25, a=float(step), BLOCK=BLOCK)
         torch.cuda.synchronize(dev)
         torch.testing.assert_close(y, x * float(step) + 0.25)
-    assert len(slow_calls) == 1  # compiled once; then dict hits on the keyword call's signature
+        monkeypatch.delenv("TILEJIT_NATIVE_LAUNCH", raising=False)  # stays off for this kernel
+    assert len(slow_calls) == 1 and kernel._dispatcher is None  # compiled once; then dict hits
 
 
-def test_fast_path_respecializes_on_alignment_and_dtype():
+def test_python_path_respecializes_on_alignment_and_dtype(monkeypatch):
     dev = device_or_skip(0)
+    monkeypatch.setenv("TILEJIT_NATIVE_LAUNCH", "0")
     kernel = tilejit.kernel(axpb.fn)
     base = torch.randn(5000, device=dev, dtype=torch.float64)
     for x in (base.float(), base.float()[1:], base.half(), base.float()[3:]):  # aligned, not, fp16, not again
@@ -345,4 +408,4 @@ def test_fast_path_respecializes_on_alignment_and_dtype():
         launch_axpb(kernel, x, y, 2.0, 0.5)
         torch.cuda.synchronize(dev)
         torch.testing.assert_close(y.double(), (x.double() * 2.0 + 0.5).to(y.dtype).double())
-    assert len(kernel._fast) == 3 and len(kernel._compiled) == 3
+    assert len(kernel._fast) == 3 and len(kernel._compiled) == 3 and kernel._dispatcher is None

@@ -71,3 +71,15 @@ def cuda_library_search_env() -> dict[str, str | None]:
     """LD_LIBRARY_PATH, CONDA_PREFIX, CUDA_PATH, CUDA_HOME: not tilejit's, but they steer which CUDA libraries
     load, so the NVRTC version record is trusted only while they are unchanged."""
     return {name: os.environ.get(name) for name in ("LD_LIBRARY_PATH", "CONDA_PREFIX", "CUDA_PATH", "CUDA_HOME")}
+
+
+def native_launch() -> bool:
+    """TILEJIT_NATIVE_LAUNCH=0: launch through the pure-Python path instead of the compiled launcher."""
+    return os.environ.get("TILEJIT_NATIVE_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def c_compiler() -> str | None:
+    """CC: not tilejit's, but the C compiler that builds the native launcher when set (else Python's own, else
+    ``cc``)."""
+    value = os.environ.get("CC", "").strip()
+    return value or None

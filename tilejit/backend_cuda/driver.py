@@ -5,13 +5,14 @@ launches on torch's streams, so kernels interleave with torch ops and CUDA graph
 through ctypes (``libcuda.py``): importing cuda.bindings' driver module would cost a fresh process more than
 its whole budget for the first launch from a disk-cache hit. Nothing here touches the GPU at import time.
 
-The launcher is the hot path (every kernel call goes through it), so it does the least per call: parameters
-live in a preallocated buffer described by a ``struct.Struct`` (one ``pack_into`` fills them all), the
-``void*[]`` array of their addresses is built once, and the call is one ``cuLaunchKernel``. The buffer is per
-thread (created on a thread's first launch): cuLaunchKernel releases the GIL, so with one shared buffer a second
-thread could overwrite the parameters between the first thread's pack and launch. Two ways to make that call
-are kept (see ``LAUNCH_IMPLS``): ctypes on ``libcuda.so.1`` (the default: no cuda.bindings import) and
-cuda.bindings' ``cuLaunchKernel``.
+Launches normally go through the compiled launcher (``runtime/_launch.c``); this module's ``Launcher`` is the
+Python path: the first launch of each specialization, and every launch where the compiled launcher cannot be
+built. It does the least per call: parameters live in a preallocated buffer described by a ``struct.Struct``
+(one ``pack_into`` fills them all), the ``void*[]`` array of their addresses is built once, and the call is one
+``cuLaunchKernel``. The buffer is per thread (created on a thread's first launch): cuLaunchKernel releases the
+GIL, so with one shared buffer a second thread could overwrite the parameters between the first thread's pack
+and launch. Two ways to make that call are kept (see ``LAUNCH_IMPLS``): ctypes on ``libcuda.so.1`` (the
+default: no cuda.bindings import) and cuda.bindings' ``cuLaunchKernel``.
 """
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (CU_FUNC_ATTR
 
 LAUNCH_IMPLS = ("ctypes", "bindings")
 # Measured on an H200 (driver 580, cuda-bindings 13.3, torch 2.11), 14 params (8 ptr, 2 i64, 2 i32, 2 f32),
-# host time per launch, median of 7 x 20k: "bindings" 4.5 us, "ctypes" 5.5-5.8 us (this launcher alone). A later
-# run of whole kernel launches (benchmarks/launch.py, same H200 host) measured 5.8 us per launch with ctypes
-# against 11 us with bindings; ctypes is the default, and it spares a first launch the ~16 ms import of
-# cuda.bindings.driver.
+# host time per launch, median of 7 x 20k: "bindings" 4.5 us, "ctypes" 5.5-5.8 us. ctypes is the default all
+# the same: it spares the ~16 ms import of cuda.bindings.driver on a first launch, and the hot path is the
+# compiled launcher, not this one.
 DEFAULT_LAUNCH_IMPL = "ctypes"
 
 
@@ -234,6 +234,7 @@ class Launcher:
         self._per_thread = threading.local()
         self._tmap_positions = tuple(i for i, k in enumerate(self.param_kinds) if k == "tmap")
         self.launch = self._build_launch(loaded, impl)
+        self._native_entries: dict[Any, Any] = {}
 
     def _thread_buffer(self) -> tuple[Any, int]:
         """This thread's (parameter buffer, address of its ``void*[]``), made on the thread's first launch."""
@@ -296,6 +297,24 @@ class Launcher:
                 self._recover(err, grid, stream, params)
 
         return launch
+
+    def native_entry(self, tmaps: Callable[[Sequence[Any]], list[bytes]] | None = None,
+                     fallback: Callable[..., None] | None = None) -> Any:
+        """This launcher as an Entry of the compiled launcher (``runtime/_launch.c``), made once; None when that
+        launcher is unavailable. ``fallback`` (default: this launcher) runs a launch the driver refused, so
+        tilejit's context retry and errors apply."""
+        entry = self._native_entries.get(tmaps)
+        if entry is None:
+            from ..runtime import native
+
+            module = native.load()
+            if module is None:
+                return None
+            kinds = bytes(native.KIND_CODES[k] for k in self.param_kinds)
+            entry = module.Entry(int(self.loaded.function), self.block, self.dynamic_smem_bytes, kinds,
+                                 self.loaded.device_index, tmaps, fallback or self)
+            self._native_entries[tmaps] = entry
+        return entry
 
     def __call__(self, grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
         """Launch on ``stream`` (an int handle). Hot callers may hold ``self.launch`` instead (same thing, one

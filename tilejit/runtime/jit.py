@@ -23,6 +23,7 @@ from .. import language as lang
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+from . import native
 
 __version__ = "0.1.0"
 
@@ -147,6 +148,8 @@ class Kernel:
         self._lock = threading.RLock()
         self._compiled: dict[str, Any] = {}          # key -> CompiledKernel
         self._fast: dict[tuple, Any] = {}            # cheap call signature -> Launcher
+        self._dispatcher: Any = None                  # the compiled launcher's table, after the first GPU launch
+        self._native_off = False                      # TILEJIT_NATIVE_LAUNCH=0 at this kernel's first GPU launch
         runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
         self._min_positional = runtime[-1] + 1 if runtime else 0
         self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
@@ -310,18 +313,29 @@ class Kernel:
 
     # -- launching -----------------------------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            return dispatcher.bind(grid)  # the compiled launcher (runtime/_launch.c)
+
         def launch(*args: Any, **kwargs: Any) -> None:
-            fast = self._fast_args(args, kwargs)
-            if fast is not None:
-                # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
-                launcher = self._fast.get(fast[0])
-                if launcher is not None:
-                    grid3 = self._fast_grid(grid, args, kwargs)
-                    if grid3 is not None:
-                        launcher(grid3, _raw_stream(fast[2]), fast[1])
-                        return
-            self.run(grid, args, kwargs, fast)
+            self._python_launch(grid, args, kwargs)
         return launch
+
+    def _python_launch(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """The launch path in Python: the reference for ``_launch.c`` and its fallback for calls it cannot sign."""
+        fast = self._fast_args(args, kwargs)
+        if fast is not None:
+            # Fast entries hold GPU launchers only; CPU tensors (interpreter) never match one.
+            launcher = self._fast.get(fast[0])
+            if launcher is not None:
+                grid3 = self._fast_grid(grid, args, kwargs)
+                if grid3 is not None:
+                    launcher(grid3, _raw_stream(fast[2]), fast[1])
+                    if self._dispatcher is None and not self._native_off and native.ready() is not None:
+                        # the compiled launcher finished building in the background
+                        self._dispatcher = self._make_dispatcher()
+                    return
+        self.run(grid, args, kwargs, fast)
 
     # -- the fast path: a dict hit on a cheap signature, then one cuLaunchKernel -------------------
     def _fast_args(self, args: Sequence[Any], kwargs: dict[str, Any]):
@@ -425,9 +439,9 @@ class Kernel:
         raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
                         f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
-    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None) -> None:
+    def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
-        fast path under the call's cheap signature."""
+        fast path under the call's cheap signature. Returns the launcher (None in the interpreter)."""
         call = self.bind(args, dict(kwargs))
         grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
                                     "num_stages": call.options.num_stages}, self.__name__)
@@ -440,7 +454,7 @@ class Kernel:
             from ..interpreter import interpret
 
             interpret(self.build_ir(call), grid3, call.values)
-            return
+            return None
         for n, t in tensors.items():
             if t.device.type != "cuda":
                 raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
@@ -452,6 +466,31 @@ class Kernel:
             fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
             if fast is not None:
                 self._fast[fast[0]] = launcher
+        if self._dispatcher is None and tensors and not self._native_off:
+            self._dispatcher = self._make_dispatcher()
+        return launcher
+
+    def _make_dispatcher(self):
+        """The compiled launcher's per-kernel table, or None while it is being built (it starts building at the
+        first GPU launch, so importing tilejit or running the interpreter never builds it) or when it cannot be."""
+        if not knobs.native_launch():
+            self._native_off = True
+            return None
+        module = native.load_async()
+        if module is None:
+            return None
+        import torch
+
+        return module.Dispatcher(
+            roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
+            tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
+            fallback=self._python_launch, grid_fn=self._fast_grid, names=tuple(self.arg_names),
+            runtime_index=self._runtime_index, defaults=self._runtime_defaults)
+
+    def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
+        """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
+        launcher = self.run(grid, args, kwargs)
+        return None if launcher is None else launcher.native_entry()
 
     def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""

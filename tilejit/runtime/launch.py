@@ -105,16 +105,26 @@ class CompiledKernel:
         return f"<CompiledKernel {self.meta.get('kernel')} {self.arch} key={self.key[:12]}>"
 
 
-def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]):
-    """A launcher that appends the kernel's CUtensorMaps (encoded, or found in the cache) to the values."""
+def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]) -> "TensorMapLauncher":
     from .tma import TensorMapPacker
 
-    packer = TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in layout.items()})
+    return TensorMapLauncher(launcher, TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in
+                                                              layout.items()}))
 
-    def launch(grid, stream, values):
-        launcher(grid, stream, packer(values))
 
-    return launch
+class TensorMapLauncher:
+    """A launcher that appends the kernel's CUtensorMaps (encoded, or found in the cache) to the values."""
+
+    def __init__(self, launcher, packer) -> None:
+        self.launcher = launcher
+        self.packer = packer
+
+    def __call__(self, grid, stream, values) -> None:
+        self.launcher(grid, stream, self.packer(values))
+
+    def native_entry(self):
+        """The compiled launcher's Entry: the plain kernel's, with the maps computed by the packer."""
+        return self.launcher.native_entry(tmaps=self.packer.maps, fallback=self)
 
 
 def value_layout(call) -> dict[str, list[int]]:
