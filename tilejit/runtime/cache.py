@@ -9,6 +9,8 @@ Layout under the cache root (``knobs.cache_dir()``)::
     <root>/extents/<source hash>.json  which tensor extents a kernel source needs at compile time (a hint that
                                        lets a fresh process compute the key of a disk hit without the frontend)
     <root>/nvrtc.json                  the NVRTC version last loaded, and what identifies its library (nvrtc.py)
+    <root>/native/launch-<digest>.so   the compiled launcher, built from runtime/_launch.c (runtime/native.py);
+                                       not an entry: `clear` and `prune` leave it
 
 Why it is built this way:
 
