@@ -2,11 +2,11 @@
 
 On the H200 host of benchmarks/RESULTS.md a launch through the Python path costs ~13 us of host time (reading each
 tensor's pointer, sizes and strides through torch's Python API, building the call signature, packing, a ctypes
-call); ``_launch.c`` does the same work without a Python frame in ~6 us, of which ~3.5 us is cuLaunchKernel itself. It needs a C compiler and Python's headers, and nothing
-from CUDA or torch at build time (``libcuda.so.1`` is opened at the first launch), so it builds in well under a
-second on any machine that has ``cc``. Where it cannot be built, or with ``TILEJIT_NATIVE_LAUNCH=0``, launches
-take the Python path (``runtime/jit.py``), which stays the reference; when it cannot be built, one warning says
-why. The switch is read at a kernel's first GPU launch.
+call); ``_launch.c`` does the same work without a Python frame in ~6 us, of which ~3.5 us is cuLaunchKernel itself.
+It needs a C compiler and Python's headers, and nothing from CUDA or torch at build time (``libcuda.so.1`` is
+opened at the first launch), so it builds in well under a second on any machine that has ``cc``. Where it cannot be
+built, or with ``TILEJIT_NATIVE_LAUNCH=0``, launches take the Python path (``runtime/jit.py``), which stays the
+reference; when it cannot be built, one warning says why. The switch is read at a kernel's first GPU launch.
 
 The shared object lives at ``<cache dir>/native/launch-<digest><ext>``, the digest covering the C source, the
 Python version and the platform, so a change to any of them builds a new one. It is executable code, so unlike
