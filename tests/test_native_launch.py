@@ -22,6 +22,26 @@ from tilejit.runtime import native
 CONSTEXPR, RUNTIME, SHAPED = "constexpr", "runtime", "shaped"
 
 
+def _build_tools_missing() -> str | None:
+    """Why this machine cannot build the launcher at all (then tilejit falls back, warned), or None."""
+    import sysconfig
+    from pathlib import Path
+
+    try:
+        native.compiler()
+    except native.NativeBuildError as error:
+        return str(error)
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return f"no Python.h in {include}"
+    return None
+
+
+# A machine without a C compiler or Python's headers cannot build the launcher; every other failure is a bug.
+pytestmark = pytest.mark.skipif(_build_tools_missing() is not None,
+                                reason=f"cannot build the native launcher here: {_build_tools_missing()}")
+
+
 @pytest.fixture(scope="module")
 def mod(tmp_path_factory):
     root = tmp_path_factory.mktemp("native-cache")
