@@ -305,16 +305,12 @@ static int put_constant(signature_t *s, PyObject *v) {
     return put(s, TAG_OBJECT) && put(s, (uint64_t)(uintptr_t)v);
 }
 
-static PyObject *call_method0(PyObject *obj, PyObject *name) {
-    return PyObject_CallMethodNoArgs(obj, name);
-}
-
 /* A tensor argument: dtype, strides, 16-byte alignment, [extents]; values pointer, sizes, strides. */
 static int put_tensor(signature_t *s, PyObject *t, int shaped) {
     PyObject *dtype = NULL, *dev = NULL, *ptr = NULL, *strides = NULL, *shape = NULL;
     int ok = 0;
-    if (!(dtype = PyObject_GetAttr(t, str_dtype)) || !(dev = call_method0(t, str_get_device)) ||
-        !(ptr = call_method0(t, str_data_ptr)) || !(strides = call_method0(t, str_stride)) ||
+    if (!(dtype = PyObject_GetAttr(t, str_dtype)) || !(dev = PyObject_CallMethodNoArgs(t, str_get_device)) ||
+        !(ptr = PyObject_CallMethodNoArgs(t, str_data_ptr)) || !(strides = PyObject_CallMethodNoArgs(t, str_stride)) ||
         !(shape = PyObject_GetAttr(t, str_shape)))
         goto done;
     if (!PyTuple_Check(strides) || !PyTuple_Check(shape) || PyTuple_GET_SIZE(strides) != PyTuple_GET_SIZE(shape))
@@ -547,6 +543,38 @@ static PyObject *python_launch(Entry *e, const unsigned grid[3], unsigned long l
     return result;
 }
 
+/* The entry's parameters from the signature's values into `buffer` (padding zeroed, so the bytes are the same on
+ * every launch) and their addresses into `params`; 0 when an int does not fit its 32-bit parameter. */
+static int pack_values(Entry *e, signature_t *s, unsigned char *buffer, void **params) {
+    memset(buffer, 0, e->nbytes);
+    for (Py_ssize_t i = 0; i < e->nvalues; i++) {
+        value_t *v = &s->values[i];
+        unsigned char *at = buffer + e->offsets[i];
+        params[i] = at;
+        switch (e->kinds[i]) {
+        case KIND_PTR:
+        case KIND_I64: {
+            int64_t x = v->is_float ? (int64_t)v->f : v->i;
+            memcpy(at, &x, 8);
+            break;
+        }
+        case KIND_I32: {
+            if (v->is_float || v->i < INT32_MIN || v->i > INT32_MAX)
+                return 0;
+            int32_t x = (int32_t)v->i;
+            memcpy(at, &x, 4);
+            break;
+        }
+        case KIND_F32: {
+            float x = v->is_float ? (float)v->f : (float)v->i;
+            memcpy(at, &x, 4);
+            break;
+        }
+        }
+    }
+    return 1;
+}
+
 static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObject *device_index,
                         PyObject *stream_getter) {
     _Alignas(64) unsigned char buffer[MAX_PARAM_BYTES];
@@ -563,32 +591,8 @@ static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObje
     Py_DECREF(stream_obj);
     if (stream == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    memset(buffer, 0, e->nbytes); /* padding too: the bytes handed over are the same on every launch */
-    for (Py_ssize_t i = 0; i < e->nvalues; i++) {
-        value_t *v = &s->values[i];
-        unsigned char *at = buffer + e->offsets[i];
-        params[i] = at;
-        switch (e->kinds[i]) {
-        case KIND_PTR:
-        case KIND_I64: {
-            int64_t x = v->is_float ? (int64_t)v->f : v->i;
-            memcpy(at, &x, 8);
-            break;
-        }
-        case KIND_I32: {
-            if (v->is_float || v->i < INT32_MIN || v->i > INT32_MAX) /* the Python launcher explains it */
-                return python_launch(e, grid, stream, s);
-            int32_t x = (int32_t)v->i;
-            memcpy(at, &x, 4);
-            break;
-        }
-        case KIND_F32: {
-            float x = v->is_float ? (float)v->f : (float)v->i;
-            memcpy(at, &x, 4);
-            break;
-        }
-        }
-    }
+    if (!pack_values(e, s, buffer, params)) /* an int too wide for its 32-bit parameter: Python explains */
+        return python_launch(e, grid, stream, s);
     if (e->ntmaps) {
         PyObject *values = values_list(s, s->nvalues);
         if (!values)
@@ -788,17 +792,11 @@ static PyObject *dispatcher_signature(Dispatcher *d, PyObject *args, PyObject *k
     return t;
 }
 
-static PyObject *dispatcher_clear(Dispatcher *d, PyObject *unused) {
-    clear_slots(d);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef dispatcher_methods[] = {
     {"bind", (PyCFunction)dispatcher_bind, METH_O, "bind(grid) -> the launch callable kernel[grid] returns"},
     {"stats", (PyCFunction)dispatcher_stats, METH_NOARGS, "hits, misses, fallbacks and entries so far"},
     {"signature", (PyCFunction)(void (*)(void))dispatcher_signature, METH_VARARGS | METH_KEYWORDS,
      "signature(*args, **kwargs) -> the call's signature words, or None when it takes the fallback"},
-    {"clear", (PyCFunction)dispatcher_clear, METH_NOARGS, "forget every remembered entry"},
     {NULL},
 };
 
@@ -841,17 +839,9 @@ static PyObject *time_driver_launches(PyObject *self, PyObject *a) {
         goto done;
     _Alignas(64) unsigned char buffer[MAX_PARAM_BYTES];
     void *params[MAX_VALUES];
-    memset(buffer, 0, sizeof buffer);
-    for (Py_ssize_t i = 0; i < e->nvalues; i++) {
-        params[i] = buffer + e->offsets[i];
-        int32_t x32 = (int32_t)s->values[i].i;
-        float f32 = (float)(s->values[i].is_float ? s->values[i].f : (double)s->values[i].i);
-        if (e->kinds[i] == KIND_I32)
-            memcpy(params[i], &x32, 4);
-        else if (e->kinds[i] == KIND_F32)
-            memcpy(params[i], &f32, 4);
-        else
-            memcpy(params[i], &s->values[i].i, 8);
+    if (!pack_values(e, s, buffer, params)) {
+        PyErr_SetString(PyExc_ValueError, "an int argument does not fit its 32-bit kernel parameter");
+        goto done;
     }
     struct timespec t0, t1;
     int err = 0;
