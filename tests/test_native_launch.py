@@ -38,8 +38,8 @@ def _build_tools_missing() -> str | None:
 
 
 # A machine without a C compiler or Python's headers cannot build the launcher; every other failure is a bug.
-pytestmark = pytest.mark.skipif(_build_tools_missing() is not None,
-                                reason=f"cannot build the native launcher here: {_build_tools_missing()}")
+_MISSING = _build_tools_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"cannot build the native launcher here: {_MISSING}")
 
 
 @pytest.fixture(scope="module")

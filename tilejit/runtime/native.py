@@ -15,6 +15,7 @@ else can write; otherwise it is built again in a private temporary directory.
 """
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -89,10 +90,16 @@ def failure() -> str | None:
 
 
 def digest() -> str:
+    """What the library's file name is keyed by: the C source, the Python version and the platform."""
+    return _digest(SOURCE)
+
+
+@functools.cache
+def _digest(source: Path) -> str:  # read and hashed once per source path, not at every first-launch check
     import hashlib
     import platform
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(source.read_bytes())
     for part in (sys.version, platform.machine(), platform.system(), _ext_suffix()):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:20]
