@@ -3,8 +3,9 @@
     python -m benchmarks.launch [--launches 1000] [--reps 15] [--out DIR]
 
 - Launch overhead: a tiny kernel with four tensor arguments (1 element each) and two ints, launched N times in
-  a row from Python; host time / N, median over --reps repetitions, the launchers taking turns. Against Triton (same kernel), torch ``x.add_(1)``, and the bare
-  driver call tilejit's launcher ends in (cuLaunchKernel through ctypes with the parameters packed once).
+  a row from Python; host time / N, median over --reps repetitions, the launchers taking turns. Against tilejit's
+  Python launch path, Triton (same kernel), torch ``x.add_(1)``, and the bare driver call every launcher ends in
+  (cuLaunchKernel with the parameters packed once, from a C loop, or a ctypes loop without the compiled launcher).
 - Cold compile: the DESIGN.md matmul (128x128x32, 4 warps, 3 stages, 1024^3 fp16) in a fresh process with an
   empty TILEJIT_CACHE_DIR: time from after the imports and input set-up to the first launch's completion, and
   the compile seconds recorded in the cache entry.
@@ -60,6 +61,16 @@ print(json.dumps({"torch": t1 - t0, "tilejit": t2 - t1}))
 """
 
 
+def loop_timer(launch: Callable[[], Any]) -> Callable[[int], float]:
+    """A timer of ``launch``: host microseconds per call over ``n`` back-to-back calls."""
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            launch()
+        return (time.perf_counter() - t0) / n * 1e6
+    return timed
+
+
 def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps: int,
                    timers: dict[str, Callable[[int], float]] | None = None) -> dict[str, dict[str, float]]:
     """Median microseconds of host time per launch of each launcher over ``reps`` runs of ``launches`` back-to-back
@@ -76,17 +87,6 @@ def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps:
     """
     import torch
 
-    def loop_timer(launch: Callable[[], Any]) -> Callable[[int], float]:
-        def timed(n: int) -> float:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                launch()
-            us = (time.perf_counter() - t0) / n * 1e6
-            torch.cuda.synchronize()
-            return us
-        return timed
-
     def synced(timer: Callable[[int], float]) -> Callable[[int], float]:
         def timed(n: int) -> float:
             torch.cuda.synchronize()
@@ -95,8 +95,8 @@ def host_overheads(launchers: dict[str, Callable[[], Any]], launches: int, reps:
             return us
         return timed
 
-    measured = {name: loop_timer(launch) for name, launch in launchers.items()}
-    measured.update({name: synced(timer) for name, timer in (timers or {}).items()})
+    all_timers = {name: loop_timer(launch) for name, launch in launchers.items()} | (timers or {})
+    measured = {name: synced(timer) for name, timer in all_timers.items()}
     for timed in measured.values():
         timed(10)  # first calls (a JIT's compile) outside the warm-up's time limit
     deadline = time.perf_counter() + 1.0
