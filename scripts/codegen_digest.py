@@ -1,0 +1,91 @@
+"""sha256 of the CUDA source tilejit generates for every kernel case the repository compiles.
+
+A refactor of the compiler that should not change the generated code is checked with it:
+
+    python scripts/codegen_digest.py --write scripts/codegen_digests.json   # before
+    python scripts/codegen_digest.py --check scripts/codegen_digests.json   # after: exits 1 on any difference
+
+The cases are the compile-everything cases of the test suite (tests/backend/test_compile_all.py: the GPU test
+kernels, the example and benchmark matmuls, the interpreter kernels) plus every config of the default matmul
+autotune space, for sm_80, sm_90a and sm_100a. Only the pass pipeline and the CUDA emitter run (no NVRTC).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+
+
+def _cases() -> dict:
+    for sub in ("tests", "tests/backend"):
+        sys.path.insert(0, str(ROOT / sub))
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from benchmarks import kernels as bench
+    from tilejit.configs import matmul_configs
+    import test_compile_all as tca
+
+    cases = dict(tca.ALL)
+    for c in matmul_configs():
+        for dtype in (torch.float16, torch.bfloat16):
+            a = torch.empty(4096, 4096, dtype=dtype, device="meta")
+            name = "bench-space/{BM}x{BN}x{BK}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}-{dtype}"
+            cases[name] = (bench.matmul.kernel, (a, a, a), dict(c.all_kwargs()), {})
+        ragged = (torch.empty(1000, 777, dtype=dtype, device="meta"), torch.empty(777, 3000, dtype=dtype, device="meta"),
+                  torch.empty(1000, 3000, dtype=dtype, device="meta"))
+        name = "bench-space-ragged/{BM}x{BN}x{BK}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}"
+        cases[name] = (bench.matmul.kernel, ragged, dict(c.all_kwargs()), {})
+    return cases
+
+
+def cuda_source(kernel, args, kwargs, arch: str) -> str:
+    try:
+        from tilejit.compiler import compile_stages
+    except ImportError:  # before the staged compiler existed
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _lowering import lower
+
+        return lower(kernel, *args, arch=arch, **kwargs)[1]
+    return compile_stages(kernel, args, kwargs, arch=arch, stop_after="cuda").cuda
+
+
+def digests() -> dict[str, str]:
+    out = {}
+    for name, (kernel, args, kwargs, _) in sorted(_cases().items()):
+        for arch in ARCHS:
+            src = cuda_source(kernel, args, kwargs, arch)
+            out[f"{name}@{arch}"] = hashlib.sha256(src.encode()).hexdigest()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", metavar="JSON")
+    group.add_argument("--check", metavar="JSON")
+    ns = parser.parse_args()
+    now = digests()
+    if ns.write:
+        Path(ns.write).write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+        print(f"{len(now)} CUDA sources digested into {ns.write}")
+        return 0
+    before = json.loads(Path(ns.check).read_text())
+    changed = sorted(k for k in before if k in now and before[k] != now[k])
+    missing = sorted(set(before) - set(now))
+    added = sorted(set(now) - set(before))
+    for k in changed:
+        print(f"CHANGED {k}")
+    for k in missing:
+        print(f"MISSING {k}")
+    print(f"{len(now)} sources: {len(changed)} changed, {len(missing)} missing, {len(added)} new")
+    return 1 if changed or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
