@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tilejit.backend_cuda.compiler import run_passes
 from tilejit.backend_cuda.emitter import Emitter
-from tilejit.backend_cuda.registry import Target
+from tilejit.target import Target
 from tilejit.frontend.source import referenced_globals
 from tilejit.frontend.visitor import build_function
 from tilejit.passes.cleanup import cleanup
@@ -20,7 +20,7 @@ def lower(kernel, *args, arch: str = "sm_80", **kwargs):
     call = kernel.bind(args, dict(kwargs))
     fn = build_function(kernel.parsed, call.specs, referenced_globals(kernel.fn))
     cleanup(fn)
-    target = Target(arch, call.options.num_warps, call.options.num_stages)
+    target = Target.of(arch, call.options.num_warps, call.options.num_stages)
     run_passes(fn, target)
     source, _, _ = Emitter(fn, target, f"tj_{kernel.__name__}").generate()
     return fn, source

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tilejit.runtime import cache as cache_mod
-from tilejit.runtime.cache import CacheLockTimeout, KernelCache, make_key
+from tilejit import cache as cache_mod
+from tilejit.cache import CacheLockTimeout, KernelCache, make_key
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = make_key({"kernel": "add", "arch": "sm_90"})
@@ -99,7 +99,7 @@ def test_bad_keys_and_file_names_are_rejected(root):
 
 _CHILD = """
 import sys
-from tilejit.runtime.cache import KernelCache
+from tilejit.cache import KernelCache
 sys.path.insert(0, {tests!r})
 from test_cache import fake_compile
 entry, compiled = KernelCache().get_or_compile({key!r}, fake_compile(cubin=b"from-child"))

@@ -22,9 +22,9 @@ import tilejit
 import tilejit.language as T
 from tilejit import cli
 from tilejit.backend_cuda import nvrtc
-from tilejit.runtime import cache as cache_mod
+from tilejit import cache as cache_mod
 from tilejit.runtime import launch
-from tilejit.runtime.cache import KernelCache
+from tilejit.cache import KernelCache
 from tilejit.runtime.sass import find_tool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,9 +284,9 @@ def test_read_only_cache_that_is_already_warm_is_used(root, tmp_path, monkeypatc
 
 
 def test_aot_warm_up_on_meta_tensors_is_what_a_launch_finds(root, nvrtc_calls, monkeypatch, capsys):
-    from tilejit.backend_cuda.nvrtc import default_arch_for_capability
+    from tilejit.target import Arch
 
-    assert default_arch_for_capability(9, 0) == "sm_90a"  # what an H100/H200 launch compiles for
+    assert Arch.for_capability(9, 0).name == "sm_90a"  # what an H100/H200 launch compiles for
     aot = compile_matmul("sm_90a")
     assert not aot.from_disk and nvrtc_calls() == 1 and cubin_sm(aot.asm["cubin"]) == 90
     # A later process with real (16-byte aligned, row-major) tensors of other sizes hits that entry.

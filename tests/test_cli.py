@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tilejit import cli
-from tilejit.runtime.cache import KernelCache
+from tilejit.cache import KernelCache
 
 REPO = Path(__file__).resolve().parents[1]
 # Two keys sharing the prefix "ab" (ambiguous), one elsewhere.
@@ -75,7 +75,7 @@ def test_version(capsys):
 
 
 def test_module_entry_point_runs_without_importing_heavy_modules(root):
-    code = ("import sys; import tilejit.runtime.cache; before = set(sys.modules); import tilejit.cli; "
+    code = ("import sys; import tilejit.cache; before = set(sys.modules); import tilejit.cli; "
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('torch', 'tilejit')))")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     imported = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -6,7 +6,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.backend_cuda.registry import REGISTRY, Target
+from tilejit.target import REGISTRY, Target
 
 
 @tilejit.kernel
@@ -66,7 +66,7 @@ def test_rejections_are_listed_by_name():
     class FakeOp:
         pass
 
-    target = Target("sm_80", 4, 3)
+    target = Target.of("sm_80", 4, 3)
     reasons = {impl.name: impl.rejection(None, target) for impl in REGISTRY.candidates("gemm")
                if impl.name == "wgmma_m64nNk16"}
     assert reasons["wgmma_m64nNk16"].startswith("arch sm_80 outside sm_90")
@@ -74,13 +74,13 @@ def test_rejections_are_listed_by_name():
 
 def test_dispatch_error_lists_every_candidate_with_its_reason():
     from tilejit.errors import DispatchError
-    from tilejit.backend_cuda.registry import Registry
+    from tilejit.target import Registry
 
     registry = Registry()
     registry.register("gemm", "only_f16", priority=1, predicates={"operands are f16": lambda op, t: False})(object())
     registry.register("gemm", "only_sm100", min_sm=100, priority=2)(object())
     with pytest.raises(DispatchError) as info:
-        registry.select("gemm", None, Target("sm_90a", 4, 3))
+        registry.select("gemm", None, Target.of("sm_90a", 4, 3))
     text = str(info.value)
     assert "only_f16" in text and "operands are f16" in text
     assert "only_sm100" in text and "outside sm_100" in text

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tilejit.backend_cuda.nvrtc import compile_cuda, default_arch_for_capability
+from tilejit.backend_cuda.nvrtc import compile_cuda
+from tilejit.target import Arch
 from tilejit.backend_cuda.prelude import PRELUDE
 from tilejit.errors import LaunchError
 
@@ -138,7 +139,7 @@ extern "C" __global__ void big_smem_probe(float* out) {
 
 
 def _fake_loaded(max_threads=1024):
-    from tilejit.backend_cuda.driver import KernelAttributes, LoadedKernel
+    from tilejit.runtime.driver import KernelAttributes, LoadedKernel
 
     attrs = KernelAttributes(num_regs=32, local_bytes=0, static_smem_bytes=0, max_threads_per_block=max_threads,
                              max_smem_optin_bytes=227 * 1024)
@@ -153,7 +154,7 @@ def test_gpu_probe_kernels_compile(arch):
 
 
 def test_launcher_packs_parameters_with_kernel_alignment():
-    from tilejit.backend_cuda.driver import make_launcher
+    from tilejit.runtime.driver import make_launcher
 
     launcher = make_launcher(_fake_loaded(), ["ptr", "ptr", "i64", "i32", "f32", "tmap", "i32"], (32, 1, 1))
     # ptr 0, ptr 8, i64 16, i32 24, f32 28, tmap at the next multiple of 64 (64), i32 192
@@ -163,7 +164,7 @@ def test_launcher_packs_parameters_with_kernel_alignment():
 
 
 def test_launcher_rejects_bad_values_naming_the_parameter():
-    from tilejit.backend_cuda.driver import make_launcher
+    from tilejit.runtime.driver import make_launcher
 
     launcher = make_launcher(_fake_loaded(), ["ptr", "i32"], (32, 1, 1))
     with pytest.raises(LaunchError, match=r"parameter 1 \(i32\)"):
@@ -180,7 +181,7 @@ def test_launcher_parameters_do_not_mix_between_threads(monkeypatch):
     import time
     import types
 
-    from tilejit.backend_cuda import driver
+    from tilejit.runtime import driver
 
     mixed = []
 
@@ -209,14 +210,14 @@ def test_launcher_parameters_do_not_mix_between_threads(monkeypatch):
 
 
 def test_launcher_rejects_too_many_threads():
-    from tilejit.backend_cuda.driver import make_launcher
+    from tilejit.runtime.driver import make_launcher
 
     with pytest.raises(LaunchError, match="at most 256"):
         make_launcher(_fake_loaded(max_threads=256), ["ptr"], (512, 1, 1))
 
 
 def test_driver_imports_without_gpu():
-    import tilejit.backend_cuda.driver as driver
+    import tilejit.runtime.driver as driver
 
     assert driver.DEFAULT_LAUNCH_IMPL in driver.LAUNCH_IMPLS
 
@@ -228,9 +229,9 @@ def test_driver_imports_without_gpu():
 def probes():
     import torch
 
-    from tilejit.backend_cuda.driver import load_cubin, make_launcher
+    from tilejit.runtime.driver import load_cubin, make_launcher
 
-    arch = default_arch_for_capability(*torch.cuda.get_device_capability(0))
+    arch = Arch.for_capability(*torch.cuda.get_device_capability(0)).name
     cubin = compile_cuda(PRELUDE + KERNELS, name="probes", arch=arch).cubin
 
     def launcher(name, kinds, block=(32, 1, 1), smem=0, impl="bindings"):
@@ -492,7 +493,7 @@ def test_launch_from_a_thread_with_no_current_context(probes):
 def test_large_dynamic_shared_memory(probes):
     import torch
 
-    from tilejit.backend_cuda.driver import load_cubin
+    from tilejit.runtime.driver import load_cubin
 
     launch = probes("big_smem_probe", ["ptr"], block=(256, 1, 1), smem=100 * 1024)
     out = _poisoned((256,), torch.float32)
@@ -500,7 +501,7 @@ def test_large_dynamic_shared_memory(probes):
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), ((torch.arange(256) + 1) % 256).float())
 
-    arch = default_arch_for_capability(*torch.cuda.get_device_capability(0))
+    arch = Arch.for_capability(*torch.cuda.get_device_capability(0)).name
     cubin = compile_cuda(PRELUDE + KERNELS, name="probes", arch=arch).cubin
     with pytest.raises(LaunchError, match=r"needs 1048576 bytes of shared memory .* at most \d+"):
         load_cubin(cubin, "big_smem_probe", 0, 1024 * 1024)
@@ -517,9 +518,9 @@ def test_launch_failure_names_the_error(probes):
 def test_unknown_kernel_name_is_a_launch_error():
     import torch
 
-    from tilejit.backend_cuda.driver import load_cubin
+    from tilejit.runtime.driver import load_cubin
 
-    arch = default_arch_for_capability(*torch.cuda.get_device_capability(0))
+    arch = Arch.for_capability(*torch.cuda.get_device_capability(0)).name
     cubin = compile_cuda(PRELUDE + KERNELS, name="probes", arch=arch).cubin
     with pytest.raises(LaunchError, match="CUDA_ERROR_NOT_FOUND"):
         load_cubin(cubin, "no_such_kernel", 0)

@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from tilejit import knobs
-from tilejit.backend_cuda.driver import param_struct
+from tilejit.runtime.driver import param_struct
 from tilejit.runtime import native
 
 CONSTEXPR, RUNTIME, SHAPED = "constexpr", "runtime", "shaped"

@@ -7,14 +7,8 @@ import re
 import pytest
 
 from tilejit.backend_cuda import nvrtc
-from tilejit.backend_cuda.nvrtc import (
-    SUPPORTED_ARCHS,
-    compile_cuda,
-    default_arch_for_capability,
-    normalize_arch,
-    nvrtc_supports,
-    nvrtc_version,
-)
+from tilejit.backend_cuda.nvrtc import compile_cuda, nvrtc_supports, nvrtc_version
+from tilejit.target import SUPPORTED_ARCHS, Arch
 from tilejit.backend_cuda.prelude import PRELUDE, prelude_for
 from tilejit.errors import BackendCompileError, BackendUnavailableError, TilejitError
 
@@ -149,7 +143,7 @@ def test_unknown_arch_raises_value_error_listing_supported(bad):
 
 def test_sm_90_without_a_suggests_sm_90a():
     with pytest.raises(ValueError, match="did you mean 'sm_90a'"):
-        normalize_arch("sm_90")
+        Arch.parse("sm_90")
 
 
 @pytest.mark.parametrize(
@@ -158,7 +152,7 @@ def test_sm_90_without_a_suggests_sm_90a():
      ("sm89", "sm_89"), ("120a", "sm_120a")],
 )
 def test_normalize_arch(given, expected):
-    assert normalize_arch(given) == expected
+    assert Arch.parse(given).name == expected
 
 
 @pytest.mark.parametrize(
@@ -167,13 +161,13 @@ def test_normalize_arch(given, expected):
      ((12, 0), "sm_120a")],
 )
 def test_default_arch_for_capability(cap, expected):
-    assert default_arch_for_capability(*cap) == expected
+    assert Arch.for_capability(*cap).name == expected
 
 
 @pytest.mark.parametrize("cap", [(7, 5), (8, 7), (11, 0)])
 def test_default_arch_for_unsupported_capability(cap):
     with pytest.raises(ValueError, match="sm_80"):
-        default_arch_for_capability(*cap)
+        Arch.for_capability(*cap)
 
 
 def test_too_old_nvrtc_is_a_clear_error(monkeypatch):

@@ -28,7 +28,7 @@ import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda import nvrtc
 from tilejit.runtime import jit, launch
-from tilejit.runtime.cache import CacheEntry
+from tilejit.cache import CacheEntry
 
 REPO = Path(__file__).resolve().parents[1]
 

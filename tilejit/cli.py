@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tilejit.runtime.cache import CacheEntry, KernelCache, as_timestamp
+from tilejit.cache import CacheEntry, KernelCache, as_timestamp
 
 WIDTH = 80
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")

@@ -18,7 +18,7 @@ from ..passes.scopes import infer_scopes
 from . import lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma, lower_wgmma  # noqa: F401  (register rules)
 from .emitter import Emitter
 from .nvrtc import compile_cuda
-from .registry import Target
+from ..target import Target
 
 Pass = Callable[[Function, Target], None]
 
@@ -49,7 +49,7 @@ def run_passes(fn: Function, target: Target) -> Function:
         verify(fn)
         if knobs.dump_ir():
             print(f"// ----- IR after {name} -----\n{print_function(fn)}", file=sys.stderr)
-    fn.attrs["arch"] = target.arch
+    fn.attrs["arch"] = target.arch.name
     fn.attrs["num_warps"] = target.num_warps
     return fn
 
@@ -75,7 +75,7 @@ def compile_function(fn: Function, target: Target, kernel_name: str) -> Compiled
     run_passes(fn, target)
     emitter = Emitter(fn, target, kernel_name)
     source, kinds, shared_bytes = emitter.generate()
-    result = compile_cuda(source, name=kernel_name, arch=target.arch, keep_ptx=knobs.keep_ptx(),
+    result = compile_cuda(source, name=kernel_name, arch=target.arch.name, keep_ptx=knobs.keep_ptx(),
                           options=["--ptxas-options=-v"])
     registers = _PTXAS_REGISTERS.search(result.log)
     spills = _PTXAS_SPILLS.search(result.log)

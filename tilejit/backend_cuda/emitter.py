@@ -15,7 +15,7 @@ from ..dtypes import DType
 from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text
 from .prelude import PRELUDE
-from .registry import Target
+from ..target import Target
 
 C_TYPES = {
     D.float16: "tj_half", D.bfloat16: "tj_bf16", D.float32: "float", D.float64: "double",

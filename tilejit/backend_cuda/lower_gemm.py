@@ -13,7 +13,7 @@ from .. import dtypes as D
 from ..ir import Op, OpKind
 from ..ir.layouts import CExpr, MmaLayout, c_text, pick_warp_grid
 from .emitter import Emitter, c_type, convert, emits
-from .registry import REGISTRY, Target
+from ..target import REGISTRY, Target
 
 
 def _mnk(op: Op) -> tuple[int, int, int]:

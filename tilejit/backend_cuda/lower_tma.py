@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..frontend.spec import TensorSpec
 from ..ir import Op
 from ..ir.layouts import SharedLayout
-from .registry import REGISTRY, Target
+from ..target import REGISTRY, Target
 
 SUPPORT = r"""
 /// mbarrier with an expected arrival count (PTX 9.7.13.15.11).

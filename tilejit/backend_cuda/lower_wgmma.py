@@ -20,7 +20,7 @@ from ..ir import Op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
 from .lower_gemm import _acc_f32, _mnk, _operand_dtypes
-from .registry import REGISTRY, Target
+from ..target import REGISTRY, Target
 
 SUPPORT = r"""
 /// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX 9.7.15.5.1.2.2).

@@ -24,8 +24,8 @@ from types import ModuleType
 
 from tilejit import knobs
 from tilejit.errors import BackendCompileError, BackendUnavailableError
+from tilejit.target import SUPPORTED_ARCHS, Arch
 
-SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
 
 # Oldest NVRTC that targets each arch (CUDA release notes); checked before NVRTC is asked, for a clear message.
 _MIN_NVRTC: dict[str, tuple[int, int]] = {
@@ -36,8 +36,6 @@ _MIN_NVRTC: dict[str, tuple[int, int]] = {
     "sm_100a": (12, 8),
     "sm_120a": (12, 8),
 }
-
-_ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})(a?)$")
 
 
 @dataclass(frozen=True)
@@ -235,46 +233,6 @@ def _nvrtc_arch_numbers() -> frozenset[int]:
     return frozenset(int(a) for a in archs)
 
 
-def normalize_arch(arch: str | int) -> str:
-    """Canonical spelling of a supported arch: "sm_90a", "90a", "SM_90A" -> "sm_90a"; 80 -> "sm_80".
-
-    The suffix is kept exactly: "sm_90" is not "sm_90a" (wgmma needs the "a" target), so it is rejected with a
-    suggestion rather than silently changed.
-    """
-    text = str(arch).strip().lower()
-    m = _ARCH_RE.match(text)
-    canonical = f"sm_{m.group(1)}{m.group(2)}" if m else text
-    if canonical in SUPPORTED_ARCHS:
-        return canonical
-    suggestion = ""
-    if m and f"sm_{m.group(1)}a" in SUPPORTED_ARCHS:
-        suggestion = f" (did you mean 'sm_{m.group(1)}a'?)"
-    raise ValueError(
-        f"unsupported arch {arch!r}{suggestion}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}"
-    )
-
-
-def default_arch_for_capability(major: int, minor: int) -> str:
-    """The arch tilejit compiles for on a GPU of compute capability (major, minor)."""
-    if major == 8:
-        arch = f"sm_8{minor}"
-    elif (major, minor) == (9, 0):
-        arch = "sm_90a"
-    elif (major, minor) == (10, 0):
-        arch = "sm_100a"
-    elif (major, minor) == (12, 0):
-        arch = "sm_120a"
-    else:
-        raise ValueError(
-            f"no tilejit target for compute capability {major}.{minor}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
-    if arch not in SUPPORTED_ARCHS:  # e.g. 8.7 (Jetson Orin)
-        raise ValueError(
-            f"no tilejit target for compute capability {major}.{minor}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
-    return arch
-
-
 def check_arch_supported_by_nvrtc(arch: str) -> None:
     """Raise BackendUnavailableError if the installed NVRTC cannot target ``arch`` (already normalized)."""
     have = nvrtc_version()
@@ -291,7 +249,7 @@ def check_arch_supported_by_nvrtc(arch: str) -> None:
 def nvrtc_supports(arch: str) -> bool:
     """Whether the installed NVRTC can compile for ``arch`` (False for unknown archs)."""
     try:
-        check_arch_supported_by_nvrtc(normalize_arch(arch))
+        check_arch_supported_by_nvrtc(Arch.parse(arch).name)
     except (ValueError, BackendUnavailableError):
         return False
     return True
@@ -380,7 +338,7 @@ def compile_cuda(
     BackendUnavailableError when NVRTC is missing or too old for it, BackendCompileError (with NVRTC's log and
     the path of a temp file holding ``source``) when compilation fails.
     """
-    arch = normalize_arch(arch)
+    arch = Arch.parse(arch).name
     check_arch_supported_by_nvrtc(arch)
     common = ["-std=c++17", "-lineinfo", *options]
     start = time.perf_counter()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backend_cuda.lower_tma import CopyQuery
-from ..backend_cuda.registry import REGISTRY, Target
+from ..target import CopyQuery
+from ..target import REGISTRY, Target
 from ..ir import Function, OpKind, Scope
 
 

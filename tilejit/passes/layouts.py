@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backend_cuda.registry import REGISTRY, Target
+from ..target import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
                           SliceLayout, WgmmaLayout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backend_cuda.registry import Target
+from ..target import Target
 from ..ir import Family, Function, LoopKind, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
 

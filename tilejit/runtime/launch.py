@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from .. import knobs
-from .cache import CacheEntry, KernelCache
+from ..cache import CacheEntry, KernelCache
 
 _cache_lock = threading.Lock()
 _default_cache: KernelCache | None = None
@@ -88,7 +88,7 @@ class CompiledKernel:
     def launcher(self, device_index: int):
         launcher = self._launchers.get(device_index)
         if launcher is None:
-            from ..backend_cuda.driver import load_cubin, make_launcher
+            from .driver import load_cubin, make_launcher
 
             with self._lock:
                 launcher = self._launchers.get(device_index)
@@ -149,17 +149,17 @@ def _versions() -> dict[str, str]:
 
 
 def resolve_arch(arch: str | None, device_index: int | None = None) -> str:
-    from ..backend_cuda.nvrtc import default_arch_for_capability, normalize_arch
+    from ..target import Arch
 
     arch = arch or knobs.arch_override()
     if arch:
-        return normalize_arch(arch)
+        return Arch.parse(arch).name
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA GPU is visible: pass arch='sm_90a' (or another) to compile for a target")
     major, minor = torch.cuda.get_device_capability(device_index)
-    return default_arch_for_capability(major, minor)
+    return Arch.for_capability(major, minor).name
 
 
 def compile_call(kernel, call, arch: str | None, device_index: int | None = None) -> CompiledKernel:
@@ -195,14 +195,14 @@ def compile_call(kernel, call, arch: str | None, device_index: int | None = None
 
     def build() -> tuple[dict, dict]:
         from ..backend_cuda.compiler import compile_function
-        from ..backend_cuda.registry import Target
+        from ..target import Target
         from ..frontend.source import referenced_globals
         from ..frontend.visitor import build_function
         from ..passes.cleanup import cleanup
 
         fn = build_function(kernel.parsed, call.specs, referenced_globals(kernel.fn))
         cleanup(fn)
-        target = Target(arch, call.options.num_warps, call.options.num_stages)
+        target = Target.of(arch, call.options.num_warps, call.options.num_stages)
         symbol = f"tj_{kernel.__name__}"
         art = compile_function(fn, target, symbol)
         files = {"kernel.cubin": art.cubin, "kernel.cu": art.source, "kernel.ir": art.ir}

@@ -23,7 +23,7 @@ def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: i
     found = _cache.get(key)
     if found is not None:
         return found
-    from ..backend_cuda import libcuda
+    from . import libcuda
 
     # globalStrides: bytes between consecutive elements of dims 1..rank-1 (innermost first, dim 0 implied).
     byte_strides = [int(s) * elem_bytes for s in list(reversed(strides))[1:]]

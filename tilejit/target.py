@@ -1,0 +1,247 @@
+"""What a compilation is for: the GPU arch, the launch options, and the registry of lowerings.
+
+The bottom layer of the compiler. The frontend, the passes, the backends, the compiler and the runtime all read
+it, and it imports nothing of tilejit but ``errors``:
+
+* :class:`Arch` is an arch string parsed once ("sm_90a", "90a", 80 ...) with the features lowerings test
+  (``has_wgmma``, ``has_tma``, ``has_tcgen05`` ...), so no other module parses arch strings.
+* :class:`LaunchOptions` is the one definition (and validation) of ``num_warps`` / ``num_stages``, shared by
+  ``Kernel.bind``, ``tilejit.Config``, :class:`Target` and the cache key.
+* :class:`Registry` is the lowering dispatch table: each op that has several lowerings (``gemm``, ``copy``)
+  keeps implementations registered with an arch range, a priority and named predicates; ``select`` returns the
+  first that fits and, when none does, a :class:`~tilejit.errors.DispatchError` lists every candidate with the
+  predicate that rejected it. Backends register into :data:`REGISTRY` when imported; passes select from it.
+* :class:`CopyQuery` is what the ``copy`` predicates look at.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import DispatchError
+
+# -- arch ----------------------------------------------------------------------------------------------------
+
+SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+_ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})(a?)$")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A supported compilation target, by its canonical name ("sm_90a")."""
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported arch {self.name!r}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
+
+    @classmethod
+    def parse(cls, arch: "str | int | Arch") -> "Arch":
+        """"sm_90a", "90a", "SM_90A" -> sm_90a; 80 -> sm_80. The suffix is kept exactly: "sm_90" is not
+        "sm_90a" (wgmma needs the "a" target), so it is rejected with a suggestion rather than changed."""
+        if isinstance(arch, Arch):
+            return arch
+        text = str(arch).strip().lower()
+        m = _ARCH_RE.match(text)
+        canonical = f"sm_{m.group(1)}{m.group(2)}" if m else text
+        if canonical in SUPPORTED_ARCHS:
+            return cls(canonical)
+        suggestion = ""
+        if m and f"sm_{m.group(1)}a" in SUPPORTED_ARCHS:
+            suggestion = f" (did you mean 'sm_{m.group(1)}a'?)"
+        raise ValueError(f"unsupported arch {arch!r}{suggestion}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
+
+    @classmethod
+    def for_capability(cls, major: int, minor: int) -> "Arch":
+        """The arch tilejit compiles for on a GPU of compute capability (major, minor)."""
+        name = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}.get((major, minor))
+        if major == 8:
+            name = f"sm_8{minor}"
+        if name not in SUPPORTED_ARCHS:  # e.g. 8.7 (Jetson Orin)
+            raise ValueError(f"no tilejit target for compute capability {major}.{minor}; supported: "
+                             f"{', '.join(SUPPORTED_ARCHS)}")
+        return cls(name)
+
+    @property
+    def sm(self) -> int:
+        """The SM number: 80, 90, 100 ..."""
+        return int(_ARCH_RE.match(self.name).group(1))
+
+    @property
+    def family(self) -> int:
+        """The compute capability's major version (8 for Ampere/Ada, 9 Hopper, 10 and 12 Blackwell)."""
+        return self.sm // 10
+
+    @property
+    def arch_specific(self) -> bool:
+        """An "a" target: its cubin runs on this exact family and may use the family's special instructions."""
+        return self.name.endswith("a")
+
+    @property
+    def has_fp8_mma(self) -> bool:
+        """mma.sync on fp8 operands (sm_89+)."""
+        return self.sm >= 89
+
+    @property
+    def has_tma(self) -> bool:
+        """The bulk tensor copy engine (cp.async.bulk.tensor) and transaction-count mbarriers."""
+        return self.sm >= 90
+
+    @property
+    def has_wgmma(self) -> bool:
+        """Warpgroup MMA from shared-memory descriptors: sm_90a only."""
+        return self.name == "sm_90a"
+
+    @property
+    def has_tcgen05(self) -> bool:
+        """Fifth-generation tensor cores with tensor memory (data-center Blackwell, sm_100a / sm_103a)."""
+        return self.family == 10 and self.arch_specific
+
+    @property
+    def has_setmaxnreg(self) -> bool:
+        return self.has_wgmma or self.has_tcgen05
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# -- launch options ------------------------------------------------------------------------------------------
+
+VALID_WARPS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The reserved launch keywords: ``num_warps`` (threads = 32 x num_warps) and ``num_stages`` (the pipeline
+    depth of ``T.range`` loops that do not give ``stages=``)."""
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
+            raise ValueError(f"num_warps must be one of {VALID_WARPS}, got {self.num_warps!r}")
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return ("num_warps", "num_stages")
+
+    def as_dict(self) -> dict[str, int]:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
+
+
+# -- target --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a lowering may depend on: the arch and the launch options."""
+    arch: Arch
+    options: LaunchOptions = LaunchOptions()
+
+    @classmethod
+    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3) -> "Target":
+        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages))
+
+    @property
+    def sm(self) -> int:
+        return self.arch.sm
+
+    @property
+    def num_warps(self) -> int:
+        return self.options.num_warps
+
+    @property
+    def num_stages(self) -> int:
+        return self.options.num_stages
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.options.num_warps
+
+
+# -- lowering dispatch ---------------------------------------------------------------------------------------
+
+Predicate = Callable[[Any, Target], bool]
+
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    op: str
+    min_sm: int
+    max_sm: int
+    priority: int
+    predicates: tuple[tuple[str, Predicate], ...]
+    payload: Any = None  # what the lowering needs (an object with emit / layout methods)
+
+    def rejection(self, op: Any, target: Target) -> str | None:
+        """Why this implementation does not fit, or None when it does."""
+        if not self.min_sm <= target.sm <= self.max_sm:
+            return f"arch {target.arch} outside sm_{self.min_sm}..sm_{self.max_sm}"
+        for name, pred in self.predicates:
+            if not pred(op, target):
+                return name
+        return None
+
+
+@dataclass
+class Registry:
+    impls: dict[str, list[Impl]] = field(default_factory=dict)
+
+    def register(self, op: str, name: str, *, min_sm: int = 80, max_sm: int = 999, priority: int = 0,
+                 predicates: dict[str, Predicate] | None = None):
+        def add(payload):
+            impl = Impl(name, op, min_sm, max_sm, priority, tuple((predicates or {}).items()), payload)
+            table = self.impls.setdefault(op, [])
+            if any(i.name == name for i in table):
+                raise ValueError(f"{op} implementation {name!r} registered twice")
+            table.append(impl)
+            table.sort(key=lambda i: -i.priority)
+            return payload
+        return add
+
+    def candidates(self, op: str) -> list[Impl]:
+        return list(self.impls.get(op, []))
+
+    def get(self, op: str, name: str) -> Impl:
+        """The implementation of ``op`` registered as ``name`` (a lowering chosen by an earlier pass)."""
+        for impl in self.impls.get(op, []):
+            if impl.name == name:
+                return impl
+        raise KeyError(f"no {op} implementation named {name!r}")
+
+    def select(self, op_name: str, op: Any, target: Target, loc: Any = None, source_line: str | None = None) -> Impl:
+        rejected = []
+        for impl in self.impls.get(op_name, []):
+            why = impl.rejection(op, target)
+            if why is None:
+                return impl
+            rejected.append((impl.name, why))
+        raise DispatchError(
+            f"no lowering of {op_name} fits on {target.arch}" + ("" if rejected else ": none is registered"),
+            candidates=rejected,
+            filename=getattr(loc, "filename", None), lineno=getattr(loc, "lineno", None),
+            col=getattr(loc, "col", None), source_line=source_line,
+            hint="change the tile shape, dtypes or num_warps so that one candidate's predicates hold")
+
+
+REGISTRY = Registry()
+
+
+@dataclass(frozen=True)
+class CopyQuery:
+    """What a ``copy`` lowering's predicates look at: the shared load, its tensor's specialization (a
+    ``frontend.spec.TensorSpec`` or None) and whether a pipelined loop prefetches it."""
+    op: Any
+    spec: Any
+    pipelined: bool
+
+    @property
+    def tile_dims(self) -> list[int]:
+        return [d for d in range(self.op.operands[0].type.rank) if d not in self.op.attrs.dropped]
