@@ -45,14 +45,7 @@ def _cases() -> dict:
 
 
 def cuda_source(kernel, args, kwargs, arch: str) -> str:
-    try:
-        from tilejit.compiler import compile_stages
-    except ImportError:  # before the staged compiler existed
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _lowering import lower
-
-        return lower(kernel, *args, arch=arch, **kwargs)[1]
-    return compile_stages(kernel, args, kwargs, arch=arch, stop_after="cuda").cuda
+    return kernel.compile(*args, arch=arch, stop_after="cuda", **kwargs).cuda
 
 
 def digests() -> dict[str, str]:

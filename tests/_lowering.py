@@ -5,25 +5,11 @@ need the cubin go through ``kernel.compile(..., arch=...)``.
 """
 from __future__ import annotations
 
-from tilejit.backend_cuda.compiler import run_passes
-from tilejit.backend_cuda.emitter import Emitter
-from tilejit.target import Target
-from tilejit.frontend.source import referenced_globals
-from tilejit.frontend.visitor import build_function
-from tilejit.passes.cleanup import cleanup
-
-
 def lower(kernel, *args, arch: str = "sm_80", **kwargs):
-    """(final IR function, CUDA source) of the specialization ``args``/``kwargs`` select, for ``arch``."""
-    call = kernel.bind(args, dict(kwargs))
-    kernel.build_ir(call)  # discovers compile-time extents, as a real compile would
-    call = kernel.bind(args, dict(kwargs))
-    fn = build_function(kernel.parsed, call.specs, referenced_globals(kernel.fn))
-    cleanup(fn)
-    target = Target.of(arch, call.options.num_warps, call.options.num_stages)
-    run_passes(fn, target)
-    source, _, _ = Emitter(fn, target, f"tj_{kernel.__name__}").generate()
-    return fn, source
+    """(final IR function, CUDA source) of the specialization ``args``/``kwargs`` select, for ``arch``: the
+    compiler's stages up to ``cuda`` (no NVRTC)."""
+    stages = kernel.compile(*args, arch=arch, stop_after="cuda", **kwargs)
+    return stages.fn, stages.cuda
 
 
 def kernel_body(source: str) -> str:

@@ -59,6 +59,6 @@ def _fresh_compiler_fingerprint():
     """Every cache key hashes tilejit's own source, read once per process. The tree may be edited while the
     suite runs, so each test hashes it afresh (at its first compile): a test and the child processes it starts
     then agree on the keys."""
-    from tilejit.runtime import jit
+    from tilejit import compiler
 
-    jit.compiler_fingerprint.cache_clear()
+    compiler.compiler_fingerprint.cache_clear()

@@ -23,9 +23,9 @@ import tilejit.language as T
 from tilejit import cli
 from tilejit.backend_cuda import nvrtc
 from tilejit import cache as cache_mod
-from tilejit.runtime import launch
+from tilejit import cache as tj_cache
 from tilejit.cache import KernelCache
-from tilejit.runtime.sass import find_tool
+from tilejit.backend_cuda.sass import find_tool
 
 REPO = Path(__file__).resolve().parents[1]
 EM_CUDA = 190  # ELF e_machine of NVIDIA cubins
@@ -84,7 +84,7 @@ def root(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(root))
     for name in ("TILEJIT_ALWAYS_COMPILE", "TILEJIT_KEEP_PTX", "TILEJIT_ARCH", "TILEJIT_LOCK_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(launch, "_default_cache", None)
+    monkeypatch.setattr(tj_cache, "_default_cache", None)
     monkeypatch.setattr(cache_mod, "_warned_unwritable", False)
     return root
 
@@ -99,7 +99,7 @@ def nvrtc_calls(monkeypatch):
 
 def new_process_state(monkeypatch) -> None:
     """Forget the in-memory cache, as a new process would (the disk stays)."""
-    monkeypatch.setattr(launch, "_default_cache", None)
+    monkeypatch.setattr(tj_cache, "_default_cache", None)
 
 
 def child_env(root: Path) -> dict[str, str]:
@@ -371,9 +371,11 @@ def test_compile_time_extents_are_recorded_so_a_disk_hit_skips_the_frontend(root
 
     new_process_state(monkeypatch)
     frontend_runs = []
-    real_build_ir = tilejit.Kernel.build_ir
-    monkeypatch.setattr(tilejit.Kernel, "build_ir",
-                        lambda self, call: frontend_runs.append(1) or real_build_ir(self, call))
+    import tilejit.frontend.visitor as visitor
+
+    real_build = visitor.build_function
+    monkeypatch.setattr(visitor, "build_function",
+                        lambda *a, **k: frontend_runs.append(1) or real_build(*a, **k))
     again = compile_double_rows(64)
     assert again.from_disk and again.key == first.key and frontend_runs == [] and nvrtc_calls() == 1
 

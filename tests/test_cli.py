@@ -180,7 +180,7 @@ def test_show_sass_runs_cuobjdump_on_the_cubin(capsys, filled, tmp_path, monkeyp
 
 
 def test_show_sass_without_tools_says_how_to_get_them(capsys, filled, monkeypatch):
-    import tilejit.runtime.sass as sass
+    import tilejit.backend_cuda.sass as sass
 
     monkeypatch.setattr(sass, "find_tool", lambda name: None)
     rc, out, err = run(capsys, "cache", "show", KEYS[2], "--sass")

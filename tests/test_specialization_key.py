@@ -27,6 +27,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda import nvrtc
+from tilejit import compiler
 from tilejit.runtime import jit, launch
 from tilejit.cache import CacheEntry
 
@@ -88,7 +89,7 @@ class KeyRecorder:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = KeyRecorder()
-    monkeypatch.setattr(launch, "default_cache", lambda: rec)
+    monkeypatch.setattr(jit, "default_cache", lambda: rec)
     return rec
 
 
@@ -118,9 +119,9 @@ def test_key_is_a_sha256_and_repeats(recorder):
 _KEY_IN_CHILD = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from tilejit.runtime import launch
+from tilejit.runtime import jit
 import test_specialization_key as t
-launch.default_cache = lambda: t.KeyRecorder()
+jit.default_cache = lambda: t.KeyRecorder()
 a = torch.empty(256, 512, dtype=torch.float16, device="meta")
 b = torch.empty(512, 128, dtype=torch.float16, device="meta")
 print(t.key_of(t.matmul, a, b, b, BM=128, BN=128, BK=32, num_warps=4, arch="sm_90a"))
@@ -196,7 +197,7 @@ def test_nvrtc_version_changes_the_key(recorder, monkeypatch):
 
 def test_tilejit_version_changes_the_key(recorder, monkeypatch):
     before = scale_key()
-    monkeypatch.setattr(jit, "__version__", jit.__version__ + ".post1")
+    monkeypatch.setattr(compiler, "__version__", compiler.__version__ + ".post1")
     assert scale_key() != before
 
 
@@ -390,7 +391,7 @@ def test_autotuning_its_own_configs_does_not_count_as_respecialization(recorder,
 
 def test_compiler_source_is_part_of_the_key(recorder, monkeypatch):
     before = scale_key()
-    monkeypatch.setattr(jit, "compiler_fingerprint", lambda: "0" * 64)
+    monkeypatch.setattr(compiler, "compiler_fingerprint", lambda: "0" * 64)
     assert scale_key() != before
 
 
@@ -400,20 +401,20 @@ def test_package_digest_changes_with_any_source_file(tmp_path):
     (package / "a.py").write_text("x = 1\n")
     (package / "sub" / "b.py").write_text("y = 2\n")
     (package / "notes.txt").write_text("not source")
-    first = jit.package_digest(package)
-    assert jit.package_digest(package) == first
+    first = compiler.package_digest(package)
+    assert compiler.package_digest(package) == first
     (package / "notes.txt").write_text("still not source")
-    assert jit.package_digest(package) == first
+    assert compiler.package_digest(package) == first
     (package / "sub" / "b.py").write_text("y = 3\n")
-    assert jit.package_digest(package) != first
+    assert compiler.package_digest(package) != first
     (package / "sub" / "b.py").write_text("y = 2\n")
     (package / "sub" / "c.py").write_text("")
-    assert jit.package_digest(package) != first
+    assert compiler.package_digest(package) != first
 
 
 def test_compiler_fingerprint_covers_tilejit_and_is_not_computed_on_import():
-    code = ("import json, tilejit\nfrom tilejit.runtime import jit\nbefore = jit.compiler_fingerprint.cache_info().currsize\n"
-            "print(json.dumps([before, jit.compiler_fingerprint(), jit.package_digest(__import__('pathlib').Path("
+    code = ("import json, tilejit\nfrom tilejit import compiler\nbefore = compiler.compiler_fingerprint.cache_info().currsize\n"
+            "print(json.dumps([before, compiler.compiler_fingerprint(), compiler.package_digest(__import__('pathlib').Path("
             "tilejit.__file__).parent)]))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

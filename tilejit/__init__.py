@@ -12,7 +12,8 @@ from . import language
 from .errors import (BackendCompileError, CompilationError, DispatchError, LaunchError, NameResolutionError,
                      TilejitError, TypeCheckError, UnsupportedSyntaxError)
 from .language import cdiv
-from .runtime.jit import Kernel, __version__, func, kernel
+from .runtime.jit import Kernel, func, kernel
+from .version import __version__
 
 __all__ = [
     "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",

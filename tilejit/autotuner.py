@@ -42,12 +42,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs
 from tilejit.errors import TilejitError
+from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
 
 logger = logging.getLogger("tilejit.autotune")
 
-_LAUNCH_OPTIONS = ("num_warps", "num_stages")
+_LAUNCH_OPTIONS = LaunchOptions.names()
 
 
 class AutotuneError(TilejitError):
@@ -80,10 +81,10 @@ class Config:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
-        if not isinstance(num_warps, int) or num_warps <= 0:
-            raise ValueError(f"Config: num_warps must be a positive int; got {num_warps!r}")
-        if not isinstance(num_stages, int) or num_stages <= 0:
-            raise ValueError(f"Config: num_stages must be a positive int; got {num_stages!r}")
+        try:
+            self.options = LaunchOptions(num_warps, num_stages)
+        except ValueError as e:
+            raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
         self.num_warps = num_warps
         self.num_stages = num_stages

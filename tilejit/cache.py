@@ -36,6 +36,7 @@ import random
 import re
 import shutil
 import socket
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -553,3 +554,16 @@ def _remove(path: Path) -> int:
     except OSError:
         return 0
     return 1
+
+
+_default_lock = threading.Lock()
+_default_cache: "KernelCache | None" = None
+
+
+def default_cache() -> KernelCache:
+    """The process's kernel cache (at ``knobs.cache_dir()``; a new one when that setting changes)."""
+    global _default_cache
+    with _default_lock:
+        if _default_cache is None or _default_cache.root != knobs.cache_dir():
+            _default_cache = KernelCache()
+        return _default_cache

@@ -285,7 +285,7 @@ def _read_stored(entry: CacheEntry, name: str) -> str:
 
 def _sass(entry: CacheEntry) -> str:
     """The stored SASS, else a disassembly of the cubin by whichever NVIDIA tool is installed."""
-    from .runtime.sass import DisassemblyError, disassemble_file
+    from .backend_cuda.sass import DisassemblyError, disassemble_file
 
     if "kernel.sass" in entry.file_names():
         return entry.read_text("kernel.sass")

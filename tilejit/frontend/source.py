@@ -17,6 +17,7 @@ class ParsedSource:
     tree: ast.FunctionDef
     text: str           # the dedented source
     col_offset: int     # columns removed by dedent, added back in error locations
+    constructs_checked: bool = False  # visitor.check_constructs passed (it runs once, at the first compile)
 
     def source_line(self, lineno: int) -> str:
         return linecache.getline(self.filename, lineno).rstrip("\n")

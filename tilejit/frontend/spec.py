@@ -42,3 +42,16 @@ class NeedsShape(Exception):
         super().__init__(f"{param}.shape[{dim}]")
         self.param = param
         self.dim = dim
+
+
+def spec_json(spec: ArgSpec) -> list:
+    """The JSON form of a spec, as it enters the cache key."""
+    if isinstance(spec, TensorSpec):
+        return ["tensor", spec.dtype.name, spec.rank, list(spec.unit_stride_dims), spec.aligned16,
+                spec.strides16, [list(p) for p in spec.shape_constants]]
+    if isinstance(spec, ScalarSpec):
+        return ["scalar", spec.dtype.name, spec.equals_one, spec.divisible16]
+    value = spec.value
+    if isinstance(value, DType):
+        value = "dtype:" + value.name
+    return ["constexpr", repr(value)]

@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .ops import ATTRS_OF_KIND, OpKind
+from .ops import OpKind
 from .types import IRType, ScalarType, TensorType, TileType
 
 _ids = itertools.count()
@@ -66,7 +66,7 @@ class Block:
 
     @property
     def terminator(self) -> "Op | None":
-        return self.ops[-1] if self.ops and self.ops[-1].kind is OpKind.YIELD else None
+        return self.ops[-1] if self.ops and self.ops[-1].kind.is_terminator else None
 
     def walk(self) -> Iterator["Op"]:
         """Every op in this block and nested regions, outer ops before the ops they contain."""
@@ -81,7 +81,7 @@ class Op:
 
     def __init__(self, kind: OpKind, operands: list[Value], result_types: list[IRType], attrs: Any,
                  regions: list[Block] | None = None, loc: Loc | None = None) -> None:
-        expected = ATTRS_OF_KIND[kind]
+        expected = kind.attrs
         if not isinstance(attrs, expected):
             raise TypeError(f"{kind.mnemonic} takes {expected.__name__}, got {type(attrs).__name__}")
         self.kind = kind

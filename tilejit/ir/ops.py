@@ -1,16 +1,25 @@
-"""Op kinds and their typed attributes.
+"""The op table: every op kind declared once, with its attributes, traits and structural rule.
 
-One op class (:class:`tilejit.ir.core.Op`) with an :class:`OpKind` grouped by family; each kind has
-a frozen attribute dataclass that checks its invariants. Passes add lowered kinds (shared staging,
-async copies, layout conversions) to the same enum so the whole pipeline shares one IR.
+One op class (:class:`tilejit.ir.core.Op`) whose ``kind`` is an :class:`OpKind`. Each kind's value is an
+:class:`OpDecl`: mnemonic, family, the frozen attribute dataclass its ops carry (which checks its own
+invariants), its :class:`Trait` flags, and the verifier rule for its operands, results and regions. Passes ask
+the traits (``kind.is_pure``, ``kind.writes_memory`` ...) instead of keeping their own sets of kinds.
+
+The other per-op rules live with the layer that owns them, keyed by the same ``OpKind``: the interpreter's
+(``interpreter.rule``), the layout pass's (``passes.layouts.layout_rule``) and the CUDA emitter's
+(``backend_cuda.emitter.emits``); a test checks that every kind has one in each.
+
+Adding an op: a member here (with its attrs class and rule), a semantic builder in ``frontend/``, and one rule
+in each of the three tables.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..dtypes import DType
+from .types import ScalarType, TensorType, TileType
 
 
 class Family(enum.Enum):
@@ -22,44 +31,6 @@ class Family(enum.Enum):
     MEMORY = "memory"        # global loads/stores and (after lowering) shared staging
     CONTROL = "control"      # for / if / yield
     SYNC = "sync"            # barriers and async groups (lowered IR only)
-
-
-class OpKind(enum.Enum):
-    # scalar
-    CONSTANT = ("constant", Family.SCALAR)
-    PROGRAM_ID = ("program_id", Family.SCALAR)
-    NUM_PROGRAMS = ("num_programs", Family.SCALAR)
-    TENSOR_DIM = ("tensor_dim", Family.SCALAR)
-    TENSOR_STRIDE = ("tensor_stride", Family.SCALAR)
-    # elementwise arithmetic (scalars or tiles of one shape)
-    BINARY = ("binary", Family.ARITH)
-    UNARY = ("unary", Family.ARITH)
-    COMPARE = ("cmp", Family.ARITH)
-    SELECT = ("select", Family.ARITH)
-    CAST = ("cast", Family.ARITH)
-    # tile creation and shape
-    SPLAT = ("splat", Family.TILE)
-    ARANGE = ("arange", Family.TILE)
-    EXPAND_DIMS = ("expand_dims", Family.TILE)
-    BROADCAST = ("broadcast", Family.TILE)
-    TRANSPOSE = ("trans", Family.TILE)
-    CONVERT_LAYOUT = ("convert_layout", Family.TILE)
-    # reductions
-    REDUCE = ("reduce", Family.REDUCE)
-    # compute
-    GEMM = ("gemm", Family.COMPUTE)
-    # memory
-    LOAD = ("load", Family.MEMORY)
-    STORE = ("store", Family.MEMORY)
-    # control flow
-    FOR = ("for", Family.CONTROL)
-    IF = ("if", Family.CONTROL)
-    WHILE = ("while", Family.CONTROL)  # regions: [condition (yields a bool), body]; scalars only
-    YIELD = ("yield", Family.CONTROL)
-
-    def __init__(self, mnemonic: str, family: Family) -> None:
-        self.mnemonic = mnemonic
-        self.family = family
 
 
 class BinaryOp(enum.Enum):
@@ -224,29 +195,207 @@ class ForAttrs:
             raise ValueError("stages must be >= 1")
 
 
-ATTRS_OF_KIND: dict[OpKind, type] = {
-    OpKind.CONSTANT: ConstantAttrs,
-    OpKind.PROGRAM_ID: AxisAttrs,
-    OpKind.NUM_PROGRAMS: AxisAttrs,
-    OpKind.TENSOR_DIM: AxisAttrs,
-    OpKind.TENSOR_STRIDE: AxisAttrs,
-    OpKind.BINARY: BinaryAttrs,
-    OpKind.UNARY: UnaryAttrs,
-    OpKind.COMPARE: CompareAttrs,
-    OpKind.SELECT: NoAttrs,
-    OpKind.CAST: CastAttrs,
-    OpKind.SPLAT: ShapeAttrs,
-    OpKind.ARANGE: ArangeAttrs,
-    OpKind.EXPAND_DIMS: AxisAttrs,
-    OpKind.BROADCAST: ShapeAttrs,
-    OpKind.TRANSPOSE: PermAttrs,
-    OpKind.CONVERT_LAYOUT: NoAttrs,
-    OpKind.REDUCE: ReduceAttrs,
-    OpKind.GEMM: GemmAttrs,
-    OpKind.LOAD: AccessAttrs,
-    OpKind.STORE: AccessAttrs,
-    OpKind.FOR: ForAttrs,
-    OpKind.IF: NoAttrs,
-    OpKind.WHILE: NoAttrs,
-    OpKind.YIELD: NoAttrs,
-}
+class Trait(enum.Flag):
+    """What passes may assume about every op of a kind."""
+    NONE = 0
+    PURE = enum.auto()           # no effects: the same operands and attrs give the same results; dead if unused
+    READS_MEMORY = enum.auto()   # reads global or shared memory (not pure: a store may come between two reads)
+    WRITES_MEMORY = enum.auto()  # has an effect: kept even when nothing uses its results
+    TERMINATOR = enum.auto()     # ends a region and passes values out of it
+    REGIONS = enum.auto()        # holds blocks; its effects are those of the ops inside
+    ELEMENTWISE = enum.auto()    # operands and result of one shape, element by element: a layout flows through
+    ANY_LAYOUT = enum.auto()     # its result can be built directly in whatever register layout its users want
+    LOWERED = enum.auto()        # made by passes only; the frontend never produces it
+
+
+PURE, READS, WRITES, TERM, REGIONS, ELEMWISE, ANY_LAYOUT, LOWERED = (
+    Trait.PURE, Trait.READS_MEMORY, Trait.WRITES_MEMORY, Trait.TERMINATOR, Trait.REGIONS, Trait.ELEMENTWISE,
+    Trait.ANY_LAYOUT, Trait.LOWERED)
+
+# -- structural rules (the verifier): each returns what is wrong with an op, or None ------------------------------
+
+Rule = Callable[[Any], "str | None"]
+
+
+def _shape(v) -> tuple[int, ...]:
+    return v.type.shape if isinstance(v.type, TileType) else ()
+
+
+def no_rule(op) -> None:
+    """Nothing to check beyond what every op gets (operands defined before use, attrs of the right class)."""
+    return None
+
+
+def _elementwise(op) -> str | None:
+    shapes = {_shape(v) for v in op.operands}
+    if len(shapes) != 1:
+        return f"operands of different shapes {sorted(shapes)}"
+    if _shape(op.result) != shapes.pop():
+        return "result shape differs from operands"
+    return None
+
+
+def _binary(op) -> str | None:
+    problem = _elementwise(op)
+    if problem is None and len({v.dtype for v in op.operands}) != 1:
+        return "operands of different dtypes"
+    return problem
+
+
+def _unary(op) -> str | None:
+    if _shape(op.operands[0]) != _shape(op.result):
+        return "result shape differs from operand"
+    return None
+
+
+def _gemm(op) -> str | None:
+    a, b, acc = (v.type for v in op.operands)
+    m, k = a.shape[::-1] if op.attrs.transpose_a else a.shape
+    k2, n = b.shape[::-1] if op.attrs.transpose_b else b.shape
+    if k != k2 or acc.shape != (m, n) or op.result.type.shape != (m, n):
+        return f"gemm shapes {a.shape} x {b.shape} -> {acc.shape} do not agree"
+    return None
+
+
+def _access(op, starts: list, tile) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType):
+        return "first operand is not a tensor"
+    if len(starts) != tensor.rank or len(op.attrs.shape) != tensor.rank:
+        return f"{len(starts)} start indices for a rank-{tensor.rank} tensor"
+    if any(not isinstance(s.type, ScalarType) or not s.dtype.is_integer for s in starts):
+        return "start indices must be integer scalars"
+    if not isinstance(tile, TileType) or tile.shape != op.attrs.tile_shape:
+        return f"tile {tile} does not match the window {op.attrs.tile_shape}"
+    return None
+
+
+def _load(op) -> str | None:
+    return _access(op, op.operands[1:], op.result.type)
+
+
+def _store(op) -> str | None:
+    return _access(op, op.operands[2:], op.operands[1].type)
+
+
+def _for(op) -> str | None:
+    body = op.regions[0]
+    inits = op.operands[3:]
+    if len(body.args) != len(inits) + 1:
+        return "body arguments do not match iter_args"
+    term = body.terminator
+    if term is None or len(term.operands) != len(inits):
+        return "body must end in a yield of every carried value"
+    for init, arg, res, y in zip(inits, body.args[1:], op.results, term.operands):
+        if not (init.type == arg.type == res.type == y.type):
+            return f"carried value types differ: {init.type}, {arg.type}, {res.type}, {y.type}"
+    return None
+
+
+def _if(op) -> str | None:
+    for region in op.regions:
+        term = region.terminator
+        if op.results and (term is None or [v.type for v in term.operands] != [r.type for r in op.results]):
+            return "each branch must yield one value per result, of the result's type"
+    return None
+
+
+def _while(op) -> str | None:
+    cond, body = op.regions
+    types = [v.type for v in op.operands]
+    if [a.type for a in cond.args] != types or [a.type for a in body.args] != types:
+        return "condition and body arguments must match the carried values"
+    if cond.terminator is None or len(cond.terminator.operands) != 1 or \
+            not isinstance(cond.terminator.operands[0].type, ScalarType):
+        return "the condition region must yield one scalar"
+    if body.terminator is None or [v.type for v in body.terminator.operands] != types:
+        return "the body must yield every carried value, of its type"
+    if any(isinstance(t, TileType) for t in types):
+        return "a while loop carries scalars only"
+    return None
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpDecl:
+    mnemonic: str
+    family: Family
+    attrs: type
+    traits: Trait
+    verify: Rule
+
+
+class OpKind(enum.Enum):
+    # scalar
+    CONSTANT = OpDecl("constant", Family.SCALAR, ConstantAttrs, PURE, no_rule)
+    PROGRAM_ID = OpDecl("program_id", Family.SCALAR, AxisAttrs, PURE, no_rule)
+    NUM_PROGRAMS = OpDecl("num_programs", Family.SCALAR, AxisAttrs, PURE, no_rule)
+    TENSOR_DIM = OpDecl("tensor_dim", Family.SCALAR, AxisAttrs, PURE, no_rule)
+    TENSOR_STRIDE = OpDecl("tensor_stride", Family.SCALAR, AxisAttrs, PURE, no_rule)
+    # elementwise arithmetic (scalars or tiles of one shape)
+    BINARY = OpDecl("binary", Family.ARITH, BinaryAttrs, PURE | ELEMWISE, _binary)
+    UNARY = OpDecl("unary", Family.ARITH, UnaryAttrs, PURE | ELEMWISE, _unary)
+    COMPARE = OpDecl("cmp", Family.ARITH, CompareAttrs, PURE | ELEMWISE, _elementwise)
+    SELECT = OpDecl("select", Family.ARITH, NoAttrs, PURE | ELEMWISE, _elementwise)
+    CAST = OpDecl("cast", Family.ARITH, CastAttrs, PURE | ELEMWISE, _unary)
+    # tile creation and shape
+    SPLAT = OpDecl("splat", Family.TILE, ShapeAttrs, PURE | ANY_LAYOUT, no_rule)
+    ARANGE = OpDecl("arange", Family.TILE, ArangeAttrs, PURE | ANY_LAYOUT, no_rule)
+    EXPAND_DIMS = OpDecl("expand_dims", Family.TILE, AxisAttrs, PURE, no_rule)
+    BROADCAST = OpDecl("broadcast", Family.TILE, ShapeAttrs, PURE | ANY_LAYOUT, no_rule)
+    TRANSPOSE = OpDecl("trans", Family.TILE, PermAttrs, PURE, no_rule)
+    CONVERT_LAYOUT = OpDecl("convert_layout", Family.TILE, NoAttrs, PURE | ANY_LAYOUT | LOWERED, _unary)
+    # reductions
+    REDUCE = OpDecl("reduce", Family.REDUCE, ReduceAttrs, PURE, no_rule)
+    # compute
+    GEMM = OpDecl("gemm", Family.COMPUTE, GemmAttrs, PURE, _gemm)
+    # memory
+    LOAD = OpDecl("load", Family.MEMORY, AccessAttrs, READS, _load)
+    STORE = OpDecl("store", Family.MEMORY, AccessAttrs, WRITES, _store)
+    # control flow
+    FOR = OpDecl("for", Family.CONTROL, ForAttrs, REGIONS, _for)
+    IF = OpDecl("if", Family.CONTROL, NoAttrs, REGIONS, _if)
+    WHILE = OpDecl("while", Family.CONTROL, NoAttrs, REGIONS, _while)  # regions: condition (yields a bool), body
+    YIELD = OpDecl("yield", Family.CONTROL, NoAttrs, TERM, no_rule)
+
+    @property
+    def mnemonic(self) -> str:
+        return self.value.mnemonic
+
+    @property
+    def family(self) -> Family:
+        return self.value.family
+
+    @property
+    def attrs(self) -> type:
+        """The attribute dataclass every op of this kind carries."""
+        return self.value.attrs
+
+    @property
+    def traits(self) -> Trait:
+        return self.value.traits
+
+    def has(self, trait: Trait) -> bool:
+        return bool(self.value.traits & trait)
+
+    @property
+    def is_pure(self) -> bool:
+        return self.has(Trait.PURE)
+
+    @property
+    def writes_memory(self) -> bool:
+        return self.has(Trait.WRITES_MEMORY)
+
+    @property
+    def is_terminator(self) -> bool:
+        return self.has(Trait.TERMINATOR)
+
+    @property
+    def is_elementwise(self) -> bool:
+        return self.has(Trait.ELEMENTWISE)
+
+    def verify(self, op) -> str | None:
+        """What is wrong with ``op`` (of this kind), or None."""
+        return self.value.verify(op)

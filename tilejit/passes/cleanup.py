@@ -5,11 +5,12 @@ passes that leave dead values behind.
 """
 from __future__ import annotations
 
-from ..ir import Block, Function, OpKind
+from ..ir import Block, Function
+
 
 def _has_effects(op) -> bool:
-    """Stores write memory; a loop or ``if`` has effects when something inside it does."""
-    if op.kind is OpKind.STORE:
+    """An op that writes memory has effects; a loop or ``if`` has them when something inside it does."""
+    if op.kind.writes_memory:
         return True
     return any(_has_effects(inner) for region in op.regions for inner in region.ops)
 
@@ -32,7 +33,7 @@ def _sweep(block: Block, used: set[int]) -> bool:
     for op in block.ops:
         for region in op.regions:
             changed |= _sweep(region, used)
-        if op.kind is not OpKind.YIELD and not _has_effects(op) and not any(r.id in used for r in op.results):
+        if not op.kind.is_terminator and not _has_effects(op) and not any(r.id in used for r in op.results):
             changed = True
             continue
         kept.append(op)

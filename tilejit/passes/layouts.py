@@ -11,17 +11,14 @@ the large tile. Shared tiles get a swizzled :class:`SharedLayout`.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from ..target import REGISTRY, Target
-from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Value
+from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Trait, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
                           SliceLayout, WgmmaLayout)
 from ..ir.rewrite import blocks, defining_op
-
-_ELEMENTWISE = {OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST}
-_FLEXIBLE = {OpKind.SPLAT, OpKind.ARANGE, OpKind.BROADCAST, OpKind.CONVERT_LAYOUT}
-
 
 def _rank(layout: RegisterLayout) -> int:
     """Accumulator-derived layouts win over blocked ones when operands disagree."""
@@ -63,75 +60,17 @@ class _Inference:
 
     def seed(self) -> None:
         for op in self.fn.walk():
-            if op.kind is OpKind.GEMM:
-                impl = REGISTRY.select("gemm", op, self.target, op.loc, _source_line(op))
-                op.attrs = replace(op.attrs, impl=impl.name)
-                self.set(op.result, impl.payload.acc_layout(op, self.target))
-            elif op.kind is OpKind.LOAD and op.result.type.scope is Scope.REGISTER:
-                self.set(op.result, default_layout(op.result.type.shape, self.target.threads,
-                                                   load_vector_width(self.fn, op)))
+            rule = LAYOUT_RULES[op.kind]
+            if rule.seed is not None:
+                rule.seed(self, op)
 
     def forward(self, op: Op) -> bool:
-        changed = False
-        ins = [self.get(v) for v in op.operands]
-        if op.kind in _ELEMENTWISE and op.results and op.result.is_tile:
-            known = [l for l in ins if l is not None]
-            if known:
-                changed |= self.set(op.result, max(known, key=_rank))
-        elif op.kind is OpKind.REDUCE and ins[0] is not None and op.result.is_tile:
-            changed |= self.set(op.result, SliceLayout(ins[0], op.attrs.axis))
-        elif op.kind is OpKind.EXPAND_DIMS and ins[0] is not None:
-            changed |= self.set(op.result, ExpandLayout(ins[0], op.attrs.axis))
-        elif op.kind is OpKind.TRANSPOSE and ins[0] is not None:
-            changed |= self.set(op.result, PermutedLayout(ins[0], op.attrs.perm))
-        elif op.kind is OpKind.FOR:
-            body = op.regions[0]
-            term = body.terminator
-            for init, arg, res, y in zip(op.operands[3:], body.args[1:], op.results, term.operands):
-                # The carried value takes the stronger of what enters and what comes back (an accumulator
-                # initialised from a load keeps the gemm's layout; the init converts once, before the loop).
-                known = [l for l in (self.get(init), self.get(y)) if l is not None]
-                choice = max(known, key=_rank) if known else self.get(arg)
-                if choice is not None:
-                    changed |= self.set(arg, choice) | self.set(res, choice)
-        elif op.kind is OpKind.IF:
-            for i, res in enumerate(op.results):
-                for region in op.regions:
-                    if region.terminator is not None and self.get(region.terminator.operands[i]) is not None:
-                        changed |= self.set(res, self.get(region.terminator.operands[i]))
-                        break
-        return changed
+        rule = LAYOUT_RULES[op.kind]
+        return rule.forward(self, op) if rule.forward is not None else False
 
     def backward(self, op: Op, parent: Op | None) -> bool:
-        changed = False
-        if op.kind in _ELEMENTWISE and op.results and op.result.is_tile and self.get(op.result) is not None:
-            for v in op.operands:
-                if _is_flexible(v, self):
-                    changed |= self.set(v, self.get(op.result))
-        elif op.kind is OpKind.GEMM:
-            acc = op.operands[2]
-            if _is_flexible(acc, self) and self.get(op.result) is not None:
-                changed |= self.set(acc, self.get(op.result))
-        elif op.kind is OpKind.FOR:
-            body = op.regions[0]
-            for init, arg in zip(op.operands[3:], body.args[1:]):
-                if self.get(arg) is not None and _is_flexible(init, self):
-                    changed |= self.set(init, self.get(arg))
-        elif op.kind is OpKind.YIELD and parent is not None:
-            targets = parent.regions[0].args[1:] if parent.kind is OpKind.FOR else parent.results
-            for v, t in zip(op.operands, targets):
-                if self.get(t) is not None and _is_flexible(v, self):
-                    changed |= self.set(v, self.get(t))
-        elif op.kind is OpKind.BROADCAST and self.get(op.result) is not None:
-            src = op.operands[0]
-            target = self.get(op.result)
-            axes = [d for d, (a, b) in enumerate(zip(src.type.shape, op.result.type.shape)) if a != b]
-            if len(axes) == 1 and self.get(src) is None:
-                # A reduced value broadcast back: try to keep it in the target's threads.
-                producer = defining_op(src)
-                if producer is not None and producer.kind is OpKind.EXPAND_DIMS and self.get(producer.operands[0]) is None:
-                    changed |= self.set(producer.operands[0], SliceLayout(target, axes[0]))
-        return changed
+        rule = LAYOUT_RULES[op.kind]
+        return rule.backward(self, op, parent) if rule.backward is not None else False
 
     def run(self) -> None:
         self.seed()
@@ -155,7 +94,7 @@ def _is_flexible(v: Value, inf: _Inference) -> bool:
     if inf.get(v) is not None:
         return False
     op = defining_op(v)
-    return op is None or op.kind in _FLEXIBLE or op.kind in _ELEMENTWISE
+    return op is None or op.kind.has(Trait.ANY_LAYOUT) or op.kind.is_elementwise
 
 
 def _blocks_with_parents(block: Block, parent: Op | None):
@@ -182,16 +121,174 @@ def _source_line(op: Op) -> str | None:
 
 def _required(op: Op, index: int, parent: Op | None, inf: _Inference) -> RegisterLayout | None:
     """The layout operand ``index`` of ``op`` must have, or None when any layout is accepted."""
-    if op.kind in _ELEMENTWISE and op.results and op.result.is_tile:
-        return inf.get(op.result)
-    if op.kind is OpKind.GEMM and index == 2:
-        return inf.get(op.result)
-    if op.kind is OpKind.FOR and index >= 3:
-        return inf.get(op.regions[0].args[index - 2])
-    if op.kind is OpKind.YIELD and parent is not None:
-        targets = parent.regions[0].args[1:] if parent.kind is OpKind.FOR else parent.results
-        return inf.get(targets[index])
-    return None
+    rule = LAYOUT_RULES[op.kind]
+    return rule.required(inf, op, index, parent) if rule.required is not None else None
+
+
+# -- the rules, one per op kind ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """How one op kind takes part in layout inference; a missing hook means the kind has nothing to say there.
+
+    ``seed(inf, op)`` fixes a layout before propagation; ``forward(inf, op)`` derives results from operands and
+    ``backward(inf, op, parent)`` operands from results (both return whether anything changed);
+    ``required(inf, op, index, parent)`` is the layout operand ``index`` must have, or None for any.
+    """
+    seed: Callable[[_Inference, Op], None] | None = None
+    forward: Callable[[_Inference, Op], bool] | None = None
+    backward: Callable[[_Inference, Op, "Op | None"], bool] | None = None
+    required: Callable[[_Inference, Op, int, "Op | None"], "RegisterLayout | None"] | None = None
+
+
+LAYOUT_RULES: dict[OpKind, LayoutRule] = {}
+
+
+def layout_rule(*kinds: OpKind, **hooks):
+    rule = LayoutRule(**hooks)
+    for kind in kinds:
+        if kind in LAYOUT_RULES:
+            raise ValueError(f"two layout rules for {kind}")
+        LAYOUT_RULES[kind] = rule
+
+
+def _loop_targets(parent: Op) -> list[Value]:
+    """Where a yield's values go: a ``for`` body's carried arguments, or an ``if``'s results."""
+    return parent.regions[0].args[1:] if parent.kind is OpKind.FOR else parent.results
+
+
+def _elementwise_forward(inf: _Inference, op: Op) -> bool:
+    if not (op.results and op.result.is_tile):
+        return False
+    known = [l for l in (inf.get(v) for v in op.operands) if l is not None]
+    return inf.set(op.result, max(known, key=_rank)) if known else False
+
+
+def _elementwise_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    changed = False
+    if op.results and op.result.is_tile and inf.get(op.result) is not None:
+        for v in op.operands:
+            if _is_flexible(v, inf):
+                changed |= inf.set(v, inf.get(op.result))
+    return changed
+
+
+def _elementwise_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> RegisterLayout | None:
+    return inf.get(op.result) if op.results and op.result.is_tile else None
+
+
+def _gemm_seed(inf: _Inference, op: Op) -> None:
+    impl = REGISTRY.select("gemm", op, inf.target, op.loc, _source_line(op))
+    op.attrs = replace(op.attrs, impl=impl.name)
+    inf.set(op.result, impl.payload.acc_layout(op, inf.target))
+
+
+def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    acc = op.operands[2]
+    if _is_flexible(acc, inf) and inf.get(op.result) is not None:
+        return inf.set(acc, inf.get(op.result))
+    return False
+
+
+def _load_seed(inf: _Inference, op: Op) -> None:
+    if op.result.type.scope is Scope.REGISTER:
+        inf.set(op.result, default_layout(op.result.type.shape, inf.target.threads, load_vector_width(inf.fn, op)))
+
+
+def _reduce_forward(inf: _Inference, op: Op) -> bool:
+    src = inf.get(op.operands[0])
+    return inf.set(op.result, SliceLayout(src, op.attrs.axis)) if src is not None and op.result.is_tile else False
+
+
+def _expand_forward(inf: _Inference, op: Op) -> bool:
+    src = inf.get(op.operands[0])
+    return inf.set(op.result, ExpandLayout(src, op.attrs.axis)) if src is not None else False
+
+
+def _transpose_forward(inf: _Inference, op: Op) -> bool:
+    src = inf.get(op.operands[0])
+    return inf.set(op.result, PermutedLayout(src, op.attrs.perm)) if src is not None else False
+
+
+def _broadcast_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    if inf.get(op.result) is None:
+        return False
+    src = op.operands[0]
+    target = inf.get(op.result)
+    axes = [d for d, (a, b) in enumerate(zip(src.type.shape, op.result.type.shape)) if a != b]
+    if len(axes) == 1 and inf.get(src) is None:
+        # A reduced value broadcast back: try to keep it in the target's threads.
+        producer = defining_op(src)
+        if producer is not None and producer.kind is OpKind.EXPAND_DIMS and inf.get(producer.operands[0]) is None:
+            return inf.set(producer.operands[0], SliceLayout(target, axes[0]))
+    return False
+
+
+def _for_forward(inf: _Inference, op: Op) -> bool:
+    changed = False
+    body = op.regions[0]
+    for init, arg, res, y in zip(op.operands[3:], body.args[1:], op.results, body.terminator.operands):
+        # The carried value takes the stronger of what enters and what comes back (an accumulator
+        # initialised from a load keeps the gemm's layout; the init converts once, before the loop).
+        known = [l for l in (inf.get(init), inf.get(y)) if l is not None]
+        choice = max(known, key=_rank) if known else inf.get(arg)
+        if choice is not None:
+            changed |= inf.set(arg, choice) | inf.set(res, choice)
+    return changed
+
+
+def _for_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    changed = False
+    for init, arg in zip(op.operands[3:], op.regions[0].args[1:]):
+        if inf.get(arg) is not None and _is_flexible(init, inf):
+            changed |= inf.set(init, inf.get(arg))
+    return changed
+
+
+def _for_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> RegisterLayout | None:
+    return inf.get(op.regions[0].args[index - 2]) if index >= 3 else None
+
+
+def _if_forward(inf: _Inference, op: Op) -> bool:
+    changed = False
+    for i, res in enumerate(op.results):
+        for region in op.regions:
+            if region.terminator is not None and inf.get(region.terminator.operands[i]) is not None:
+                changed |= inf.set(res, inf.get(region.terminator.operands[i]))
+                break
+    return changed
+
+
+def _yield_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    changed = False
+    if parent is not None:
+        for v, t in zip(op.operands, _loop_targets(parent)):
+            if inf.get(t) is not None and _is_flexible(v, inf):
+                changed |= inf.set(v, inf.get(t))
+    return changed
+
+
+def _yield_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> RegisterLayout | None:
+    return inf.get(_loop_targets(parent)[index]) if parent is not None else None
+
+
+layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST,
+            forward=_elementwise_forward, backward=_elementwise_backward, required=_elementwise_required)
+layout_rule(OpKind.GEMM, seed=_gemm_seed, backward=_gemm_backward,
+            required=lambda inf, op, index, parent: inf.get(op.result) if index == 2 else None)
+layout_rule(OpKind.LOAD, seed=_load_seed)
+layout_rule(OpKind.REDUCE, forward=_reduce_forward)
+layout_rule(OpKind.EXPAND_DIMS, forward=_expand_forward)
+layout_rule(OpKind.TRANSPOSE, forward=_transpose_forward)
+layout_rule(OpKind.BROADCAST, backward=_broadcast_backward)
+layout_rule(OpKind.FOR, forward=_for_forward, backward=_for_backward, required=_for_required)
+layout_rule(OpKind.IF, forward=_if_forward)
+layout_rule(OpKind.YIELD, backward=_yield_backward, required=_yield_required)
+# Scalars, values built in whatever layout their users take (splat, arange, conversions), stores (which take
+# any layout) and while loops (scalars only) have nothing to add.
+layout_rule(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
+            OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE)
 
 
 def infer_layouts(fn: Function, target: Target) -> None:

@@ -7,84 +7,45 @@ the interpreter (``TILEJIT_INTERPRET=1``) or compiled on the GPU.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import inspect
-import json
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import compiler
 from .. import dtypes as D
 from .. import knobs
 from .. import language as lang
+from ..cache import default_cache
+from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
+from ..target import LaunchOptions, Target
+from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
-
-__version__ = "0.1.0"
-
-LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 3}
+from .launch import launcher_for, pack_values, resolve_arch
 # Roles of parameters on the launch fast path: folded at compile time, passed at run time, or a tensor
 # whose extents are compile-time constants (its shape is then part of the call signature).
 _CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
 _BY_KEYWORD = "<by keyword>"  # a constexpr position after the positional arguments, in a fast-path signature
-_VALID_WARPS = (1, 2, 4, 8, 16)
 _PLAIN_PARAMETER = inspect.Parameter.POSITIONAL_OR_KEYWORD
-
-
-@functools.cache
-def compiler_fingerprint() -> str:
-    """sha256 of tilejit's own source files, read once per process (at the first compile, not at import).
-
-    Part of every kernel's source hash, so editing the compiler (not only bumping ``__version__``) makes old
-    cache entries and autotune records unreachable instead of silently reusing code an older compiler made.
-    """
-    return package_digest(Path(__file__).resolve().parents[1])
-
-
-def package_digest(root: Path) -> str:
-    """sha256 over every ``*.py`` under ``root``: relative path and contents, in sorted path order.
-
-    Plain ``os`` calls rather than pathlib: this runs on the way to a fresh process's first launch, where
-    pathlib's per-file objects cost ~5 ms of the ~15 ms budget (H200 host).
-    """
-    files = []
-    for directory, subdirs, names in os.walk(root):
-        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
-        rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
-        for name in names:
-            if name.endswith(".py"):
-                files.append((name if rel_dir == "." else f"{rel_dir}/{name}", os.path.join(directory, name)))
-    h = hashlib.sha256()
-    for rel, path in sorted(files):
-        with open(path, "rb") as f:
-            h.update(rel.encode() + b"\0")
-            h.update(f.read() + b"\0")
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self) -> None:
-        if self.num_warps not in _VALID_WARPS:
-            raise ValueError(f"num_warps must be one of {_VALID_WARPS}, got {self.num_warps!r}")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
 
 
 @dataclass
 class BoundCall:
     """One launch's arguments, matched to parameters, with the specialization they imply."""
     values: dict[str, Any]          # parameter name -> argument (constexprs included)
-    specs: dict[str, ArgSpec]
-    options: LaunchOptions
+    spec: Specialization
+
+    @property
+    def specs(self) -> dict[str, ArgSpec]:
+        return self.spec.specs
+
+    @property
+    def options(self) -> LaunchOptions:
+        return self.spec.options
 
 
 def _is_constexpr_annotation(annotation: Any) -> bool:
@@ -176,13 +137,8 @@ class Kernel:
         """sha256 of the kernel's source, every helper it calls, the tilejit version and the compiler's own
         source (``compiler_fingerprint``)."""
         if self._source_hash is None:
-            h = hashlib.sha256(__version__.encode())
-            h.update(compiler_fingerprint().encode())
-            h.update(self.parsed.text.encode())
-            for helper in sorted(referenced_helpers(self.fn), key=lambda f: f.__name__):
-                h.update(helper.__name__.encode())
-                h.update(helper.parsed.text.encode())
-            self._source_hash = h.hexdigest()
+            helpers = [(h.__name__, h.parsed.text) for h in referenced_helpers(self.fn)]
+            self._source_hash = compiler.source_hash(self.parsed.text, helpers)
         return self._source_hash
 
     def _global_constants(self) -> dict[str, Any]:
@@ -231,52 +187,37 @@ class Kernel:
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
             else:
                 specs[name] = _scalar_spec(name, value)
-        return BoundCall(values, specs, opts)
+        spec = Specialization(self.__name__, self.parsed, self.source_hash(),
+                              tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts)
+        return BoundCall(values, spec)
 
     def key_material(self, call: BoundCall, target: str) -> dict[str, Any]:
-        return {
-            "kernel": self.__name__,
-            "source": self.source_hash(),
-            "globals": self._global_constants(),
-            "args": [[name, _spec_json(spec)] for name, spec in call.specs.items()],
-            "options": [call.options.num_warps, call.options.num_stages],
-            "target": target,
-        }
-
-    def _key(self, call: BoundCall, target: str) -> str:
-        material = json.dumps(self.key_material(call, target), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(material.encode()).hexdigest()
+        return call.spec.key_material(target)
 
     # -- IR ----------------------------------------------------------------------------------
     def build_ir(self, call: BoundCall):
-        """The frontend IR of this call's specialization (cached); adds compile-time extents on demand."""
-        from ..frontend.visitor import build_function, check_constructs
-        from ..ir import verify
-
-        if not self._constructs_checked:
-            check_constructs(self.parsed)
-            self._constructs_checked = True
+        """The frontend IR of this call's specialization (the compiler's ``ir`` stage, kept per kernel); adds
+        compile-time extents on demand."""
         while True:
-            key = self._key(call, "ir")
+            key = call.spec.key("ir")
             with self._lock:
                 cached = self._ir_cache.get(key)
             if cached is not None:
                 return cached
             try:
-                fn = build_function(self.parsed, call.specs, referenced_globals(self.fn))
+                fn = compiler.compile(call.spec, None, stop_after="ir").fn
             except NeedsShape as need:
-                if need.dim in self._shape_dims.get(need.param, ()):
-                    raise
-                self._need_extent(need.param, need.dim)
-                self.respecialize_extents(call)
+                self._add_needed_extent(need, call)
                 continue
-            from ..passes.cleanup import cleanup
-
-            cleanup(fn)
-            verify(fn)
             with self._lock:
                 self._ir_cache[key] = fn
             return fn
+
+    def _add_needed_extent(self, need: NeedsShape, call: BoundCall) -> None:
+        if need.dim in self._shape_dims.get(need.param, ()):
+            raise need
+        self._need_extent(need.param, need.dim)
+        self.respecialize_extents(call)
 
     def _need_extent(self, param: str, dim: int) -> None:
         """From now on, extent ``dim`` of tensor ``param`` is a compile-time constant (part of the key)."""
@@ -289,7 +230,7 @@ class Kernel:
             dims = set(dims)
             spec = call.specs.get(name)
             if isinstance(spec, TensorSpec) and {d for d, _ in spec.shape_constants} != dims:
-                call.specs[name] = _tensor_spec(name, call.values[name], dims)
+                call.spec = call.spec.with_arg(name, _tensor_spec(name, call.values[name], dims))
 
     def use_stored_extents(self, stored: dict[str, list[int]]) -> None:
         """Adopt the compile-time extents an earlier process recorded for this source (the cache's
@@ -310,6 +251,43 @@ class Kernel:
         from ..ir import print_function
 
         return print_function(self.build_ir(self.bind(args, kwargs)))
+
+    # -- compiling -----------------------------------------------------------------------------
+    def compile_call(self, call: BoundCall, arch: Any = None, device_index: int | None = None,
+                     stop_after: str | None = None):
+        """Compile ``call``'s specialization (through the memory and disk caches) for ``arch``, else
+        ``TILEJIT_ARCH``, else the GPU's arch; with ``stop_after`` the compiler's stages up to that one.
+
+        Which tensor extents are compile-time constants (part of the key) is recorded per kernel source in the
+        cache, so a fresh process computes the key of a disk hit from the arguments alone, without the frontend.
+        On a miss the frontend runs first (user errors surface before any lock); an extent it finds it needs
+        is added to the specialization and the compile starts again.
+        """
+        target = Target(resolve_arch(arch, device_index), call.options)
+        if stop_after is not None and stop_after != "cubin":
+            self.build_ir(call)  # the extents the frontend needs, found as a real compile would
+            return compiler.compile(call.spec, target, stop_after=stop_after)
+        cache = default_cache()
+        if self._stored_shape_dims is None:
+            self.use_stored_extents(cache.read_extents(self.source_hash()))
+        while True:
+            self.respecialize_extents(call)
+            key = compiler.cache_key(call.spec, target)
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                return compiled
+            try:
+                compiled = compiler.compile(call.spec, target, cache=cache)
+            except NeedsShape as need:
+                self._add_needed_extent(need, call)
+                continue
+            break
+        if self._shape_dims != self._stored_shape_dims:
+            cache.write_extents(self.source_hash(), self.__name__, self._shape_dims)
+            self._stored_shape_dims = {p: set(d) for p, d in self._shape_dims.items()}
+        self._compiled[key] = compiled
+        self._note_specialization(call)
+        return compiled
 
     # -- launching -----------------------------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., None]:
@@ -459,9 +437,13 @@ class Kernel:
             if t.device.type != "cuda":
                 raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
                                  "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
-        from .launch import launch_compiled
+        device_index = next(iter(tensors.values())).device.index if tensors else None
+        if device_index is None:
+            import torch
 
-        launcher = launch_compiled(self, call, grid3)
+            device_index = torch.cuda.current_device()
+        launcher = launcher_for(self.compile_call(call, None, device_index), device_index)
+        launcher(grid3, _raw_stream(device_index), pack_values(call))
         if fast is not None:
             fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
             if fast is not None:
@@ -492,11 +474,13 @@ class Kernel:
         launcher = self.run(grid, args, kwargs)
         return None if launcher is None else launcher.native_entry()
 
-    def compile(self, *args: Any, arch: str | None = None, **kwargs: Any):
-        """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``."""
-        from .launch import compile_call
+    def compile(self, *args: Any, arch: str | None = None, stop_after: str | None = None, **kwargs: Any):
+        """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``.
 
-        return compile_call(self, self.bind(args, dict(kwargs)), arch)
+        Returns the :class:`~tilejit.compiler.CompiledKernel`; with ``stop_after`` ("ir", "passes", "cuda" or
+        "ptx") the compiler stops after that stage and returns its :class:`~tilejit.compiler.Stages`
+        (``.ir``, ``.final_ir``, ``.cuda``, ``.ptx``), bypassing the cache."""
+        return self.compile_call(self.bind(args, dict(kwargs)), arch, stop_after=stop_after)
 
     @contextlib.contextmanager
     def tuning(self):
@@ -518,7 +502,7 @@ class Kernel:
             return
         described = {**{name: repr(spec) for name, spec in call.specs.items()},
                      "num_warps": call.options.num_warps, "num_stages": call.options.num_stages}
-        self._specializations[self._key(call, "ir")] = described
+        self._specializations[call.spec.key("ir")] = described
         if len(self._specializations) != 8:
             return
         seen: dict[str, set] = {}
@@ -555,18 +539,6 @@ def _raw_stream(device: int) -> int:
 
     _raw_stream = torch._C._cuda_getCurrentRawStream  # bind once: later calls skip this frame
     return _raw_stream(device)
-
-
-def _spec_json(spec: ArgSpec) -> Any:
-    if isinstance(spec, TensorSpec):
-        return ["tensor", spec.dtype.name, spec.rank, list(spec.unit_stride_dims), spec.aligned16,
-                spec.strides16, [list(p) for p in spec.shape_constants]]
-    if isinstance(spec, ScalarSpec):
-        return ["scalar", spec.dtype.name, spec.equals_one, spec.divisible16]
-    value = spec.value
-    if isinstance(value, D.DType):
-        value = "dtype:" + value.name
-    return ["constexpr", repr(value)]
 
 
 def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, int]:

@@ -1,9 +1,13 @@
-"""From frontend IR to a cubin: the pass pipeline per arch, CUDA emission and NVRTC."""
+"""The CUDA backend's stages: the pass pipeline per arch, CUDA emission and NVRTC.
+
+``tilejit.compiler`` runs these in order (``ir`` -> ``passes`` -> ``cuda`` -> ``ptx`` -> ``cubin``); this module
+holds the backend's part of that chain, once. Importing it registers every lowering in the dispatch registry
+(``tilejit.target.REGISTRY``), which the layout and copy-selection passes select from.
+"""
 from __future__ import annotations
 
 import re
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -11,14 +15,14 @@ from .. import knobs
 from ..ir import Function, print_function, verify
 from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
-from ..passes.layouts import infer_layouts
 from ..passes.copies import select_copies
+from ..passes.layouts import infer_layouts
 from ..passes.pipeline import pipeline_loops
 from ..passes.scopes import infer_scopes
+from ..target import Target
 from . import lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma, lower_wgmma  # noqa: F401  (register rules)
 from .emitter import Emitter
-from .nvrtc import compile_cuda
-from ..target import Target
+from .nvrtc import CompileResult, compile_cuda
 
 Pass = Callable[[Function, Target], None]
 
@@ -39,12 +43,13 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
 ]
 
 
-def pipeline_for(arch: str) -> list[tuple[str, Pass]]:
+def pipeline_for(target: Target) -> list[tuple[str, Pass]]:
     return PIPELINE_SM80
 
 
 def run_passes(fn: Function, target: Target) -> Function:
-    for name, run in pipeline_for(target.arch):
+    """The ``passes`` stage: the arch's pipeline over the frontend IR, in place, verified after each pass."""
+    for name, run in pipeline_for(target):
         run(fn, target)
         verify(fn)
         if knobs.dump_ir():
@@ -55,35 +60,34 @@ def run_passes(fn: Function, target: Target) -> Function:
 
 
 @dataclass
-class CompiledArtifacts:
-    name: str
+class Emitted:
+    """The ``cuda`` stage's output: the source and the launch facts the emitter derived."""
     source: str
-    ir: str
-    ptx: str | None
-    cubin: bytes
     param_kinds: list[str]
     shared_bytes: int
-    threads: int
-    compile_seconds: float
-    registers: int | None
-    spill_bytes: int | None
     tensor_maps: list[dict]
 
 
-def compile_function(fn: Function, target: Target, kernel_name: str) -> CompiledArtifacts:
-    start = time.perf_counter()
-    run_passes(fn, target)
+def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
+    """The ``cuda`` stage: CUDA C++ for the lowered IR (self-contained: the prelude is included)."""
     emitter = Emitter(fn, target, kernel_name)
     source, kinds, shared_bytes = emitter.generate()
-    result = compile_cuda(source, name=kernel_name, arch=target.arch.name, keep_ptx=knobs.keep_ptx(),
-                          options=["--ptxas-options=-v"])
-    registers = _PTXAS_REGISTERS.search(result.log)
-    spills = _PTXAS_SPILLS.search(result.log)
-    return CompiledArtifacts(kernel_name, source, print_function(fn), result.ptx, result.cubin, kinds,
-                             shared_bytes, target.threads, time.perf_counter() - start,
-                             int(registers.group(1)) if registers else None,
-                             int(spills.group(1)) + int(spills.group(2)) if spills else None,
-                             [m.to_json() for m in emitter.tensor_maps])
+    return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps])
+
+
+def run_nvrtc(source: str, target: Target, kernel_name: str, keep_ptx: bool) -> CompileResult:
+    """The ``ptx`` / ``cubin`` stages: one NVRTC compile for exactly the target's arch (ptxas -v for the
+    resource report)."""
+    return compile_cuda(source, name=kernel_name, arch=target.arch.name, keep_ptx=keep_ptx,
+                        options=["--ptxas-options=-v"])
+
+
+def ptxas_resources(log: str) -> tuple[int | None, int | None]:
+    """(registers per thread, spill bytes) from ptxas -v's report in the NVRTC log."""
+    registers = _PTXAS_REGISTERS.search(log)
+    spills = _PTXAS_SPILLS.search(log)
+    return (int(registers.group(1)) if registers else None,
+            int(spills.group(1)) + int(spills.group(2)) if spills else None)
 
 
 # ptxas -v reports, per kernel: "Used 128 registers, ..." and "N bytes spill stores, M bytes spill loads".

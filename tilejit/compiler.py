@@ -1,0 +1,397 @@
+"""Compilation as a staged object: one :func:`compile` from a :class:`Specialization` and a target to a cubin.
+
+    call = kernel.bind(args, kwargs)                     # runtime: the launch's arguments, matched
+    compiled = compile(call.spec, Target.of("sm_90a", num_warps=8))
+    stages = compile(call.spec, target, stop_after="cuda")  # stop early: stages.ir, stages.final_ir, stages.cuda
+
+The stages, in order (``STAGES``); each reads what the one before made and fills its own field of
+:class:`Stages`:
+
+======== ===================================================================== ==================================
+ir       frontend: the kernel's AST -> tile IR of this specialization, verified  ``frontend.visitor``
+passes   the target's pass pipeline, the IR verified after each pass          ``backend_cuda.pipeline``
+cuda     CUDA C++ emission (self-contained, with its prelude)                 ``backend_cuda.emitter``
+ptx      NVRTC, keeping the PTX (run when asked for, or ``TILEJIT_KEEP_PTX``) ``backend_cuda.nvrtc``
+cubin    NVRTC -> cubin for exactly the target's arch                         ``backend_cuda.nvrtc``
+======== ===================================================================== ==================================
+
+A full compile (no ``stop_after``) goes through the disk cache (``tilejit.cache``): the key is a sha256 of
+:meth:`Specialization.key_material` plus the target; a hit runs no stage at all, a miss runs the ``ir`` stage
+before any cache lock is taken (so a user's error surfaces at once, and a ``frontend.spec.NeedsShape`` reaches
+the runtime, which adds the extent to the specialization and compiles again), then the rest under the lock.
+
+This module sits above the frontend, the passes and the backends, and below the runtime: it knows nothing of
+processes, devices or launches. ``kernel.ir``, ``kernel.compile``, the launch path, the autotuner and the tests
+all compile through it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import knobs
+from .cache import CacheEntry, KernelCache, default_cache
+from .frontend.source import ParsedSource, referenced_globals
+from .frontend.spec import ArgSpec, ConstexprSpec, ScalarSpec, TensorSpec, spec_json
+from .ir import Function, print_function
+from .target import LaunchOptions, Target
+from .version import __version__
+
+STAGES: tuple[str, ...] = ("ir", "passes", "cuda", "ptx", "cubin")
+
+
+# -- what a compile depends on --------------------------------------------------------------------------------
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """sha256 of tilejit's own source files, read once per process (at the first compile, not at import).
+
+    Part of every kernel's source hash, so editing the compiler (not only bumping ``__version__``) makes old
+    cache entries and autotune records unreachable instead of silently reusing code an older compiler made.
+    """
+    return package_digest(Path(__file__).resolve().parent)
+
+
+def package_digest(root: Path) -> str:
+    """sha256 over every ``*.py`` under ``root``: relative path and contents, in sorted path order.
+
+    Plain ``os`` calls rather than pathlib: this runs on the way to a fresh process's first launch, where
+    pathlib's per-file objects cost ~5 ms of the ~15 ms budget (H200 host).
+    """
+    files = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
+        for name in names:
+            if name.endswith(".py"):
+                files.append((name if rel_dir == "." else f"{rel_dir}/{name}", os.path.join(directory, name)))
+    h = hashlib.sha256()
+    for rel, path in sorted(files):
+        with open(path, "rb") as f:
+            h.update(rel.encode() + b"\0")
+            h.update(f.read() + b"\0")
+    return h.hexdigest()
+
+
+def source_hash(kernel_text: str, helpers: list[tuple[str, str]]) -> str:
+    """sha256 of a kernel's source, every ``@tilejit.func`` helper it calls ((name, source) pairs), the tilejit
+    version and the compiler's own source (:func:`compiler_fingerprint`)."""
+    h = hashlib.sha256(__version__.encode())
+    h.update(compiler_fingerprint().encode())
+    h.update(kernel_text.encode())
+    for name, text in sorted(helpers):
+        h.update(name.encode())
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """Everything one compile depends on, fixed: the kernel's source, the compile-time globals it reads, every
+    parameter's spec (dtype, rank, strides, alignment, constexpr value ...) and the launch options.
+
+    Made by ``Kernel.bind``; equal specializations (with the same target) compile to the same cubin.
+    """
+    name: str
+    parsed: ParsedSource
+    source_hash: str
+    constants: tuple[tuple[str, Any], ...]   # compile-time globals the kernel and its helpers read
+    args: tuple[tuple[str, ArgSpec], ...]   # every parameter, in order
+    options: LaunchOptions
+
+    @property
+    def specs(self) -> dict[str, ArgSpec]:
+        return dict(self.args)
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's entry point in the cubin."""
+        return f"tj_{self.name}"
+
+    def with_arg(self, name: str, spec: ArgSpec) -> "Specialization":
+        return replace(self, args=tuple((n, spec if n == name else s) for n, s in self.args))
+
+    def key_material(self, target: str) -> dict[str, Any]:
+        return {
+            "kernel": self.name,
+            "source": self.source_hash,
+            "globals": dict(self.constants),
+            "args": [[name, spec_json(spec)] for name, spec in self.args],
+            "options": [self.options.num_warps, self.options.num_stages],
+            "target": target,
+        }
+
+    def key(self, target: str) -> str:
+        """sha256 of the key material for ``target`` (``target_text(...)``, or "ir" for the frontend alone)."""
+        material = json.dumps(self.key_material(target), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    def signature(self) -> str:
+        """One line for people: ``A:float16[2d], n:int64, BM=128``."""
+        parts = []
+        for name, spec in self.args:
+            js = spec_json(spec)
+            if js[0] == "tensor":
+                parts.append(f"{name}:{js[1]}[{js[2]}d]")
+            elif js[0] == "scalar":
+                parts.append(f"{name}:{js[1]}")
+            else:
+                parts.append(f"{name}={js[1]}")
+        return ", ".join(parts)
+
+    def value_layout(self) -> dict[str, list[int]]:
+        """Where each tensor argument's pointer, sizes and strides sit in the packed launch values:
+        name -> [start, rank] (constexprs take no slot, scalars one, tensors 1 + 2 x rank)."""
+        layout, at = {}, 0
+        for name, spec in self.args:
+            if isinstance(spec, TensorSpec):
+                layout[name] = [at, spec.rank]
+                at += 1 + 2 * spec.rank
+            elif isinstance(spec, ScalarSpec):
+                at += 1
+        return layout
+
+
+def target_text(target: Target) -> str:
+    """The target as it enters the cache key: arch and NVRTC version (a new NVRTC may make other code)."""
+    from .backend_cuda.nvrtc import nvrtc_version
+
+    major, minor = nvrtc_version()
+    return f"cuda:{target.arch.name}:nvrtc{major}.{minor}"
+
+
+def cache_key(spec: Specialization, target: Target) -> str:
+    return spec.key(target_text(target))
+
+
+# -- the stages ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stages:
+    """What the stages of one compile have made so far; a stage's field is None until it has run."""
+    spec: Specialization
+    target: Target | None
+    fn: Function | None = None          # the IR, changed in place by the passes
+    ir: str | None = None               # printed IR after the frontend (``ir``)
+    final_ir: str | None = None         # printed IR after the passes (``passes``)
+    cuda: str | None = None
+    param_kinds: list[str] | None = None
+    shared_bytes: int | None = None
+    tensor_maps: list[dict] | None = None
+    ptx: str | None = None
+    cubin: bytes | None = None
+    nvrtc_log: str = ""
+    done: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _ir_stage(st: Stages) -> None:
+    from .frontend.visitor import build_function, check_constructs
+    from .ir import verify
+    from .passes.cleanup import cleanup
+
+    parsed = st.spec.parsed
+    if not parsed.constructs_checked:
+        check_constructs(parsed)
+        parsed.constructs_checked = True
+    fn = build_function(parsed, st.spec.specs, referenced_globals(parsed.fn))
+    cleanup(fn)
+    verify(fn)
+    st.fn, st.ir = fn, print_function(fn)
+
+
+def _passes_stage(st: Stages) -> None:
+    from .backend_cuda.pipeline import run_passes
+
+    run_passes(st.fn, st.target)
+    st.final_ir = print_function(st.fn)
+
+
+def _cuda_stage(st: Stages) -> None:
+    from .backend_cuda.pipeline import emit_cuda
+
+    out = emit_cuda(st.fn, st.target, st.spec.symbol)
+    st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
+                                                                 out.tensor_maps)
+
+
+def _ptx_stage(st: Stages) -> None:
+    _nvrtc(st, keep_ptx=True)
+
+
+def _cubin_stage(st: Stages) -> None:
+    if st.cubin is None:  # the ptx stage, when it ran, made the cubin too
+        _nvrtc(st, keep_ptx=False)
+
+
+def _nvrtc(st: Stages, keep_ptx: bool) -> None:
+    from .backend_cuda.pipeline import run_nvrtc
+
+    result = run_nvrtc(st.cuda, st.target, st.spec.symbol, keep_ptx)
+    st.cubin, st.ptx, st.nvrtc_log = result.cubin, result.ptx, result.log
+
+
+_STAGE_FNS = {"ir": _ir_stage, "passes": _passes_stage, "cuda": _cuda_stage, "ptx": _ptx_stage,
+              "cubin": _cubin_stage}
+
+
+def run_stages(spec: Specialization, target: Target | None, stop_after: str = "cubin",
+               resume: Stages | None = None) -> Stages:
+    """Run the stages up to and including ``stop_after`` (continuing ``resume``, whose stages are done).
+
+    The ``ptx`` stage runs when it is the last one asked for or when ``TILEJIT_KEEP_PTX`` is set; otherwise the
+    ``cubin`` stage makes the cubin without keeping PTX.
+    """
+    if stop_after not in STAGES:
+        raise ValueError(f"stop_after must be one of {', '.join(STAGES)}; got {stop_after!r}")
+    if target is None and stop_after != "ir":
+        raise ValueError(f"stages after 'ir' need a target (stop_after={stop_after!r})")
+    st = resume if resume is not None else Stages(spec, target)
+    st.target = target
+    start = time.perf_counter()
+    for name in STAGES[:STAGES.index(stop_after) + 1]:
+        if name in st.done:
+            continue
+        if name == "ptx" and stop_after != "ptx" and not knobs.keep_ptx():
+            continue
+        _STAGE_FNS[name](st)
+        st.done.append(name)
+    st.seconds += time.perf_counter() - start
+    return st
+
+
+# -- compiled kernels and the cache ---------------------------------------------------------------------------
+
+
+class Asm:
+    """The artifacts of a compiled kernel: ``ir``, ``cuda``, ``ptx``, ``cubin`` and (when a disassembler is
+    found) ``sass``; read from the cache entry on first access."""
+
+    _FILES = {"ir": "kernel.ir", "cuda": "kernel.cu", "ptx": "kernel.ptx", "cubin": "kernel.cubin",
+              "sass": "kernel.sass"}
+
+    def __init__(self, entry: CacheEntry) -> None:
+        self._entry = entry
+        self._values: dict[str, Any] = {}
+
+    def keys(self) -> list[str]:
+        return ["ir", "cuda", "ptx", "cubin", "sass"]
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._FILES:
+            raise KeyError(key)
+        if key not in self._values:
+            self._values[key] = self._read(key)
+        if self._values[key] is None:
+            raise KeyError(f"{key} is not available for this kernel")
+        return self._values[key]
+
+    def _read(self, key: str) -> Any:
+        name = self._FILES[key]
+        try:
+            data = self._entry.read(name)
+        except (FileNotFoundError, KeyError, OSError):
+            data = None
+        if key == "sass" and data is None:
+            from .backend_cuda.sass import disassemble
+
+            return disassemble(self._entry.read("kernel.cubin"))
+        if data is None:
+            return None
+        return data if key == "cubin" else data.decode()
+
+
+class CompiledKernel:
+    """One specialization compiled for one arch: its cache entry and the facts a launch needs.
+
+    ``launchers`` (device index -> launcher) is filled by the runtime when the kernel is first launched there.
+    """
+
+    def __init__(self, entry: CacheEntry, from_disk: bool) -> None:
+        self.entry = entry
+        self.key = entry.key
+        self.meta = entry.meta
+        self.name = self.meta["kernel_symbol"]
+        self.arch = self.meta["arch"]
+        self.param_kinds = list(self.meta["param_kinds"])
+        self.shared_bytes = int(self.meta["shared_bytes"])
+        self.threads = int(self.meta["threads"])
+        self.from_disk = from_disk
+        self.asm = Asm(entry)
+        self.launchers: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<CompiledKernel {self.meta.get('kernel')} {self.arch} key={self.key[:12]}>"
+
+
+def _versions() -> dict[str, str]:
+    from .backend_cuda.nvrtc import nvrtc_version
+
+    major, minor = nvrtc_version()
+    return {"tilejit": __version__, "nvrtc": f"{major}.{minor}", "python": platform.python_version()}
+
+
+def _entry_files(st: Stages) -> tuple[dict, dict]:
+    """The cache entry of a finished compile: its files and its meta.json."""
+    from .backend_cuda.pipeline import ptxas_resources
+
+    spec, target = st.spec, st.target
+    files = {"kernel.cubin": st.cubin, "kernel.cu": st.cuda, "kernel.ir": st.final_ir}
+    if st.ptx:
+        files["kernel.ptx"] = st.ptx
+    registers, spills = ptxas_resources(st.nvrtc_log)
+    meta = {
+        "kernel": spec.name, "kernel_symbol": spec.symbol,
+        "signature": spec.signature(), "arch": target.arch.name, "threads": target.threads,
+        "shared_bytes": st.shared_bytes, "param_kinds": st.param_kinds,
+        "registers": registers, "spills": spills,
+        "compile_seconds": round(st.seconds, 4), "versions": _versions(),
+        "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
+        "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
+    }
+    return files, meta
+
+
+def compile(spec: Specialization, target: Target | None, *, stop_after: str | None = None,
+            cache: KernelCache | None = None) -> "CompiledKernel | Stages":
+    """Compile ``spec`` for ``target``.
+
+    With ``stop_after`` (one of :data:`STAGES` but ``cubin``) the stages run up to it, bypassing the cache, and
+    the :class:`Stages` come back. Otherwise the cubin comes from the disk cache or is built and stored there
+    (one process builds a key at a time), and a :class:`CompiledKernel` comes back.
+    """
+    if stop_after is not None and stop_after != "cubin":
+        return run_stages(spec, target, stop_after)
+    if target is None:
+        raise ValueError("a compile to a cubin needs a target")
+    cache = cache or default_cache()
+    key = cache_key(spec, target)
+    if not knobs.always_compile():
+        entry = cache.load(key)
+        if entry is not None:
+            return CompiledKernel(entry, from_disk=True)
+    frontend = run_stages(spec, target, "ir")  # user errors (and needed extents) before any lock is taken
+
+    def build() -> tuple[dict, dict]:
+        return _entry_files(run_stages(spec, target, "cubin", resume=frontend))
+
+    entry, built = cache.get_or_compile(key, build)
+    return CompiledKernel(entry, from_disk=not built)
