@@ -10,7 +10,7 @@
 """
 from . import language
 from .errors import (BackendCompileError, CompilationError, DispatchError, LaunchError, NameResolutionError,
-                     TilejitError, TypeCheckError, UnsupportedSyntaxError)
+                     SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError)
 from .language import cdiv
 from .runtime.jit import Kernel, func, kernel
 from .version import __version__
@@ -18,7 +18,7 @@ from .version import __version__
 __all__ = [
     "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
-    "DispatchError", "BackendCompileError", "LaunchError",
+    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError",
 ]
 
 

@@ -220,8 +220,47 @@ def _cuda_stage(st: Stages) -> None:
     from .backend_cuda.pipeline import emit_cuda
 
     out = emit_cuda(st.fn, st.target, st.spec.symbol)
+    limit = st.target.arch.max_shared_bytes
+    while out.shared_bytes > limit and _deepest_ring(st.fn) > 1:
+        # Too deep a ring for this target's shared memory: pipeline one stage less (from a fresh frontend IR,
+        # since the passes changed the old one) until it fits or nothing is pipelined any more.
+        cap = _deepest_ring(st.fn) - 1
+        _ir_stage(st)
+        st.fn.attrs["max_stages"] = cap
+        _passes_stage(st)
+        out = emit_cuda(st.fn, st.target, st.spec.symbol)
+    if out.shared_bytes > limit:
+        raise _shared_memory_error(st, out, limit)
     st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
                                                                  out.tensor_maps)
+
+
+def _deepest_ring(fn: Function) -> int:
+    """The most ring slots any load is prefetched through (1 when nothing is pipelined)."""
+    from .ir import OpKind
+
+    return max([op.attrs.pipeline for op in fn.walk() if op.kind is OpKind.LOAD] + [1])
+
+
+def _shared_memory_error(st: Stages, out, limit: int):
+    """A located error naming every shared tile and its bytes (the kernel's ``def`` line is the location)."""
+    from .errors import SharedMemoryError
+
+    lines = []
+    for value, nbytes in sorted(out.shared_tiles, key=lambda t: -t[1]):
+        t = value.type
+        where = f" ({value.owner.loc})" if getattr(value.owner, "loc", None) else ""
+        lines.append(f"  {'x'.join(map(str, t.shape))} {t.dtype.name} tile: {nbytes:,} B{where}")
+    if out.scratch_bytes:
+        lines.append(f"  scratch for layout conversions and reductions: {out.scratch_bytes:,} B")
+    parsed = st.spec.parsed
+    node = parsed.tree
+    return SharedMemoryError(
+        f"kernel {st.spec.name} needs {out.shared_bytes:,} bytes of shared memory even without pipelining; "
+        f"{st.target.arch} allows {limit:,} per block:\n" + "\n".join(lines),
+        filename=parsed.filename, lineno=node.lineno, col=node.col_offset + parsed.col_offset,
+        source_line=parsed.source_line(node.lineno),
+        hint="use smaller tiles (the constexpr block sizes), or fewer or smaller operands in shared memory")
 
 
 def _ptx_stage(st: Stages) -> None:

@@ -100,6 +100,10 @@ class DispatchError(CompilationError):
         return ["candidates:"] + [f"  {name.ljust(width)}  rejected: {why}" for name, why in self.candidates]
 
 
+class SharedMemoryError(CompilationError):
+    """A kernel's tiles need more shared memory than one block may have on the target, even unpipelined."""
+
+
 class BackendCompileError(TilejitError):
     """NVRTC rejected the generated CUDA source: a tilejit bug or an unsupported arch/feature combination.
 

@@ -99,6 +99,12 @@ class Arch:
         return self.family == 10 and self.arch_specific
 
     @property
+    def max_shared_bytes(self) -> int:
+        """Dynamic shared memory one block may use (the opt-in maximum; CUDA C Programming Guide, "Technical
+        Specifications per Compute Capability"): 163 KB on sm_80, 99 KB on sm_86/89/120, 227 KB on sm_90/100."""
+        return {80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99}[self.sm] * 1024
+
+    @property
     def has_setmaxnreg(self) -> bool:
         return self.has_wgmma or self.has_tcgen05
 

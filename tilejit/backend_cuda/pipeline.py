@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import knobs
-from ..ir import Function, print_function, verify
+from ..ir import Function, Value, print_function, verify
 from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
@@ -66,13 +66,23 @@ class Emitted:
     param_kinds: list[str]
     shared_bytes: int
     tensor_maps: list[dict]
+    shared_tiles: list[tuple[Value, int]]  # each shared tile (ring) and its bytes
+    scratch_bytes: int                     # the buffer layout conversions and reductions share
 
 
 def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
     """The ``cuda`` stage: CUDA C++ for the lowered IR (self-contained: the prelude is included)."""
     emitter = Emitter(fn, target, kernel_name)
     source, kinds, shared_bytes = emitter.generate()
-    return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps])
+    values = {v.id: v for v in _shared_values(fn)}
+    tiles = [(values[vid], tile.layout.bytes) for vid, tile in emitter.shared.items() if vid in values]
+    return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps], tiles,
+                   emitter.scratch_bytes)
+
+
+def _shared_values(fn: Function):
+    for op in fn.walk():
+        yield from op.results
 
 
 def run_nvrtc(source: str, target: Target, kernel_name: str, keep_ptx: bool) -> CompileResult:

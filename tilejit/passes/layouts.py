@@ -46,6 +46,7 @@ class _Inference:
         self.fn = fn
         self.target = target
         self.lay: dict[int, RegisterLayout] = {}
+        self.joins = _joins(fn)
 
     def get(self, v: Value) -> RegisterLayout | None:
         return self.lay.get(v.id)
@@ -55,7 +56,10 @@ class _Inference:
             return False
         if tuple(layout.shape) != tuple(v.type.shape):
             return False
-        self.lay[v.id] = layout
+        # A loop's carried argument and its result are one value at run time: they take one layout, whichever
+        # of them is decided first (what enters and what comes back convert to it).
+        for member in self.joins.get(v.id, (v,)):
+            self.lay[member.id] = layout
         return True
 
     def seed(self) -> None:
@@ -87,6 +91,16 @@ class _Inference:
                 if not pending:
                     break
                 self.set(pending[0], default_layout(pending[0].type.shape, self.target.threads))
+
+
+def _joins(fn: Function) -> dict[int, tuple[Value, ...]]:
+    """Values that must share one layout: each ``for`` loop's carried block argument and matching result."""
+    joins: dict[int, tuple[Value, ...]] = {}
+    for op in fn.walk():
+        if op.kind is OpKind.FOR:
+            for arg, res in zip(op.regions[0].args[1:], op.results):
+                joins[arg.id] = joins[res.id] = (arg, res)
+    return joins
 
 
 def _is_flexible(v: Value, inf: _Inference) -> bool:

@@ -35,6 +35,8 @@ def pipeline_loops(fn: Function, target: Target) -> None:
         if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED:
             continue
         stages = loop.attrs.stages or target.num_stages
+        # a cap set by the compiler when a deeper ring did not fit the target's shared memory
+        stages = min(stages, fn.attrs.get("max_stages", stages))
         if stages < 2:
             continue
         body = loop.regions[0]
