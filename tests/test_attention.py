@@ -1,0 +1,97 @@
+"""The attention example (examples/attention.py) compiles for every config of its space on every arch, and the
+layout pass joins the two gemms' accumulator layouts at the loop (the failure the attention issue reported)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit.backend_cuda.nvrtc import nvrtc_supports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("tilejit_examples_attention", ROOT / "examples" / "attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+attention = _load_example()
+ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
+        mp.delenv("TILEJIT_INTERPRET", raising=False)
+        yield
+
+
+def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):
+    q = torch.empty(2, heads, seq, dim, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(2, heads // group, seq, dim, dtype=torch.bfloat16, device="meta")
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    return (q, kv, kv, q, lens, 0.125, heads)
+
+
+CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
+def test_every_config_compiles(arch, dim, bm, bn, warps):
+    compiled = attention.attn_fwd.compile(*_args(dim), GROUP=2, BM=bm, BN=bn, D=dim, CAUSAL=True, VARLEN=True,
+                                          num_warps=warps, arch=arch)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    assert 0 < compiled.shared_bytes <= tilejit.target.Arch.parse(arch).max_shared_bytes
+    assert "tj.gemm" in compiled.asm["ir"]
+
+
+@pytest.mark.parametrize("bm, bn, warps", [(128, 64, 8), (64, 128, 4)])
+def test_loop_joins_the_two_accumulator_layouts(bm, bn, warps):
+    """m_i / l_i are reduced from the BM x BN scores and scale the BM x D accumulator: with BN != D the two
+    gemms' layouts differ, and the loop's carried row statistics take one layout (a conversion where needed)."""
+    stages = attention.attn_fwd.compile(*_args(128), GROUP=2, BM=bm, BN=bn, D=128, CAUSAL=False, VARLEN=False,
+                                        num_warps=warps, arch="sm_90a", stop_after="passes")
+    ir = stages.final_ir
+    loop = next(line for line in ir.splitlines() if "tj.for" in line and "iter_args" in line)
+    head, results = loop.split(") -> (")
+    # every carried value has one type on entry (iter_args) and on exit (results)
+    assert "tj.convert_layout" in ir
+
+
+def test_a_tile_too_large_for_shared_memory_is_a_located_compile_error():
+    @tilejit.kernel
+    def huge(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, A.shape[1], BK, stages=4):
+            acc += A[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN]
+        C[0:BM, 0:BN] = acc.to(C.dtype)
+
+    a = torch.empty(256, 1024, dtype=torch.float16, device="meta")
+    with pytest.raises(tilejit.SharedMemoryError) as info:
+        huge.compile(a, a, a, BM=256, BN=256, BK=256, num_warps=8, arch="sm_86", stop_after="cuda")
+    text = str(info.value)
+    assert "test_attention.py" in text and "def huge" in text and "^" in text
+    assert "256x256 float16 tile: 131,072 B" in text and "sm_86 allows 101,376" in text
+
+
+def test_a_ring_too_deep_for_shared_memory_is_made_shallower():
+    """4 stages of 128x256 + 256x64... do not fit sm_80's 163 KB: the compiler pipelines 3 deep instead."""
+    a = torch.empty(1024, 1024, dtype=torch.float16, device="meta")
+    import test_gpu_kernels as gk
+
+    stages = gk.matmul.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_80",
+                               stop_after="cuda")
+    assert stages.shared_bytes <= 163 * 1024
+    assert "stages=3" in stages.final_ir and "stages=4" not in stages.final_ir
+    deep = gk.matmul.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_90a",
+                             stop_after="cuda")
+    assert "stages=4" in deep.final_ir  # 227 KB on sm_90a: the ring the user asked for
