@@ -28,6 +28,26 @@ import tilejit.language as T
 LOG2E = 1.4426950408889634
 
 
+@tilejit.func
+def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK_DIAGONAL):
+    """One key/value block: scores, the running max and sum rescaled, the output accumulated."""
+    k = K[b, kv, n0:n0 + BN, 0:D]
+    s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    cols = n0 + T.arange(0, BN)
+    valid = cols[None, :] < S
+    if MASK_DIAGONAL:
+        valid = valid & (cols[None, :] <= rows[:, None])
+    s = T.where(valid, s * qk_scale, float("-inf"))
+    m_new = T.maximum(m_i, T.max(s, 1))
+    p = T.exp2(s - m_new[:, None])
+    alpha = T.exp2(m_i - m_new)
+    l_i = l_i * alpha + T.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = V[b, kv, n0:n0 + BN, 0:D]
+    acc += p.to(V.dtype) @ v
+    return m_new, l_i, acc
+
+
 @tilejit.kernel
 def attn_fwd(Q, K, V, O, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
              D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr):
@@ -45,25 +65,18 @@ def attn_fwd(Q, K, V, O, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
     acc = T.zeros((BM, D), T.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     rows = m0 + T.arange(0, BM)
+    lo = 0
+    if CAUSAL and BM % BN == 0:
+        # Blocks left of the diagonal need no causal mask: run them unmasked, then the diagonal blocks masked.
+        lo = T.minimum(m0, S)
+        for n0 in T.range(0, lo, BN, stages=2):
+            m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
+                                                 False)
     hi = S
     if CAUSAL:
         hi = T.minimum(S, m0 + BM)
-    for n0 in T.range(0, hi, BN, stages=2):
-        k = K[b, kv, n0:n0 + BN, 0:D]
-        s = T.gemm(q, k, T.zeros((BM, BN), T.float32), transpose_b=True)
-        cols = n0 + T.arange(0, BN)
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        s = T.where(valid, s * qk_scale, float("-inf"))
-        m_new = T.maximum(m_i, T.max(s, 1))
-        p = T.exp2(s - m_new[:, None])
-        alpha = T.exp2(m_i - m_new)
-        l_i = l_i * alpha + T.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = V[b, kv, n0:n0 + BN, 0:D]
-        acc += p.to(V.dtype) @ v
-        m_i = m_new
+    for n0 in T.range(lo, hi, BN, stages=2):
+        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, CAUSAL)
     O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
 
 

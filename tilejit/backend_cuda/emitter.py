@@ -185,6 +185,7 @@ class Emitter:
         self.used_names: set[str] = set()
         self.shared: dict[int, SharedTile] = {}
         self.smem_top = 0
+        self.smem_peak = 0  # the most shared memory any point of the kernel holds (loops give theirs back)
         self.scratch_bytes = 0
         self.scratch_users: list[Callable[[int], None]] = []
         self.overlap_hook: Callable[[], None] | None = None
@@ -326,6 +327,7 @@ class Emitter:
             decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
             kinds.append("tmap")
         body = self.lines
+        self.smem_top = max(self.smem_top, self.smem_peak)
         scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
         shared_bytes = self.smem_top
         threads = self.target.threads

@@ -56,6 +56,8 @@ def _for(em: Emitter, op: Op) -> None:
     per_thread = [o for o in piped if o not in tma]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
     outer_hook, em.overlap_hook = em.overlap_hook, None
+    # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
+    smem_mark = em.smem_top
     em.open("")
     if tma:
         em.require_support("tma", lower_tma.SUPPORT)
@@ -141,8 +143,13 @@ def _for(em: Emitter, op: Op) -> None:
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")
+    if tma:
+        em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
+                "  // before the memory is reused")
     em.close()
     em.overlap_hook = outer_hook
+    em.smem_peak = max(em.smem_peak, em.smem_top)
+    em.smem_top = smem_mark
 
 
 @emits(OpKind.WHILE)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 
 from ..ir import Op, OpKind, Scope, Value
-from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text
+from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_permutation
 from .emitter import Emitter, SharedTile, c_type, emits
 
 _VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}
@@ -419,7 +419,13 @@ def _convert(em: Emitter, op: Op) -> None:
     if src.type.layout == out.type.layout:
         em.line(f"auto& {em.name(out)} = {em.name(src)};")
         return
+    perm = thread_local_permutation(src.type.layout, out.type.layout, em.target.threads)
     name = em.declare_tile(out)
+    if perm is not None:
+        em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout} (registers renamed, no shared memory)")
+        for i, j in enumerate(perm):
+            em.line(f"{name}[{i}] = {em.name(src)}[{j}];")
+        return
     em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout}")
     through_scratch(em, src, name, out.type.layout, out.type.shape)
 

@@ -22,6 +22,10 @@ SUPPORT = r"""
 TJ_DEVICE void tj_mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
+/// Invalidate an mbarrier whose memory is about to be reused (PTX 9.7.13.15.10, mbarrier.inval).
+TJ_DEVICE void tj_mbar_inval(unsigned bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
 /// Arrive and add BYTES to the transaction count the phase waits for (PTX 9.7.13.15.13).
 TJ_DEVICE void tj_mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");

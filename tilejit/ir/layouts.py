@@ -8,6 +8,8 @@ registers are consecutive along the last dim (the widest safe vector access).
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -414,3 +416,32 @@ def pick_warp_grid(m: int, n: int, num_warps: int) -> tuple[int, int] | None:
             best = (score, (wm, wn))
     return best[1] if best else None
 
+
+
+@functools.lru_cache(maxsize=256)
+def thread_local_permutation(src: RegisterLayout, dst: RegisterLayout, threads: int) -> tuple[int, ...] | None:
+    """Register ``j`` of ``src`` for every register ``i`` of ``dst`` when each thread already holds, in ``src``,
+    every element it must hold in ``dst``, at register indices that are the same on all threads; else None.
+
+    Such a conversion is a renaming of registers (``dst[i] = src[perm[i]]``), with no shared memory and no
+    barrier: e.g. the row statistics of two accumulators of different widths (the softmax of attention).
+    Evaluated on integers for every thread, so it is exact for any pair of layouts.
+    """
+    if tuple(src.shape) != tuple(dst.shape):
+        return None
+    perm: list[int | None] = [None] * dst.regs
+    for tid in range(threads):
+        where: dict[tuple, int] = {}
+        for j in range(src.regs):
+            if src.valid(tid, j) is True:
+                where.setdefault(tuple(int(c) for c in src.coords(tid, j)), j)
+        for i in range(dst.regs):
+            if dst.valid(tid, i) is not True:
+                continue
+            j = where.get(tuple(int(c) for c in dst.coords(tid, i)))
+            if j is None or perm[i] not in (None, j):
+                return None
+            perm[i] = j
+    if any(j is None for j in perm):
+        return None
+    return tuple(perm)
