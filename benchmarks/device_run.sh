@@ -56,7 +56,7 @@ RUN_SANITIZER="${RUN_SANITIZER:-$RUN_TESTS}"
 if [ "$RUN_SANITIZER" = 1 ] && command -v compute-sanitizer >/dev/null; then
     # memcheck on a representative subset: both gemm lowerings, ragged and strided windows, reductions.
     step memcheck "${T_SANITIZER:-150}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
+        python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_kernels.py \
         -k "nt_tn or softmax or atom or batched or non_contiguous or (wgmma_tiles and 128-128-64-4 and bfloat16) or (wgmma_stages and 3)"
 fi
 if [ "$RUN_LAUNCH" = 1 ]; then

@@ -14,7 +14,7 @@ import pytest
 from tilejit import cli
 from tilejit.cache import KernelCache
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Two keys sharing the prefix "ab" (ambiguous), one elsewhere.
 KEYS = ["ab" + "0" * 62, "ab" + "1" * 62, "cd" + "2" * 62]
 LONG_KERNEL = "fused_attention_forward_kernel_with_a_very_long_name"

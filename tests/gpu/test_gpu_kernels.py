@@ -1,6 +1,6 @@
 """Compiled kernels on the GPU against float64 references (fresh random inputs, NaN-poisoned outputs).
 
-Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/test_gpu_kernels.py``.
+Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/gpu/test_gpu_kernels.py``.
 """
 from __future__ import annotations
 
@@ -13,71 +13,8 @@ import tilejit.language as T
 pytestmark = pytest.mark.gpu
 
 
-@tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    M, K = A.shape
-    N = B.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
-
-
-@tilejit.kernel
-def matmul_nt(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """C = A @ Bt.T with Bt stored N x K."""
-    K = A.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
-
-
-@tilejit.kernel
-def matmul_tn(At, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """C = At.T @ B with At stored K x M."""
-    K = At.shape[0]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc += At[k0:k0 + BK, m0:m0 + BM].T @ B[k0:k0 + BK, n0:n0 + BN]
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
-
-
-@tilejit.kernel
-def bmm_epilogue(A, B, bias, C, scale, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """C[b] = relu(scale * A[b] @ B[b] + bias[None, :]) in the output dtype."""
-    b = T.program_id(2)
-    K = A.shape[2]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK, stages=2):
-        acc += A[b, m0:m0 + BM, k0:k0 + BK] @ B[b, k0:k0 + BK, n0:n0 + BN]
-    y = acc * scale + bias[n0:n0 + BN].to(T.float32)[None, :]
-    C[b, m0:m0 + BM, n0:n0 + BN] = T.maximum(y, 0.0).to(C.dtype)
-
-
-@tilejit.kernel
-def softmax_rows(X, Y, BN: T.constexpr):
-    r = T.program_id(0)
-    N = X.shape[1]
-    cols = T.arange(0, BN)
-    x = X[r, 0:BN].to(T.float32)
-    x = T.where(cols < N, x, float("-inf"))
-    e = T.exp(x - T.max(x, 0))
-    Y[r, 0:BN] = (e / T.sum(e, 0)).to(Y.dtype)
-
-
-@tilejit.kernel
-def atom(A, B, C):
-    """One warp computing a single 16x8x16 mma atom (the seeds' first program)."""
-    C[0:16, 0:8] = A[0:16, 0:16] @ B[0:16, 0:8]
+from kernels import atom, bmm_epilogue, matmul_nt, matmul_tn, softmax_rows
+from kernels import matmul_staged as matmul
 
 
 def _ref(a, b):

@@ -575,16 +575,7 @@ def test_python_builtins_on_constants_are_folded():
     assert "log" not in text.replace("@folding", "")
 
 
-@tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    M, K = A.shape
-    N = B.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK, stages=3):
-        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
 
 
 def test_design_matmul():

@@ -1,9 +1,9 @@
 """Every kernel the repository ships compiles to a cubin on the CPU (NVRTC), for sm_80 and sm_90a.
 
-The kernels of tests/test_gpu_kernels.py (with a representative subset of the tile configurations those GPU
+The kernels of tests/gpu/test_gpu_kernels.py (kernels from tests/kernels.py) (with a representative subset of the tile configurations those GPU
 tests launch), examples/matmul.py (also for sm_100a when the installed NVRTC knows it), benchmarks/kernels.py
 (the plain kernel under the autotuner, with a few of its default configs) and the module-level kernels of
-tests/test_interpreter.py. Meta tensors stand in for the arguments; one fresh cache directory per module, so a
+tests/frontend/test_interpreter.py. Meta tensors stand in for the arguments; one fresh cache directory per module, so a
 specialization compiled twice is a cache hit.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tilejit.runtime.jit import Kernel
 import test_gpu_kernels as gk
 import test_interpreter as ti
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARCHS = ["sm_80", "sm_90a"]
 MAX_SHARED = 227 * 1024  # H100/H200 opt-in dynamic shared memory per block
 
@@ -87,7 +87,7 @@ WGMMA = "wgmma_m64nNk16"
 BOTH_MMA = {"sm_80": MMA, "sm_90a": MMA}
 WG_ON_90 = {"sm_80": MMA, "sm_90a": WGMMA}
 
-# -- tests/test_gpu_kernels.py ----------------------------------------------------------------------------------
+# -- tests/gpu/test_gpu_kernels.py (kernels from tests/kernels.py) ----------------------------------------------------------------------------------
 
 GPU_CASES = {
     "matmul-f16-128x128x32": _mm(gk.matmul, 128, 128, 32, expect=BOTH_MMA),
@@ -132,7 +132,7 @@ OTHER_CASES = {
                                         m(4096, dtype=f32), 7, 3), dict(BLOCK=128), {}),
 }
 
-# -- tests/test_interpreter.py module-level kernels --------------------------------------------------------------
+# -- tests/frontend/test_interpreter.py module-level kernels --------------------------------------------------------------
 
 INTERPRETER_CASES = {
     "matmul-f16": _mm(ti.matmul, 32, 32, 16, expect=BOTH_MMA),
@@ -189,13 +189,13 @@ def test_compiles_to_a_cubin(case, arch):
 
 def test_every_module_level_interpreter_kernel_is_covered():
     """A kernel added to test_interpreter.py should get a case here (or a reason not to)."""
-    kernels = {name for name, value in vars(ti).items() if isinstance(value, Kernel)}
+    kernels = {value.__name__ for value in vars(ti).values() if isinstance(value, Kernel)}
     covered = {kernel.__name__ for kernel, *_ in INTERPRETER_CASES.values()}
     assert kernels <= covered, f"not compiled here: {sorted(kernels - covered)}"
 
 
 def test_every_gpu_test_kernel_is_covered():
-    kernels = {name for name, value in vars(gk).items() if isinstance(value, Kernel)}
+    kernels = {value.__name__ for value in vars(gk).values() if isinstance(value, Kernel)}
     covered = {kernel.__name__ for kernel, *_ in GPU_CASES.values()}
     assert kernels == covered
 

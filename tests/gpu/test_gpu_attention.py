@@ -10,7 +10,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("tilejit_examples_attention_gpu", ROOT / "examples" / "attention.py")
 attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)

@@ -60,7 +60,7 @@ def test_autotuned_matmul_is_correct_on_ragged_shapes(dtype, mnk):
 
 CHILD = textwrap.dedent("""
     import json, sys, torch
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = {tests!r}
     import test_autotune_gpu as t
     a = torch.randn(500, 300, device="cuda", dtype=torch.float16)
     b = torch.randn(300, 200, device="cuda", dtype=torch.float16)
@@ -75,7 +75,8 @@ CHILD = textwrap.dedent("""
 
 def test_second_process_reuses_the_stored_choice(tmp_path):
     env = {**os.environ, "TILEJIT_CACHE_DIR": str(tmp_path / "shared-cache")}
-    code = CHILD.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = CHILD.format(tests=[here, os.path.dirname(here)])
     runs = []
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -18,7 +18,7 @@ import pytest
 from tilejit import cache as cache_mod
 from tilejit.cache import CacheLockTimeout, KernelCache, make_key
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KEY = make_key({"kernel": "add", "arch": "sm_90"})
 
 
@@ -100,7 +100,7 @@ def test_bad_keys_and_file_names_are_rejected(root):
 _CHILD = """
 import sys
 from tilejit.cache import KernelCache
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_cache import fake_compile
 entry, compiled = KernelCache().get_or_compile({key!r}, fake_compile(cubin=b"from-child"))
 print(int(compiled), entry.binary.decode())
@@ -109,7 +109,7 @@ print(int(compiled), entry.binary.decode())
 
 def test_hit_across_processes(root):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    code = _CHILD.format(tests=str(REPO / "tests"), key=KEY)
+    code = _CHILD.format(tests=[str(REPO / "tests" / "runtime"), str(REPO / "tests")], key=KEY)
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr

@@ -23,7 +23,7 @@ import test_gpu_kernels as gpu_kernels
 from _lowering import kernel_body, lower
 from filecheck import filecheck
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_example():
@@ -619,7 +619,7 @@ def test_outer_prefetch_survives_an_inner_pipelined_loop():
     assert body.count("// prefetch iteration +1") == 2
 
 
-# -- cold paths: compact fallbacks (the cold NVRTC compile of the DESIGN matmul, tests/test_cold_paths.py) --------
+# -- cold paths: compact fallbacks (the cold NVRTC compile of the DESIGN matmul, tests/runtime/test_cold_paths.py) --------
 
 def test_design_matmul_store_fallback_is_a_rolled_loop_over_a_local_copy():
     """The vectorized epilogue store is as before; its element-wise fallback copies the register tile to a

@@ -12,7 +12,7 @@ import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_example():

@@ -1,7 +1,7 @@
 """The kernel cache with real kernels: NVRTC cubins stored, found again across processes, recovered when
 damaged, listed by the CLI, and exposed as ``compiled.asm``. CPU only (NVRTC compiles without a GPU).
 
-tests/test_cache.py covers the cache's protocol with a stand-in compiler; these tests check that the runtime
+tests/runtime/test_cache.py covers the cache's protocol with a stand-in compiler; these tests check that the runtime
 uses it as promised: ``kernel.compile(..., arch=...)`` on meta tensors writes the same entry a launch finds.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tilejit import cache as tj_cache
 from tilejit.cache import KernelCache
 from tilejit.backend_cuda.sass import find_tool
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EM_CUDA = 190  # ELF e_machine of NVIDIA cubins
 
 
@@ -37,16 +37,7 @@ def scale(X, Y, s, n, BLOCK: T.constexpr):
     Y[i:i + BLOCK] = X[i:i + BLOCK] * s + n
 
 
-@tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    M, K = A.shape
-    N = B.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK, stages=3):
-        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
 
 
 def compile_scale(arch: str = "sm_80", device: str = "meta"):
@@ -113,7 +104,7 @@ def child_env(root: Path) -> dict[str, str]:
 # file, and prints what it got as JSON.
 _CHILD = """
 import hashlib, json, os, sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 import test_cache_kernels as t
 t.count_nvrtc_calls(lambda: open({marker!r}, "a").write(str(os.getpid()) + chr(10)))
 ready, go = {ready!r}, {go!r}
@@ -129,7 +120,7 @@ print(json.dumps({{"from_disk": compiled.from_disk, "key": compiled.key, "sha256
 
 
 def _child_code(marker: Path, ready: str = "", go: str = "") -> str:
-    return _CHILD.format(tests=str(REPO / "tests"), marker=str(marker), ready=ready, go=go)
+    return _CHILD.format(tests=[str(REPO / "tests" / "runtime"), str(REPO / "tests")], marker=str(marker), ready=ready, go=go)
 
 
 def _pids(marker: Path) -> list[int]:

@@ -31,7 +31,7 @@ from tilejit import compiler
 from tilejit.runtime import jit, launch
 from tilejit.cache import CacheEntry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @tilejit.func
@@ -118,7 +118,7 @@ def test_key_is_a_sha256_and_repeats(recorder):
 
 _KEY_IN_CHILD = """
 import sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from tilejit.runtime import jit
 import test_specialization_key as t
 jit.default_cache = lambda: t.KeyRecorder()
@@ -132,7 +132,7 @@ print(t.scale_key(n=16, num_stages=2))
 def test_key_is_the_same_in_fresh_processes_with_different_hash_seeds(recorder):
     # A key that depended on set/dict order, id() or the process would miss the disk cache in every new run.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    code = _KEY_IN_CHILD.format(tests=str(REPO / "tests"))
+    code = _KEY_IN_CHILD.format(tests=[str(REPO / "tests" / "runtime"), str(REPO / "tests")])
     outs = []
     for seed in ("1", "2"):
         done = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONHASHSEED": seed},

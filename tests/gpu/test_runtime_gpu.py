@@ -1,6 +1,6 @@
 """The launch path on a real GPU: CUDA graphs, device indices, threads and streams.
 
-Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/test_runtime_gpu.py``. Outputs are poisoned
+Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/gpu/test_runtime_gpu.py``. Outputs are poisoned
 with NaN before every launch (and before every graph replay) so an element a launch did not write fails.
 """
 from __future__ import annotations
@@ -25,16 +25,7 @@ def axpb(X, Y, a, b, BLOCK: T.constexpr):
     Y[i:i + BLOCK] = X[i:i + BLOCK] * a + b
 
 
-@tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    M, K = A.shape
-    N = B.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK, stages=3):
-        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
-    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
 
 
 def device_or_skip(index: int) -> torch.device:

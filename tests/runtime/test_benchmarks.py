@@ -17,7 +17,7 @@ from benchmarks import common
 from benchmarks import matmul as bench_matmul
 from tilejit.configs import matmul_configs, matmul_prune, matmul_shared_bytes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H100_MAX_DYNAMIC_SMEM = 227 * 1024
 
 
