@@ -1,0 +1,137 @@
+"""The ``T.<name>`` builtins a kernel may call, each declared once beside its handler.
+
+``@builtin("name")`` puts a handler in :data:`BUILTINS`, the one table the frontend's call dispatch reads. A
+handler takes the code generator, the call's AST node and the call's evaluated arguments, and returns what the
+call evaluates to (an IR value, a Python constant, or None). ``tilejit.language`` holds the user-facing stubs
+with the same names; ``tests/frontend/test_frontend_builtins.py`` checks the two agree.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Any, Callable
+
+from .. import dtypes as D
+from ..ir import AxisAttrs, BinaryOp, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from .semantic import is_const
+
+Handler = Callable[..., Any]
+BUILTINS: dict[str, Handler] = {}
+
+
+def builtin(*names: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for name in names:
+            if name in BUILTINS:
+                raise ValueError(f"T.{name} has two handlers")
+            BUILTINS[name] = fn
+        return fn
+    return register
+
+
+def _grid_query(gen, node, kind: OpKind, axis: Any) -> Value:
+    if axis not in (0, 1, 2) or isinstance(axis, bool):
+        raise gen.error(node, f"grid axis must be 0, 1 or 2, got {axis!r}")
+    return gen.b.create1(kind, [], ScalarType(D.int32), AxisAttrs(axis))
+
+
+@builtin("program_id")
+def builtin_program_id(gen, node, axis=0):
+    return _grid_query(gen, node, OpKind.PROGRAM_ID, axis)
+
+
+@builtin("num_programs")
+def builtin_num_programs(gen, node, axis=0):
+    return _grid_query(gen, node, OpKind.NUM_PROGRAMS, axis)
+
+
+@builtin("cdiv")
+def builtin_cdiv(gen, node, a, b):
+    if is_const(a) and is_const(b):
+        return -(-a // b)
+    return gen.sem.binary(BinaryOp.FLOORDIV, gen.sem.binary(BinaryOp.ADD, a, gen.sem.binary(BinaryOp.SUB, b, 1)), b)
+
+
+@builtin("arange")
+def builtin_arange(gen, node, start, end=None):
+    return gen.sem.arange(start, end)
+
+
+@builtin("zeros")
+def builtin_zeros(gen, node, shape, dtype=D.float32):
+    return gen.sem.full(shape, 0, dtype)
+
+
+@builtin("full")
+def builtin_full(gen, node, shape, value, dtype=None):
+    if dtype is None:
+        dtype = value.dtype if isinstance(value, Value) else (D.float32 if isinstance(value, float) else D.int32)
+    return gen.sem.full(shape, value, dtype)
+
+
+@builtin("where")
+def builtin_where(gen, node, condition, x, y):
+    return gen.sem.where(condition, x, y)
+
+
+@builtin("maximum")
+def builtin_maximum(gen, node, x, y):
+    return gen.sem.binary(BinaryOp.MAX, x, y)
+
+
+@builtin("minimum")
+def builtin_minimum(gen, node, x, y):
+    return gen.sem.binary(BinaryOp.MIN, x, y)
+
+
+def python_minmax(gen, node, is_max: bool, args: list) -> Any:
+    """Python's ``min``/``max`` in a kernel: folded on constants, elementwise minimum/maximum otherwise."""
+    if len(args) == 1 and isinstance(args[0], tuple):
+        args = list(args[0])
+    if len(args) < 2:
+        raise gen.error(node, "min()/max() need at least two values")
+    result = args[0]
+    for a in args[1:]:
+        result = gen.sem.binary(BinaryOp.MAX if is_max else BinaryOp.MIN, result, a)
+    return result
+
+
+@builtin("gemm")
+def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False):
+    if not (is_const(transpose_a) and is_const(transpose_b)):
+        raise gen.error(node, "transpose_a/transpose_b must be compile-time bools")
+    return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b))
+
+
+@builtin("copy")
+def builtin_copy(gen, node: ast.Call) -> None:
+    """``T.copy(src, dst_slice)``: takes the AST (its destination is a slice to store to, not a value)."""
+    if len(node.args) != 2 or node.keywords:
+        raise gen.error(node, "T.copy takes two arguments: T.copy(src, dst_slice)")
+    src = gen.visit(node.args[0])
+    dst = node.args[1]
+    if not isinstance(dst, ast.Subscript):
+        raise gen.error(dst, "the destination of T.copy must be a tensor slice such as C[m0:m0 + BM, n0:n0 + BN]")
+    gen.store(gen.tensor_window(dst), src, node)
+
+
+builtin_copy.takes_ast = True  # the call dispatch passes the node alone, before evaluating arguments
+
+
+def _unary(op: UnaryOp) -> Handler:
+    def handler(gen, node, x):
+        return gen.sem.unary(op, x)
+    handler.__name__ = handler.__qualname__ = f"builtin_{op.value}"  # named in argument errors
+    return handler
+
+
+def _reduce(kind: ReduceKind) -> Handler:
+    def handler(gen, node, x, axis=None):
+        return gen.sem.reduce(x, axis, kind)
+    handler.__name__ = handler.__qualname__ = f"builtin_{kind.value}"
+    return handler
+
+
+for _op in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.ABS):
+    builtin(_op.value)(_unary(_op))
+for _kind in (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN):
+    builtin(_kind.value)(_reduce(_kind))
