@@ -301,6 +301,17 @@ def test_signature_changes_with_what_the_key_depends_on(make):
     assert sig(*base, BLOCK=32) != sig(*base, BLOCK="32")
     assert sig(*base, BLOCK=32, num_warps=4) != sig(*base, num_warps=4, BLOCK=32)  # keyword order, as in Python
     assert sig(*base, BLOCK=1.0) != sig(*base, BLOCK=1)
+    assert sig(*base, BLOCK=True) != sig(*base, BLOCK=1)
+
+
+def test_an_empty_tensor_is_signed_apart_from_a_full_one(make):
+    """The key records emptiness (an empty tensor gets no tensor map): so does the C signature."""
+    d, rec = make(TINY_KINDS)
+    base = tiny_args()
+    x = base[0]
+    empty = FakeTensor((0,), ptr=x.data_ptr())
+    assert d.signature(empty, *base[1:]) is not None
+    assert d.signature(empty, *base[1:]) != d.signature(*base)
 
 
 def test_shaped_tensors_put_their_extents_in_the_signature_as_the_role_list_changes(make):

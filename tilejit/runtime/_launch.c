@@ -344,6 +344,11 @@ static int put_tensor(signature_t *s, PyObject *t, int shaped) {
     for (Py_ssize_t i = 0; i < rank; i++)
         if (!put(s, (uint64_t)dims[1][i]))
             goto done;
+    int empty = 0; /* an empty tensor is another specialization (the key records it: no tensor map for it) */
+    for (Py_ssize_t i = 0; i < rank; i++)
+        empty |= dims[0][i] == 0;
+    if (!put(s, (uint64_t)empty))
+        goto done;
     if (shaped)
         for (Py_ssize_t i = 0; i < rank; i++)
             if (!put(s, (uint64_t)dims[0][i]))

@@ -336,7 +336,7 @@ class Kernel:
         tensor_type = _torch_tensor()
         for role, a in zip(self._roles, args):
             if role is _CONSTEXPR:
-                sig.append(a)
+                sig.append((a.__class__, a))  # by type and value: C=2, C=2.0 and C=True are three kernels
             elif isinstance(a, tensor_type):
                 strides = a.stride()
                 ptr = a.data_ptr()
@@ -345,7 +345,7 @@ class Kernel:
                     device = where
                 elif where != device:
                     return None
-                sig += (a.dtype, strides, ptr & 15 == 0)
+                sig += (a.dtype, strides, ptr & 15 == 0, 0 in a.shape)  # empty: no tensor map
                 if role is _SHAPED:
                     sig.append(a.shape)
                 values.append(ptr)
@@ -376,11 +376,13 @@ class Kernel:
                 if k not in self._fast_kwargs:
                     return None
                 sig.append(k)
-                sig.append(v)
+                sig.append((v.__class__, v))
+        key = tuple(sig)
         try:
-            return tuple(sig), values, device
-        except TypeError:
+            hash(key)
+        except TypeError:  # an unhashable constexpr (a list): the slow path explains what it takes
             return None
+        return key, values, device
 
     def _fill_runtime(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:
         """``args`` extended to the last run-time parameter with keyword arguments and defaults (constexpr
