@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import operator
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,16 @@ def _same_value(a: Any, b: Any, depth: int = 8) -> bool:
     return (oa.kind is ob.kind and oa.kind.is_pure and oa.attrs == ob.attrs and a.type == b.type
             and len(oa.operands) == len(ob.operands)
             and all(_same_value(x, y, depth - 1) for x, y in zip(oa.operands, ob.operands)))
+
+
+_PY_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+               ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+               ast.NotIn: lambda a, b: a not in b}
+
+
+def _folded_object(x: Any) -> bool:
+    """A compile-time Python object that is not a number: folded wherever it is compared or tested."""
+    return x is None or isinstance(x, (str, tuple))
 
 
 class Expressions:
@@ -208,7 +219,7 @@ class Expressions:
         op = BinaryOp.AND if isinstance(node.op, ast.And) else BinaryOp.OR
         result = self.visit(node.values[0])
         for value_node in node.values[1:]:
-            if is_const(result):  # short-circuit at compile time
+            if is_const(result) or _folded_object(result):  # short-circuit at compile time
                 if (op is BinaryOp.AND) != bool(result):
                     return result
                 result = self.visit(value_node)
@@ -228,6 +239,16 @@ class Expressions:
                 if isinstance(left, Value) or isinstance(right, Value):
                     raise self.error(node, "'is' compares compile-time objects only", "use == on values")
                 value = (left is right) if isinstance(op_node, ast.Is) else (left is not right)
+            elif _folded_object(left) or _folded_object(right):
+                # strings, None and tuples (constexprs, constants): compared by Python, at compile time
+                if isinstance(left, (Value, TensorArg)) or isinstance(right, (Value, TensorArg)):
+                    raise self.error(node, f"cannot compare {describe(left)} with {describe(right)}",
+                                     "strings, None and tuples are compile-time values: compare them with "
+                                     "constexprs or constants")
+                try:
+                    value = _PY_COMPARE[type(op_node)](left, right)
+                except (KeyError, TypeError) as e:
+                    raise self.error(node, f"cannot compare {left!r} with {right!r} at compile time ({e})") from None
             elif isinstance(left, DType) or isinstance(right, DType):
                 if not isinstance(op_node, (ast.Eq, ast.NotEq)):
                     raise self.error(node, "dtypes can only be compared with == and !=")

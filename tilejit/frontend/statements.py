@@ -102,7 +102,7 @@ class Statements:
     # -- control flow ----------------------------------------------------------------------
     def visit_If(self, node: ast.If) -> None:
         cond = self.visit(node.test)
-        if is_const(cond) or cond is None or isinstance(cond, (DType, tuple)):
+        if is_const(cond) or cond is None or isinstance(cond, (DType, tuple, str)):
             self.visit_body(node.body if cond else node.orelse)
             return
         if not (isinstance(cond, Value) and cond.is_scalar):
