@@ -44,3 +44,85 @@ def tiny(X, Y, Z, W, n, m, BLOCK: T.constexpr):
     """Four tensors and two ints, almost no work: what a launch costs on the host."""
     i = T.program_id(0) * BLOCK
     W[i:i + BLOCK] = X[i:i + BLOCK] * Y[i:i + BLOCK] + Z[i:i + BLOCK] + (n - m)
+
+
+def nt_prune(configs, named_args, **kwargs):
+    """``matmul_prune`` for kernels taking B as Bt (N x K)."""
+    return matmul_prune(configs, {**named_args, "B": named_args["Bt"].T}, **kwargs)
+
+
+@tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "Bt"],
+                  prune_configs_by={"early_config_prune": nt_prune})
+@tilejit.kernel
+def scaled_mm(A, Bt, a_scale, b_scale, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr,
+              GROUP_M: T.constexpr = 8):
+    """C = (A @ Bt.T) * a_scale[:, None] * b_scale[None, :] for fp8 A (M x K) and Bt (N x K, K-major as fp8
+    tensor cores want it and as ``torch._scaled_mm`` takes it), float32 row and column scales, any output
+    dtype; the scales are applied in the epilogue, as written here."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    pid = T.program_id(0)
+    grid_m = T.cdiv(M, BM)
+    grid_n = T.cdiv(N, BN)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = min(grid_m - first_m, GROUP_M)
+    m0 = (first_m + (pid % per_group) % rows) * BM
+    n0 = ((pid % per_group) // rows) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+    y = acc * a_scale[m0:m0 + BM][:, None] * b_scale[n0:n0 + BN][None, :]
+    C[m0:m0 + BM, n0:n0 + BN] = y.to(C.dtype)
+
+
+@tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "Bt"],
+                  prune_configs_by={"early_config_prune": nt_prune})
+@tilejit.kernel
+def int8_mm(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: T.constexpr = 8):
+    """C (int32) = A @ Bt.T for int8 A (M x K) and Bt (N x K), exact int32 sums."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    pid = T.program_id(0)
+    grid_m = T.cdiv(M, BM)
+    grid_n = T.cdiv(N, BN)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = min(grid_m - first_m, GROUP_M)
+    m0 = (first_m + (pid % per_group) % rows) * BM
+    n0 = ((pid % per_group) // rows) * BN
+    acc = T.zeros((BM, BN), T.int32)
+    for k0 in T.range(0, K, BK):
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+    C[m0:m0 + BM, n0:n0 + BN] = acc
+
+
+@tilejit.autotune(configs=matmul_configs(elem_bytes=4), key=["A", "Bt"],
+                  prune_configs_by={"early_config_prune": nt_prune})
+@tilejit.kernel
+def tf32_mm_nt(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: T.constexpr = 8):
+    """C = A @ Bt.T on float32 operands at the default precision (tf32), Bt given N x K (K-major)."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    pid = T.program_id(0)
+    grid_m = T.cdiv(M, BM)
+    grid_n = T.cdiv(N, BN)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = min(grid_m - first_m, GROUP_M)
+    m0 = (first_m + (pid % per_group) % rows) * BM
+    n0 = ((pid % per_group) // rows) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+tf32_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=4), key=["A", "B"],
+                              prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
+"""The DESIGN matmul (B given K x N) on float32 operands: tf32 by default, on mma.sync (B is N-major)."""
+
+
+def nt_grid(meta):
+    """Grid of the N x K-operand kernels above: one program per BM x BN tile of C (1-D, grouped order)."""
+    return (tilejit.cdiv(meta["A"].shape[0], meta["BM"]) * tilejit.cdiv(meta["Bt"].shape[0], meta["BN"]),)

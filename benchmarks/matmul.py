@@ -32,6 +32,8 @@ SWEEP_SHAPES: list[Shape] = (
     + [(1000, 3000, 777)]
 )
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+# Issue 11: operand dtypes with their own kernels and baselines (bench_lowp_shape).
+LOWP_DTYPES = ("fp8", "int8", "tf32")
 REL_TOL = 2e-2  # max |out - ref| / max |ref|: 16-bit rounding of outputs is ~4e-3 of the value
 IMPLS = ("tilejit", "cublas", "triton")
 
@@ -56,9 +58,9 @@ def parse_shapes(text: str) -> list[Shape]:
 
 def parse_dtypes(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in names if t not in DTYPES]
+    unknown = [t for t in names if t not in DTYPES and t not in LOWP_DTYPES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join(DTYPES)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join([*DTYPES, *LOWP_DTYPES])}; got {text!r}")
     return names
 
 
@@ -96,9 +98,89 @@ def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[st
     return {"status": "ok", "rel_err": err, "ms": ms, "tflops": matmul_tflops(m, n, k, ms)}
 
 
+def _tuned(row: dict[str, Any], tuner: Any) -> None:
+    stats = tuner.stats
+    tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
+    row["tilejit"].update(config=_describe(tuner.best_config) if tuned else "n/a", timed=len(stats.timed),
+                          failed=len(stats.failed), tuned_from_disk=stats.from_disk)
+    if stats.failed:
+        row["tilejit"]["failed_configs"] = list(stats.failed)
+
+
+def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
+    """fp8, int8 or tf32: tilejit's kernel against torch's tensor-core baseline (the "cuBLAS" column) and Triton.
+
+    - fp8: e4m3 A (M x K) and B given N x K (the K-major form fp8 tensor cores and ``torch._scaled_mm`` take),
+      row and column float32 scales, bfloat16 out; baseline ``torch._scaled_mm`` with the same scales.
+    - int8: A (M x K), B given N x K, int32 out; baseline ``torch._int_mm``.
+    - tf32: float32 A and B given N x K (wgmma wants both K-major; the row also times tilejit's N-major form, the
+      DESIGN matmul with B given K x N, under ``tilejit_nn``); baseline ``torch.matmul`` with tf32 allowed.
+    """
+    import torch
+
+    from benchmarks import kernels
+
+    torch.manual_seed(0)
+    row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": dtype_name}
+    if dtype_name == "fp8":
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        bt = torch.randn(n, k, device=device).to(torch.float8_e4m3fn)
+        sa = torch.rand(m, 1, device=device) + 0.5
+        sb = torch.rand(1, n, device=device) + 0.5
+        ref = (a.float() @ bt.float().T) * sa * sb
+        c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        sa1, sb1 = sa.reshape(m), sb.reshape(n)
+        row["tilejit"] = measure(lambda: kernels.scaled_mm[kernels.nt_grid](a, bt, sa1, sb1, c), c, ref, m, n, k)
+        _tuned(row, kernels.scaled_mm)
+        c_ref = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+
+        def baseline():
+            c_ref.copy_(torch._scaled_mm(a, bt.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+        row["cublas"] = measure(baseline, c_ref, ref, m, n, k)
+        triton_args = (a, bt.T, torch.empty(m, n, device=device, dtype=torch.bfloat16), sa1, sb1)
+    elif dtype_name == "int8":
+        a = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8)
+        bt = torch.randint(-128, 128, (n, k), device=device, dtype=torch.int8)
+        ref = (a.double() @ bt.double().T).float()
+        c = torch.empty(m, n, device=device, dtype=torch.int32)
+        row["tilejit"] = measure(lambda: kernels.int8_mm[kernels.nt_grid](a, bt, c), c, ref, m, n, k)
+        _tuned(row, kernels.int8_mm)
+        c_ref = torch.empty(m, n, device=device, dtype=torch.int32)
+        row["cublas"] = measure(lambda: c_ref.copy_(torch._int_mm(a, bt.T)), c_ref, ref, m, n, k)
+        triton_args = (a, bt.T, torch.empty(m, n, device=device, dtype=torch.int32), None, None)
+    else:
+        a = torch.randn(m, k, device=device)
+        bt = torch.randn(n, k, device=device)
+        b = bt.T.contiguous()
+        ref = a.double() @ b.double()
+        c = torch.empty(m, n, device=device)
+        row["tilejit"] = measure(lambda: kernels.tf32_mm_nt[kernels.nt_grid](a, bt, c), c, ref, m, n, k)
+        _tuned(row, kernels.tf32_mm_nt)
+        c_nn = torch.empty(m, n, device=device)
+        row["tilejit_nn"] = measure(lambda: kernels.tf32_mm_nn[kernels.matmul_grid](a, b, c_nn), c_nn, ref, m, n, k)
+        c_ref = torch.empty(m, n, device=device)
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            row["cublas"] = measure(lambda: torch.matmul(a, b, out=c_ref), c_ref, ref, m, n, k)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+        triton_args = (a, bt.T, torch.empty(m, n, device=device), None, None)
+    if triton_mod is None:
+        row["triton"] = {"status": "n/a"}
+    else:
+        x, y, out, s_a, s_b = triton_args
+        row["triton"] = measure(lambda: triton_mod.matmul_lowp(x, y, out, s_a, s_b), out, ref, m, n, k)
+        row["triton"]["config"] = triton_mod.matmul_lowp_best_config()
+    return row
+
+
 def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
     """One shape and dtype through every implementation (``device="cpu"`` only for tests on the interpreter)."""
     import torch
+
+    if dtype_name in LOWP_DTYPES:
+        return bench_lowp_shape(m, n, k, dtype_name, triton_mod, device)
 
     from benchmarks import kernels
 
@@ -111,12 +193,7 @@ def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device
 
     c = torch.empty(m, n, device=device, dtype=dtype)
     row["tilejit"] = measure(lambda: kernels.matmul[kernels.matmul_grid](a, b, c), c, ref, m, n, k)
-    stats = kernels.matmul.stats
-    tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
-    row["tilejit"].update(config=_describe(kernels.matmul.best_config) if tuned else "n/a", timed=len(stats.timed),
-                          failed=len(stats.failed), tuned_from_disk=stats.from_disk)
-    if stats.failed:
-        row["tilejit"]["failed_configs"] = list(stats.failed)
+    _tuned(row, kernels.matmul)
 
     c_blas = torch.empty(m, n, device=device, dtype=dtype)
     row["cublas"] = measure(lambda: torch.matmul(a, b, out=c_blas), c_blas, ref, m, n, k)
@@ -154,9 +231,11 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     out = []
     for r in rows:
         ratios = [_ratio(r, "cublas"), _ratio(r, "triton")]
+        config = r["tilejit"].get("config", "n/a")
+        if "tilejit_nn" in r:  # tf32: the N-major B form of the same product, for comparison
+            config += f"; B K x N: {_cell(r['tilejit_nn'])}"
         out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(r["tilejit"]), _cell(r["cublas"]),
-                    _cell(r["triton"]), *(None if x is None else f"{x:.2f}" for x in ratios),
-                    r["tilejit"].get("config", "n/a")])
+                    _cell(r["triton"]), *(None if x is None else f"{x:.2f}" for x in ratios), config])
     return out
 
 
@@ -208,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only the issue-3 shapes " + ", ".join(
         f"{m}x{n}x{k}" for m, n, k in QUICK_SHAPES))
     parser.add_argument("--shapes", type=parse_shapes, help="comma-separated MxNxK list (overrides --quick)")
-    parser.add_argument("--dtypes", type=parse_dtypes, default=["fp16", "bf16"], help="fp16,bf16 (default both)")
+    parser.add_argument("--dtypes", type=parse_dtypes, default=["fp16", "bf16"],
+                        help="fp16,bf16 (default both), fp8, int8, tf32 (each against its torch baseline)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for JSON/PNG (default {DEFAULT_OUT})")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no new shape after this many seconds (default 420); report what ran")

@@ -73,6 +73,70 @@ def matmul_best_config() -> str:
     return f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{config.num_warps} s{config.num_stages}"
 
 
+_LOWP_CONFIGS = [
+    _config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(128, 128, 64, 4, 4),
+    _config(128, 256, 64, 8, 3), _config(64, 128, 128, 4, 4), _config(128, 128, 32, 8, 3),
+]
+
+
+@triton.autotune(configs=_LOWP_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _matmul_lowp_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                        stride_cm, stride_cn, SCALED: tl.constexpr, INT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # The matmul above for fp8 (row/column scales in the epilogue), int8 (int32 sums) and float32 (tf32 dots).
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT else tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if SCALED:
+        acc = acc * tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
+        acc = acc * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def matmul_lowp(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, sa: torch.Tensor | None = None,
+                sb: torch.Tensor | None = None) -> torch.Tensor:
+    """c = a @ b (* sa[:, None] * sb[None, :] when given) for fp8, int8 or float32 (tf32) operands; ``b`` may be
+    a transposed view (K-major)."""
+    m, k = a.shape
+    n = b.shape[1]
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    scaled = sa is not None
+    _matmul_lowp_kernel[grid](a, b, c, sa if scaled else c, sb if scaled else c, m, n, k, a.stride(0), a.stride(1),
+                              b.stride(0), b.stride(1), c.stride(0), c.stride(1), SCALED=scaled,
+                              INT=a.dtype == torch.int8)
+    return c
+
+
+def matmul_lowp_best_config() -> str:
+    config = _matmul_lowp_kernel.best_config
+    if config is None:
+        return "n/a"
+    kw = config.kwargs
+    return f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{config.num_warps} s{config.num_stages}"
+
+
 @triton.jit
 def tiny(x_ptr, y_ptr, z_ptr, w_ptr, n, m, BLOCK: tl.constexpr):
     """The same work as ``benchmarks.kernels.tiny``: four pointers, two ints (n is also the length)."""

@@ -89,3 +89,27 @@ def softmax_rows(X, Y, BN: T.constexpr):
 def atom(A, B, C):
     """One warp computing a single 16x8x16 mma atom (the seeds' first program)."""
     C[0:16, 0:8] = A[0:16, 0:16] @ B[0:16, 0:8]
+
+
+@tilejit.kernel
+def matmul_any(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, TA: T.constexpr, TB: T.constexpr,
+               ACC: T.constexpr, PRECISION: T.constexpr = None):
+    """C = op(A) @ op(B) with A given K x M when TA and B given N x K when TB, any operand dtype: the kernel the
+    dtype tests (fp8, int8, tf32) compile and run for every operand major-ness."""
+    M = C.shape[0]
+    N = C.shape[1]
+    K = A.shape[0] if TA else A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), ACC)
+    for k0 in T.range(0, K, BK, stages=3):
+        if TA:
+            a = A[k0:k0 + BK, m0:m0 + BM]
+        else:
+            a = A[m0:m0 + BM, k0:k0 + BK]
+        if TB:
+            b = B[n0:n0 + BN, k0:k0 + BK]
+        else:
+            b = B[k0:k0 + BK, n0:n0 + BN]
+        acc = T.gemm(a, b, acc, transpose_a=TA, transpose_b=TB, precision=PRECISION)
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)

@@ -42,11 +42,18 @@ def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int 
     return config.num_stages * (k["BM"] * k["BK"] + k["BK"] * k["BN"]) * elem_bytes + scratch_bytes
 
 
-def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES) -> list[Config]:
-    """The default matmul search space for 16-bit operands, limited to configs that fit ``smem_budget``."""
-    configs = [Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) -> list[Config]:
+    """The default matmul search space for operands of ``elem_bytes`` bytes, limited to configs that fit
+    ``smem_budget``.
+
+    The tiles are those of 16-bit operands with BK scaled to keep the bytes of K per stage: 8-bit operands (fp8,
+    int8) take BK = 64 and 128 (128 bytes of K is one wgmma panel), float32 (tf32) takes BK = 16 and 32.
+    """
+    if elem_bytes not in (1, 2, 4):
+        raise ValueError(f"elem_bytes must be 1, 2 or 4, got {elem_bytes}")
+    configs = [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s)
                for bm, bn, bk, w, s in _MATMUL_TILES]
-    return [c for c in configs if matmul_shared_bytes(c) <= smem_budget]
+    return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 
 def _next_pow2(n: int) -> int:

@@ -396,8 +396,15 @@ def _gemm(op: Op, env: Env, ctx: _Context) -> None:
         out = (acc.to(torch.int64) + product).to(torch.int32)
     else:
         compute = acc.dtype  # float32, or float64 for float64 operands
+        if op.attrs.precision == "tf32":  # the tensor cores read the upper 19 bits of each float32
+            a, b = _truncate_to_tf32(a), _truncate_to_tf32(b)
         out = acc.to(compute) + a.to(compute) @ b.to(compute)
     env[op.results[0].id] = out
+
+
+def _truncate_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 values with the 13 low mantissa bits cleared, as a tf32 tensor-core operand sees them."""
+    return (x.contiguous().view(torch.int32) & -8192).view(torch.float32)
 
 
 # -- global memory ---------------------------------------------------------------------------------

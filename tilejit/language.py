@@ -145,8 +145,34 @@ def min(x, axis=None):  # noqa: A001
 
 
 @builtin
-def gemm(a, b, acc, transpose_a=False, transpose_b=False):
-    """``acc + op(a) @ op(b)`` on tensor cores; ``op`` transposes when asked."""
+def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
+    """``acc + op(a) @ op(b)`` on tensor cores; ``op`` transposes when asked.
+
+    Args:
+        a, b: 2-D tiles, ``op(a)`` M x K and ``op(b)`` K x N. Both float16, both bfloat16, float8 (e4m3fn and
+            e5m2 mix), both int8 or both float32.
+        acc: the M x N accumulator: float32, int32 for int8 operands.
+        transpose_a, transpose_b: compile-time bools; ``op(x)`` is ``x.T`` when set (``a.T @ b`` folds to the
+            same thing).
+        precision: float32 operands only (ignored for the others), a compile-time string:
+
+            * ``"tf32"`` (the default, as in Triton; also what ``a @ b`` uses): tensor cores, each operand
+              truncated to tf32 (10 explicit mantissa bits), so products carry a relative error up to 2**-10;
+              sums stay float32.
+            * ``"tf32x3"``: each operand split into a tf32 high part and a tf32 remainder; three tensor-core
+              products (hi*hi + hi*lo + lo*hi) give close to float32 accuracy at three times the work.
+            * ``"ieee"``: exact float32 multiply-adds on the FMA units (no tensor cores; slow).
+
+    Which instructions run: f16/bf16 on wgmma (sm_90a) or ldmatrix + mma.sync (sm_80+); fp8 on wgmma k32
+    (sm_90a) or mma.sync m16n8k32 (sm_89+); int8 on wgmma / mma.sync k32 (int32 sums, exact); tf32 on wgmma
+    k8 / mma.sync m16n8k8. wgmma needs 8-bit and float32 operands K-major (``a`` stored M x K, ``b`` given
+    as N x K with ``transpose_b=True``); other majors of those dtypes run on mma.sync. Operand dtypes without
+    a tensor-core instruction on the target fall back to FMAs.
+
+    Example::
+
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], B[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+    """
 
 
 @builtin

@@ -213,18 +213,20 @@ def test_attention_online_softmax(dtype, seq_len):
 
 
 @tilejit.kernel
-def small_gemm(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, ACC: T.constexpr):
+def small_gemm(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, ACC: T.constexpr,
+               PRECISION: T.constexpr = None):
     m0 = T.program_id(0) * BM
     n0 = T.program_id(1) * BN
     acc = T.zeros((BM, BN), ACC)
     for k0 in range(0, A.shape[1], BK):
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], B[k0:k0 + BK, n0:n0 + BN], acc)
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], B[k0:k0 + BK, n0:n0 + BN], acc, precision=PRECISION)
     C[m0:m0 + BM, n0:n0 + BN] = acc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 def test_gemm_without_a_tensor_core_lowering_runs_on_the_fallback(dtype):
-    """fp32 and int8 operands take the FMA fallback: slow, but every valid program runs."""
+    """fp32 products asked for in exact float32 (precision="ieee") and int8 tiles whose K is no multiple of 32
+    take the FMA fallback: slow, but every valid program runs."""
     torch.manual_seed(7)
     m, n, k = 70, 50, 90
     if dtype == torch.int8:
@@ -237,7 +239,8 @@ def test_gemm_without_a_tensor_core_lowering_runs_on_the_fallback(dtype):
         b = torch.randn(k, n, device="cuda")
         c = _nan(m, n)
         acc = T.float32
-    small_gemm[(tilejit.cdiv(m, 32), tilejit.cdiv(n, 32))](a, b, c, BM=32, BN=32, BK=16, ACC=acc)
+    small_gemm[(tilejit.cdiv(m, 32), tilejit.cdiv(n, 32))](a, b, c, BM=32, BN=32, BK=16, ACC=acc,
+                                                            PRECISION="ieee" if dtype == torch.float32 else None)
     ref = a.double() @ b.double()
     if dtype == torch.int8:
         assert torch.equal(c.cpu().long(), ref.cpu().long())

@@ -4,6 +4,8 @@
   for the other major-ness) into m16n8k16 fragments; the accumulator is an :class:`MmaLayout` spread over
   the warps; per k16 step each warp loads its A fragments (x4) and B fragments (x4 for two n8 atoms)
   and issues ``atoms_m x atoms_n`` mma.sync instructions.
+* ``mma_sync_m16n8k32_fp8`` (sm_89+), ``mma_sync_m16n8k32_int8`` (sm_80+), ``mma_sync_m16n8k8_tf32`` and
+  ``..._tf32x3`` (sm_80+): the same instruction family and fragments for 8- and 32-bit operands.
 * ``fma_fallback``: any dtype and shape; each thread computes its accumulator elements with scalar FMAs
   from shared memory. Slow, but it makes every valid program run.
 """
@@ -28,21 +30,55 @@ def _operand_dtypes(*dtypes):
     return lambda op, t: op.operands[0].dtype in allowed and op.operands[1].dtype in allowed
 
 
-class MmaSync:
-    """ldmatrix + mma.sync.m16n8k{16,8} (PTX 9.7.14.5.8 / 9.7.14.5.7 fragments; 9.7.14.5.15 ldmatrix).
+#: PTX operand type of each dtype a tensor-core instruction reads (float32 is read as tf32).
+PTX_TYPES = {D.float16: "f16", D.bfloat16: "bf16", D.float8_e4m3fn: "e4m3", D.float8_e5m2: "e5m2",
+             D.int8: "s8", D.float32: "tf32"}
 
-    ``k_atom`` is the instruction's K: 16 (A: 4 registers, B: 2) or 8 (A: 2, B: 1), for tiles whose K is a
-    multiple of 8 but not of 16. The accumulator layout is the same m16n8 one either way.
+
+class MmaSync:
+    """ldmatrix + mma.sync.m16n8k{K} (PTX 9.7.14.5: the m16n8k8/k16/k32 fragments).
+
+    One instruction covers 32 bytes of K per row: k16 for 16-bit operands, k32 for int8 and fp8, k8 for tf32.
+    Counted in bytes, the A and B fragments of all of them are the same (A: registers 0-3 hold rows g and g+8
+    at byte columns 4*t..4*t+3 of the first and second 16 bytes; B: registers 0-1 hold column g at those
+    bytes; g = lane / 4, t = lane % 4), so one ldmatrix addressing serves every dtype when the operand is
+    K-major. ``k_bytes`` = 16 is the half-width m16n8k8 of 16-bit operands, for tiles whose K is a multiple
+    of 8 but not of 16. The accumulator layout is the same m16n8 one for every form.
+
+    An MN-major operand (A given K x M, B given K x N) is transposed by ``ldmatrix.trans`` for 16-bit
+    elements; ldmatrix has no transpose for 8- or 32-bit elements, so those fragments are gathered with
+    ordinary shared loads (one per tf32 value, four bytes packed per 8-bit register): correct everywhere,
+    slower than the K-major form. ``tf32x3`` splits every fragment into a tf32 high part and the remainder
+    and issues three mma per atom.
     """
 
-    def __init__(self, k_atom: int) -> None:
-        self.k_atom = k_atom
-        self.a_regs, self.b_regs = k_atom // 4, k_atom // 8
+    def __init__(self, elem_bytes: int, k_bytes: int = 32, tf32x3: bool = False) -> None:
+        self.elem_bytes, self.k_bytes, self.tf32x3 = elem_bytes, k_bytes, tf32x3
+        self.k_atom = k_bytes // elem_bytes
+        self.a_regs, self.b_regs = k_bytes // 8, k_bytes // 16
 
     def acc_layout(self, op: Op, target: Target) -> MmaLayout:
         m, n, _ = _mnk(op)
         wm, wn = pick_warp_grid(m, n, target.num_warps)
         return MmaLayout((m, n), wm, wn)
+
+    def _mma_function(self, em: Emitter, op: Op) -> str:
+        """The name of the device function issuing one mma of ``op``'s operand types (d += a @ b in place)."""
+        a, b, acc = op.operands
+        ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
+        if a.dtype in (D.float16, D.bfloat16):
+            return f"tj_mma_m16n8k{self.k_atom}_{ta}"  # in the prelude
+        name = f"tj_mma_m16n8k{self.k_atom}_{ta}_{tb}"
+        td = "s32" if acc.dtype == D.int32 else "f32"
+        cd, con = ("int", "r") if acc.dtype == D.int32 else ("float", "f")
+        em.require_support(name, f"""
+/// mma.sync m16n8k{self.k_atom} row.col {ta} x {tb} + {td}, in place (PTX 9.7.14.5).
+TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
+                      unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k{self.k_atom}.row.col.{td}.{ta}.{tb}.{td} {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+{con}"(d0), "+{con}"(d1), "+{con}"(d2), "+{con}"(d3) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}""")
+        return name
 
     def emit(self, em: Emitter, op: Op) -> None:
         a, b, acc = op.operands
@@ -50,11 +86,12 @@ class MmaSync:
         layout: MmaLayout = out.type.layout
         m, n, k = _mnk(op)
         tm, tn = layout.atoms
-        kind = "bf16" if a.dtype == D.bfloat16 else "f16"
+        mma = self._mma_function(em, op)
         sa, sb = em.shared[a.id], em.shared[b.id]
         name = em.declare_tile(out)
+        split = ", tf32x3: three products per atom" if self.tf32x3 else ""
         em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k{self.k_atom} ({layout.warps_m}x{layout.warps_n} warps, "
-                       f"{tm}x{tn} atoms per warp)")
+                       f"{tm}x{tn} atoms per warp{split})")
         src = em.name(acc)
         em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
@@ -65,11 +102,14 @@ class MmaSync:
         # a later iteration's tiles) goes right after step 0's fragments, so the mma of step 0 can
         # overlap it (ptxas does not move shared-memory loads across the cp.async, but moves mma).
         em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
+        if self.tf32x3:
+            em.line(f"unsigned tj_al[2][{tm}][{self.a_regs}], tj_bl[2][{tn}][{self.b_regs}];")
         steps = k // self.k_atom
         self._load_fragments(em, op, layout, sa, sb, 0, 0)
         hook = em.take_overlap_hook()
         if hook is not None:
             hook()
+        acc_type = c_type(out.dtype)
         for kk in range(steps):
             if kk + 1 < steps:
                 self._load_fragments(em, op, layout, sa, sb, kk + 1, (kk + 1) % 2)
@@ -77,23 +117,28 @@ class MmaSync:
             em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
             em.line("#pragma unroll")
             em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
-            em.line(f"float* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
+            em.line(f"{acc_type}* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
             buf = kk % 2
-            frags = [f"tj_af[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
-            frags += [f"tj_bf[{buf}][tj_an][{r}]" for r in range(self.b_regs)]
-            em.line(f"tj_mma_m16n8k{self.k_atom}_{kind}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], {', '.join(frags)});")
+            products = [("tj_af", "tj_bf")]
+            if self.tf32x3:  # the small cross terms first, then the main product
+                products = [("tj_al", "tj_bf"), ("tj_af", "tj_bl"), ("tj_af", "tj_bf")]
+            for fa, fb in products:
+                frags = [f"{fa}[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
+                frags += [f"{fb}[{buf}][tj_an][{r}]" for r in range(self.b_regs)]
+                em.line(f"{mma}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], {', '.join(frags)});")
             em.close()
             em.close()
         em.close()
 
     def _load_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb, kk: int, buf: int) -> None:
-        """ldmatrix of k step ``kk``'s A and B fragments into fragment buffer ``buf``."""
+        """The A and B fragments of k step ``kk`` into fragment buffer ``buf``."""
         tm, tn = layout.atoms
         wtm, wtn = layout.warp_tile
         lane, j = CExpr("tj_lane"), CExpr("(tj_lane >> 3)")
         half = (lane >> 3) & 1  # which of two matrices lanes 0-15 address (x2 forms)
-        k16 = self.k_atom == 16
-        # A fragments: one ldmatrix per m16 atom (x4 for k16, x2 for k8).
+        k16 = self.k_bytes == 32
+        gathered = self.elem_bytes != 2  # ldmatrix.trans moves 16-bit elements only
+        # A fragments: one ldmatrix per m16 atom (x4 for a 32-byte k step, x2 for 16 bytes).
         em.line("#pragma unroll")
         em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
         mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
@@ -103,6 +148,11 @@ class MmaSync:
             row = mbase + (lane & 15)
             chunk = ((lane >> 4) + kk * 2) if k16 else kk
             em.line(f"tj_ldmatrix_{width}({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
+        elif gathered:  # stored k x m: register r holds row g + 8 * (r & 1), k bytes 16 * (r >> 1) + 4 * t ..
+            for r in range(self.a_regs):
+                m_at = mbase + (lane >> 2) + (r & 1) * 8
+                self._gather(em, sa, f"tj_af[{buf}][tj_am][{r}]", kk * self.k_atom + (r >> 1) * (16 // self.elem_bytes),
+                             m_at)
         else:  # stored k x m: transpose while loading
             if k16:
                 row, chunk = (lane & 7) + (j >> 1) * 8 + kk * 16, (mbase + (j & 1) * 8) // 8
@@ -111,18 +161,52 @@ class MmaSync:
             em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
         em.close()
         # B fragments: one ldmatrix covers two n8 atoms (x4 for k16, x2 for k8); an odd one out takes half.
-        pairs = tn // 2
-        if pairs:
+        if gathered and not op.attrs.transpose_b:  # stored k x n: register r holds column g, k bytes 16 * r + 4 * t ..
             em.line("#pragma unroll")
-            em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
-            nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
-            regs = ", ".join(f"tj_bf[{buf}][2 * tj_p + {p}][{r}]" for p in range(2) for r in range(self.b_regs))
-            self._load_b(em, op, sb, nbase, lane, kk, regs, pair=True)
+            em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
+            n_at = CExpr(f"(tj_wn * {wtn} + tj_an * 8)") + (lane >> 2)
+            for r in range(self.b_regs):
+                self._gather(em, sb, f"tj_bf[{buf}][tj_an][{r}]", kk * self.k_atom + r * (16 // self.elem_bytes), n_at)
             em.close()
-        if tn % 2:
-            nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
-            regs = ", ".join(f"tj_bf[{buf}][{tn - 1}][{r}]" for r in range(self.b_regs))
-            self._load_b(em, op, sb, nbase, lane, kk, regs, pair=False)
+        else:
+            pairs = tn // 2
+            if pairs:
+                em.line("#pragma unroll")
+                em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
+                nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
+                regs = ", ".join(f"tj_bf[{buf}][2 * tj_p + {p}][{r}]" for p in range(2) for r in range(self.b_regs))
+                self._load_b(em, op, sb, nbase, lane, kk, regs, pair=True)
+                em.close()
+            if tn % 2:
+                nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
+                regs = ", ".join(f"tj_bf[{buf}][{tn - 1}][{r}]" for r in range(self.b_regs))
+                self._load_b(em, op, sb, nbase, lane, kk, regs, pair=False)
+        if self.tf32x3:
+            self._split_tf32(em, buf, tm, tn)
+
+    def _gather(self, em: Emitter, st, reg: str, k_first: int, mn: CExpr) -> None:
+        """One fragment register of an MN-major operand (stored K x MN) from ordinary shared loads: the
+        ``4 / elem_bytes`` consecutive K values from ``k_first + (4 / elem_bytes) * t`` at column ``mn``."""
+        per_reg = 4 // self.elem_bytes
+        k0 = CExpr("(tj_lane & 3)") * per_reg + k_first
+        if per_reg == 1:
+            em.line(f"{reg} = *reinterpret_cast<const unsigned*>({st.pointer()} + {c_text(st.elem_offset(k0, mn))});")
+            return
+        parts = [f"((unsigned)*reinterpret_cast<const unsigned char*>({st.pointer()} + "
+                 f"{c_text(st.elem_offset(k0 + e, mn))}) << {8 * e})" for e in range(per_reg)]
+        em.line(f"{reg} = {' | '.join(parts)};")
+
+    def _split_tf32(self, em: Emitter, buf: int, tm: int, tn: int) -> None:
+        """tf32x3: each fragment register becomes its tf32 part (the low 13 mantissa bits cleared) and the
+        remainder x - tf32(x) (exact in float32; the tensor core truncates it to tf32 in turn)."""
+        for frag, low, count, regs in (("tj_af", "tj_al", tm, self.a_regs), ("tj_bf", "tj_bl", tn, self.b_regs)):
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_s = 0; tj_s < {count * regs}; ++tj_s)")
+            em.line(f"unsigned& tj_x = (&{frag}[{buf}][0][0])[tj_s];")
+            em.line("const unsigned tj_hi = tj_x & 0xffffe000u;")
+            em.line(f"(&{low}[{buf}][0][0])[tj_s] = __float_as_uint(__uint_as_float(tj_x) - __uint_as_float(tj_hi));")
+            em.line("tj_x = tj_hi;")
+            em.close()
 
     def _load_b(self, em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, kk: int, regs: str, pair: bool) -> None:
         """B fragments of one n8 atom (``pair``: two adjacent ones) at k step ``kk``.
@@ -130,7 +214,7 @@ class MmaSync:
         Matrix order in the ldmatrix result is (atom, k half): k16 pairs load 4 matrices (n-atom, k 0-7 |
         8-15), k16 singles and k8 pairs 2, k8 singles 1.
         """
-        k16 = self.k_atom == 16
+        k16 = self.k_bytes == 32
         count = (2 if k16 else 1) * (2 if pair else 1)
         width = {4: "x4", 2: "x2", 1: "x1"}[count]
         j = CExpr("(tj_lane >> 3)") & (count - 1) if count > 1 else CExpr("0")
@@ -138,11 +222,11 @@ class MmaSync:
         atom = ((j >> 1) if k16 else j) if pair else CExpr("0")  # which of the two n8 atoms
         if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
             row = (lane & 7) + khalf * 8 + kk * self.k_atom
-            chunk = (nbase + atom * 8) // 8
+            chunk = (nbase + atom * 8) // 8  # 16-bit elements only: 8 per chunk
             em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
         else:  # stored n x k: rows n already hold k-pairs
             row = nbase + (lane & 7) + atom * 8
-            chunk = khalf + kk * (self.k_atom // 8)
+            chunk = khalf + kk * (self.k_bytes // 16)
             em.line(f"tj_ldmatrix_{width}({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
 
 
@@ -192,17 +276,51 @@ def _acc_f32(op: Op, target: Target) -> bool:
     return op.operands[2].dtype == D.float32
 
 
+def _acc_i32(op: Op, target: Target) -> bool:
+    return op.operands[2].dtype == D.int32
+
+
+def _precision(*choices: str):
+    return lambda op, t: op.attrs.precision in choices
+
+
+_FP8 = (D.float8_e4m3fn, D.float8_e5m2)
+
 REGISTRY.register("gemm", "mma_sync_m16n8k16", min_sm=80, priority=10, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
     "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(16),
-})(MmaSync(16))
+})(MmaSync(2, 32))
 
 REGISTRY.register("gemm", "mma_sync_m16n8k8", min_sm=80, priority=9, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
     "K % 8 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(8),
-})(MmaSync(8))
+})(MmaSync(2, 16))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k32_fp8", min_sm=89, priority=10, predicates={
+    "operands are float8 (e4m3fn, e5m2)": _operand_dtypes(*_FP8),
+    "accumulator is f32": _acc_f32,
+    "K % 32 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(32),
+})(MmaSync(1, 32))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k32_int8", min_sm=80, priority=10, predicates={
+    "operands are int8": _operand_dtypes(D.int8),
+    "accumulator is i32": _acc_i32,
+    "K % 32 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(32),
+})(MmaSync(1, 32))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k8_tf32", min_sm=80, priority=10, predicates={
+    "operands are f32": _operand_dtypes(D.float32),
+    "precision is tf32": _precision("tf32"),
+    "K % 8 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(8),
+})(MmaSync(4, 32))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k8_tf32x3", min_sm=80, priority=10, predicates={
+    "operands are f32": _operand_dtypes(D.float32),
+    "precision is tf32x3": _precision("tf32x3"),
+    "K % 8 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(8),
+})(MmaSync(4, 32, tf32x3=True))
 
 REGISTRY.register("gemm", "fma_fallback", min_sm=70, priority=0)(FmaFallback())
 

@@ -19,7 +19,7 @@ from .. import dtypes as D
 from ..ir import Op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
-from .lower_gemm import _acc_f32, _mnk, _operand_dtypes
+from .lower_gemm import PTX_TYPES, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from ..target import REGISTRY, Target
 
 SUPPORT = r"""
@@ -42,7 +42,8 @@ def _shapes_fit(op: Op, target: Target) -> bool:
     if target.num_warps % 4:
         return False
     groups = target.num_warps // 4
-    if m % (64 * groups) or n % 8 or n > 256 or k % 64:
+    # K spans whole 128-byte panels: the descriptors use the 128-byte swizzle.
+    if m % (64 * groups) or n % 8 or n > 256 or (k * op.operands[0].dtype.itemsize) % 128:
         return False
     slabs = m // (64 * groups)
     return slabs * n // 2 <= 128
@@ -57,7 +58,20 @@ def _b_layout_fits(op: Op, target: Target) -> bool:
     return _b_k_major(op) or n % 64 == 0
 
 
-class WgmmaM64NK16:
+def _b_k_major_pred(op: Op, target: Target) -> bool:
+    return _b_k_major(op)
+
+
+def _int8_n(op: Op, target: Target) -> bool:
+    _, n, _ = _mnk(op)
+    return n % 16 == 0 or n in (8, 24)
+
+
+class Wgmma:
+    """``wgmma.mma_async`` m64nNk{K} with both operands in shared memory; one instruction covers 32 bytes of K
+    (k16 for 16-bit operands, k32 for fp8 and int8, k8 for tf32). Only 16-bit operands may be MN-major (the
+    instruction's transpose immediates exist for them alone)."""
+
     def acc_layout(self, op: Op, target: Target) -> WgmmaLayout:
         m, n, _ = _mnk(op)
         return WgmmaLayout((m, n), target.num_warps // 4)
@@ -67,11 +81,14 @@ class WgmmaM64NK16:
         out = op.result
         layout: WgmmaLayout = out.type.layout
         m, n, k = _mnk(op)
-        kind = "bf16" if a.dtype == D.bfloat16 else "f16"
+        ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
+        k_atom = 32 // a.dtype.itemsize
+        integer = out.dtype == D.int32
+        con = "r" if integer else "f"
         sa, sb = em.shared[a.id], em.shared[b.id]
         em.require_support("wgmma", SUPPORT)
         name = em.declare_tile(out)
-        em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k16 ({layout.groups} warpgroup(s), "
+        em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
                        f"{layout.slabs} slab(s) of 64 rows each)")
         src = em.name(acc)
         em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
@@ -80,7 +97,7 @@ class WgmmaM64NK16:
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
         half = n // 2
-        for kk in range(k // 16):
+        for kk in range(k // k_atom):
             a_off = self._k_major_offset(sa.layout, kk)
             if _b_k_major(op):
                 b_desc = f"tj_wgmma_desc(tj_b + {self._k_major_offset(sb.layout, kk)}, 16, 1024)"
@@ -90,11 +107,16 @@ class WgmmaM64NK16:
                 slab = f"({s * layout.groups} + tj_wg)"
                 a_desc = f"tj_wgmma_desc(tj_a + {a_off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)"
                 regs = ", ".join(f"%{r}" for r in range(half))
-                operands = ", ".join(f'"+f"({name}[{s * half + r}])' for r in range(half))
-                trans_b = 0 if _b_k_major(op) else 1
-                em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{half + 2}, 0; '
-                        f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{regs}}}, %{half}, %{half + 1}, '
-                        f'p, 1, 1, 0, {trans_b}; }}"')
+                operands = ", ".join(f'"+{con}"({name}[{s * half + r}])' for r in range(half))
+                shape = f"m64n{n}k{k_atom}"
+                if a.dtype in (D.float16, D.bfloat16):
+                    trans_b = 0 if _b_k_major(op) else 1
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p, 1, 1, 0, {trans_b};"
+                elif integer:
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p;"
+                else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p, 1, 1;"
+                em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{half + 2}, 0; {instr} }}"')
                 em.line(f'    : {operands}')
                 em.line(f'    : "l"({a_desc}), "l"({b_desc}), "r"(1));')
         em.line("tj_wgmma_commit();")
@@ -104,22 +126,48 @@ class WgmmaM64NK16:
         # Wait for the group; the accumulator registers are operands so nothing reads them earlier.
         for start in range(0, layout.regs, 64):
             chunk = range(start, min(start + 64, layout.regs))
-            operands = ", ".join(f'"+f"({name}[{r}])' for r in chunk)
+            operands = ", ".join(f'"+{con}"({name}[{r}])' for r in chunk)
             em.line(f'asm volatile("wgmma.wait_group.sync.aligned 0;" : {operands} :: "memory");')
         em.close()
 
     @staticmethod
     def _k_major_offset(lay: SharedLayout, kk: int) -> int:
-        """Byte offset of k16 step ``kk`` in a K-major tile (128-byte panels along K)."""
-        per_panel = 128 // (16 * lay.elem_bytes)  # k16 steps per 128-byte panel
-        return (kk // per_panel) * lay.panel_bytes + (kk % per_panel) * 16 * lay.elem_bytes
+        """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile (128-byte panels along K)."""
+        return (kk // 4) * lay.panel_bytes + (kk % 4) * 32
 
+
+_SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte "
+           "panels, accumulator <= 128 registers")
 
 REGISTRY.register("gemm", "wgmma_m64nNk16", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
-    "num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K % 64 == 0, "
-    "accumulator <= 128 registers": _shapes_fit,
+    _SHAPES: _shapes_fit,
     "A is K-major (not transposed)": _a_k_major,
     "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
-})(WgmmaM64NK16())
+})(Wgmma())
+
+REGISTRY.register("gemm", "wgmma_m64nNk32_fp8", min_sm=90, max_sm=90, priority=20, predicates={
+    "operands are float8 (e4m3fn, e5m2)": _operand_dtypes(D.float8_e4m3fn, D.float8_e5m2),
+    "accumulator is f32": _acc_f32,
+    _SHAPES: _shapes_fit,
+    "A is K-major (not transposed)": _a_k_major,
+    "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+})(Wgmma())
+
+REGISTRY.register("gemm", "wgmma_m64nNk32_int8", min_sm=90, max_sm=90, priority=20, predicates={
+    "operands are int8": _operand_dtypes(D.int8),
+    "accumulator is i32": _acc_i32,
+    _SHAPES: _shapes_fit,
+    "N % 16 == 0 or N in (8, 24)": _int8_n,
+    "A is K-major (not transposed)": _a_k_major,
+    "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+})(Wgmma())
+
+REGISTRY.register("gemm", "wgmma_m64nNk8_tf32", min_sm=90, max_sm=90, priority=20, predicates={
+    "operands are f32": _operand_dtypes(D.float32),
+    "precision is tf32": _precision("tf32"),
+    _SHAPES: _shapes_fit,
+    "A is K-major (not transposed)": _a_k_major,
+    "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+})(Wgmma())

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from .. import dtypes as D
 from ..dtypes import DType
 from ..ir import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
-                  CompareAttrs, CompareOp, ConstantAttrs, GemmAttrs, NoAttrs, OpKind, PermAttrs,
+                  CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs, NoAttrs, OpKind, PermAttrs,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
 
 PyConst = (bool, int, float)
@@ -329,16 +329,22 @@ class Semantic:
         result_type = TileType(shape, dtype) if shape else ScalarType(dtype)
         return self.b.create1(OpKind.REDUCE, [x], result_type, ReduceAttrs(axis, kind))
 
-    def gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool = False, transpose_b: bool = False) -> Value:
+    def gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool = False, transpose_b: bool = False,
+             precision: str | None = None) -> Value:
         for name, t in (("a", a), ("b", b)):
             if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2):
                 raise SemanticError(f"matrix product operand {name} must be a 2-D tile, got {describe(t)}")
-        if a.dtype != b.dtype:
+        if a.dtype != b.dtype and not (a.dtype.is_fp8 and b.dtype.is_fp8):
             raise SemanticError(f"matrix product operands have different dtypes {a.dtype} and {b.dtype}",
-                                "cast one with .to()")
+                                "cast one with .to() (only the two float8 formats mix)")
         if a.dtype.is_bool or a.dtype in (D.int16, D.int32, D.int64, D.uint8):
             raise SemanticError(f"matrix products on {a.dtype} tiles are not supported",
                                 "use float16, bfloat16, float8, int8 or float32 operands")
+        if precision is not None and precision not in F32_PRECISIONS:
+            raise SemanticError(f"unknown precision {precision!r} for a matrix product",
+                                f"use one of {', '.join(repr(p) for p in F32_PRECISIONS)}")
+        # The precision of float32 products (default tf32, as Triton's); other dtypes have one way to multiply.
+        precision = (precision or F32_PRECISIONS[0]) if a.dtype == D.float32 else None
         m, k = a.type.shape[::-1] if transpose_a else a.type.shape
         k2, n = b.type.shape[::-1] if transpose_b else b.type.shape
         if k != k2:
@@ -354,7 +360,7 @@ class Semantic:
             raise SemanticError(f"accumulator must be {acc_dtype} for {a.dtype} operands, got {acc.dtype}",
                                 f"create it with T.zeros(..., T.{acc_dtype.name})")
         return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
-                              GemmAttrs(bool(transpose_a), bool(transpose_b)))
+                              GemmAttrs(bool(transpose_a), bool(transpose_b), precision))
 
     # -- global memory ---------------------------------------------------------------------
     def load(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...]) -> Value:

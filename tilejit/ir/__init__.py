@@ -2,7 +2,7 @@
 from .builder import Builder
 from .core import Block, Function, Loc, Op, Param, Value
 from .ops import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, CastAttrs, CompareAttrs,
-                  CompareOp, ConstantAttrs, Family, OpDecl, Trait, ForAttrs, GemmAttrs, LoopKind, NoAttrs, OpKind,
+                  CompareOp, ConstantAttrs, F32_PRECISIONS, Family, OpDecl, Trait, ForAttrs, GemmAttrs, LoopKind, NoAttrs, OpKind,
                   PermAttrs, ReduceAttrs, ReduceKind, ShapeAttrs, UnaryAttrs, UnaryOp)
 from .printer import print_function
 from .types import Scope, ScalarType, TensorType, TileType

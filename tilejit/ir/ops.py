@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import dtypes as D
 from ..dtypes import DType
 from .types import ScalarType, TensorType, TileType
 
@@ -155,10 +156,21 @@ class ReduceAttrs:
 
 @dataclass(frozen=True)
 class GemmAttrs:
-    """acc + op(a) @ op(b); ``impl`` names the lowering the dispatch registry chose (backend passes)."""
+    """acc + op(a) @ op(b); ``impl`` names the lowering the dispatch registry chose (backend passes).
+
+    ``precision`` is set for float32 operands only (one of :data:`F32_PRECISIONS`): ``"tf32"`` multiplies on
+    tensor cores with each operand truncated to tf32 (10 mantissa bits), ``"tf32x3"`` splits each operand into
+    a tf32 high part and a tf32 remainder and sums three tensor-core products (close to float32 accuracy),
+    ``"ieee"`` multiplies in exact float32 on FMAs.
+    """
     transpose_a: bool = False
     transpose_b: bool = False
+    precision: str | None = None
     impl: str | None = None
+
+
+#: The ``precision=`` choices of a gemm on float32 operands; the first is the default of ``a @ b``.
+F32_PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
 @dataclass(frozen=True)
@@ -254,6 +266,10 @@ def _gemm(op) -> str | None:
     k2, n = b.shape[::-1] if op.attrs.transpose_b else b.shape
     if k != k2 or acc.shape != (m, n) or op.result.type.shape != (m, n):
         return f"gemm shapes {a.shape} x {b.shape} -> {acc.shape} do not agree"
+    if (op.attrs.precision is not None) != (a.dtype == D.float32):
+        return f"gemm precision {op.attrs.precision!r} with {a.dtype} operands (set for float32 operands only)"
+    if op.attrs.precision is not None and op.attrs.precision not in F32_PRECISIONS:
+        return f"unknown gemm precision {op.attrs.precision!r}"
     return None
 
 
