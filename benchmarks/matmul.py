@@ -85,7 +85,7 @@ def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[st
 
     try:
         run()
-        out.fill_(float("nan"))
+        out.fill_(float("nan") if out.is_floating_point() else -(2 ** 31))  # poisoned: unwritten shows up
         run()
         torch.cuda.synchronize()
         err = relative_error(out, ref)
@@ -101,7 +101,8 @@ def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[st
 def _tuned(row: dict[str, Any], tuner: Any) -> None:
     stats = tuner.stats
     tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
-    row["tilejit"].update(config=_describe(tuner.best_config) if tuned else "n/a", timed=len(stats.timed),
+    row["tilejit"].update(config=_describe(getattr(tuner, "best_config", None)) if tuned else "n/a",
+                          timed=len(stats.timed),
                           failed=len(stats.failed), tuned_from_disk=stats.from_disk)
     if stats.failed:
         row["tilejit"]["failed_configs"] = list(stats.failed)

@@ -98,7 +98,10 @@ def _matmul_lowp_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am,
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT else tl.float32)
+    if INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
         b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
@@ -130,7 +133,7 @@ def matmul_lowp(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, sa: torch.Ten
 
 
 def matmul_lowp_best_config() -> str:
-    config = _matmul_lowp_kernel.best_config
+    config = getattr(_matmul_lowp_kernel, "best_config", None)  # unset until a tuning succeeded
     if config is None:
         return "n/a"
     kw = config.kwargs
