@@ -525,7 +525,7 @@ class _TuningStore:
         data = self.load(quiet=True)  # (told about bad records when tuning began)
         data[key] = record
         try:
-            self.path.parent.parent.mkdir(parents=True, exist_ok=True)
+            private_io.make_private_root(self.path.parent.parent)
             private_io.make_private_dir(self.path.parent)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
             try:

@@ -598,12 +598,7 @@ def _make_private_dirs(root: Path, shard: Path) -> None:
     """Create the cache root and a shard with mode 0700 (cached kernels are the user's own code); the
     root's parents (e.g. ~/.cache) get ordinary permissions. Both must then be this user's and writable by
     nobody else (UntrustedPathError, an OSError: the cache degrades to memory)."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        pass
-    private_io.check_private_dir(root, follow=True)
+    private_io.make_private_root(root)
     private_io.make_private_dir(shard)
     if not os.access(shard, os.W_OK | os.X_OK):
         raise PermissionError(13, "Permission denied", str(shard))

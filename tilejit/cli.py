@@ -287,6 +287,8 @@ def _read_stored(entry: CacheEntry, name: str) -> str:
     except FileNotFoundError:
         hint = " (built with TILEJIT_KEEP_PTX=0?)" if name.endswith(".ptx") else ""
         raise CliError(f"entry {entry.key[:12]} has no {name}{hint}") from None
+    except (OSError, UnicodeDecodeError) as error:  # damaged, replaced by a link or FIFO, not the user's
+        raise CliError(f"entry {entry.key[:12]}: cannot read {name}: {error}") from None
 
 
 def _sass(entry: CacheEntry) -> str:

@@ -79,6 +79,17 @@ def make_private_dir(path: Path) -> None:
     check_private_dir(path)
 
 
+def make_private_root(root: Path) -> None:
+    """Create the cache root with mode 0700 if missing (its parents, e.g. ~/.cache, with ordinary permissions),
+    then check it is private (it may be a symlink the user set up: followed)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(root, follow=True)
+
+
 def open_private(path: Path, flags: int = os.O_RDONLY) -> int:
     """A descriptor of the regular, private file ``path`` (not followed if a symlink; never blocks on a FIFO)."""
     fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -455,6 +455,28 @@ def test_row8_show_with_odd_keys_gives_one_clean_line(root, tmp_path, key):
     assert rc != 0 and "Traceback" not in err and out == ""
 
 
+@pytest.mark.parametrize("damage", ["flipped", "symlink", "fifo", "not utf-8"])
+def test_row8_show_of_a_damaged_file_is_one_clean_line(root, tmp_path, damage):
+    path = stored(tmp_path / "m")
+    cu = path / "kernel.cu"
+    if damage == "flipped":
+        cu.write_text("__global__ void evil() {}\n")
+    elif damage == "symlink":
+        (tmp_path / "elsewhere.cu").write_text("secret")
+        cu.unlink()
+        cu.symlink_to(tmp_path / "elsewhere.cu")
+    elif damage == "fifo":
+        cu.unlink()
+        os.mkfifo(cu)
+    else:
+        meta = json.loads((path / "meta.json").read_text())
+        cu.write_bytes(b"\xff\xfe")
+        meta["files"]["kernel.cu"] = hashlib.sha256(b"\xff\xfe").hexdigest()
+        write_meta(path, meta)
+    rc, out, err = with_timeout(lambda: run_cli("cache", "show", KEY[:12], "--cuda"))
+    assert rc == 1 and err.startswith("tilejit: ") and "Traceback" not in err and "secret" not in out
+
+
 @pytest.mark.parametrize("created", [float("nan"), float("inf"), -float("inf"), 1e300, -1e300, True])
 def test_row8_show_and_list_with_odd_created(root, tmp_path, created):
     path = stored(tmp_path / "m")
@@ -621,7 +643,8 @@ def test_row10_an_unwritable_native_dir_builds_privately_and_leaves_nothing(fres
 def test_row10_a_native_dir_of_another_user_is_not_used(fresh_native, monkeypatch):
     fresh_native.mkdir(parents=True, mode=0o700)
     os.chmod(fresh_native, 0o777)
-    module = native._load_or_build()
+    with pytest.warns(RuntimeWarning, match="not building the launcher in"):
+        module = native._load_or_build()
     assert module.Dispatcher is not None and not _so(fresh_native).exists()
 
 

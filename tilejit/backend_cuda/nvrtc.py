@@ -209,8 +209,7 @@ def _record_version(version: tuple[int, int]) -> None:
     if hasattr(nvrtc_version, "cache_clear"):  # (tests may have replaced it)
         nvrtc_version.cache_clear()  # in case this process trusted an out-of-date record: the real one from now
     try:
-        target.parent.parent.mkdir(parents=True, exist_ok=True)
-        private_io.make_private_dir(target.parent)
+        private_io.make_private_root(target.parent)
         private_io.write_private(target, (json.dumps(record, sort_keys=True) + "\n").encode())
     except OSError:
         pass

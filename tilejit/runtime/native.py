@@ -153,18 +153,16 @@ def _library_directory() -> tuple[Path, bool]:
     (second item True: remove it after loading)."""
     import tempfile
 
-    root = private_io.cache_root()
+    directory = private_io.cache_root() / "native"
     try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            pass
-        private_io.check_private_dir(root, follow=True)
-        directory = root / "native"
+        private_io.make_private_root(directory.parent)
         private_io.make_private_dir(directory)
         if os.access(directory, os.W_OK | os.X_OK):
             return directory, False
+    except private_io.UntrustedPathError as error:
+        warnings.warn(f"tilejit: not building the launcher in {directory}: {error.filename} is "
+                      f"{error.strerror}; building it in a private temporary directory for this process",
+                      RuntimeWarning, stacklevel=4)
     except OSError:
         pass
     try:
