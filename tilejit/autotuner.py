@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tilejit import knobs
+from tilejit import knobs, private_io
 from tilejit.errors import TilejitError
 from tilejit.target import LaunchOptions
 
@@ -444,7 +445,7 @@ class Autotuner:
         logger.info("%s: skipping config %s: %s", self.__name__, config, reason)
 
     def _store_path(self) -> Path:
-        return knobs.cache_dir() / "autotune" / f"{self.__name__}-{self.source_hash()}.json"
+        return private_io.cache_root() / "autotune" / f"{self.__name__}-{self.source_hash()}.json"
 
 
 def _tuning(kernel: Any) -> Any:
@@ -487,9 +488,12 @@ class _TuningStore:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> dict[str, dict[str, Any]]:
+    def load(self, quiet: bool = False) -> dict[str, dict[str, Any]]:
+        """The valid records of the file; a file that is not a private regular file (a symlink, a FIFO, another
+        user's) or does not parse is ignored, and so is each record of the wrong shape, with a warning."""
         try:
-            text = self.path.read_text()
+            private_io.check_private_dir(self.path.parent)
+            text = private_io.read_private(self.path, limit=16 << 20)
         except (FileNotFoundError, NotADirectoryError):
             return {}  # nothing stored yet (or a cache path that cannot exist, reported when writing)
         except OSError as error:
@@ -506,14 +510,23 @@ class _TuningStore:
             warnings.warn(f"tilejit: ignoring autotune record {self.path}: not a JSON object", RuntimeWarning,
                           stacklevel=2)
             return {}
-        return {key: record for key, record in data.items() if _valid_record(record)}
+        valid = {}
+        for key, record in data.items():
+            problem = _record_problem(record)
+            if problem is None:
+                valid[key] = record
+            elif not quiet:
+                warnings.warn(f"tilejit: ignoring the autotune record for {key!r} in {self.path}: {problem}; "
+                              "tuning again", RuntimeWarning, stacklevel=2)
+        return valid
 
     def save(self, key: str, record: dict[str, Any]) -> None:
         # Re-read just before writing so keys tuned meanwhile by another process survive.
-        data = self.load()
+        data = self.load(quiet=True)  # (told about bad records when tuning began)
         data[key] = record
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_io.make_private_root(self.path.parent.parent)
+            private_io.make_private_dir(self.path.parent)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
             try:
                 with os.fdopen(fd, "w") as out:
@@ -527,13 +540,22 @@ class _TuningStore:
                            self.path, error)
 
 
-def _valid_record(record: Any) -> bool:
+def _record_problem(record: Any) -> str | None:
+    """What is wrong with one stored record (None when it can be trusted): timings must be finite positive
+    numbers and failure reasons strings, both keyed by config identity, and no config both timed and failed
+    (a record saying otherwise was damaged, and would have a failing config chosen on every run)."""
     if not isinstance(record, dict):
-        return False
+        return "not a JSON object"
     timings = record.get("timings_ms", {})
     failures = record.get("failures", {})
-    return (isinstance(timings, dict) and all(isinstance(v, (int, float)) for v in timings.values())
-            and isinstance(failures, dict))
+    if not isinstance(timings, dict) or not all(
+            type(v) in (int, float) and math.isfinite(v) and v > 0 for v in timings.values()):
+        return "'timings_ms' must map configs to positive, finite milliseconds"
+    if not isinstance(failures, dict) or not all(isinstance(v, str) for v in failures.values()):
+        return "'failures' must map configs to reasons (strings)"
+    if set(timings) & set(failures):
+        return f"configs both timed and failed: {sorted(set(timings) & set(failures))}"
+    return None
 
 
 class _NoProgress:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import textwrap
@@ -195,6 +196,8 @@ def format_age(now: float, created) -> str:
 
 def format_duration(seconds: float) -> str:
     """Whole units, largest first: "45s", "3m", "2h", "5d"."""
+    if not math.isfinite(seconds):
+        return "?"
     seconds = max(0, int(seconds))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -240,7 +243,7 @@ def _best_ms(timings) -> str:
 
 
 def _find_entry(cache: KernelCache, prefix: str) -> CacheEntry:
-    matches = cache.find(prefix) if re.fullmatch(r"[0-9a-fA-F]+", prefix) else []
+    matches = cache.find(prefix) if re.fullmatch(r"[0-9a-fA-F]{1,64}", prefix) else []
     if not matches:
         raise CliError(f"no cache entry with key {prefix!r} (see `tilejit cache list`)")
     if len(matches) > 1:
@@ -255,8 +258,11 @@ def _print_meta(entry: CacheEntry) -> None:
     now = time.time()
     for name in names:
         value = meta[name]
-        if name == "created" and isinstance(value, (int, float)):
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        if name == "created" and as_timestamp(value) is not None:
+            try:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+            except (ValueError, OverflowError, OSError):  # beyond what the platform's time functions take
+                stamp = str(value)
             value = f"{stamp} ({format_age(now, value)} ago)"
         elif isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in sorted(value.items()))
@@ -281,6 +287,8 @@ def _read_stored(entry: CacheEntry, name: str) -> str:
     except FileNotFoundError:
         hint = " (built with TILEJIT_KEEP_PTX=0?)" if name.endswith(".ptx") else ""
         raise CliError(f"entry {entry.key[:12]} has no {name}{hint}") from None
+    except (OSError, UnicodeDecodeError) as error:  # damaged, replaced by a link or FIFO, not the user's
+        raise CliError(f"entry {entry.key[:12]}: cannot read {name}: {error}") from None
 
 
 def _sass(entry: CacheEntry) -> str:

@@ -381,6 +381,28 @@ class CompiledKernel:
         return f"<CompiledKernel {self.meta.get('kernel')} {self.arch} key={self.key[:12]}>"
 
 
+def check_meta(meta: dict) -> None:
+    """Raise ValueError unless ``meta`` has every field a CompiledKernel and its launch read, each of its type
+    (the cache discards an entry that fails, and it is compiled again)."""
+    def need(name: str, ok) -> None:
+        if name not in meta or not ok(meta[name]):
+            raise ValueError(f"meta.json: bad or missing {name!r}: {meta.get(name)!r}")
+
+    def count(v) -> bool:
+        return type(v) is int and 0 <= v < 1 << 31
+
+    need("kernel", lambda v: isinstance(v, str))
+    need("kernel_symbol", lambda v: isinstance(v, str) and v.isidentifier())
+    need("arch", lambda v: isinstance(v, str) and v.startswith("sm_"))
+    need("threads", lambda v: count(v) and v > 0)
+    need("shared_bytes", count)
+    need("param_kinds", lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v))
+    need("tensor_maps", lambda v: v is None or (isinstance(v, list) and all(isinstance(m, dict) for m in v)))
+    need("value_layout", lambda v: isinstance(v, dict) and all(
+        isinstance(n, str) and isinstance(p, list) and len(p) == 2 and all(count(i) for i in p)
+        for n, p in v.items()))
+
+
 def _versions() -> dict[str, str]:
     from .backend_cuda.nvrtc import nvrtc_version
 
@@ -424,7 +446,7 @@ def compile(spec: Specialization, target: Target | None, *, stop_after: str | No
     cache = cache or default_cache()
     key = cache_key(spec, target)
     if not knobs.always_compile():
-        entry = cache.load(key)
+        entry = cache.load(key, check_meta)
         if entry is not None:
             return CompiledKernel(entry, from_disk=True)
     frontend = run_stages(spec, target, "ir")  # user errors (and needed extents) before any lock is taken
@@ -432,5 +454,5 @@ def compile(spec: Specialization, target: Target | None, *, stop_after: str | No
     def build() -> tuple[dict, dict]:
         return _entry_files(run_stages(spec, target, "cubin", resume=frontend))
 
-    entry, built = cache.get_or_compile(key, build)
+    entry, built = cache.get_or_compile(key, build, check_meta)
     return CompiledKernel(entry, from_disk=not built)

@@ -134,3 +134,13 @@ class BackendUnavailableError(TilejitError):
 
 class LaunchError(TilejitError):
     """The CUDA driver refused to load or launch a kernel (bad cubin, too much shared memory, bad grid, ...)."""
+
+
+class ArgumentError(TilejitError, TypeError):
+    """A launch's arguments do not fit the kernel: arity, argument types, tensor dtypes, constexpr types. Also a
+    TypeError, as Python's own call errors are."""
+
+
+class ArgumentValueError(TilejitError, ValueError):
+    """A launch's values are out of range: the grid, a launch option, an int too wide for its parameter, tensors
+    on different devices. Also a ValueError."""

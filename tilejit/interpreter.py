@@ -140,8 +140,13 @@ def interpret(fn: Function, grid: tuple[int, int, int], values: dict[str, Any]) 
             ctx.program_ids = tuple(torch.tensor(p, dtype=torch.int32) for p in ctx.program)
             _run_block(fn.body, env, ctx)
     except BaseException:
+        # Put back what the failed run wrote; the run's own (located) error is what the caller sees, even when a
+        # view cannot be restored (an overlapping output view refuses copy_ as it refused the store).
         for view, old in reversed(ctx.undo):
-            view.copy_(old)
+            try:
+                view.copy_(old)
+            except Exception:  # noqa: BLE001 - restoring is best effort
+                pass
         raise
 
 

@@ -172,6 +172,7 @@ def test_default_arch_for_unsupported_capability(cap):
 
 def test_too_old_nvrtc_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: (12, 4))
+    monkeypatch.setattr(nvrtc, "_library_version", lambda: (12, 4))  # (a refusal asks the library itself)
     with pytest.raises(BackendUnavailableError, match=r"sm_100a needs NVRTC >= 12\.8.*12\.4"):
         compile_cuda('extern "C" __global__ void k() {}', name="k", arch="sm_100a")
     assert not nvrtc_supports("sm_120a")

@@ -18,7 +18,7 @@ PACKAGE = Path(tilejit.__file__).resolve().parent
 # Bottom to top. A module's layer is that of its subpackage (tilejit/passes/x.py -> "passes") or, for a
 # top-level module, its own name.
 LAYERS: list[set[str]] = [
-    {"errors", "knobs", "dtypes", "version", "target"},     # facts everything reads
+    {"errors", "knobs", "dtypes", "version", "target", "private_io"},  # facts everything reads; private files
     {"ir", "language"},                                      # the IR; the user-facing language stubs
     {"frontend", "passes", "interpreter"},                   # AST -> IR; IR -> IR; IR run on CPU tensors
     {"backend_cuda"},                                         # IR -> CUDA C++ -> NVRTC

@@ -1,6 +1,7 @@
 """The on-disk kernel cache: atomic entries, recovery from damage, one compile across processes."""
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -62,7 +63,7 @@ def test_store_writes_private_json_entry(root):
     entry, compiled = KernelCache().get_or_compile(KEY, fake_compile())
     assert compiled and entry.path == root / KEY[:2] / KEY
     assert sorted(p.name for p in entry.path.iterdir()) == [
-        "kernel.cu", "kernel.cubin", "kernel.ir", "kernel.ptx", "meta.json"]
+        "kernel.cu", "kernel.cubin", "kernel.ir", "kernel.ptx", "meta.json", "meta.sha256"]
     meta = json.loads((entry.path / "meta.json").read_text())
     assert meta["key"] == KEY and meta["kernel"] == "add" and meta["binary"] == "kernel.cubin"
     assert abs(meta["created"] - time.time()) < 60 and "compile_seconds" in meta
@@ -315,10 +316,17 @@ def test_store_keeps_an_intact_entry_another_process_wrote_first(root):
     assert len(list((root / KEY[:2]).iterdir())) == 1  # no temp or trash dirs left
 
 
+def write_meta(entry_path: Path, meta: dict) -> None:
+    """Rewrite an entry's meta.json as the cache would (with its digest in meta.sha256): a deliberate edit."""
+    data = json.dumps(meta).encode()
+    (entry_path / "meta.json").write_bytes(data)
+    (entry_path / "meta.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+
+
 def _age(entry_path: Path, seconds: float) -> None:
     meta = json.loads((entry_path / "meta.json").read_text())
     meta["created"] = time.time() - seconds
-    (entry_path / "meta.json").write_text(json.dumps(meta))
+    write_meta(entry_path, meta)
 
 
 def _autotune_record(root: Path, name: str, age_s: float) -> Path:

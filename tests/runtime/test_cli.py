@@ -13,6 +13,7 @@ import pytest
 
 from tilejit import cli
 from tilejit.cache import KernelCache
+from test_cache import write_meta
 
 REPO = Path(__file__).resolve().parents[2]
 # Two keys sharing the prefix "ab" (ambiguous), one elsewhere.
@@ -141,7 +142,7 @@ def test_show_by_unique_prefix(capsys, filled):
     assert fields["registers"] == "168" and "nvrtc=12.8" in fields["versions"]
     lines = out.splitlines()
     listed = [line.split()[0] for line in lines[lines.index(str(entry_dir)) + 1:]]
-    assert listed == ["kernel.cu", "kernel.cubin", "kernel.ir", "kernel.ptx", "meta.json"]
+    assert listed == ["kernel.cu", "kernel.cubin", "kernel.ir", "kernel.ptx", "meta.json", "meta.sha256"]
 
 
 def test_show_wraps_long_signatures_within_80_columns(capsys, filled):
@@ -229,7 +230,7 @@ def test_prune_older_than(capsys, filled):
     old = filled / "ab" / KEYS[1] / "meta.json"
     meta = json.loads(old.read_text())
     meta["created"] = time.time() - 31 * 86400
-    old.write_text(json.dumps(meta))
+    write_meta(old.parent, meta)
     rc, out, _ = run(capsys, "cache", "prune", "--older-than", "30d")
     assert rc == 0 and out == "removed 1 entry older than 30d\n"
     assert sorted(e.key for e in KernelCache().entries()) == [KEYS[0], KEYS[2]]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from tilejit import knobs
+from tilejit import knobs, private_io
 from tilejit.errors import BackendCompileError, BackendUnavailableError
 from tilejit.target import SUPPORTED_ARCHS, Arch
 
@@ -126,7 +126,7 @@ def nvrtc_version() -> tuple[int, int]:
 # ---- the NVRTC version record ---------------------------------------------------------------------------------
 
 def _record_path():
-    return knobs.cache_dir() / "nvrtc.json"
+    return private_io.cache_root() / "nvrtc.json"
 
 
 def _library_probe() -> dict:
@@ -180,7 +180,7 @@ def _loaded_library_path() -> str | None:
 def _recorded_version() -> tuple[int, int] | None:
     """The version in the record, if the record describes this environment and its library is unchanged."""
     try:
-        record = json.loads(_record_path().read_text())
+        record = json.loads(private_io.read_private(_record_path(), limit=1 << 16))
         version, library = record["version"], record["library"]
         if record["probe"] != _library_probe() or _file_identity(library[0]) != library:
             return None
@@ -202,22 +202,17 @@ def _record_version(version: tuple[int, int]) -> None:
     record = {"version": list(version), "library": library, "probe": _library_probe()}
     target = _record_path()
     try:
-        if json.loads(target.read_text()) == record:
+        if json.loads(private_io.read_private(target, limit=1 << 16)) == record:
             return
     except (OSError, ValueError):
         pass
     if hasattr(nvrtc_version, "cache_clear"):  # (tests may have replaced it)
         nvrtc_version.cache_clear()  # in case this process trusted an out-of-date record: the real one from now
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
-        os.replace(tmp, target)
+        private_io.make_private_root(target.parent)
+        private_io.write_private(target, (json.dumps(record, sort_keys=True) + "\n").encode())
     except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        pass
 
 
 @functools.cache
@@ -237,6 +232,11 @@ def check_arch_supported_by_nvrtc(arch: str) -> None:
     """Raise BackendUnavailableError if the installed NVRTC cannot target ``arch`` (already normalized)."""
     have = nvrtc_version()
     need = _MIN_NVRTC[arch]
+    if have < need:
+        # nvrtc.json may be out of date or damaged: a refusal is decided by the loaded library itself.
+        have = _library_version()
+        if have >= need:
+            _record_version(have)
     number = int(re.sub(r"\D", "", arch))
     numbers = _nvrtc_arch_numbers()
     if have < need or (numbers and number not in numbers):

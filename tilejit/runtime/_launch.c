@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -82,10 +84,20 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTuple(args, "K(III)Iy#iOO", &function, &bx, &by, &bz, &smem, &kinds, &nkinds, &device, &tmaps,
                           &fallback))
         return -1;
+    if (self->fallback) {
+        PyErr_SetString(PyExc_TypeError, "an Entry is initialised once");
+        return -1;
+    }
+    if (nkinds > MAX_VALUES + 64) { /* more than any kernel the launcher takes: checked before sizes are added */
+        PyErr_SetString(PyExc_ValueError, "too many kernel parameters for the native launcher");
+        return -1;
+    }
     self->function = (void *)(uintptr_t)function;
     self->block[0] = bx, self->block[1] = by, self->block[2] = bz;
     self->smem = smem;
     self->device = device;
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->offsets);
     self->kinds = PyMem_Malloc(nkinds + 1);
     self->offsets = PyMem_Malloc(sizeof(int) * (nkinds + 1));
     if (!self->kinds || !self->offsets) {
@@ -110,6 +122,10 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
         } else
             self->nvalues++;
         offset = (offset + align - 1) / align * align;
+        if (offset > MAX_PARAM_BYTES - size || self->nvalues > MAX_VALUES) { /* before it can overflow */
+            PyErr_SetString(PyExc_ValueError, "too many kernel parameters for the native launcher");
+            return -1;
+        }
         self->kinds[i] = (unsigned char)kind;
         self->offsets[i] = offset;
         offset += size;
@@ -206,6 +222,12 @@ static int dispatcher_init(Dispatcher *d, PyObject *args, PyObject *kw) {
                                      &PySet_Type, &fk, &tt, &sg, &slow, &fb, &gf, &PyTuple_Type, &pn, &PyDict_Type,
                                      &ri, &PyDict_Type, &df))
         return -1;
+    if (d->roles) {
+        /* Python code called from a launch (a tensor's attributes, the slow path) holds borrowed fields of this
+         * dispatcher: replacing them under it would free what it reads. Make a new Dispatcher instead. */
+        PyErr_SetString(PyExc_TypeError, "a Dispatcher is initialised once");
+        return -1;
+    }
     if (PyTuple_GET_SIZE(pn) != PyList_GET_SIZE(roles)) {
         PyErr_SetString(PyExc_ValueError, "one name per role");
         return -1;
@@ -375,6 +397,8 @@ static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, sign
         return 0;
     put(s, (uint64_t)nargs);
     for (Py_ssize_t i = 0; i < nroles; i++) {
+        if (i >= PyList_GET_SIZE(d->roles)) /* the list shrank under a tensor attribute's Python code */
+            return 0;
         PyObject *a, *role = PyList_GET_ITEM(d->roles, i);
         if (i < nargs)
             a = PyTuple_GET_ITEM(args, i);
@@ -559,6 +583,9 @@ static int pack_values(Entry *e, signature_t *s, unsigned char *buffer, void **p
         switch (e->kinds[i]) {
         case KIND_PTR:
         case KIND_I64: {
+            /* The float -> int64 conversion is undefined outside [-2^63, 2^63) and for NaN: Python explains. */
+            if (v->is_float && !(v->f >= -0x1p63 && v->f < 0x1p63))
+                return 0;
             int64_t x = v->is_float ? (int64_t)v->f : v->i;
             memcpy(at, &x, 8);
             break;
@@ -571,6 +598,8 @@ static int pack_values(Entry *e, signature_t *s, unsigned char *buffer, void **p
             break;
         }
         case KIND_F32: {
+            if (v->is_float && isfinite(v->f) && fabs(v->f) > FLT_MAX) /* out of float's range: Python explains */
+                return 0;
             float x = v->is_float ? (float)v->f : (float)v->i;
             memcpy(at, &x, 4);
             break;
@@ -684,13 +713,25 @@ static PyObject *call3(PyObject *fn, PyObject *grid, PyObject *args, PyObject *k
     PyObject *kw = kwargs ? Py_NewRef(kwargs) : PyDict_New();
     if (!kw)
         return NULL;
+    Py_INCREF(fn);
     PyObject *r = PyObject_CallFunctionObjArgs(fn, grid, args, kw, NULL);
+    Py_DECREF(fn);
     Py_DECREF(kw);
     return r;
 }
 
+static int check_ready(Dispatcher *d) {
+    if (!d->roles) { /* made by __new__ without __init__ */
+        PyErr_SetString(PyExc_TypeError, "the Dispatcher was not initialised");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObject *kwargs) {
     signature_t s;
+    if (!check_ready(d))
+        return NULL;
     if (!build_signature(d, args, kwargs, &s)) {
         d->fallbacks++;
         return call3(d->fallback, grid, args, kwargs);
@@ -702,6 +743,11 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObjec
         PyObject *made = call3(d->slow, grid, args, kwargs);
         if (!made)
             return NULL;
+        if (PyObject_TypeCheck(made, &EntryType) && !((Entry *)made)->fallback) {
+            Py_DECREF(made);
+            PyErr_SetString(PyExc_TypeError, "the slow path returned an Entry that was not initialised");
+            return NULL;
+        }
         if (PyObject_TypeCheck(made, &EntryType)) {
             /* The slow path may have learned compile-time extents: sign the call again before remembering it. */
             if (build_signature(d, args, kwargs, &s) && insert(d, &s, hash_words(s.words, s.n), made) < 0) {
@@ -712,16 +758,22 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObjec
         Py_DECREF(made);
         Py_RETURN_NONE;
     }
+    Py_INCREF(entry); /* before any Python code runs (the grid function may drop the table's reference) */
     unsigned g[3];
     if (!parse_grid(grid, g)) {
-        if (PyTuple_CheckExact(grid))
+        if (PyTuple_CheckExact(grid)) {
+            Py_DECREF(entry);
             return call3(d->slow, grid, args, kwargs); /* a bad grid: Python says what is wrong */
+        }
         PyObject *resolved = call3(d->grid_fn, grid, args, kwargs);
-        if (!resolved)
+        if (!resolved) {
+            Py_DECREF(entry);
             return NULL;
+        }
         int ok = parse_grid(resolved, g);
         Py_DECREF(resolved);
         if (!ok) {
+            Py_DECREF(entry);
             PyObject *r = call3(d->slow, grid, args, kwargs);
             Py_XDECREF(r);
             if (!r)
@@ -730,7 +782,6 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObjec
         }
     }
     d->hits++;
-    Py_INCREF(entry);
     PyObject *device = PyLong_FromLong(s.device);
     PyObject *r = device ? launch((Entry *)entry, g, &s, device, d->stream_getter) : NULL;
     Py_XDECREF(device);
@@ -787,6 +838,8 @@ static PyObject *dispatcher_stats(Dispatcher *d, PyObject *unused) {
 static PyObject *dispatcher_signature(Dispatcher *d, PyObject *args, PyObject *kwargs) {
     /* For tests: the signature words of a call, or None when the call takes the fallback. */
     signature_t s;
+    if (!check_ready(d))
+        return NULL;
     if (!build_signature(d, args, kwargs, &s))
         Py_RETURN_NONE;
     PyObject *t = PyTuple_New(s.n);
@@ -835,6 +888,8 @@ static PyObject *time_driver_launches(PyObject *self, PyObject *a) {
         return PyErr_NoMemory();
     PyObject *result = NULL;
     Entry *e = NULL;
+    if (!check_ready((Dispatcher *)d))
+        goto done;
     if (!build_signature((Dispatcher *)d, args, kwargs, s) ||
         !(e = (Entry *)lookup((Dispatcher *)d, s, hash_words(s->words, s->n))) || e->ntmaps) {
         PyErr_SetString(PyExc_ValueError, "launch the kernel with these arguments first (and not one with tensor maps)");

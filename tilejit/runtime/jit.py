@@ -18,6 +18,7 @@ from .. import knobs
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
+from ..errors import ArgumentError, ArgumentValueError
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
@@ -58,9 +59,9 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
     try:
         dtype = D.from_torch(t.dtype)
     except TypeError as e:
-        raise TypeError(f"argument '{name}': {e}") from None
+        raise ArgumentError(f"argument '{name}': {e}") from None
     if t.dim() == 0:
-        raise ValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
+        raise ArgumentValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
     unit = tuple(d for d in range(t.dim()) if t.stride(d) == 1)
     aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
     # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
@@ -76,11 +77,11 @@ def _scalar_spec(name: str, v: Any) -> ScalarSpec:
         return ScalarSpec(D.bool_)
     if isinstance(v, int):
         if not -2**63 <= v < 2**63:
-            raise ValueError(f"argument '{name}' = {v} does not fit in 64 bits")
+            raise ArgumentValueError(f"argument '{name}' = {v} does not fit in 64 bits")
         return ScalarSpec(D.int64, v == 1, v % 16 == 0)
     if isinstance(v, float):
         return ScalarSpec(D.float32)
-    raise TypeError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
+    raise ArgumentError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
                     "ints, floats and bools (mark compile-time parameters with T.constexpr)")
 
 
@@ -166,21 +167,21 @@ class Kernel:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
+            raise ArgumentError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
                             f"{', '.join(LAUNCH_OPTIONS)})") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
             opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options})
         except ValueError as e:
-            raise ValueError(f"kernel {self.__name__}: {e}") from None
+            raise ArgumentValueError(f"kernel {self.__name__}: {e}") from None
         specs: dict[str, ArgSpec] = {}
         for name, value in values.items():
             if name in self.constexpr_names:
                 if isinstance(value, lang.constexpr):
                     value = values[name] = value.value
                 if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
-                    raise TypeError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
+                    raise ArgumentError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
                                     f"tuple, got {type(value).__name__}")
                 specs[name] = ConstexprSpec(value)
             elif _is_tensor(value):
@@ -416,7 +417,7 @@ class Kernel:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
+        raise ArgumentError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
                         f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
     def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
@@ -429,7 +430,7 @@ class Kernel:
         devices = {str(t.device) for t in tensors.values()}
         if len(devices) > 1:
             listing = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
-            raise ValueError(f"kernel {self.__name__}: tensor arguments are on different devices ({listing})")
+            raise ArgumentValueError(f"kernel {self.__name__}: tensor arguments are on different devices ({listing})")
         if knobs.interpret():
             from ..interpreter import interpret
 
@@ -437,7 +438,7 @@ class Kernel:
             return None
         for n, t in tensors.items():
             if t.device.type != "cuda":
-                raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
+                raise ArgumentValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
                                  "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
         device_index = next(iter(tensors.values())).device.index if tensors else None
         if device_index is None:
@@ -549,19 +550,19 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
     if isinstance(grid, int):
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
-        raise ValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
+        raise ArgumentValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
                          f"got {grid!r}")
     dims = []
     for g in grid:
         if hasattr(g, "item") and not isinstance(g, int):
             g = g.item()
         if isinstance(g, bool) or not isinstance(g, int):
-            raise TypeError(f"kernel {name}: grid entries must be ints, got {g!r}")
+            raise ArgumentError(f"kernel {name}: grid entries must be ints, got {g!r}")
         if g <= 0:
-            raise ValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
+            raise ArgumentValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
         dims.append(g)
     if dims[0] >= 2**31 or any(d >= 65536 for d in dims[1:]):
-        raise ValueError(f"kernel {name}: grid {tuple(dims)} exceeds CUDA's limits (2^31-1, 65535, 65535)")
+        raise ArgumentValueError(f"kernel {name}: grid {tuple(dims)} exceeds CUDA's limits (2^31-1, 65535, 65535)")
     while len(dims) < 3:
         dims.append(1)
     return tuple(dims)

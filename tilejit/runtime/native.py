@@ -9,9 +9,14 @@ built, or with ``TILEJIT_NATIVE_LAUNCH=0``, launches take the Python path (``run
 reference; when it cannot be built, one warning says why. The switch is read at a kernel's first GPU launch.
 
 The shared object lives at ``<cache dir>/native/launch-<digest><ext>``, the digest covering the C source, the
-Python version and the platform, so a change to any of them builds a new one. It is executable code, so unlike
-the rest of the cache it is loaded only from a directory and a file that belong to this user and that nobody
-else can write; otherwise it is built again in a private temporary directory.
+Python version and the platform, so a change to any of them builds a new one; beside it ``<name>.sha256`` holds
+the sha256 of the library's bytes, written by the build. It is executable code, so it is trusted only as the
+README's "Who may write the cache" says: the cache root and ``native/`` must be this user's and writable by
+nobody else (else the library is built in a private temporary directory, removed once loaded), and loading
+opens the file once (no symlink followed, a regular private file by ``fstat``), reads it, checks the bytes
+against the recorded digest and loads exactly those bytes from an anonymous memory file (``memfd_create``), so
+nothing swapped in after the check can be run. A library that fails any of this is removed and built again;
+every failure to build or load is a NativeBuildError, and launches then take the Python path.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from types import ModuleType
 # Imported where used (subprocess, sysconfig, tempfile, ...): `import tilejit` must stay cheap, and most processes
 # load an already built library or never launch on a GPU.
 
-from .. import knobs
+from .. import knobs, private_io
 
 SOURCE = Path(__file__).with_name("_launch.c")
 # Parameter kinds as _launch.c numbers them (driver.PARAM_KINDS names).
@@ -69,8 +74,8 @@ def load_async() -> ModuleType | None:
     global _builder
     if _module is not None or _failure is not None or not knobs.native_launch():
         return _module
-    built = library_path(knobs.cache_dir() / "native")
-    if built.is_file() and _private(built):
+    built = library_path(private_io.cache_root() / "native")
+    if built.is_file() and _private(built) and _digest_path(built).is_file():
         return load()  # built by an earlier process: loading takes about a millisecond
     with _lock:
         if _builder is None and _module is None and _failure is None:
@@ -116,23 +121,122 @@ def library_path(directory: Path) -> Path:
     return directory / f"launch-{digest()}{_ext_suffix()}"
 
 
-def _load_or_build() -> ModuleType:
-    import tempfile
+def _digest_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
 
-    directory = knobs.cache_dir() / "native"
+
+def _load_or_build() -> ModuleType:
+    """Load the cached library, or build it (again) and load that; NativeBuildError on any failure."""
+    import shutil
+
+    directory, scratch = _library_directory()
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        directory.mkdir(mode=0o700, exist_ok=True)
-        usable = _private(directory)
-    except OSError:
-        usable = False
-    if not usable:
-        directory = Path(tempfile.mkdtemp(prefix="tilejit-native-"))
-    path = library_path(directory)
-    if not (path.is_file() and _private(path)):
+        path = library_path(directory)
+        try:
+            return load_verified(path)
+        except FileNotFoundError:
+            pass
+        except NativeBuildError:
+            _unlink(path)  # damaged, foreign or swapped: never used, built again below
         _remove_stale_temporaries(directory)
         build(path)
-    return _import(path)
+        return load_verified(path)
+    except OSError as error:
+        raise NativeBuildError(f"cannot build or load the launcher in {directory}: {error}") from None
+    finally:
+        if scratch:
+            shutil.rmtree(directory, ignore_errors=True)  # loaded from memory: the files are not needed
+
+
+def _library_directory() -> tuple[Path, bool]:
+    """``<cache dir>/native`` when it and the cache root are private, else a fresh private temporary directory
+    (second item True: remove it after loading)."""
+    import tempfile
+
+    directory = private_io.cache_root() / "native"
+    try:
+        private_io.make_private_root(directory.parent)
+        private_io.make_private_dir(directory)
+        if os.access(directory, os.W_OK | os.X_OK):
+            return directory, False
+    except private_io.UntrustedPathError as error:
+        warnings.warn(f"tilejit: not building the launcher in {directory}: {error.filename} is "
+                      f"{error.strerror}; building it in a private temporary directory for this process",
+                      RuntimeWarning, stacklevel=4)
+    except OSError:
+        pass
+    try:
+        return Path(tempfile.mkdtemp(prefix="tilejit-native-")), True
+    except OSError as error:
+        raise NativeBuildError(f"no private directory to build the launcher in: {error}") from None
+
+
+def load_verified(path: Path) -> ModuleType:
+    """Open ``path`` once (no symlink followed; a regular file of this user that nobody else can write), check
+    its bytes against ``<path>.sha256`` and load those bytes from a private copy in memory.
+    FileNotFoundError when there is no library; NativeBuildError when there is one that must not be used."""
+    try:
+        fd = private_io.open_private(path)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise NativeBuildError(f"refusing {path}: {error.strerror or error}") from None
+    try:
+        data = private_io.read_fd(fd)
+    except OSError as error:
+        raise NativeBuildError(f"cannot read {path}: {error}") from None
+    finally:
+        os.close(fd)
+    import hashlib
+
+    try:
+        recorded = private_io.read_private(_digest_path(path), limit=256).decode("ascii", "replace").strip()
+    except OSError as error:
+        raise NativeBuildError(f"no trustworthy digest for {path}: {error.strerror or error}") from None
+    if hashlib.sha256(data).hexdigest() != recorded:
+        raise NativeBuildError(f"{path} does not match its recorded digest")
+    return _import_bytes(data, path)
+
+
+def _import_bytes(data: bytes, origin: Path) -> ModuleType:
+    """Load the extension module whose verified bytes are ``data`` from a memory file (or, without
+    memfd_create, from a private temporary copy), never from ``origin`` itself."""
+    import tempfile
+
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tilejit-launch", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            _write_all(fd, data)
+            return _import(Path(f"/proc/self/fd/{fd}"), origin)
+        finally:
+            os.close(fd)
+    directory = tempfile.mkdtemp(prefix="tilejit-native-load-")
+    try:
+        copy = Path(directory) / origin.name
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        return _import(copy, origin)
+    finally:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _unlink(path: Path) -> None:
+    for p in (path, _digest_path(path)):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
@@ -170,7 +274,9 @@ def compiler() -> list[str]:
 
 
 def build(path: Path) -> None:
-    """Compile ``_launch.c`` into ``path`` (written under a temporary name, then renamed into place)."""
+    """Compile ``_launch.c`` into ``path`` (written under a temporary name, checked to be a non-empty shared
+    object, its digest recorded in ``<path>.sha256``, then renamed into place)."""
+    import hashlib
     import shlex
     import subprocess
     import sysconfig
@@ -180,9 +286,13 @@ def build(path: Path) -> None:
     if not include or not (Path(include) / "Python.h").is_file():
         raise NativeBuildError(f"Python's C headers are not installed (no Python.h in {include}; on Debian/Ubuntu: "
                                f"apt install python{sys.version_info[0]}.{sys.version_info[1]}-dev)")
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    command_head = compiler()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise NativeBuildError(f"cannot create a temporary file in {path.parent}: {error.strerror or error}") from None
     os.close(fd)
-    command = [*compiler(), "-O2", "-shared", "-fPIC", "-std=gnu11", "-I", include, str(SOURCE), "-o", tmp, "-ldl"]
+    command = [*command_head, "-O2", "-shared", "-fPIC", "-std=gnu11", "-I", include, str(SOURCE), "-o", tmp, "-ldl"]
     try:
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -191,24 +301,39 @@ def build(path: Path) -> None:
         if done.returncode != 0:
             log = (done.stderr or done.stdout).strip()[-2000:]
             raise NativeBuildError(f"{shlex.join(command)} exited with {done.returncode}:\n{log}")
-        os.chmod(tmp, 0o700)
-        os.replace(tmp, path)  # atomic: a concurrent builder's identical file may win, which is fine
+        try:
+            fd = private_io.open_private(Path(tmp))
+            try:
+                data = private_io.read_fd(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise NativeBuildError(f"{shlex.join(command)} left no readable output: {error}") from None
+        if sys.platform.startswith("linux") and not data.startswith(b"\x7fELF") or not data:
+            raise NativeBuildError(f"{shlex.join(command)} exited with 0 but wrote no shared object "
+                                   f"({len(data)} bytes)")
+        try:
+            os.chmod(tmp, 0o700)
+            private_io.write_private(_digest_path(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
+            os.replace(tmp, path)  # atomic: a concurrent builder's file may win; its digest is checked on load
+        except OSError as error:
+            raise NativeBuildError(f"cannot install {path}: {error.strerror or error}") from None
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
 
 
-def _import(path: Path) -> ModuleType:
+def _import(path: Path, origin: Path) -> ModuleType:
     import importlib.machinery
     import importlib.util
 
     loader = importlib.machinery.ExtensionFileLoader("tilejit.runtime._launch", str(path))
     spec = importlib.util.spec_from_file_location("tilejit.runtime._launch", path, loader=loader)
     if spec is None:
-        raise NativeBuildError(f"cannot import {path}")
+        raise NativeBuildError(f"cannot import {origin}")
     module = importlib.util.module_from_spec(spec)
     try:
         loader.exec_module(module)
-    except ImportError as error:
-        raise NativeBuildError(f"cannot import {path}: {error}") from None
+    except (ImportError, OSError) as error:
+        raise NativeBuildError(f"cannot import {origin}: {error}") from None
     return module
