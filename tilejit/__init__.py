@@ -9,8 +9,9 @@
         Y[i:i + BLOCK] = X[i:i + BLOCK] + 1
 """
 from . import language
-from .errors import (BackendCompileError, CompilationError, DispatchError, LaunchError, NameResolutionError,
-                     SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError)
+from .errors import (BackendCompileError, CompilationError, DispatchError, InternalError, LaunchError,
+                     NameResolutionError, SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError,
+                     UsageError)
 from .language import cdiv
 from .runtime.jit import Kernel, func, kernel
 from .version import __version__
@@ -18,7 +19,7 @@ from .version import __version__
 __all__ = [
     "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
-    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError",
+    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "UsageError", "InternalError",
 ]
 
 

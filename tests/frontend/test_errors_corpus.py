@@ -676,3 +676,120 @@ def test_language_outside_a_kernel(call):
 def test_cdiv_works_on_the_host():
     assert T.cdiv(100, 16) == 7 and tilejit.cdiv(96, 16) == 6
 
+
+
+# -- what a user sees: tracebacks of user errors start and end in their own code ---------------------------------
+
+TRACEBACK_SCRIPT = '''
+import sys
+import torch, tilejit
+import tilejit.language as T
+
+@tilejit.kernel
+def scale(X, Y, alpha, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * alpah
+
+@tilejit.kernel
+def fine(X, Y, alpha, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * alpha
+
+x = torch.randn(1000)
+y = torch.empty_like(x)
+what = sys.argv[1]
+if what == "launch":
+    scale[(8,)](x, y, 2.0, BLOCK=128)
+elif what == "ir":
+    scale.ir(x, y, 2.0, BLOCK=128)
+elif what == "compile":
+    scale.compile(x, y, 2.0, BLOCK=128, arch="sm_90a")
+elif what == "argument":
+    fine[(8,)](x, [1.0], 2.0, BLOCK=128)
+elif what == "grid":
+    fine[(8.0,)](x, y, 2.0, BLOCK=128)
+elif what == "autotune":
+    tuned = tilejit.autotune(configs=[tilejit.Config({"BLOCK": 128})], key=[])(scale)
+    tuned[(8,)](x, y, 2.0)
+elif what == "bug":
+    import tilejit.frontend.semantic as S
+    S.Semantic.binary = staticmethod(divmod)  # an internal TypeError, raised inside tilejit
+    fine[(8,)](x, y, 2.0, BLOCK=128)
+'''
+
+
+def run_script(tmp_path, what: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_script.py"
+    script.write_text(TRACEBACK_SCRIPT)
+    environ = {k: v for k, v in os.environ.items() if k != "TILEJIT_TRACEBACK"}
+    environ.update(TILEJIT_INTERPRET="1", TILEJIT_CACHE_DIR=str(tmp_path / "cache"), **env)
+    done = subprocess.run([sys.executable, str(script), what], capture_output=True, text=True, env=environ,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    return script, done.stderr
+
+
+def traceback_lines(stderr: str) -> list[str]:
+    """The lines of the (last) traceback, from 'Traceback' to the line before the exception's own."""
+    lines = stderr.rstrip("\n").split("\n")
+    start = max(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("what, error, phrase", [
+    ("launch", "NameResolutionError", "name 'alpah' is not defined"),
+    ("ir", "NameResolutionError", "name 'alpah' is not defined"),
+    ("compile", "NameResolutionError", "name 'alpah' is not defined"),
+    ("autotune", "NameResolutionError", "name 'alpah' is not defined"),
+    ("argument", "UsageTypeError", "argument 'Y' has type list"),
+    ("grid", "UsageTypeError", "grid entries must be ints, got 8.0"),
+])
+def test_user_errors_show_a_short_traceback(tmp_path, what, error, phrase):
+    script, stderr = run_script(tmp_path, what)
+    shown = traceback_lines(stderr)
+    assert 2 <= len(shown) <= 9, stderr
+    assert stderr.count("Traceback (most recent call last):") == 1, stderr
+    assert f'File "{script}"' in shown[1], stderr  # it starts at the user's call ...
+    assert not any("/tilejit/" in line for line in shown[:-2]), stderr  # ... and shows one frame of tilejit's
+    assert f"tilejit.errors.{error}: " in stderr and phrase in stderr, stderr
+    assert len(stderr.rstrip("\n").split("\n")) <= 14, stderr
+
+
+def test_full_traceback_knob_keeps_every_frame(tmp_path):
+    _, short = run_script(tmp_path, "launch")
+    _, full = run_script(tmp_path, "launch", TILEJIT_TRACEBACK="full")
+    assert len(traceback_lines(full)) > 20
+    assert "tilejit/frontend/expressions.py" in full and "tilejit/frontend/expressions.py" not in short
+    assert full.rstrip().endswith(short.rstrip().split("\n")[-1])  # the same message
+
+
+def test_internal_errors_say_they_are_bugs_and_keep_every_frame(tmp_path):
+    _, stderr = run_script(tmp_path, "bug")
+    assert "TypeError: divmod expected 2 arguments" in stderr
+    assert "tilejit/frontend/expressions.py" in stderr  # the original's full traceback, chained
+    assert "The above exception was the direct cause of the following exception" in stderr
+    last = stderr.rstrip("\n").split("\n")
+    assert last[-2].startswith("tilejit.errors.InternalError: TypeError: divmod expected 2 arguments")
+    assert last[-1].startswith("this is a tilejit bug; please report it with the traceback above")
+
+
+def test_internal_error_is_still_an_instance_of_the_original_class():
+    err = tilejit.errors.InternalError.wrapping(KeyError("k"))
+    assert isinstance(err, KeyError) and isinstance(err, tilejit.errors.InternalError)
+    assert str(err).startswith("KeyError: 'k'\nthis is a tilejit bug")
+    odd = tilejit.errors.InternalError.wrapping(UnicodeDecodeError("utf-8", b"x", 0, 1, "bad"))
+    assert type(odd) is tilejit.errors.InternalError
+
+
+def test_launch_argument_errors_are_usage_errors_and_builtin_errors(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)]([0.0] * 64, cpu(), 1, BLOCK=16)
+    assert isinstance(info.value, tilejit.errors.UsageError)
+    with pytest.raises(ValueError) as info:
+        add_one[(0,)](cpu(), cpu(), 1, BLOCK=16)
+    assert isinstance(info.value, tilejit.errors.UsageError)

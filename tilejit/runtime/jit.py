@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from .. import compiler
 from .. import dtypes as D
 from .. import knobs
+from ..errors import UsageTypeError, UsageValueError, entry_point
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
@@ -58,9 +59,9 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
     try:
         dtype = D.from_torch(t.dtype)
     except TypeError as e:
-        raise TypeError(f"argument '{name}': {e}") from None
+        raise UsageTypeError(f"argument '{name}': {e}") from None
     if t.dim() == 0:
-        raise ValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
+        raise UsageValueError(f"argument '{name}' is a 0-d tensor; pass a Python number or a 1-element 1-d tensor")
     unit = tuple(d for d in range(t.dim()) if t.stride(d) == 1)
     aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
     # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
@@ -76,12 +77,12 @@ def _scalar_spec(name: str, v: Any) -> ScalarSpec:
         return ScalarSpec(D.bool_)
     if isinstance(v, int):
         if not -2**63 <= v < 2**63:
-            raise ValueError(f"argument '{name}' = {v} does not fit in 64 bits")
+            raise UsageValueError(f"argument '{name}' = {v} does not fit in 64 bits")
         return ScalarSpec(D.int64, v == 1, v % 16 == 0)
     if isinstance(v, float):
         return ScalarSpec(D.float32)
-    raise TypeError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
-                    "ints, floats and bools (mark compile-time parameters with T.constexpr)")
+    raise UsageTypeError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
+                         "ints, floats and bools (mark compile-time parameters with T.constexpr)")
 
 
 class Kernel:
@@ -98,7 +99,7 @@ class Kernel:
                                 if _is_constexpr_annotation(p.annotation)}
         for name in self.arg_names:
             if name in LAUNCH_OPTIONS:
-                raise TypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
+                raise UsageTypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
         self._parsed: ParsedSource | None = None
         self._constructs_checked = False
         self._source_hash: str | None = None
@@ -166,22 +167,22 @@ class Kernel:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
-                            f"{', '.join(LAUNCH_OPTIONS)})") from None
+            raise UsageTypeError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
+                                 f"{', '.join(LAUNCH_OPTIONS)})") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
             opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options})
         except ValueError as e:
-            raise ValueError(f"kernel {self.__name__}: {e}") from None
+            raise UsageValueError(f"kernel {self.__name__}: {e}") from None
         specs: dict[str, ArgSpec] = {}
         for name, value in values.items():
             if name in self.constexpr_names:
                 if isinstance(value, lang.constexpr):
                     value = values[name] = value.value
                 if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
-                    raise TypeError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
-                                    f"tuple, got {type(value).__name__}")
+                    raise UsageTypeError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
+                                         f"tuple, got {type(value).__name__}")
                 specs[name] = ConstexprSpec(value)
             elif _is_tensor(value):
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
@@ -246,6 +247,7 @@ class Kernel:
                         adopted.setdefault(param, set()).add(dim)
         self._stored_shape_dims = adopted
 
+    @entry_point
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The printed IR of the specialization these arguments select (tensors may be on ``meta``)."""
         from ..ir import print_function
@@ -295,6 +297,7 @@ class Kernel:
         if dispatcher is not None:
             return dispatcher.bind(grid)  # the compiled launcher (runtime/_launch.c)
 
+        @entry_point
         def launch(*args: Any, **kwargs: Any) -> None:
             self._python_launch(grid, args, kwargs)
         return launch
@@ -415,9 +418,10 @@ class Kernel:
                 return (grid[0], 1, 1)
         return None
 
+    @entry_point
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
-                        f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
+        raise UsageTypeError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
+                             f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
     def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
@@ -429,7 +433,7 @@ class Kernel:
         devices = {str(t.device) for t in tensors.values()}
         if len(devices) > 1:
             listing = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
-            raise ValueError(f"kernel {self.__name__}: tensor arguments are on different devices ({listing})")
+            raise UsageValueError(f"kernel {self.__name__}: tensor arguments are on different devices ({listing})")
         if knobs.interpret():
             from ..interpreter import interpret
 
@@ -437,8 +441,8 @@ class Kernel:
             return None
         for n, t in tensors.items():
             if t.device.type != "cuda":
-                raise ValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
-                                 "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
+                raise UsageValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
+                                      "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
         device_index = next(iter(tensors.values())).device.index if tensors else None
         if device_index is None:
             import torch
@@ -468,14 +472,16 @@ class Kernel:
         return module.Dispatcher(
             roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
             tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
-            fallback=self._python_launch, grid_fn=self._fast_grid, names=tuple(self.arg_names),
+            fallback=entry_point(self._python_launch), grid_fn=self._fast_grid, names=tuple(self.arg_names),
             runtime_index=self._runtime_index, defaults=self._runtime_defaults)
 
+    @entry_point  # called by the compiled launcher: the outermost frame of tilejit's on a miss
     def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
         launcher = self.run(grid, args, kwargs)
         return None if launcher is None else launcher.native_entry()
 
+    @entry_point
     def compile(self, *args: Any, arch: str | None = None, stop_after: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``.
 
@@ -549,19 +555,19 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
     if isinstance(grid, int):
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
-        raise ValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
-                         f"got {grid!r}")
+        raise UsageValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
+                              f"got {grid!r}")
     dims = []
     for g in grid:
         if hasattr(g, "item") and not isinstance(g, int):
             g = g.item()
         if isinstance(g, bool) or not isinstance(g, int):
-            raise TypeError(f"kernel {name}: grid entries must be ints, got {g!r}")
+            raise UsageTypeError(f"kernel {name}: grid entries must be ints, got {g!r}")
         if g <= 0:
-            raise ValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
+            raise UsageValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
         dims.append(g)
     if dims[0] >= 2**31 or any(d >= 65536 for d in dims[1:]):
-        raise ValueError(f"kernel {name}: grid {tuple(dims)} exceeds CUDA's limits (2^31-1, 65535, 65535)")
+        raise UsageValueError(f"kernel {name}: grid {tuple(dims)} exceeds CUDA's limits (2^31-1, 65535, 65535)")
     while len(dims) < 3:
         dims.append(1)
     return tuple(dims)
