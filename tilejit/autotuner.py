@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs
-from tilejit.errors import TilejitError, UsageTypeError, entry_point
+from tilejit.errors import TilejitError, UsageTypeError, UsageValueError, did_you_mean, entry_point
 from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
@@ -197,9 +197,9 @@ class Autotuner:
                             ("restore_value", self.restore_value)):
             unknown = [name for name in names if name not in self.arg_names]
             if unknown:
-                raise ValueError(
+                raise UsageValueError(
                     f"autotune({role}=...) of {self.__name__!r} names {unknown}, which are not parameters "
-                    f"({', '.join(self.arg_names)})"
+                    f"({', '.join(self.arg_names)}){did_you_mean(unknown[0], self.arg_names)}"
                 )
         prune = dict(prune_configs_by or {})
         extra = set(prune) - {"perf_model", "top_k", "early_config_prune"}

@@ -10,15 +10,38 @@ points wrap it in an ``InternalError`` that says so (:func:`entry_point`).
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
 import sysconfig
 import types
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable, TypeVar
 
 from . import knobs
+
+
+LANGUAGE_DOCS = "docs/language.md"
+
+
+def docs_link(section: str) -> str:
+    """Where the language reference explains ``section`` (an anchor of docs/language.md, shipped in the package:
+    ``tilejit.docs()`` gives its path)."""
+    return f"{LANGUAGE_DOCS}#{section}"
+
+
+def did_you_mean(name: str, candidates: "Iterable[str]", prefix: str = "") -> str:
+    """`` (did you mean 'alpha'?)`` for the close matches of ``name`` among ``candidates``, else ""."""
+    matches = close_matches(name, candidates)
+    if not matches:
+        return ""
+    return f" (did you mean {' or '.join(repr(prefix + m) for m in matches)}?)"
+
+
+def close_matches(name: str, candidates: "Iterable[str]") -> list[str]:
+    """Up to three of ``candidates`` that look like a misspelling of ``name``, best first."""
+    return difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=3, cutoff=0.6)
 
 
 class TilejitError(Exception):

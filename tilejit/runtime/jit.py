@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from .. import compiler
 from .. import dtypes as D
 from .. import knobs
-from ..errors import UsageTypeError, UsageValueError, entry_point
+from ..errors import UsageTypeError, UsageValueError, close_matches, docs_link, entry_point
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
@@ -167,7 +167,11 @@ class Kernel:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise UsageTypeError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
+            known = [*self.arg_names, *LAUNCH_OPTIONS]
+            unknown = [k for k in kwargs if k not in self.arg_names]
+            close = "".join(f" ('{k}' is not a parameter: did you mean {' or '.join(map(repr, matches))}?)"
+                            for k in unknown if (matches := close_matches(k, known)))
+            raise UsageTypeError(f"{e}{close} (kernel signature: {self._signature_text()}; launch options: "
                                  f"{', '.join(LAUNCH_OPTIONS)})") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
@@ -182,7 +186,7 @@ class Kernel:
                     value = values[name] = value.value
                 if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
                     raise UsageTypeError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
-                                         f"tuple, got {type(value).__name__}")
+                                         f"tuple, got {type(value).__name__}{_constexpr_hint(name, value)}")
                 specs[name] = ConstexprSpec(value)
             elif _is_tensor(value):
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
@@ -530,6 +534,17 @@ class Kernel:
         return f"<tilejit.kernel {self.__name__}>"
 
 
+def _constexpr_hint(name: str, value: Any) -> str:
+    """What to pass instead of ``value`` for the constexpr ``name``."""
+    if _is_tensor(value):
+        what = f"{name}=t.item()" if value.numel() == 1 else "a Python number"
+        return (f": a constexpr is a compile-time value (each value compiles a kernel): pass {what}, or drop "
+                f"T.constexpr from '{name}' to pass the tensor at run time ({docs_link('constexprs')})")
+    if isinstance(value, list):
+        return f": pass a tuple, (a, b) instead of [a, b] ({docs_link('constexprs')})"
+    return f" ({docs_link('constexprs')})"
+
+
 def _torch_tensor():
     import torch
 
@@ -562,7 +577,9 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
         if hasattr(g, "item") and not isinstance(g, int):
             g = g.item()
         if isinstance(g, bool) or not isinstance(g, int):
-            raise UsageTypeError(f"kernel {name}: grid entries must be ints, got {g!r}")
+            hint = (" (n / BLOCK is a float: use tilejit.cdiv(n, BLOCK) to cover n, or n // BLOCK)"
+                    if isinstance(g, float) else "")
+            raise UsageTypeError(f"kernel {name}: grid entries must be ints, got {g!r}{hint}")
         if g <= 0:
             raise UsageValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
         dims.append(g)
@@ -574,7 +591,11 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
 
 
 def kernel(fn: Callable | None = None) -> Kernel:
-    """Decorator: compile ``fn`` as a tilejit kernel (see DESIGN.md 'The language')."""
+    """Decorator: compile ``fn`` as a tilejit kernel, launched with ``kernel[grid](*args, **meta)``.
+
+    The language is described in docs/language.md (``tilejit.docs()`` gives the path of the copy installed with
+    the package) and in the docstrings of ``tilejit.language``.
+    """
     if fn is None:
         return kernel  # type: ignore[return-value]
     return Kernel(fn)
