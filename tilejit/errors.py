@@ -207,17 +207,27 @@ class InternalError(TilejitError):
         message = (f"{type(error).__name__}: {error}\nthis is a tilejit bug; please report it with the traceback "
                    f"above, the kernel's source and its launch arguments (tilejit {__version__}, Python "
                    f"{sys.version.split()[0]})")
-        try:
-            kind = _internal_error_classes.get(type(error))
-            if kind is None:
-                kind = type("InternalError", (cls, type(error)), {"__module__": __name__})
-                _internal_error_classes[type(error)] = kind
-            return kind(message)
-        except TypeError:  # a class that cannot be mixed in or built from one message (UnicodeDecodeError ...)
-            return cls(message)
+        return _internal_error(type(error), message)
+
+    def __reduce__(self):  # the mixed-in classes are made at run time: pickle by what they wrap
+        return _internal_error, (getattr(type(self), "wraps", None), self.message)
 
 
 _internal_error_classes: dict[type, type] = {}
+
+
+def _internal_error(wraps: type | None, message: str) -> InternalError:
+    """An InternalError that is also a ``wraps`` when that class can be mixed in and built from one message."""
+    if wraps is None:
+        return InternalError(message)
+    try:
+        kind = _internal_error_classes.get(wraps)
+        if kind is None:
+            kind = type("InternalError", (InternalError, wraps), {"__module__": __name__, "wraps": wraps})
+            _internal_error_classes[wraps] = kind
+        return kind(message)
+    except TypeError:  # a class that cannot be mixed in or built from one message (UnicodeDecodeError ...)
+        return InternalError(message)
 
 # -- public entry points: tracebacks that start at the user's code ------------------------------------------
 

@@ -925,6 +925,11 @@ def test_internal_error_is_still_an_instance_of_the_original_class():
     assert str(err).startswith("KeyError: 'k'\nthis is a tilejit bug")
     odd = tilejit.errors.InternalError.wrapping(UnicodeDecodeError("utf-8", b"x", 0, 1, "bad"))
     assert type(odd) is tilejit.errors.InternalError
+    import pickle
+
+    for original in (err, odd):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original) and str(copy) == str(original)
 
 
 def test_launch_argument_errors_are_usage_errors_and_builtin_errors(interpret):
