@@ -229,6 +229,7 @@ def _internal_error(wraps: type | None, message: str) -> InternalError:
     except TypeError:  # a class that cannot be mixed in or built from one message (UnicodeDecodeError ...)
         return InternalError(message)
 
+
 # -- public entry points: tracebacks that start at the user's code ------------------------------------------
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -242,8 +243,8 @@ def _is_tilejit_file(filename: str) -> bool:
 
 def _is_library_file(filename: str) -> bool:
     """Python's own modules and installed packages (torch ...): neither tilejit nor the user's code."""
-    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
-        return not filename.startswith("<stdin>") and not filename.startswith("<string>")
+    if filename.startswith("<"):  # <frozen importlib._bootstrap> is Python's; <stdin> and <string> the user's
+        return not filename.startswith(("<stdin>", "<string>"))
     path = os.path.abspath(filename)
     return path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path
 
@@ -309,7 +310,8 @@ def entry_point(fn: F) -> F:
                 raise InternalError.wrapping(error) from error
             if knobs.full_traceback():
                 raise
-            error.__suppress_context__ = True  # "during handling of ..." of tilejit's own retries
+            if isinstance(error, TilejitError):
+                error.__suppress_context__ = True  # "during handling of ..." of tilejit's own retries
             cause = error.__cause__
             if cause is not None and not isinstance(cause, InternalError):
                 cause.__traceback__ = user_frames(cause.__traceback__)

@@ -852,6 +852,8 @@ elif what == "grid":
 elif what == "autotune":
     tuned = tilejit.autotune(configs=[tilejit.Config({"BLOCK": 128})], key=[])(scale)
     tuned[(8,)](x, y, 2.0)
+elif what == "user_callback":
+    fine[lambda meta: (tilejit.cdiv(1000, meta["BLOKC"]),)](x, y, 2.0, BLOCK=128)
 elif what == "bug":
     import tilejit.frontend.semantic as S
     S.Semantic.binary = staticmethod(divmod)  # an internal TypeError, raised inside tilejit
@@ -907,6 +909,15 @@ def test_full_traceback_knob_keeps_every_frame(tmp_path):
     assert len(traceback_lines(full)) > 20
     assert "tilejit/frontend/expressions.py" in full and "tilejit/frontend/expressions.py" not in short
     assert full.rstrip().endswith(short.rstrip().split("\n")[-1])  # the same message
+
+
+def test_an_error_of_the_users_own_code_called_by_tilejit_is_theirs(tmp_path):
+    """A grid function that raises: its own exception, from its own frame, not a tilejit bug."""
+    script, stderr = run_script(tmp_path, "user_callback")
+    shown = traceback_lines(stderr)
+    assert stderr.rstrip().endswith("KeyError: 'BLOKC'") and "tilejit bug" not in stderr, stderr
+    assert any(line.endswith("in <lambda>") for line in shown), stderr
+    assert len(shown) <= 9 and sum("/tilejit/" in line for line in shown) == 1, stderr  # the entry point's frame
 
 
 def test_internal_errors_say_they_are_bugs_and_keep_every_frame(tmp_path):
