@@ -620,6 +620,19 @@ def k_walrus(X, BN: T.constexpr):
     X[0:BN] = (y := 1.0)  # ERR
 
 
+@tilejit.kernel
+def k_matmul_augassign(A, C, BM: T.constexpr):
+    acc = T.zeros((BM, BM), T.float32)
+    acc @= A[0:BM, 0:BM]  # ERR
+    C[0:BM, 0:BM] = acc
+
+
+@tilejit.kernel
+def k_assign_attribute(X, BN: T.constexpr):
+    x = X[0:BN]
+    x.dtype = T.float32  # ERR
+
+
 NEW_CASES = [
     Case(k_undefined_close, lambda: (meta(64), 2.0), dict(BN=16), NameResolutionError,
          "name 'alpah' is not defined (did you mean 'alpha'?)", "alpah"),
@@ -652,6 +665,10 @@ NEW_CASES = [
     Case(k_list_literal, X1, dict(BN=16), UnsupportedSyntaxError, "a list literal ([...]) is not supported", "[BN",
          hint="use a tuple"),
     Case(k_fstring, X1, dict(BN=16), UnsupportedSyntaxError, "an f-string is not supported", 'f"block'),
+    Case(k_matmul_augassign, lambda: (meta(64, 64), meta(64, 64)), dict(BM=16), UnsupportedSyntaxError,
+         "'@=' is not supported in kernels", "acc @=", hint="acc = T.gemm(a, b, acc)"),
+    Case(k_assign_attribute, X1, dict(BN=16), UnsupportedSyntaxError,
+         "cannot assign to an attribute (x.name = ...) in a kernel", "x.dtype"),
     Case(k_walrus, X1, dict(BN=16), UnsupportedSyntaxError, "an assignment expression (:=) is not supported",
          "y := 1.0"),
 ]

@@ -62,7 +62,11 @@ class Statements:
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         op = _BINOPS.get(type(node.op))
         if op is None:
-            raise self.error(node, f"unsupported operator {type(node.op).__name__}=", cls=UnsupportedSyntaxError)
+            symbol = {ast.MatMult: "@", ast.Pow: "**"}.get(type(node.op), type(node.op).__name__)
+            raise self.error(node, f"'{symbol}=' is not supported in kernels",
+                             f"write it out: x = x {symbol} y" + (" (or acc = T.gemm(a, b, acc) to accumulate a "
+                                                                   "product)" if symbol == "@" else ""),
+                             UnsupportedSyntaxError)
         if isinstance(node.target, ast.Name):
             current = self.lookup(node.target.id, node.target)
             self.assign(node.target, self.binary(op, current, self.visit(node.value), node))
@@ -89,7 +93,11 @@ class Statements:
         elif isinstance(target, ast.Subscript):
             self.store(self.tensor_window(target), value, target)
         else:
-            raise self.error(target, f"cannot assign to {type(target).__name__}", cls=UnsupportedSyntaxError)
+            what = {ast.Attribute: "an attribute (x.name = ...)", ast.Starred: "a starred name (*rest)"}.get(
+                type(target), f"this target ({type(target).__name__})")
+            raise self.error(target, f"cannot assign to {what} in a kernel",
+                             "assign to a name, a tuple of names, or a tensor slice (X[i:i + BLOCK] = tile)",
+                             UnsupportedSyntaxError)
 
     def visit_Assert(self, node: ast.Assert) -> None:
         cond = self.visit(node.test)
