@@ -289,7 +289,10 @@ class Expressions:
                     raise self.error(node, "dtypes can only be compared with == and !=")
                 value = (left == right) == isinstance(op_node, ast.Eq)
             elif type(op_node) not in _CMPOPS:
-                raise self.error(node, f"unsupported comparison {type(op_node).__name__}", cls=UnsupportedSyntaxError)
+                word = "not in" if isinstance(op_node, ast.NotIn) else "in"
+                raise self.error(node, f"'{word}' on run-time values is not supported in kernels",
+                                 "'in' tests compile-time tuples and strings (constexprs); compare run-time values "
+                                 "with == joined by |", UnsupportedSyntaxError)
             else:
                 value = self.sem.compare(_CMPOPS[type(op_node)], left, right)
             result = value if result is True else self.sem.binary(BinaryOp.AND, self.sem.truth(result), self.sem.truth(value))
