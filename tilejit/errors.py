@@ -31,7 +31,7 @@ def docs_link(section: str) -> str:
     return f"{LANGUAGE_DOCS}#{section}"
 
 
-def did_you_mean(name: str, candidates: "Iterable[str]", prefix: str = "") -> str:
+def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     """`` (did you mean 'alpha'?)`` for the close matches of ``name`` among ``candidates``, else ""."""
     matches = close_matches(name, candidates)
     if not matches:
@@ -39,7 +39,7 @@ def did_you_mean(name: str, candidates: "Iterable[str]", prefix: str = "") -> st
     return f" (did you mean {' or '.join(repr(prefix + m) for m in matches)}?)"
 
 
-def close_matches(name: str, candidates: "Iterable[str]") -> list[str]:
+def close_matches(name: str, candidates: Iterable[str]) -> list[str]:
     """Up to three of ``candidates`` that look like a misspelling of ``name``, best first."""
     return difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=3, cutoff=0.6)
 
