@@ -9,17 +9,27 @@
         Y[i:i + BLOCK] = X[i:i + BLOCK] + 1
 """
 from . import language
-from .errors import (BackendCompileError, CompilationError, DispatchError, LaunchError, NameResolutionError,
-                     SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError)
+from .errors import (BackendCompileError, CompilationError, DispatchError, InternalError, LaunchError,
+                     NameResolutionError, SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError,
+                     UsageError)
 from .language import cdiv
 from .runtime.jit import Kernel, func, kernel
 from .version import __version__
 
 __all__ = [
-    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",
+    "kernel", "func", "cdiv", "language", "docs", "Kernel", "Config", "autotune", "testing", "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
-    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError",
+    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "UsageError", "InternalError",
 ]
+
+
+def docs(section: str | None = None) -> str:
+    """The path of the language reference installed with tilejit (``docs/language.md`` in the repository), with
+    ``#section`` appended when given: the file error hints point to. Read it in any Markdown viewer."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "docs" / "language.md"
+    return f"{path}#{section}" if section else str(path)
 
 
 def __getattr__(name):

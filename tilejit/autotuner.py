@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
-from tilejit.errors import TilejitError
+from tilejit.errors import TilejitError, UsageTypeError, UsageValueError, did_you_mean, entry_point
 from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
@@ -198,9 +198,9 @@ class Autotuner:
                             ("restore_value", self.restore_value)):
             unknown = [name for name in names if name not in self.arg_names]
             if unknown:
-                raise ValueError(
+                raise UsageValueError(
                     f"autotune({role}=...) of {self.__name__!r} names {unknown}, which are not parameters "
-                    f"({', '.join(self.arg_names)})"
+                    f"({', '.join(self.arg_names)}){did_you_mean(unknown[0], self.arg_names)}"
                 )
         prune = dict(prune_configs_by or {})
         extra = set(prune) - {"perf_model", "top_k", "early_config_prune"}
@@ -224,6 +224,7 @@ class Autotuner:
     def source_hash(self) -> str:
         return self.kernel.source_hash()
 
+    @entry_point
     def compile(self, *args: Any, **kwargs: Any) -> Any:
         return self.kernel.compile(*args, **kwargs)
 
@@ -240,6 +241,7 @@ class Autotuner:
     # -- launching ----------------------------------------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        @entry_point
         def launch(*args: Any, **kwargs: Any) -> None:
             fast = self._fast_key(args, kwargs)
             config = self._fast_choice.get(fast) if fast is not None else None
@@ -275,7 +277,7 @@ class Autotuner:
     def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> None:
         tuned = [name for name in kwargs if name in _LAUNCH_OPTIONS or any(name in c.kwargs for c in self.configs)]
         if tuned:
-            raise TypeError(
+            raise UsageTypeError(
                 f"{self.__name__}: {', '.join(sorted(tuned))} are chosen by the autotuner; do not pass them "
                 f"to the launch"
             )
@@ -288,7 +290,7 @@ class Autotuner:
 
     def _named_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
-            raise TypeError(f"{self.__name__} takes {len(self.arg_names)} arguments; {len(args)} were given")
+            raise UsageTypeError(f"{self.__name__} takes {len(self.arg_names)} arguments; {len(args)} were given")
         return {**dict(zip(self.arg_names, args)), **kwargs}
 
     def _launch(self, config: Config, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -321,7 +323,7 @@ class Autotuner:
         parts = []
         for name in self.key:
             if name not in named:
-                raise TypeError(f"{self.__name__}: autotune key argument {name!r} was not passed")
+                raise UsageTypeError(f"{self.__name__}: autotune key argument {name!r} was not passed")
             parts.append(f"{name}={_key_value(named[name])}")
         dtypes = [f"{name}:{value.dtype}" for name, value in named.items() if _is_tensor(value)]
         if dtypes:

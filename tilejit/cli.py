@@ -1,8 +1,9 @@
 """The ``tilejit`` console command: inspect and maintain the kernel cache.
 
 Only the cache and the knobs are imported: ``tilejit cache list`` must stay quick, so nothing here pulls in
-torch or the compiler. Human output fits an 80-column terminal (paths excepted, which are never cut);
-``list --json`` is for scripts.
+torch or the compiler. Human output fits an 80-column terminal (paths excepted, which are never cut); ``list``
+fits the terminal's width instead, never cuts a number and cuts text columns only when they do not fit
+(``--wide`` never cuts); ``list --json`` is for scripts.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 import sys
 import textwrap
 import time
@@ -71,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
     list_ = actions.add_parser("list", help="list cached kernels and autotune records")
     list_.add_argument("--json", action="store_true", help="machine-readable output")
+    list_.add_argument("--wide", action="store_true",
+                       help="never cut a column (by default text columns are cut to the terminal's width)")
     list_.set_defaults(run=_cmd_list)
 
     show = actions.add_parser("show", help="show one entry's metadata and files",
@@ -111,11 +115,15 @@ def _cmd_list(args) -> int:
         }, indent=2, sort_keys=True, default=str))
         return 0
     now = time.time()
+    width = None if args.wide else shutil.get_terminal_size((WIDTH, 24)).columns
+    cut = False
     if entries:
         rows = [[e.key[:12], e.meta.get("kernel", "?"), e.meta.get("arch", "?"), e.meta.get("signature", ""),
                  format_size(e.size_bytes()), format_age(now, e.meta.get("created"))] for e in entries]
-        _print_table(["KEY", "KERNEL", "ARCH", "SIGNATURE", "SIZE", "AGE"], [12, 18, 7, 19, 8, 5], rows,
-                     right={"SIZE", "AGE"})
+        headers = ["KEY", "KERNEL", "ARCH", "SIGNATURE", "SIZE", "AGE"]
+        widths, cut = _column_widths(headers, rows, width,
+                                     shrink=[("KERNEL", 24), ("SIGNATURE", 19), ("KERNEL", 12)])
+        _print_table(headers, widths, rows, right={"SIZE", "AGE"})
         total = sum(e.size_bytes() for e in entries)
         print(f"{len(entries)} kernel{'s' * (len(entries) != 1)}, {format_size(total)}")
     else:
@@ -124,9 +132,35 @@ def _cmd_list(args) -> int:
         print()
         rows = [[r.get("kernel", "?"), _compact(r.get("key", "")), _format_config(r.get("config")),
                  _best_ms(r.get("timings_ms")), format_age(now, r.get("created"))] for r in records]
-        _print_table(["AUTOTUNED", "KEY", "BEST CONFIG", "BEST MS", "AGE"], [16, 20, 20, 8, 5], rows,
-                     right={"BEST MS", "AGE"})
+        headers = ["AUTOTUNED", "KEY", "BEST CONFIG", "BEST MS", "AGE"]
+        widths, cut_records = _column_widths(headers, rows, width,
+                                             shrink=[("AUTOTUNED", 16), ("KEY", 16), ("BEST CONFIG", 20),
+                                                     ("AUTOTUNED", 12)])
+        _print_table(headers, widths, rows, right={"BEST MS", "AGE"})
+        cut = cut or cut_records
+    if cut:
+        print(f"(cut to {width} columns; --wide shows every column whole)")
     return 0
+
+
+def _column_widths(headers: list[str], rows: list[list], width: int | None,
+                   shrink: list[tuple[str, int]]) -> tuple[list[int], bool]:
+    """Each column as wide as its widest cell; when the table is wider than ``width``, the columns named in
+    ``shrink`` (text: names, signatures, configs) give up columns in that order, each down to the minimum given
+    with it. The others (keys, arches, sizes, ages, timings) are never cut. Returns the widths and whether a
+    cell is cut."""
+    widths = [max([len(h), *(len(str(row[i])) for row in rows)]) for i, h in enumerate(headers)]
+    natural = list(widths)
+    if width is not None:
+        excess = sum(widths) + 2 * (len(widths) - 1) - width
+        for name, minimum in shrink:
+            if excess <= 0:
+                break
+            i = headers.index(name)
+            give = min(excess, max(0, widths[i] - max(minimum, len(name))))
+            widths[i] -= give
+            excess -= give
+    return widths, widths != natural
 
 
 def _cmd_show(args) -> int:

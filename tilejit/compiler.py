@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import knobs
+from .errors import UsageValueError
 from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ConstexprSpec, ScalarSpec, TensorSpec, spec_json
@@ -291,9 +292,9 @@ def run_stages(spec: Specialization, target: Target | None, stop_after: str = "c
     ``cubin`` stage makes the cubin without keeping PTX.
     """
     if stop_after not in STAGES:
-        raise ValueError(f"stop_after must be one of {', '.join(STAGES)}; got {stop_after!r}")
+        raise UsageValueError(f"stop_after must be one of {', '.join(STAGES)}; got {stop_after!r}")
     if target is None and stop_after != "ir":
-        raise ValueError(f"stages after 'ir' need a target (stop_after={stop_after!r})")
+        raise UsageValueError(f"stages after 'ir' need a target (stop_after={stop_after!r})")
     st = resume if resume is not None else Stages(spec, target)
     st.target = target
     start = time.perf_counter()
@@ -442,7 +443,7 @@ def compile(spec: Specialization, target: Target | None, *, stop_after: str | No
     if stop_after is not None and stop_after != "cubin":
         return run_stages(spec, target, stop_after)
     if target is None:
-        raise ValueError("a compile to a cubin needs a target")
+        raise UsageValueError("a compile to a cubin needs a target")
     cache = cache or default_cache()
     key = cache_key(spec, target)
     if not knobs.always_compile():

@@ -3,11 +3,45 @@
 ``TilejitError`` is the root. A user's mistake in kernel code is a ``CompilationError`` (or a subclass) that
 points at the file, line and column of the kernel and shows the line with a caret, like a C compiler does. A
 failure below the user's code is a ``BackendCompileError`` (NVRTC rejected generated source) or a
-``LaunchError`` (the CUDA driver refused to load or launch a kernel).
+``LaunchError`` (the CUDA driver refused to load or launch a kernel). A public function called the wrong way
+(a launch's arguments, grid or options, an unknown arch) raises a ``UsageError``, which is also the
+``TypeError`` or ``ValueError`` Python code expects. Anything else escaping tilejit is a bug: the public entry
+points wrap it in an ``InternalError`` that says so (:func:`entry_point`).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+import functools
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, TypeVar
+
+from . import knobs
+
+
+LANGUAGE_DOCS = "docs/language.md"
+
+
+def docs_link(section: str) -> str:
+    """Where the language reference explains ``section`` (an anchor of docs/language.md, shipped in the package:
+    ``tilejit.docs()`` gives its path)."""
+    return f"{LANGUAGE_DOCS}#{section}"
+
+
+def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'alpha'?)`` for the close matches of ``name`` among ``candidates``, else ""."""
+    matches = close_matches(name, candidates)
+    if not matches:
+        return ""
+    return f" (did you mean {' or '.join(repr(prefix + m) for m in matches)}?)"
+
+
+def close_matches(name: str, candidates: Iterable[str]) -> list[str]:
+    """Up to three of ``candidates`` that look like a misspelling of ``name``, best first."""
+    return difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=3, cutoff=0.6)
 
 
 class TilejitError(Exception):
@@ -136,11 +170,163 @@ class LaunchError(TilejitError):
     """The CUDA driver refused to load or launch a kernel (bad cubin, too much shared memory, bad grid, ...)."""
 
 
-class ArgumentError(TilejitError, TypeError):
+class UsageError(TilejitError):
+    """A public function called the wrong way: a launch's arguments, grid or options, an unknown arch ..."""
+
+
+class UsageTypeError(UsageError, TypeError):
+    """A :class:`UsageError` about the type or number of arguments (still a ``TypeError`` to callers)."""
+
+
+class UsageValueError(UsageError, ValueError):
+    """A :class:`UsageError` about an argument's value (still a ``ValueError`` to callers)."""
+
+
+class UsageRuntimeError(UsageError, RuntimeError):
+    """A :class:`UsageError` about the machine: no GPU to launch on or to read the arch from."""
+
+
+class ArgumentError(UsageTypeError):
     """A launch's arguments do not fit the kernel: arity, argument types, tensor dtypes, constexpr types. Also a
     TypeError, as Python's own call errors are."""
 
 
-class ArgumentValueError(TilejitError, ValueError):
+class ArgumentValueError(UsageValueError):
     """A launch's values are out of range: the grid, a launch option, an int too wide for its parameter, tensors
     on different devices. Also a ValueError."""
+
+
+class InternalError(TilejitError):
+    """An exception that escaped tilejit's own code: a tilejit bug. The original is its ``__cause__``.
+
+    :meth:`wrapping` makes one that is also an instance of the original's class when it can (an internal
+    ``ValueError`` is still caught by ``except ValueError``).
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def wrapping(cls, error: BaseException) -> "InternalError":
+        from .version import __version__
+
+        message = (f"{type(error).__name__}: {error}\nthis is a tilejit bug; please report it with the traceback "
+                   f"above, the kernel's source and its launch arguments (tilejit {__version__}, Python "
+                   f"{sys.version.split()[0]})")
+        return _internal_error(type(error), message)
+
+    def __reduce__(self):  # the mixed-in classes are made at run time: pickle by what they wrap
+        return _internal_error, (getattr(type(self), "wraps", None), self.message)
+
+
+_internal_error_classes: dict[type, type] = {}
+
+
+def _internal_error(wraps: type | None, message: str) -> InternalError:
+    """An InternalError that is also a ``wraps`` when that class can be mixed in and built from one message."""
+    if wraps is None:
+        return InternalError(message)
+    try:
+        kind = _internal_error_classes.get(wraps)
+        if kind is None:
+            kind = type("InternalError", (InternalError, wraps), {"__module__": __name__, "wraps": wraps})
+            _internal_error_classes[wraps] = kind
+        return kind(message)
+    except TypeError:  # a class that cannot be mixed in or built from one message (UnicodeDecodeError ...)
+        return InternalError(message)
+
+
+# -- public entry points: tracebacks that start at the user's code ------------------------------------------
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARY_DIRS = tuple({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                       if (p := sysconfig.get_paths().get(key))})
+
+
+def _is_tilejit_file(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
+def _is_library_file(filename: str) -> bool:
+    """Python's own modules and installed packages (torch ...): neither tilejit nor the user's code."""
+    if filename.startswith("<"):  # <frozen importlib._bootstrap> is Python's; <stdin> and <string> the user's
+        return not filename.startswith(("<stdin>", "<string>"))
+    path = os.path.abspath(filename)
+    return path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path
+
+
+def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without tilejit's frames and the library frames tilejit called (``ast``, torch ...): the user's
+    own frames are kept, with the library frames they called."""
+    kept, owner_is_user = [], True
+    for t in _walk(tb):
+        filename = t.tb_frame.f_code.co_filename
+        if _is_tilejit_file(filename):
+            owner_is_user = False
+        elif not _is_library_file(filename):
+            owner_is_user = True
+            kept.append(t)
+        elif owner_is_user:
+            kept.append(t)
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _walk(tb: types.TracebackType | None) -> list[types.TracebackType]:
+    out = []
+    while tb is not None:
+        out.append(tb)
+        tb = tb.tb_next
+    return out
+
+
+def is_tilejit_bug(error: BaseException) -> bool:
+    """Whether ``error`` is a tilejit bug: not a :class:`TilejitError`, and raised by tilejit's code (or by a
+    library it called) rather than by the user's own code that tilejit called (a grid function, a hook)."""
+    if isinstance(error, TilejitError):
+        return False
+    for t in reversed(_walk(error.__traceback__)):
+        filename = t.tb_frame.f_code.co_filename
+        if _is_tilejit_file(filename):
+            return True
+        if not _is_library_file(filename):
+            return False
+    return True
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def entry_point(fn: F) -> F:
+    """Marks a public function (a launch, ``kernel.ir``, ``kernel.compile`` ...): an error leaving it drops
+    tilejit's internal frames from its traceback, so the user sees their own call and the message; a bug is
+    wrapped in an :class:`InternalError` and keeps every frame. ``TILEJIT_TRACEBACK=full`` keeps every frame
+    of user errors too. Nested entry points are harmless: the outermost one decides."""
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - re-raised, shortened or wrapped
+            if isinstance(error, InternalError):
+                raise
+            if is_tilejit_bug(error):
+                raise InternalError.wrapping(error) from error
+            if knobs.full_traceback():
+                raise
+            if isinstance(error, TilejitError):
+                error.__suppress_context__ = True  # "during handling of ..." of tilejit's own retries
+            cause = error.__cause__
+            if cause is not None and not isinstance(cause, InternalError):
+                cause.__traceback__ = user_frames(cause.__traceback__)
+            # tilejit's frames are hidden (TILEJIT_TRACEBACK=full shows them); no comment on the raise line, which
+            # Python shows in the traceback
+            raise error.with_traceback(user_frames(error.__traceback__))
+
+    return entry  # type: ignore[return-value]

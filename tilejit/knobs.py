@@ -17,6 +17,13 @@ def interpret() -> bool:
     return _flag("TILEJIT_INTERPRET")
 
 
+def full_traceback() -> bool:
+    """TILEJIT_TRACEBACK=full: keep tilejit's internal frames in the tracebacks of user errors (by default a
+    compile or launch error shows the user's frames and the message only). Tracebacks of tilejit bugs are
+    always full."""
+    return os.environ.get("TILEJIT_TRACEBACK", "").strip().lower() in ("full", "1", "all")
+
+
 def always_compile() -> bool:
     """TILEJIT_ALWAYS_COMPILE=1: never read the disk cache (entries are still written)."""
     return _flag("TILEJIT_ALWAYS_COMPILE")

@@ -2,7 +2,8 @@
 
 These names only mean something inside an ``@tilejit.kernel`` (or ``@tilejit.func``) body, where the
 frontend compiles them; called from ordinary Python they raise :class:`LanguageUsageError`. The rules
-for dtypes, promotion and broadcasting live in :mod:`tilejit.frontend.semantic`.
+for dtypes, promotion and broadcasting live in :mod:`tilejit.frontend.semantic`; the language is described, with
+examples, in docs/language.md (``tilejit.docs()`` gives the path of the copy installed with the package).
 """
 from __future__ import annotations
 
@@ -29,7 +30,25 @@ class LanguageUsageError(TilejitError):
 class constexpr:  # noqa: N801 - spelled like the annotation users write
     """Marks a compile-time parameter (``BM: T.constexpr``) or wraps a global constant.
 
-    Constexpr values are substituted before the kernel is compiled and are part of the cache key.
+    Constexpr values are substituted before the kernel is compiled and are part of the cache key: each distinct
+    value compiles a separate kernel. A constexpr argument is an int, float, bool, str, dtype, None or a tuple of
+    those (not a tensor: pass ``t.item()``). Tile shapes, slice lengths and ``T.static_range`` bounds must be
+    constexprs or arithmetic on them. Strings, None and tuples compare at compile time.
+
+    Example::
+
+        BLOCK_DEFAULT = T.constexpr(128)          # a global the kernel may read
+
+        @tilejit.kernel
+        def act(X, Y, ACTIVATION: T.constexpr, BLOCK: T.constexpr):
+            x = X[0:BLOCK]
+            if ACTIVATION == "relu":              # pruned at compile time
+                x = T.maximum(x, 0.0)
+            Y[0:BLOCK] = x
+
+        act[(1,)](x, y, ACTIVATION="relu", BLOCK=1024)
+
+    See docs/language.md#constexprs.
     """
 
     def __init__(self, value) -> None:
@@ -53,16 +72,55 @@ def builtin(fn):
 
 @builtin
 def program_id(axis):
-    """Index of this program instance along grid ``axis`` (0, 1 or 2), an int32 scalar."""
+    """Index of this program instance along grid ``axis``.
+
+    Args:
+        axis: 0, 1 or 2 (a constant): the grid dimension, as in ``kernel[(gx, gy, gz)]``.
+
+    Returns:
+        An int32 scalar in ``[0, grid[axis])``.
+
+    Example::
+
+        m0 = T.program_id(0) * BM            # first row of this instance's tile
+        C[m0:m0 + BM, 0:BN] = acc
+
+    See docs/language.md#launching.
+    """
 
 
 @builtin
 def num_programs(axis):
-    """Number of program instances along grid ``axis``."""
+    """Number of program instances along grid ``axis``.
+
+    Args:
+        axis: 0, 1 or 2 (a constant).
+
+    Returns:
+        An int32 scalar: ``grid[axis]`` of the launch (1 for an axis the grid does not have).
+
+    Example::
+
+        for tile in range(T.program_id(0), T.cdiv(n, BLOCK), T.num_programs(0)):   # a persistent loop
+            X[tile * BLOCK:tile * BLOCK + BLOCK] = 0.0
+    """
 
 
 def cdiv(a, b):
-    """Ceiling division ``(a + b - 1) // b``; works on host ints and, inside kernels, on scalars."""
+    """Ceiling division ``(a + b - 1) // b`` of integers: how many blocks of ``b`` cover ``a``.
+
+    Works on host ints (``tilejit.cdiv`` is the same function, for grids) and, inside kernels, on integer scalars
+    and constants.
+
+    Args:
+        a: an int (or an integer scalar in a kernel).
+        b: a positive int.
+
+    Example::
+
+        grid = (tilejit.cdiv(M, BM), tilejit.cdiv(N, BN))   # not M / BM: grid entries must be ints
+        matmul[grid](A, B, C, BM=128, BN=128, BK=32)
+    """
     return -(-a // b)
 
 
@@ -71,113 +129,323 @@ cdiv.__tilejit_builtin__ = "cdiv"
 
 @builtin
 def arange(start, end=None):
-    """``[start, end)`` as an int32 tile; bounds are compile-time ints (``arange(n)`` is ``[0, n)``)."""
+    """The integers ``[start, end)`` as a 1-D int32 tile.
+
+    Args:
+        start: a compile-time int; with ``end`` omitted it is the end and the start is 0 (``T.arange(n)``).
+        end: a compile-time int greater than ``start``.
+
+    Returns:
+        An int32 tile of shape ``(end - start,)``.
+
+    Example::
+
+        offs = i + T.arange(0, BLOCK)                 # element indices of this instance
+        y = T.where(offs < n, x, 0.0)
+        rows = T.arange(0, BM)[:, None]               # (BM, 1), for 2-D masks
+
+    See docs/language.md#tiles.
+    """
 
 
 @builtin
 def zeros(shape, dtype):
-    """A tile of ``shape`` (compile-time ints) filled with 0."""
+    """A tile of ``shape`` filled with 0.
+
+    Args:
+        shape: a tuple of compile-time positive ints, e.g. ``(BM, BN)``.
+        dtype: the tile's dtype (default ``T.float32``).
+
+    Returns:
+        A tile of ``shape`` and ``dtype``.
+
+    Example::
+
+        acc = T.zeros((BM, BN), T.float32)            # a matmul accumulator
+        for k0 in T.range(0, K, BK):
+            acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+
+    See docs/language.md#tiles and docs/language.md#loop-carried-values.
+    """
 
 
 @builtin
 def full(shape, value, dtype):
-    """A tile of ``shape`` filled with ``value`` (a constant or runtime scalar) cast to ``dtype``."""
+    """A tile of ``shape`` filled with ``value``.
+
+    Args:
+        shape: a tuple of compile-time positive ints.
+        value: a constant (``float("-inf")``) or a run-time scalar (a kernel argument); not a tile.
+        dtype: the tile's dtype; by default the scalar's dtype, float32 for a float constant, int32 for an int.
+
+    Returns:
+        A tile of ``shape`` and ``dtype``, every element ``value`` converted to ``dtype``.
+
+    Example::
+
+        m = T.full((BM,), float("-inf"), T.float32)   # running maximum of an online softmax
+    """
 
 
 @builtin
 def where(condition, x, y):
-    """Elementwise ``x if condition else y`` with broadcasting."""
+    """Elementwise ``x if condition else y``.
+
+    Args:
+        condition: a bool tile or scalar (a comparison such as ``offs < n``).
+        x, y: tiles, scalars or constants.
+
+    Returns:
+        A tile of the three operands' broadcast shape, of ``x`` and ``y``'s promoted dtype.
+
+    Example::
+
+        x = T.where(x > 0, x, x * 0.01)                       # leaky ReLU
+        s = T.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))   # a causal mask
+
+    This is how a kernel chooses per element; ``if`` needs a scalar. See docs/language.md#broadcasting.
+    """
 
 
 @builtin
 def exp(x):
-    """Elementwise e**x (floats; integers are promoted to float32)."""
+    """Elementwise ``e ** x``.
+
+    Args:
+        x: a tile or scalar. Integer inputs are converted to float32; float inputs keep their dtype.
+
+    Returns:
+        A tile (or scalar) of ``x``'s shape.
+
+    Example::
+
+        p = T.exp(s - m[:, None])                  # softmax numerators
+    """
 
 
 @builtin
 def exp2(x):
-    """Elementwise 2**x."""
+    """Elementwise ``2 ** x`` (faster than ``T.exp`` on the GPU).
+
+    Args:
+        x: a tile or scalar. Integer inputs are converted to float32; float inputs keep their dtype.
+
+    Returns:
+        A tile (or scalar) of ``x``'s shape.
+
+    Example::
+
+        p = T.exp2((s - m[:, None]) * 1.4426950408889634)   # exp(s - m) via log2(e)
+    """
 
 
 @builtin
 def log(x):
-    """Elementwise natural logarithm."""
+    """Elementwise natural logarithm.
+
+    Args:
+        x: a tile or scalar. Integer inputs are converted to float32; float inputs keep their dtype.
+
+    Returns:
+        A tile (or scalar) of ``x``'s shape.
+
+    Example::
+
+        lse = m + T.log(l)                         # log-sum-exp
+    """
 
 
 @builtin
 def sqrt(x):
-    """Elementwise square root."""
+    """Elementwise square root.
+
+    Args:
+        x: a tile or scalar. Integer inputs are converted to float32; float inputs keep their dtype.
+
+    Returns:
+        A tile (or scalar) of ``x``'s shape.
+
+    Example::
+
+        norm = T.sqrt(T.sum(x * x, 0))
+    """
 
 
 @builtin
 def rsqrt(x):
-    """Elementwise 1/sqrt(x)."""
+    """Elementwise ``1 / sqrt(x)``.
+
+    Args:
+        x: a tile or scalar. Integer inputs are converted to float32; float inputs keep their dtype.
+
+    Returns:
+        A tile (or scalar) of ``x``'s shape.
+
+    Example::
+
+        y = x * T.rsqrt(T.sum(x * x, 0) / N + eps)   # RMS norm
+    """
 
 
 @builtin
 def abs(x):  # noqa: A001
-    """Elementwise absolute value."""
+    """Elementwise absolute value.
+
+    Args:
+        x: a tile or scalar of any numeric dtype (the result keeps it).
+
+    Example::
+
+        err = T.max(T.abs(x - y), 0)
+    """
 
 
 @builtin
 def maximum(x, y):
-    """Elementwise maximum with broadcasting."""
+    """Elementwise maximum of ``x`` and ``y``.
+
+    Args:
+        x, y: tiles, scalars or constants; shapes broadcast and dtypes promote as for ``+``.
+
+    Example::
+
+        x = T.maximum(x, 0.0)                          # ReLU
+        m_new = T.maximum(m, T.max(s, 1))              # running row maximum
+    """
 
 
 @builtin
 def minimum(x, y):
-    """Elementwise minimum with broadcasting."""
+    """Elementwise minimum of ``x`` and ``y``.
+
+    Args:
+        x, y: tiles, scalars or constants; shapes broadcast and dtypes promote as for ``+``.
+
+    Example::
+
+        x = T.minimum(T.maximum(x, 0.0), 6.0)          # ReLU6
+    """
 
 
 @builtin
 def sum(x, axis=None):  # noqa: A001
-    """Sum along ``axis`` (all axes when None); 8/16-bit floats accumulate and return float32."""
+    """Sum along ``axis``.
+
+    Args:
+        x: a tile.
+        axis: a constant int (negative counts from the end), or None to reduce every axis.
+
+    Returns:
+        A tile of ``x``'s shape without ``axis`` (a scalar when none is left). 8/16-bit floats accumulate and return float32; 8/16-bit integers and bools int32.
+
+    Example::
+
+        l = T.sum(p, 1)                                 # (BM, BN) -> (BM,)
+
+    See docs/language.md#reductions.
+    """
 
 
 @builtin
 def max(x, axis=None):  # noqa: A001
-    """Maximum along ``axis`` (all axes when None)."""
+    """Maximum along ``axis``.
+
+    Args:
+        x: a tile.
+        axis: a constant int (negative counts from the end), or None to reduce every axis.
+
+    Returns:
+        A tile of ``x``'s shape without ``axis`` (a scalar when none is left). The dtype is ``x``'s.
+
+    Example::
+
+        m = T.max(s, 1)                                 # row maxima of a (BM, BN) tile
+
+    See docs/language.md#reductions.
+    """
 
 
 @builtin
 def min(x, axis=None):  # noqa: A001
-    """Minimum along ``axis`` (all axes when None)."""
+    """Minimum along ``axis``.
+
+    Args:
+        x: a tile.
+        axis: a constant int (negative counts from the end), or None to reduce every axis.
+
+    Returns:
+        A tile of ``x``'s shape without ``axis`` (a scalar when none is left). The dtype is ``x``'s.
+
+    Example::
+
+        lo = T.min(x, 0)
+
+    See docs/language.md#reductions.
+    """
 
 
 @builtin
 def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
-    """``acc + op(a) @ op(b)`` on tensor cores; ``op`` transposes when asked.
+    """Matrix product with accumulation: ``acc + op(a) @ op(b)``, on tensor cores.
+
+    ``op(t)`` is ``t.T`` when the matching ``transpose_*`` is True, else ``t``. ``a @ b`` is the same product
+    with a fresh zero accumulator (and the default precision).
 
     Args:
-        a, b: 2-D tiles, ``op(a)`` M x K and ``op(b)`` K x N. Both float16, both bfloat16, float8 (e4m3fn and
-            e5m2 mix), both int8 or both float32.
-        acc: the M x N accumulator: float32, int32 for int8 operands.
-        transpose_a, transpose_b: compile-time bools; ``op(x)`` is ``x.T`` when set (``a.T @ b`` folds to the
-            same thing).
-        precision: float32 operands only (ignored for the others), a compile-time string:
+        a: a 2-D tile; ``op(a)`` has shape (M, K). float16, bfloat16, float8 (e4m3fn, e5m2), int8 or float32.
+        b: a 2-D tile of ``a``'s dtype (the two float8 formats mix); ``op(b)`` has shape (K, N).
+        acc: a (M, N) tile of the accumulator dtype: float32 for float16, bfloat16, fp8 and float32 operands,
+            int32 for int8 (exact sums).
+        transpose_a, transpose_b: compile-time bools (default False).
+        precision: for float32 operands only (ignored for the others), a compile-time string:
 
             * ``"tf32"`` (the default, as in Triton; also what ``a @ b`` uses): tensor cores, each operand
               truncated to tf32 (10 explicit mantissa bits), so products carry a relative error up to 2**-10;
-              sums stay float32.
+              sums stay float32. The interpreter truncates the same way.
             * ``"tf32x3"``: each operand split into a tf32 high part and a tf32 remainder; three tensor-core
               products (hi*hi + hi*lo + lo*hi) give close to float32 accuracy at three times the work.
             * ``"ieee"``: exact float32 multiply-adds on the FMA units (no tensor cores; slow).
 
-    Which instructions run: f16/bf16 on wgmma (sm_90a) or ldmatrix + mma.sync (sm_80+); fp8 on wgmma k32
-    (sm_90a) or mma.sync m16n8k32 (sm_89+); int8 on wgmma / mma.sync k32 (int32 sums, exact); tf32 on wgmma
-    k8 / mma.sync m16n8k8. wgmma needs 8-bit and float32 operands K-major (``a`` stored M x K, ``b`` given
-    as N x K with ``transpose_b=True``); other majors of those dtypes run on mma.sync. Operand dtypes without
-    a tensor-core instruction on the target fall back to FMAs.
+    Returns:
+        ``acc + op(a) @ op(b)``, a (M, N) tile of ``acc``'s dtype.
+
+    Which instructions run: float16/bfloat16 on wgmma (sm_90a) or ldmatrix + mma.sync (sm_80+, also sm_100a
+    today); fp8 on wgmma k32 (sm_90a) or mma.sync m16n8k32 (sm_89+); int8 on wgmma / mma.sync k32; tf32 on wgmma
+    k8 / mma.sync m16n8k8. wgmma takes 8-bit and float32 operands K-major only (``a`` stored M x K, ``b`` given
+    N x K with ``transpose_b=True``); the other majors of those dtypes run on mma.sync with gathered fragments
+    (slower). Operands loaded from tensors are staged in shared memory for you; a dtype with no tensor-core
+    instruction on the target falls back to FMAs.
 
     Example::
 
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], B[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, K, BK, stages=3):
+            a = A[m0:m0 + BM, k0:k0 + BK]                      # (BM, BK)
+            b = B[n0:n0 + BN, k0:k0 + BK]                      # (BN, BK): B stored N x K (K-major)
+            acc = T.gemm(a, b, acc, transpose_b=True)          # acc += a @ b.T
+        C[m0:m0 + BM, n0:n0 + BN] = acc                        # the store converts to C's dtype
+
+    See docs/language.md#matrix-products.
     """
 
 
 @builtin
 def copy(src, dst):
-    """Store ``src`` (a tile or a tensor slice) into the tensor slice ``dst``."""
+    """Store ``src`` into the tensor window ``dst``: ``T.copy(x, C[m0:m0 + BM, n0:n0 + BN])`` is
+    ``C[m0:m0 + BM, n0:n0 + BN] = x``.
+
+    Args:
+        src: a tile, scalar or constant (a tensor slice ``A[...]`` is loaded first); it broadcasts to the
+            window's shape.
+        dst: a slice of a tensor argument, written in the call (not a variable holding one).
+
+    Elements of the window outside the tensor are not written, and ``src`` is converted to the tensor's dtype
+    (floats round to nearest even). See docs/language.md#loads-and-stores.
+
+    Example::
+
+        T.copy(acc, C[m0:m0 + BM, n0:n0 + BN])
+    """
 
 
 class _LoopMarker:
@@ -195,7 +463,28 @@ class _LoopMarker:
 
 
 range = _LoopMarker(  # noqa: A001
-    "range", "range(lo, hi, step=1, stages=None): a software-pipelined runtime loop; loads of each "
-             "iteration are prefetched ``stages - 1`` iterations ahead (default: the launch's num_stages).")
+    "range", """range(lo, hi, step=1, stages=None): a software-pipelined runtime loop.
+
+    Used only as the iterable of a ``for`` loop. ``lo``, ``hi`` and ``step`` are integer scalars or constants (one
+    argument is ``hi``, as for Python's ``range``). The loads of each iteration are issued ``stages - 1``
+    iterations ahead (multi-buffered in shared memory), so they overlap the matrix products of earlier ones;
+    ``stages`` is a compile-time int >= 1, by default the launch's ``num_stages``. Values assigned before the loop
+    and updated in it are carried (docs/language.md#loop-carried-values).
+
+    Example::
+
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, K, BK, stages=3):
+            acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    """)
 static_range = _LoopMarker(
-    "static_range", "static_range(lo, hi, step=1): a loop with compile-time bounds, unrolled by the compiler.")
+    "static_range", """static_range(lo, hi, step=1): a loop with compile-time bounds, unrolled by the compiler.
+
+    Used only as the iterable of a ``for`` loop; the bounds are constexprs or constants, and the loop variable is
+    a compile-time int in each unrolled copy (usable in tile shapes, tuple indices and constexpr ``if``).
+
+    Example::
+
+        for j in T.static_range(0, 4):
+            X[j * BLOCK:(j + 1) * BLOCK] = 0.0
+    """)

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import DispatchError
+from .errors import DispatchError, UsageValueError
 
 # -- arch ----------------------------------------------------------------------------------------------------
 
@@ -34,7 +34,7 @@ class Arch:
 
     def __post_init__(self) -> None:
         if self.name not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported arch {self.name!r}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
+            raise UsageValueError(f"unsupported arch {self.name!r}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
 
     @classmethod
     def parse(cls, arch: "str | int | Arch") -> "Arch":
@@ -50,7 +50,7 @@ class Arch:
         suggestion = ""
         if m and f"sm_{m.group(1)}a" in SUPPORTED_ARCHS:
             suggestion = f" (did you mean 'sm_{m.group(1)}a'?)"
-        raise ValueError(f"unsupported arch {arch!r}{suggestion}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
+        raise UsageValueError(f"unsupported arch {arch!r}{suggestion}; tilejit supports: {', '.join(SUPPORTED_ARCHS)}")
 
     @classmethod
     def for_capability(cls, major: int, minor: int) -> "Arch":
@@ -59,8 +59,8 @@ class Arch:
         if major == 8:
             name = f"sm_8{minor}"
         if name not in SUPPORTED_ARCHS:  # e.g. 8.7 (Jetson Orin)
-            raise ValueError(f"no tilejit target for compute capability {major}.{minor}; supported: "
-                             f"{', '.join(SUPPORTED_ARCHS)}")
+            raise UsageValueError(f"no tilejit target for compute capability {major}.{minor}; supported: "
+                                  f"{', '.join(SUPPORTED_ARCHS)}")
         return cls(name)
 
     @property
@@ -126,9 +126,9 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
-            raise ValueError(f"num_warps must be one of {VALID_WARPS}, got {self.num_warps!r}")
+            raise UsageValueError(f"num_warps must be one of {VALID_WARPS}, got {self.num_warps!r}")
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
+            raise UsageValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

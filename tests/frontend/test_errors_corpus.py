@@ -414,6 +414,7 @@ class Case:
     at: str                       # the source text the caret must point at
     marked: Callable | None = None  # the function holding '# ERR' (default: the kernel)
     trigger: Callable | None = None  # how to provoke it (default: case.kernel.ir(*args, **kwargs))
+    hint: str | None = None       # a phrase the hint must hold
     id: str = field(default="")
 
 
@@ -432,12 +433,15 @@ def k_to_with_extra_keyword(X, BN: T.constexpr):
 
 
 CASES = [
-    Case(k_try, X1, dict(BN=16), UnsupportedSyntaxError, "'try' is not supported", "try:"),
-    Case(k_with, X1, dict(BN=16), UnsupportedSyntaxError, "'with' is not supported", "with open"),
+    Case(k_try, X1, dict(BN=16), UnsupportedSyntaxError, "a 'try' statement is not supported", "try:"),
+    Case(k_with, X1, dict(BN=16), UnsupportedSyntaxError, "a 'with' statement is not supported", "with open"),
     Case(k_while, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError,
-         "a while loop cannot carry the tile 'acc'", "while i < n"),
-    Case(k_lambda, X1, dict(BN=16), UnsupportedSyntaxError, "'lambda' is not supported", "lambda v"),
-    Case(k_nested_def, X1, dict(BN=16), UnsupportedSyntaxError, "'functiondef' is not supported", "def inner"),
+         "a while loop cannot carry the tile 'acc'", "while i < n", hint="docs/language.md#while-loops"),
+    Case(k_lambda, X1, dict(BN=16), UnsupportedSyntaxError, "a 'lambda' expression is not supported", "lambda v",
+         hint="@tilejit.func"),
+    Case(k_nested_def, X1, dict(BN=16), UnsupportedSyntaxError,
+         "a function defined inside a kernel ('def' in its body) is not supported", "def inner",
+         hint="define helpers at module level with @tilejit.func"),
     Case(k_break, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "'break' is not supported", "break"),
     Case(k_continue, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "'continue' is not supported",
          "continue"),
@@ -450,7 +454,7 @@ CASES = [
     Case(k_strided_slice, X1, dict(BN=16), UnsupportedSyntaxError, "strided slices are not supported", "0:BN:2"),
     Case(k_for_else, lambda: (meta(64), 4), dict(BN=16), UnsupportedSyntaxError, "for/else", "for i"),
     Case(k_for_over_list, X1, dict(BN=16), UnsupportedSyntaxError, "must iterate over range", "[1, 2]"),
-    Case(k_list_comp, X1, dict(BN=16), UnsupportedSyntaxError, "'listcomp' is not supported", "[i for"),
+    Case(k_list_comp, X1, dict(BN=16), UnsupportedSyntaxError, "a list comprehension ([... for ...]) is not supported", "[i for"),
     Case(k_mutable_global, X1, dict(BN=16), NameResolutionError, "global 'MUTABLE_TABLE' (list) cannot be used",
          "MUTABLE_TABLE"),
     Case(k_mutable_global_dict, X1, dict(BN=16), NameResolutionError, "global 'MUTABLE_DICT' (dict) cannot be used",
@@ -458,7 +462,7 @@ CASES = [
     Case(k_closure, X1, dict(BN=16), NameResolutionError, "'sizes' (list) cannot be used", "sizes"),
     Case(k_to_with_extra_keyword, X1, dict(BN=16), TypeCheckError, ".to() takes exactly one argument", "x.to("),
     Case(k_plain_python_call, X1, dict(BN=16), NameResolutionError, "'plain_python_helper' (function) cannot be used",
-         "plain_python_helper"),
+         "plain_python_helper", hint="decorate it with @tilejit.func"),
     Case(k_recursion, X1, dict(BN=16), UnsupportedSyntaxError, "recursion is not supported", "recursive_helper(x)",
          marked=recursive_helper.fn),
     Case(k_undefined_name, X1, dict(BN=16), NameResolutionError, "name 'undefined_thing' is not defined",
@@ -514,10 +518,161 @@ CASES = [
          "slice bounds must be integers, got scalar of type f32", "f:f + BN"),
     Case(k_exp_of_tensor, X1, dict(BN=16), TypeCheckError, "expected a scalar or tile, got tensor 'X'", "T.exp"),
     # rejected although DEBUG=False prunes the branch: kernels are checked whole, whatever the arguments
-    Case(k_try_in_helper, X1, dict(BN=16), UnsupportedSyntaxError, "'try' is not supported", "try:",
+    Case(k_try_in_helper, X1, dict(BN=16), UnsupportedSyntaxError, "a 'try' statement is not supported", "try:",
          marked=helper_with_try.fn),
     Case(k_matmul_1d, X1, dict(BN=16), TypeCheckError, "matrix product operand a must be a 2-D tile", "x @ x"),
 ]
+
+
+# -- issue 17: close names and hints that fit ---------------------------------------------------------------
+
+@tilejit.kernel
+def k_undefined_close(X, alpha, BN: T.constexpr):
+    X[0:BN] = X[0:BN] * alpah  # ERR  # noqa: F821
+
+
+@tilejit.kernel
+def k_language_typo(X, BN: T.constexpr):
+    X[0:BN] = T.zeroes((BN,), T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_builtin_keyword_typo(X, BN: T.constexpr):
+    X[0:BN] = T.zeros((BN,), dtyp=T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_loop_keyword_typo(X, n, BN: T.constexpr):
+    for i in T.range(0, n, 1, stage=2):  # ERR
+        X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_helper_keyword_typo(X, BN: T.constexpr):
+    X[0:BN] = two_args(X[0:BN], bb=1.0)  # ERR
+
+
+@tilejit.kernel
+def k_tensor_attr_typo(X, BN: T.constexpr):
+    M = X.shap[0]  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_tile_method(X, BN: T.constexpr):
+    x = X[0:BN, 0:BN]
+    X[0:BN, 0] = x.sum(1)  # ERR
+
+
+@tilejit.kernel
+def k_broadcast_transposed(X, BN: T.constexpr):
+    a = X[0:BN, 0:2 * BN]
+    b = X[0:2 * BN, 0:BN]
+    X[0:BN, 0:2 * BN] = a + b  # ERR
+
+
+@tilejit.kernel
+def k_gemm_transposed(A, B, C, BM: T.constexpr, BK: T.constexpr):
+    a = A[0:BM, 0:BK]
+    b = B[0:BM, 0:BK]
+    C[0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_store_transposed(X, BN: T.constexpr):
+    X[0:BN, 0:2 * BN] = X[0:2 * BN, 0:BN]  # ERR
+
+
+@tilejit.kernel
+def k_while_tile_condition(X, BN: T.constexpr):
+    x = X[0:BN]
+    while x > 0:  # ERR
+        x = x - 1.0
+    X[0:BN] = x
+
+
+@tilejit.kernel
+def k_tuple_append(X, BN: T.constexpr):
+    parts = ()
+    parts.append(X[0:BN])  # ERR
+
+
+@tilejit.kernel
+def k_dict_literal(X, BN: T.constexpr):
+    sizes = {"a": BN}  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_list_literal(X, BN: T.constexpr):
+    sizes = [BN, BN]  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_fstring(X, BN: T.constexpr):
+    name = f"block{BN}"  # ERR
+    X[0:BN] = 0.0
+
+
+@tilejit.kernel
+def k_walrus(X, BN: T.constexpr):
+    X[0:BN] = (y := 1.0)  # ERR
+
+
+@tilejit.kernel
+def k_matmul_augassign(A, C, BM: T.constexpr):
+    acc = T.zeros((BM, BM), T.float32)
+    acc @= A[0:BM, 0:BM]  # ERR
+    C[0:BM, 0:BM] = acc
+
+
+@tilejit.kernel
+def k_assign_attribute(X, BN: T.constexpr):
+    x = X[0:BN]
+    x.dtype = T.float32  # ERR
+
+
+NEW_CASES = [
+    Case(k_undefined_close, lambda: (meta(64), 2.0), dict(BN=16), NameResolutionError,
+         "name 'alpah' is not defined (did you mean 'alpha'?)", "alpah"),
+    Case(k_language_typo, X1, dict(BN=16), NameResolutionError,
+         "module 'tilejit.language' has no attribute 'zeroes' (did you mean 'T.zeros'?)", "T.zeroes",
+         hint="docs/language.md#reference"),
+    Case(k_builtin_keyword_typo, X1, dict(BN=16), TypeCheckError,
+         "unexpected keyword argument 'dtyp' (did you mean 'dtype'?)", "T.zeros", hint="T.zeros(shape, dtype)"),
+    Case(k_loop_keyword_typo, lambda: (meta(64), 4), dict(BN=16), TypeCheckError,
+         "unexpected keyword 'stage' for this loop (did you mean 'stages'?)", "T.range"),
+    Case(k_helper_keyword_typo, X1, dict(BN=16), TypeCheckError,
+         "two_args() got an unexpected or repeated argument 'bb' (did you mean 'b'?)", "two_args(",
+         hint="two_args(a, b)"),
+    Case(k_tensor_attr_typo, X1, dict(BN=16), NameResolutionError,
+         "tensor X has no attribute 'shap' in a kernel (did you mean 'shape'?)", "X.shap"),
+    Case(k_tile_method, X2, dict(BN=16), NameResolutionError, "has no attribute 'sum'", "x.sum",
+         hint="write T.sum(x, ...)"),
+    Case(k_broadcast_transposed, X2, dict(BN=16), TypeCheckError, "cannot broadcast shapes (16, 32) and (32, 16)",
+         "a + b", hint="use x.T"),
+    Case(k_gemm_transposed, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16, BK=32), TypeCheckError,
+         "matrix product inner dimensions differ: 16x32 @ 16x32", "a @ b", hint="a @ b.T"),
+    Case(k_store_transposed, X2, dict(BN=16), TypeCheckError,
+         "cannot store a tile of shape (32, 16) into a window of shape (16, 32)", "X[0:BN, 0:2", hint="value.T"),
+    # the condition is the mistake, although the loop also carries the tile x
+    Case(k_while_tile_condition, X1, dict(BN=16), TypeCheckError, "a while condition must be a scalar, not a tile",
+         "x > 0", hint="reduce the tile first"),
+    Case(k_tuple_append, X1, dict(BN=16), NameResolutionError, "tuple () has no attribute 'append'", "parts.append",
+         hint="tiles are values, not lists"),
+    Case(k_dict_literal, X1, dict(BN=16), UnsupportedSyntaxError, "a dict literal ({...}) is not supported", "{"),
+    Case(k_list_literal, X1, dict(BN=16), UnsupportedSyntaxError, "a list literal ([...]) is not supported", "[BN",
+         hint="use a tuple"),
+    Case(k_fstring, X1, dict(BN=16), UnsupportedSyntaxError, "an f-string is not supported", 'f"block'),
+    Case(k_matmul_augassign, lambda: (meta(64, 64), meta(64, 64)), dict(BM=16), UnsupportedSyntaxError,
+         "'@=' is not supported in kernels", "acc @=", hint="acc = T.gemm(a, b, acc)"),
+    Case(k_assign_attribute, X1, dict(BN=16), UnsupportedSyntaxError,
+         "cannot assign to an attribute (x.name = ...) in a kernel", "x.dtype"),
+    Case(k_walrus, X1, dict(BN=16), UnsupportedSyntaxError, "an assignment expression (:=) is not supported",
+         "y := 1.0"),
+]
+CASES += NEW_CASES
 for c in CASES:
     c.id = c.kernel.__name__[2:]
 
@@ -558,6 +713,9 @@ def test_malformed_kernel(case: Case):
     assert shown == "    " + line.expandtabs(4)
     assert caret.strip() == "^" and set(caret) <= {" ", "^"}
     assert shown[caret.index("^"):].startswith(case.at), f"caret at {shown[caret.index('^'):]!r}\n{text}"
+    if case.hint is not None:
+        assert err.hint and case.hint in err.hint, text
+        assert text.split("\n")[-1] == f"hint: {err.hint}"
 
 
 def test_varargs_on_launch():
@@ -676,3 +834,180 @@ def test_language_outside_a_kernel(call):
 def test_cdiv_works_on_the_host():
     assert T.cdiv(100, 16) == 7 and tilejit.cdiv(96, 16) == 6
 
+
+
+# -- what a user sees: tracebacks of user errors start and end in their own code ---------------------------------
+
+TRACEBACK_SCRIPT = '''
+import sys
+import torch, tilejit
+import tilejit.language as T
+
+@tilejit.kernel
+def scale(X, Y, alpha, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * alpah
+
+@tilejit.kernel
+def fine(X, Y, alpha, BLOCK: T.constexpr):
+    i = T.program_id(0) * BLOCK
+    Y[i:i + BLOCK] = X[i:i + BLOCK] * alpha
+
+x = torch.randn(1000)
+y = torch.empty_like(x)
+what = sys.argv[1]
+if what == "launch":
+    scale[(8,)](x, y, 2.0, BLOCK=128)
+elif what == "ir":
+    scale.ir(x, y, 2.0, BLOCK=128)
+elif what == "compile":
+    scale.compile(x, y, 2.0, BLOCK=128, arch="sm_90a")
+elif what == "argument":
+    fine[(8,)](x, [1.0], 2.0, BLOCK=128)
+elif what == "grid":
+    fine[(8.0,)](x, y, 2.0, BLOCK=128)
+elif what == "autotune":
+    tuned = tilejit.autotune(configs=[tilejit.Config({"BLOCK": 128})], key=[])(scale)
+    tuned[(8,)](x, y, 2.0)
+elif what == "user_callback":
+    fine[lambda meta: (tilejit.cdiv(1000, meta["BLOKC"]),)](x, y, 2.0, BLOCK=128)
+elif what == "bug":
+    import tilejit.frontend.semantic as S
+    S.Semantic.binary = staticmethod(divmod)  # an internal TypeError, raised inside tilejit
+    fine[(8,)](x, y, 2.0, BLOCK=128)
+'''
+
+
+def run_script(tmp_path, what: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_script.py"
+    script.write_text(TRACEBACK_SCRIPT)
+    environ = {k: v for k, v in os.environ.items() if k != "TILEJIT_TRACEBACK"}
+    environ.update(TILEJIT_INTERPRET="1", TILEJIT_CACHE_DIR=str(tmp_path / "cache"), **env)
+    done = subprocess.run([sys.executable, str(script), what], capture_output=True, text=True, env=environ,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    return script, done.stderr
+
+
+def traceback_lines(stderr: str) -> list[str]:
+    """The lines of the (last) traceback, from 'Traceback' to the line before the exception's own."""
+    lines = stderr.rstrip("\n").split("\n")
+    start = max(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("what, error, phrase", [
+    ("launch", "NameResolutionError", "name 'alpah' is not defined"),
+    ("ir", "NameResolutionError", "name 'alpah' is not defined"),
+    ("compile", "NameResolutionError", "name 'alpah' is not defined"),
+    ("autotune", "NameResolutionError", "name 'alpah' is not defined"),
+    ("argument", "UsageTypeError", "argument 'Y' has type list"),
+    ("grid", "UsageTypeError", "grid entries must be ints, got 8.0"),
+])
+def test_user_errors_show_a_short_traceback(tmp_path, what, error, phrase):
+    script, stderr = run_script(tmp_path, what)
+    shown = traceback_lines(stderr)
+    assert 2 <= len(shown) <= 9, stderr
+    assert stderr.count("Traceback (most recent call last):") == 1, stderr
+    assert f'File "{script}"' in shown[1], stderr  # it starts at the user's call ...
+    assert not any("/tilejit/" in line for line in shown[:-2]), stderr  # ... and shows one frame of tilejit's
+    assert f"tilejit.errors.{error}: " in stderr and phrase in stderr, stderr
+    assert len(stderr.rstrip("\n").split("\n")) <= 14, stderr
+
+
+def test_full_traceback_knob_keeps_every_frame(tmp_path):
+    _, short = run_script(tmp_path, "launch")
+    _, full = run_script(tmp_path, "launch", TILEJIT_TRACEBACK="full")
+    assert len(traceback_lines(full)) > 20
+    assert "tilejit/frontend/expressions.py" in full and "tilejit/frontend/expressions.py" not in short
+    assert full.rstrip().endswith(short.rstrip().split("\n")[-1])  # the same message
+
+
+def test_an_error_of_the_users_own_code_called_by_tilejit_is_theirs(tmp_path):
+    """A grid function that raises: its own exception, from its own frame, not a tilejit bug."""
+    script, stderr = run_script(tmp_path, "user_callback")
+    shown = traceback_lines(stderr)
+    assert stderr.rstrip().endswith("KeyError: 'BLOKC'") and "tilejit bug" not in stderr, stderr
+    assert any(line.endswith("in <lambda>") for line in shown), stderr
+    assert len(shown) <= 9 and sum("/tilejit/" in line for line in shown) == 1, stderr  # the entry point's frame
+
+
+def test_internal_errors_say_they_are_bugs_and_keep_every_frame(tmp_path):
+    _, stderr = run_script(tmp_path, "bug")
+    assert "TypeError: divmod expected 2 arguments" in stderr
+    assert "tilejit/frontend/expressions.py" in stderr  # the original's full traceback, chained
+    assert "The above exception was the direct cause of the following exception" in stderr
+    last = stderr.rstrip("\n").split("\n")
+    assert last[-2].startswith("tilejit.errors.InternalError: TypeError: divmod expected 2 arguments")
+    assert last[-1].startswith("this is a tilejit bug; please report it with the traceback above")
+
+
+def test_internal_error_is_still_an_instance_of_the_original_class():
+    err = tilejit.errors.InternalError.wrapping(KeyError("k"))
+    assert isinstance(err, KeyError) and isinstance(err, tilejit.errors.InternalError)
+    assert str(err).startswith("KeyError: 'k'\nthis is a tilejit bug")
+    odd = tilejit.errors.InternalError.wrapping(UnicodeDecodeError("utf-8", b"x", 0, 1, "bad"))
+    assert type(odd) is tilejit.errors.InternalError
+    import pickle
+
+    for original in (err, odd):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original) and str(copy) == str(original)
+
+
+def test_launch_argument_errors_are_usage_errors_and_builtin_errors(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)]([0.0] * 64, cpu(), 1, BLOCK=16)
+    assert isinstance(info.value, tilejit.errors.UsageError)
+    with pytest.raises(ValueError) as info:
+        add_one[(0,)](cpu(), cpu(), 1, BLOCK=16)
+    assert isinstance(info.value, tilejit.errors.UsageError)
+
+
+def test_every_construct_the_frontend_lacks_has_plain_words():
+    """Each statement and expression node without a visit_ method is named in words, with a hint."""
+    import ast
+
+    from tilejit.frontend.constructs import CONSTRUCTS
+    from tilejit.frontend.visitor import CodeGenerator
+
+    nodes = {cls.__name__ for base in (ast.stmt, ast.expr) for cls in base.__subclasses__()}
+    lacking = {name for name in nodes if not hasattr(CodeGenerator, f"visit_{name}")}
+    assert lacking, "ast changed shape"
+    assert lacking <= set(CONSTRUCTS), sorted(lacking - set(CONSTRUCTS))
+    for words, hint in CONSTRUCTS.values():
+        assert words and hint and not any(ch.isupper() for ch in words.replace("T.", "")), words
+
+
+def test_launch_keyword_typo_suggests_the_parameter(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)](cpu(), cpu(), 1, BLOKC=16)
+    assert "missing a required argument: 'BLOCK' ('BLOKC' is not a parameter: did you mean 'BLOCK'?)" \
+        in str(info.value)
+    with pytest.raises(TypeError, match=r"'num_wraps' is not a parameter: did you mean 'num_warps'\?"):
+        add_one[(1,)](cpu(), cpu(), 1, BLOCK=16, num_wraps=4)
+
+
+def test_float_grid_suggests_cdiv(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(64 / 16,)](cpu(), cpu(), 1, BLOCK=16)
+    assert "grid entries must be ints, got 4.0" in str(info.value)
+    assert "tilejit.cdiv(n, BLOCK)" in str(info.value) and "n // BLOCK" in str(info.value)
+
+
+def test_tensor_as_constexpr_suggests_item(interpret):
+    with pytest.raises(TypeError) as info:
+        add_one[(1,)](cpu(), cpu(), 1, BLOCK=torch.tensor(16))
+    msg = str(info.value)
+    assert "constexpr argument 'BLOCK' must be an int" in msg and "got Tensor" in msg
+    assert "pass BLOCK=t.item()" in msg and "drop T.constexpr" in msg
+
+
+def test_autotune_key_typo_suggests_the_parameter():
+    with pytest.raises(ValueError, match=r"names \['BLOKC'\].*did you mean 'BLOCK'\?"):
+        tilejit.autotune(configs=[tilejit.Config({"BLOCK": 16})], key=["BLOKC"])(add_one)

@@ -40,6 +40,7 @@ def root(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(root))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal, like CI
+    monkeypatch.setenv("COLUMNS", "80")  # `cache list` fits the terminal: an 80-column one, whatever runs pytest
     return root
 
 
@@ -113,6 +114,50 @@ def test_list_tables_fit_80_columns(capsys, filled):
     assert autotune[0].split()[0] == "AUTOTUNED"
     assert autotune[1].split()[0] == "matmul" and "BLOCK_M=128" in autotune[1]
     assert autotune[1].split()[-2:] == ["1.5", "3d"]
+
+
+def _store_big(root) -> str:
+    """An entry of about 405 KiB with the long signature; returns its key."""
+    key = "ef" + "3" * 62
+    entry = _store(KernelCache(), key, "matmul")
+    (entry.path / "kernel.cubin").write_bytes(b"\0" * 415_000)
+    return key
+
+
+@pytest.mark.parametrize("columns", [40, 80, 120])
+def test_list_never_cuts_a_number_and_fits_the_terminal(capsys, filled, monkeypatch, columns):
+    key = _store_big(filled)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    rc, out, _ = run(capsys, "cache", "list")
+    row = next(line for line in out.splitlines() if line.startswith(key[:12]))
+    size = format_size_of(filled, key)
+    assert row.split()[-3:-1] == size.split() and row.split()[-1] == "0s", row  # size and age whole
+    assert key[:12] in row and "sm_100a" in row
+    if columns >= 80:  # below that even the columns that are never cut do not fit
+        assert all(len(line) <= columns for line in out.splitlines())
+    assert "..." in row and out.rstrip().endswith(f"(cut to {columns} columns; --wide shows every column whole)")
+
+
+def format_size_of(root, key) -> str:
+    entry = next(e for e in KernelCache().entries() if e.key == key)
+    return cli.format_size(entry.size_bytes())
+
+
+def test_list_shows_the_whole_signature_when_there_is_room(capsys, filled, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    rc, out, _ = run(capsys, "cache", "list")
+    assert rc == 0 and "..." not in out and "cut to" not in out
+    rows = [line for line in out.splitlines() if line[:12] in {k[:12] for k in KEYS}]
+    assert len(rows) == 3 and all(LONG_SIGNATURE in row for row in rows)
+    assert any(LONG_KERNEL in row for row in rows)
+
+
+def test_list_wide_never_cuts(capsys, filled, monkeypatch):
+    _store_big(filled)
+    rc, out, _ = run(capsys, "cache", "list", "--wide")
+    assert rc == 0 and "..." not in out and "cut to" not in out
+    assert sum(LONG_SIGNATURE in line for line in out.splitlines()) == 4
+    assert "BLOCK_M=128 BLOCK_N=256 BLOCK_K=64 num_warps=8 num_stages=4" in out
 
 
 def test_list_empty(capsys, root):

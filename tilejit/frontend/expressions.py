@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import inspect
 import operator
 import types
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 from .. import dtypes as D
 from .. import language as lang
 from ..dtypes import DType
-from ..errors import NameResolutionError, UnsupportedSyntaxError
+from ..errors import NameResolutionError, UnsupportedSyntaxError, did_you_mean, docs_link
 from ..ir import BinaryOp, Block, CompareOp, OpKind, UnaryOp, Value
 from .semantic import describe, is_const
 from .source import JITFunction
@@ -44,6 +45,10 @@ _CMPOPS = {
     ast.Eq: CompareOp.EQ, ast.NotEq: CompareOp.NE,
 }
 _ALLOWED_MODULES = {"math"}
+_KERNEL_BUILTINS = ("range", "min", "max", "abs", "float", "int", "bool", "len")  # Python's, usable in kernels
+_TENSOR_ATTRS = ("shape", "dtype", "stride", "ndim")
+_TILE_ATTRS = ("T", "shape", "dtype", "to")
+_LIST_METHODS = ("append", "extend", "insert", "pop", "remove")
 _CONST_TYPES = (bool, int, float, str, type(None))
 
 
@@ -93,7 +98,16 @@ class Expressions:
             return self._global(name, self.global_env[name], node)
         if hasattr(builtins, name):
             return getattr(builtins, name)
-        raise self.error(node, f"name '{name}' is not defined", cls=NameResolutionError)
+        raise self.error(node, f"name '{name}' is not defined{did_you_mean(name, self.visible_names())}",
+                         cls=NameResolutionError)
+
+    def visible_names(self) -> set[str]:
+        """The names a kernel could mean: locals, parameters, and the globals of its module it may read."""
+        names = set(self.scope) | set(self.global_env) | set(_KERNEL_BUILTINS)
+        module_globals = getattr(self.parsed.fn, "__globals__", {})
+        names.update(n for n, obj in module_globals.items() if not n.startswith("_") and (
+            isinstance(obj, (*_CONST_TYPES, DType, JITFunction, lang.constexpr, types.ModuleType))))
+        return names
 
     def _global(self, name: str, obj: Any, node: ast.AST) -> Any:
         if isinstance(obj, lang.constexpr):
@@ -108,9 +122,13 @@ class Expressions:
             return obj
         if callable(obj) and getattr(obj, "__module__", "") == "math":
             return obj
-        raise self.error(node, f"global '{name}' ({type(obj).__name__}) cannot be used inside a kernel",
-                         "kernels may read int/float/bool constants, dtypes, tilejit.language and "
-                         "@tilejit.func helpers from globals; pass other values as arguments",
+        if isinstance(obj, types.FunctionType):
+            hint = (f"'{name}' is a plain Python function: decorate it with @tilejit.func to call it in kernels "
+                    f"(it is inlined; {docs_link('helper-functions')}), or compute its value outside the kernel")
+        else:
+            hint = ("kernels may read int/float/bool/str constants, dtypes, tilejit.language and @tilejit.func "
+                    f"helpers from globals; pass other values as arguments ({docs_link('globals')})")
+        raise self.error(node, f"global '{name}' ({type(obj).__name__}) cannot be used inside a kernel", hint,
                          NameResolutionError)
 
     def visit_Name(self, node: ast.Name) -> Any:
@@ -121,7 +139,12 @@ class Expressions:
         attr = node.attr
         if isinstance(base, types.ModuleType):
             if not hasattr(base, attr):
-                raise self.error(node, f"module '{base.__name__}' has no attribute '{attr}'", cls=NameResolutionError)
+                public = getattr(base, "__all__", None) or [n for n in dir(base) if not n.startswith("_")]
+                alias = node.value.id + "." if isinstance(node.value, ast.Name) else ""
+                hint = (f"the language's functions and dtypes are listed in {docs_link('reference')}"
+                        if base is lang else None)
+                raise self.error(node, f"module '{base.__name__}' has no attribute '{attr}'"
+                                       f"{did_you_mean(attr, public, alias)}", hint, NameResolutionError)
             return self._global(f"{base.__name__}.{attr}", getattr(base, attr), node)
         if isinstance(base, TensorArg):
             if attr == "shape":
@@ -148,8 +171,20 @@ class Expressions:
                 return ("to", base)
         elif isinstance(base, DType) and attr in ("bits", "itemsize", "is_floating"):
             return getattr(base, attr)
-        raise self.error(node, f"{describe(base) if not isinstance(base, TensorArg) else 'tensor ' + base.name} "
-                               f"has no attribute '{attr}' in a kernel", cls=NameResolutionError)
+        what = describe(base) if not isinstance(base, TensorArg) else "tensor " + base.name
+        known = (_TENSOR_ATTRS if isinstance(base, TensorArg) else _TILE_ATTRS if isinstance(base, Value) and
+                 base.is_tile else ("dtype", "to") if isinstance(base, Value) else ())
+        hint = None
+        if attr in _LIST_METHODS and isinstance(base, (tuple, Value)):
+            hint = ("tiles are values, not lists: make a whole tile at once (T.zeros, T.full, T.arange) and "
+                    "update it with arithmetic or T.where(T.arange(0, N) == i, value, tile); a list of tiles "
+                    f"cannot be built in a kernel ({docs_link('tiles')})")
+        elif isinstance(base, Value) and attr in lang.__all__:
+            hint = f"tiles have no methods besides .to() and .T: write T.{attr}(x, ...) ({docs_link('reference')})"
+        elif known and not did_you_mean(attr, known):
+            hint = f"a {what.split()[0]} has {', '.join(known)}"
+        raise self.error(node, f"{what} has no attribute '{attr}' in a kernel{did_you_mean(attr, known)}", hint,
+                         NameResolutionError)
 
     def binary(self, op: BinaryOp, x: Any, y: Any, node: ast.AST) -> Any:
         if isinstance(x, tuple) and isinstance(y, tuple) and op is BinaryOp.ADD:
@@ -254,7 +289,10 @@ class Expressions:
                     raise self.error(node, "dtypes can only be compared with == and !=")
                 value = (left == right) == isinstance(op_node, ast.Eq)
             elif type(op_node) not in _CMPOPS:
-                raise self.error(node, f"unsupported comparison {type(op_node).__name__}", cls=UnsupportedSyntaxError)
+                word = "not in" if isinstance(op_node, ast.NotIn) else "in"
+                raise self.error(node, f"'{word}' on run-time values is not supported in kernels",
+                                 "'in' tests compile-time tuples and strings (constexprs); compare run-time values "
+                                 "with == joined by |", UnsupportedSyntaxError)
             else:
                 value = self.sem.compare(_CMPOPS[type(op_node)], left, right)
             result = value if result is True else self.sem.binary(BinaryOp.AND, self.sem.truth(result), self.sem.truth(value))
@@ -401,7 +439,11 @@ class Expressions:
             except TypeError as e:
                 if "builtin_" not in str(e):
                     raise
-                raise self.error(node, f"wrong arguments for T.{name}: {str(e).split(') ', 1)[-1]}") from None
+                params = list(inspect.signature(handler).parameters)[2:]  # after (gen, node)
+                unknown = [k for k in kwargs if k not in params]
+                close = did_you_mean(unknown[0], params) if unknown else ""
+                raise self.error(node, f"wrong arguments for T.{name}: {str(e).split(') ', 1)[-1]}{close}",
+                                 f"T.{name}({', '.join(params)}); help(T.{name}) shows an example") from None
         if isinstance(fn, JITFunction):
             return self.inline(node, fn, args, kwargs)
         if fn is lang.constexpr:
@@ -451,7 +493,9 @@ class Expressions:
         bound.update(zip(names, args))
         for k, v in kwargs.items():
             if k not in names or k in bound:
-                raise self.error(node, f"{helper.__name__}() got an unexpected or repeated argument '{k}'")
+                raise self.error(node, f"{helper.__name__}() got an unexpected or repeated argument '{k}'"
+                                       f"{did_you_mean(k, set(names) - set(bound))}",
+                                 f"its parameters: {helper.__name__}({', '.join(names)})")
             bound[k] = v
         for name, default in zip(names[len(names) - len(defaults):], defaults):
             if name not in bound:

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from .. import dtypes as D
 from ..dtypes import DType
+from ..errors import docs_link
 from ..ir import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
                   CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs, NoAttrs, OpKind, PermAttrs,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
@@ -99,10 +100,35 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
         da = a[len(a) - 1 - i] if i < len(a) else 1
         db = b[len(b) - 1 - i] if i < len(b) else 1
         if da != db and 1 not in (da, db):
-            raise SemanticError(f"cannot broadcast shapes {a} and {b}",
-                                "use x[:, None] or x[None, :] to add the missing dimension")
+            raise SemanticError(f"cannot broadcast shapes {a} and {b}", _broadcast_hint(a, b))
         out.append(max(da, db))
     return tuple(reversed(out))
+
+
+def _swapped(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two 2-D shapes that are each other's transpose, (64, 32) and (32, 64)."""
+    return len(a) == len(b) == 2 and a != b and a == b[::-1]
+
+
+def _broadcast_hint(a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    if _swapped(a, b):
+        return f"one of the tiles is the other's transpose: use x.T (a {b} tile's .T has shape {a})"
+    if len(a) != len(b):
+        return (f"use x[:, None] or x[None, :] to add the missing dimension "
+                f"({docs_link('broadcasting')})")
+    return f"dimensions broadcast when they are equal or one of them is 1 ({docs_link('broadcasting')})"
+
+
+def _gemm_hint(m: int, k: int, k2: int, n: int, transpose_a: bool, transpose_b: bool) -> str:
+    """How to make an ``(m, k) @ (k2, n)`` product fit, when transposing one operand would."""
+    fixes = []
+    if k == n:
+        fixes.append("a @ b.T (T.gemm(..., transpose_b=%s))" % (not transpose_b))
+    if m == k2:
+        fixes.append("a.T @ b (T.gemm(..., transpose_a=%s))" % (not transpose_a))
+    if fixes:
+        return f"an operand looks transposed: {' or '.join(fixes)}"
+    return f"a @ b needs a of shape (M, K) and b of shape (K, N) ({docs_link('matrix-products')})"
 
 
 _PY_BINARY = {
@@ -348,14 +374,17 @@ class Semantic:
         m, k = a.type.shape[::-1] if transpose_a else a.type.shape
         k2, n = b.type.shape[::-1] if transpose_b else b.type.shape
         if k != k2:
-            raise SemanticError(f"matrix product inner dimensions differ: {m}x{k} @ {k2}x{n}")
+            raise SemanticError(f"matrix product inner dimensions differ: {m}x{k} @ {k2}x{n}",
+                                _gemm_hint(m, k, k2, n, transpose_a, transpose_b))
         acc_dtype = D.int32 if a.dtype == D.int8 else (D.float64 if a.dtype == D.float64 else D.float32)
         if acc is None:
             acc = self.full((m, n), 0, acc_dtype)
         elif not (isinstance(acc, Value) and acc.is_tile):
             raise SemanticError(f"accumulator must be a tile, got {describe(acc)}")
         if acc.type.shape != (m, n):
-            raise SemanticError(f"accumulator shape {acc.type.shape} does not match the product {m}x{n}")
+            raise SemanticError(f"accumulator shape {acc.type.shape} does not match the product {m}x{n}",
+                                "the product's operands are transposed: swap them or transpose the "
+                                "accumulator with .T" if _swapped(acc.type.shape, (m, n)) else None)
         if acc.dtype != acc_dtype:
             raise SemanticError(f"accumulator must be {acc_dtype} for {a.dtype} operands, got {acc.dtype}",
                                 f"create it with T.zeros(..., T.{acc_dtype.name})")
@@ -378,7 +407,9 @@ class Semantic:
                     raise SemanticError("")
             except SemanticError:
                 raise SemanticError(f"cannot store a tile of shape {value.type.shape} into a window of "
-                                    f"shape {tile_shape}") from None
+                                    f"shape {tile_shape}",
+                                    "store its transpose, value.T" if _swapped(value.type.shape, tile_shape)
+                                    else "load, compute and store windows of the same shape") from None
         value = self.cast(value, tensor.dtype)
         value = self.broadcast_to(value, tile_shape)
         self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)

@@ -9,6 +9,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import UsageTypeError
+
 
 @dataclass
 class ParsedSource:
@@ -27,15 +29,15 @@ def parse_function(fn: Callable) -> ParsedSource:
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError) as e:
-        raise TypeError(f"cannot read the source of {getattr(fn, '__name__', fn)!r}: {e}; "
-                        "kernels must be defined in a file (not in an interactive prompt or exec)") from None
+        raise UsageTypeError(f"cannot read the source of {getattr(fn, '__name__', fn)!r}: {e}; "
+                             "kernels must be defined in a file (not in an interactive prompt or exec)") from None
     raw = "".join(lines)
     text = textwrap.dedent(raw)
     col_offset = len(lines[0]) - len(lines[0].lstrip()) if lines else 0
     module = ast.parse(text)
     tree = module.body[0]
     if not isinstance(tree, ast.FunctionDef):
-        raise TypeError(f"{fn!r} is not a plain function definition")
+        raise UsageTypeError(f"{fn!r} is not a plain function definition")
     ast.increment_lineno(module, first - 1)
     filename = inspect.getsourcefile(fn) or "<unknown>"
     return ParsedSource(fn, filename, tree, text, col_offset)

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..errors import CompilationError, UnsupportedSyntaxError
+from ..errors import CompilationError, UnsupportedSyntaxError, did_you_mean, docs_link
 from ..ir import Block, ForAttrs, LoopKind, NoAttrs, OpKind, ScalarType, TileType, Value
 from .expressions import _BINOPS
 from .semantic import describe, is_const, promote
@@ -62,7 +62,11 @@ class Statements:
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         op = _BINOPS.get(type(node.op))
         if op is None:
-            raise self.error(node, f"unsupported operator {type(node.op).__name__}=", cls=UnsupportedSyntaxError)
+            symbol = {ast.MatMult: "@", ast.Pow: "**"}.get(type(node.op), type(node.op).__name__)
+            raise self.error(node, f"'{symbol}=' is not supported in kernels",
+                             f"write it out: x = x {symbol} y" + (" (or acc = T.gemm(a, b, acc) to accumulate a "
+                                                                   "product)" if symbol == "@" else ""),
+                             UnsupportedSyntaxError)
         if isinstance(node.target, ast.Name):
             current = self.lookup(node.target.id, node.target)
             self.assign(node.target, self.binary(op, current, self.visit(node.value), node))
@@ -89,7 +93,11 @@ class Statements:
         elif isinstance(target, ast.Subscript):
             self.store(self.tensor_window(target), value, target)
         else:
-            raise self.error(target, f"cannot assign to {type(target).__name__}", cls=UnsupportedSyntaxError)
+            what = {ast.Attribute: "an attribute (x.name = ...)", ast.Starred: "a starred name (*rest)"}.get(
+                type(target), f"this target ({type(target).__name__})")
+            raise self.error(target, f"cannot assign to {what} in a kernel",
+                             "assign to a name, a tuple of names, or a tensor slice (X[i:i + BLOCK] = tile)",
+                             UnsupportedSyntaxError)
 
     def visit_Assert(self, node: ast.Assert) -> None:
         cond = self.visit(node.test)
@@ -196,7 +204,9 @@ class Statements:
         stages = kwargs.pop("stages", None)
         if kwargs or stages is not None and kind != "range":
             bad = next(iter(kwargs), "stages")
-            raise self.error(call, f"unexpected keyword '{bad}' for this loop")
+            allowed = ["stages"] if kind == "range" else []
+            raise self.error(call, f"unexpected keyword '{bad}' for this loop{did_you_mean(bad, allowed)}",
+                             "only T.range takes a keyword: T.range(lo, hi, step, stages=S)")
         if not 1 <= len(args) <= 3:
             raise self.error(call, f"range takes 1 to 3 arguments, got {len(args)}")
         lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
@@ -273,6 +283,7 @@ class Statements:
         if node.orelse:
             raise self.error(node, "while/else is not supported", cls=UnsupportedSyntaxError)
         before = dict(self.scope)
+        self._check_while_condition(node)  # a tile as the condition is the real mistake, even when one is carried
         candidates = [n for n in _assigned_names(node.body) if n in before]
         for n in candidates:
             if isinstance(before[n], Value) and before[n].is_tile:
@@ -308,7 +319,25 @@ class Statements:
 
     def _tile_in_while(self, node: ast.AST, name: str) -> CompilationError:
         return self.error(node, f"a while loop cannot carry the tile '{name}'",
-                          "use for ... in range(...) (or T.range) for loops over tiles", UnsupportedSyntaxError)
+                          "use for ... in range(...) (or T.range) for loops over tiles; a while loop carries "
+                          f"scalars only ({docs_link('while-loops')})", UnsupportedSyntaxError)
+
+    def _check_while_condition(self, node: ast.While) -> None:
+        """The condition, evaluated once on the values before the loop into a block that is dropped: a tile
+        there is reported as such, not as the tile the body carries."""
+        saved = dict(self.scope)
+        try:
+            with self.b.at(Block()):
+                test = self.visit(node.test)
+        finally:
+            self.scope = saved
+        if isinstance(test, Value) and test.is_tile:
+            raise self._tile_condition(node.test)
+
+    def _tile_condition(self, node: ast.AST) -> CompilationError:
+        return self.error(node, "a while condition must be a scalar, not a tile",
+                          "reduce the tile first, e.g. while T.max(x, 0) > 0 (the loop then cannot carry x: "
+                          f"tiles are carried by for loops only; {docs_link('while-loops')})")
 
     def _while_regions(self, node: ast.While, carried: dict[str, Any], before: dict[str, Any]):
         """The condition block (yields the test as a bool) and the body block (values not yet yielded)."""
@@ -318,8 +347,7 @@ class Statements:
         with self.b.at(cond_block):
             test = self.visit(node.test)
             if isinstance(test, Value) and test.is_tile:
-                raise self.error(node.test, "a while condition must be a scalar, not a tile",
-                                 "reduce the tile first, e.g. T.max(x, 0) > 0")
+                raise self._tile_condition(node.test)
             if not (isinstance(test, Value) or is_const(test)):
                 raise self.error(node.test, f"a while condition must be a scalar, got {describe(test)}")
             self.b.create(OpKind.YIELD, [self.sem.as_value(self.sem.truth(test))], [], NoAttrs())

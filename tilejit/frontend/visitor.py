@@ -18,7 +18,7 @@ from .expressions import Expressions, TensorArg
 from .semantic import Semantic, SemanticError
 from .source import ParsedSource
 from .spec import ArgSpec, ConstexprSpec, TensorSpec
-from .constructs import check_constructs
+from .constructs import check_constructs, construct_words
 from .statements import Statements
 
 __all__ = ["CodeGenerator", "TensorArg", "build_function", "check_constructs"]
@@ -55,9 +55,8 @@ class CodeGenerator(Statements, Expressions, ast.NodeVisitor):
                 raise self.error(node, str(e), e.hint) from None
 
     def generic_visit(self, node: ast.AST) -> Any:
-        raise self.error(node, f"unsupported Python construct: {type(node).__name__}",
-                         "kernels accept assignments, arithmetic, calls to tilejit.language, for/if and "
-                         "@tilejit.func helpers (see DESIGN.md 'The language')", UnsupportedSyntaxError)
+        words, hint = construct_words(node)
+        raise self.error(node, f"{words} is not supported in kernels", hint, UnsupportedSyntaxError)
 
     # -- statements ------------------------------------------------------------------------
     def visit_body(self, stmts: list[ast.stmt], top: bool = False) -> None:

@@ -15,10 +15,11 @@ from typing import Any, Callable, Sequence
 from .. import compiler
 from .. import dtypes as D
 from .. import knobs
+from ..errors import (ArgumentError, ArgumentValueError, UsageTypeError, UsageValueError, close_matches, docs_link,
+                      entry_point)
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
-from ..errors import ArgumentError, ArgumentValueError
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
@@ -82,7 +83,7 @@ def _scalar_spec(name: str, v: Any) -> ScalarSpec:
     if isinstance(v, float):
         return ScalarSpec(D.float32)
     raise ArgumentError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
-                    "ints, floats and bools (mark compile-time parameters with T.constexpr)")
+                         "ints, floats and bools (mark compile-time parameters with T.constexpr)")
 
 
 class Kernel:
@@ -99,7 +100,7 @@ class Kernel:
                                 if _is_constexpr_annotation(p.annotation)}
         for name in self.arg_names:
             if name in LAUNCH_OPTIONS:
-                raise TypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
+                raise UsageTypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
         self._parsed: ParsedSource | None = None
         self._constructs_checked = False
         self._source_hash: str | None = None
@@ -167,8 +168,12 @@ class Kernel:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise ArgumentError(f"{e} (kernel signature: {self._signature_text()}; launch options: "
-                            f"{', '.join(LAUNCH_OPTIONS)})") from None
+            known = [*self.arg_names, *LAUNCH_OPTIONS]
+            unknown = [k for k in kwargs if k not in self.arg_names]
+            close = "".join(f" ('{k}' is not a parameter: did you mean {' or '.join(map(repr, matches))}?)"
+                            for k in unknown if (matches := close_matches(k, known)))
+            raise ArgumentError(f"{e}{close} (kernel signature: {self._signature_text()}; launch options: "
+                                f"{', '.join(LAUNCH_OPTIONS)})") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
@@ -182,7 +187,7 @@ class Kernel:
                     value = values[name] = value.value
                 if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
                     raise ArgumentError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
-                                    f"tuple, got {type(value).__name__}")
+                                        f"tuple, got {type(value).__name__}{_constexpr_hint(name, value)}")
                 specs[name] = ConstexprSpec(value)
             elif _is_tensor(value):
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
@@ -247,6 +252,7 @@ class Kernel:
                         adopted.setdefault(param, set()).add(dim)
         self._stored_shape_dims = adopted
 
+    @entry_point
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The printed IR of the specialization these arguments select (tensors may be on ``meta``)."""
         from ..ir import print_function
@@ -296,6 +302,7 @@ class Kernel:
         if dispatcher is not None:
             return dispatcher.bind(grid)  # the compiled launcher (runtime/_launch.c)
 
+        @entry_point
         def launch(*args: Any, **kwargs: Any) -> None:
             self._python_launch(grid, args, kwargs)
         return launch
@@ -416,9 +423,10 @@ class Kernel:
                 return (grid[0], 1, 1)
         return None
 
+    @entry_point
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         raise ArgumentError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
-                        f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
+                             f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
 
     def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
@@ -439,7 +447,7 @@ class Kernel:
         for n, t in tensors.items():
             if t.device.type != "cuda":
                 raise ArgumentValueError(f"kernel {self.__name__}: argument '{n}' is on {t.device}; move it to a CUDA "
-                                 "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
+                                      "device, or set TILEJIT_INTERPRET=1 to run on CPU tensors")
         device_index = next(iter(tensors.values())).device.index if tensors else None
         if device_index is None:
             import torch
@@ -469,14 +477,16 @@ class Kernel:
         return module.Dispatcher(
             roles=self._roles, role_constexpr=_CONSTEXPR, role_shaped=_SHAPED, fast_kwargs=self._fast_kwargs,
             tensor_type=torch.Tensor, stream_getter=torch._C._cuda_getCurrentRawStream, slow=self._native_slow,
-            fallback=self._python_launch, grid_fn=self._fast_grid, names=tuple(self.arg_names),
+            fallback=entry_point(self._python_launch), grid_fn=self._fast_grid, names=tuple(self.arg_names),
             runtime_index=self._runtime_index, defaults=self._runtime_defaults)
 
+    @entry_point  # called by the compiled launcher: the outermost frame of tilejit's on a miss
     def _native_slow(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         """A miss of the compiled launcher: launch through the slow path and hand back what to remember."""
         launcher = self.run(grid, args, kwargs)
         return None if launcher is None else launcher.native_entry()
 
+    @entry_point
     def compile(self, *args: Any, arch: str | None = None, stop_after: str | None = None, **kwargs: Any):
         """Compile (or fetch from the cache) without launching; works with no GPU given ``arch``.
 
@@ -525,6 +535,17 @@ class Kernel:
         return f"<tilejit.kernel {self.__name__}>"
 
 
+def _constexpr_hint(name: str, value: Any) -> str:
+    """What to pass instead of ``value`` for the constexpr ``name``."""
+    if _is_tensor(value):
+        what = f"{name}=t.item()" if value.numel() == 1 else "a Python number"
+        return (f": a constexpr is a compile-time value (each value compiles a kernel): pass {what}, or drop "
+                f"T.constexpr from '{name}' to pass the tensor at run time ({docs_link('constexprs')})")
+    if isinstance(value, list):
+        return f": pass a tuple, (a, b) instead of [a, b] ({docs_link('constexprs')})"
+    return f" ({docs_link('constexprs')})"
+
+
 def _torch_tensor():
     import torch
 
@@ -551,13 +572,15 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
         raise ArgumentValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
-                         f"got {grid!r}")
+                              f"got {grid!r}")
     dims = []
     for g in grid:
         if hasattr(g, "item") and not isinstance(g, int):
             g = g.item()
         if isinstance(g, bool) or not isinstance(g, int):
-            raise ArgumentError(f"kernel {name}: grid entries must be ints, got {g!r}")
+            hint = (" (n / BLOCK is a float: use tilejit.cdiv(n, BLOCK) to cover n, or n // BLOCK)"
+                    if isinstance(g, float) else "")
+            raise ArgumentError(f"kernel {name}: grid entries must be ints, got {g!r}{hint}")
         if g <= 0:
             raise ArgumentValueError(f"kernel {name}: grid {tuple(grid)} has a dimension <= 0; nothing would run")
         dims.append(g)
@@ -569,7 +592,11 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
 
 
 def kernel(fn: Callable | None = None) -> Kernel:
-    """Decorator: compile ``fn`` as a tilejit kernel (see DESIGN.md 'The language')."""
+    """Decorator: compile ``fn`` as a tilejit kernel, launched with ``kernel[grid](*args, **meta)``.
+
+    The language is described in docs/language.md (``tilejit.docs()`` gives the path of the copy installed with
+    the package) and in the docstrings of ``tilejit.language``.
+    """
     if fn is None:
         return kernel  # type: ignore[return-value]
     return Kernel(fn)

@@ -5,6 +5,7 @@ import threading
 from typing import Any
 
 from .. import knobs
+from ..errors import UsageRuntimeError
 from ..compiler import CompiledKernel
 from ..target import Arch
 
@@ -19,7 +20,7 @@ def resolve_arch(arch: "str | Arch | None", device_index: int | None = None) -> 
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA GPU is visible: pass arch='sm_90a' (or another) to compile for a target")
+        raise UsageRuntimeError("no CUDA GPU is visible: pass arch='sm_90a' (or another) to compile for a target")
     return Arch.for_capability(*torch.cuda.get_device_capability(device_index))
 
 
