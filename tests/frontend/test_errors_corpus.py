@@ -906,8 +906,8 @@ def traceback_lines(stderr: str) -> list[str]:
     ("ir", "NameResolutionError", "name 'alpah' is not defined"),
     ("compile", "NameResolutionError", "name 'alpah' is not defined"),
     ("autotune", "NameResolutionError", "name 'alpah' is not defined"),
-    ("argument", "UsageTypeError", "argument 'Y' has type list"),
-    ("grid", "UsageTypeError", "grid entries must be ints, got 8.0"),
+    ("argument", "ArgumentError", "argument 'Y' has type list"),
+    ("grid", "ArgumentError", "grid entries must be ints, got 8.0"),
 ])
 def test_user_errors_show_a_short_traceback(tmp_path, what, error, phrase):
     script, stderr = run_script(tmp_path, what)
