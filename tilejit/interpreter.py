@@ -429,7 +429,7 @@ def _window(op: Op, env: Env, tensor: torch.Tensor, first_start: int):
 @rule(OpKind.LOAD)
 def _load(op: Op, env: Env, ctx: _Context) -> None:
     tensor = env[op.operands[0].id]
-    tile_shape = op.result.type.shape
+    tile_shape = op.attrs.tile_shape  # () for one element (X[i, j]): a 0-d scalar
     window = _window(op, env, tensor, 1)
     if window is None:
         out = torch.zeros(tile_shape, dtype=tensor.dtype)

@@ -356,9 +356,6 @@ class Expressions:
                 starts.append(idx)
                 lengths.append(1)
                 dropped.append(dim)
-        if len(dropped) == rank:
-            raise self.error(node, "indexing every dimension with an integer gives a single element",
-                             "use a slice of length 1 (i:i + 1) to load a 1-element tile")
         start_values = [self.sem.as_value(s) for s in starts]
         return tensor, start_values, tuple(lengths), tuple(dropped)
 

@@ -359,13 +359,20 @@ class Semantic:
     # -- global memory ---------------------------------------------------------------------
     def load(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...]) -> Value:
         attrs = AccessAttrs(shape, dropped)
-        tile = TileType(attrs.tile_shape, tensor.dtype)
+        tile = TileType(attrs.tile_shape, tensor.dtype) if attrs.tile_shape else ScalarType(tensor.dtype)
         return self.b.create1(OpKind.LOAD, [tensor, *starts], tile, attrs)
 
     def store(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
               value: Any) -> None:
         attrs = AccessAttrs(shape, dropped)
         tile_shape = attrs.tile_shape
+        if not tile_shape:  # X[i, j] = v: one element
+            if isinstance(value, Value) and value.is_tile:
+                raise SemanticError(f"cannot store a tile of shape {value.type.shape} into one element",
+                                    "store a scalar, or store the tile into a slice")
+            value = self.cast(value, tensor.dtype)
+            self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)
+            return
         if isinstance(value, Value) and value.is_tile:
             try:
                 if broadcast_shapes(value.type.shape, tile_shape) != tile_shape:

@@ -167,7 +167,8 @@ class AccessAttrs:
 
     ``shape[d]`` is the window's length along tensor dim ``d``; dims listed in ``dropped`` were indexed
     by an integer and are absent from the tile (their length is 1). Elements outside the tensor read as
-    ``0`` (load) or are not written (store).
+    ``0`` (load) or are not written (store). When every dim is dropped (``X[i, j]``) the window is one
+    element and the value a scalar.
     """
     shape: tuple[int, ...]
     dropped: tuple[int, ...] = ()
@@ -265,6 +266,10 @@ def _access(op, starts: list, tile) -> str | None:
         return f"{len(starts)} start indices for a rank-{tensor.rank} tensor"
     if any(not isinstance(s.type, ScalarType) or not s.dtype.is_integer for s in starts):
         return "start indices must be integer scalars"
+    if not op.attrs.tile_shape:  # one element: a scalar of the tensor's dtype
+        if tile != ScalarType(tensor.dtype):
+            return f"a one-element window gives a {tensor.dtype} scalar, not {tile}"
+        return None
     if not isinstance(tile, TileType) or tile.shape != op.attrs.tile_shape:
         return f"tile {tile} does not match the window {op.attrs.tile_shape}"
     return None

@@ -14,7 +14,7 @@ from ..ir import Function, OpKind, Scope
 def select_copies(fn: Function, target: Target) -> None:
     specs = fn.attrs.get("tensor_specs", {})
     for op in fn.walk():
-        if op.kind is not OpKind.LOAD or op.result.type.scope is not Scope.SHARED:
+        if op.kind is not OpKind.LOAD or not op.result.is_tile or op.result.type.scope is not Scope.SHARED:
             continue
         query = CopyQuery(op, specs.get(op.operands[0].name), bool(op.attrs.pipeline))
         impl = REGISTRY.select("copy", query, target, op.loc)

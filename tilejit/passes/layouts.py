@@ -206,7 +206,7 @@ def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
 
 
 def _load_seed(inf: _Inference, op: Op) -> None:
-    if op.result.type.scope is Scope.REGISTER:
+    if op.result.is_tile and op.result.type.scope is Scope.REGISTER:
         inf.set(op.result, default_layout(op.result.type.shape, inf.target.threads, load_vector_width(inf.fn, op)))
 
 
