@@ -24,3 +24,77 @@ def scalar_index_mixed(X, Y, Out, i, j, BN: T.constexpr):
     v = X[i, j]
     Out[i, j] = v * 3.0
     Y[0:BN] = X[i, 0:BN] + v
+
+
+@tilejit.kernel
+def atomic_rows(V, C, Count, OP: T.constexpr, BN: T.constexpr, SEM: T.constexpr):
+    """Every program combines its row of V into the same cells C[0:BN] (contention), and counts itself in
+    Count[0]. C may be shorter than BN: the extra elements are skipped."""
+    p = T.program_id(0)
+    v = V[p, 0:BN]
+    if OP == "add":
+        T.atomic_add(C[0:BN], v, sem=SEM)
+    elif OP == "max":
+        T.atomic_max(C[0:BN], v, sem=SEM)
+    elif OP == "min":
+        T.atomic_min(C[0:BN], v, sem=SEM)
+    T.atomic_add(Count[0], 1, sem=SEM)
+
+
+@tilejit.kernel
+def atomic_xchg_old(C, Old, BN: T.constexpr):
+    """Program p swaps p into C[0:BN] and records what it took out: per column, the old values of all programs
+    plus C's final value are C's initial value and 0..P-1, each once."""
+    p = T.program_id(0)
+    old = T.atomic_xchg(C[0:BN], p)
+    Old[p, 0:BN] = old
+
+
+@tilejit.kernel
+def atomic_2d_old(C, X, Old, BM: T.constexpr, BN: T.constexpr):
+    """A 2-D tile atomic_add returning the old values, on windows that overlap between programs (contention) and
+    run past C's edges."""
+    m0 = T.program_id(0) * (BM // 2)
+    n0 = T.program_id(1) * (BN // 2)
+    x = X[m0:m0 + BM, n0:n0 + BN]
+    old = T.atomic_add(C[m0:m0 + BM, n0:n0 + BN], x, sem="relaxed")
+    Old[T.program_id(0), T.program_id(1), 0:BM, 0:BN] = old
+
+
+@tilejit.kernel
+def spin_lock_counter(Lock, Counter, Order):
+    """A lock taken with atomic_cas (acquire) and released with atomic_xchg (release) guards a plain
+    read-modify-write of Counter[0]; Order[p] records the value program p saw."""
+    while T.atomic_cas(Lock[0], 0, 1, sem="acquire") != 0:
+        pass
+    seen = Counter[0]
+    Counter[0] = seen + 1
+    Order[T.program_id(0)] = seen
+    T.atomic_xchg(Lock[0], 0, sem="release")
+
+
+@tilejit.kernel
+def histogram(X, Hist, BLOCK: T.constexpr):
+    """Hist[X[i]] += 1 for every element: an indexed atomic_add with duplicate and out-of-range bins."""
+    i0 = T.program_id(0) * BLOCK
+    bins = X[i0:i0 + BLOCK]
+    valid = i0 + T.arange(0, BLOCK) < X.shape[0]
+    T.atomic_add(Hist[bins], T.where(valid, 1, 0), sem="relaxed")
+
+
+@tilejit.kernel
+def atomic_cas_scoped(C, Cmp, Old, BN: T.constexpr, SCOPE: T.constexpr):
+    """An element-wise compare-and-swap of 7 where C equals Cmp, at the given scope; Old gets the old values."""
+    Old[0:BN] = T.atomic_cas(C[0:BN], Cmp[0:BN], 7, sem="relaxed", scope=SCOPE)
+
+
+def load_example(name: str):
+    """A module of examples/ by file name (examples/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tilejit_examples_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -17,6 +17,7 @@ bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
 __all__ = [
     "constexpr", "program_id", "num_programs", "cdiv", "arange", "zeros", "full", "where", "exp", "exp2",
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
+    "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
     "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
     "int16", "int32", "int64", "uint8", "bool",
 ]
@@ -152,6 +153,97 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False):
 @builtin
 def copy(src, dst):
     """Store ``src`` (a tile or a tensor slice) into the tensor slice ``dst``."""
+
+
+_ATOMIC_COMMON = """
+    ``pointer`` is a window of a tensor argument written with the load/store syntax: a slice
+    ``C[m0:m0 + BM, n0:n0 + BN]``, a single element ``C[i]`` / ``C[i, j]``, or rows picked by a 1-D integer index
+    tile ``H[idx]`` / ``C[idx, 0:D]`` (one dim at most). ``val`` is a tile that broadcasts to the window's shape,
+    or a scalar; it is cast to the tensor's dtype as a store would.
+
+    Tensor dtypes: float32, float64, int32, int64 (bool, 8/16-bit ints and floats, fp8 are errors).
+    Out-of-bounds elements (or out-of-range indices) are skipped: nothing is written and their old value reads 0.
+    Duplicate indices in an index tile are applied one after the other, as separate atomics.
+
+    ``sem``: "relaxed", "acquire", "release" or "acq_rel" (default, as in Triton); ``scope``: "gpu" (default),
+    "cta" or "sys"; they become PTX ``atom.<sem>.<scope>`` (``red.<sem>.<scope>`` when the result is unused and
+    ``sem`` is "relaxed" or "release").
+
+    Returns the old values: a tile of the window's shape (a scalar for a single element), in the tensor's dtype.
+    The interpreter applies the elements of one call in row-major order, program after program.
+"""
+
+
+@builtin
+def atomic_add(pointer, val, sem="acq_rel", scope="gpu"):
+    """Atomically add ``val`` to every element of ``pointer``; returns the old values.
+
+    Example (split-K: every program adds its partial product into a float32 ``C``)::
+
+        T.atomic_add(C[m0:m0 + BM, n0:n0 + BN], acc, sem="relaxed")
+        T.atomic_add(Hist[bins], 1)          # a histogram: bins is an int32 tile
+    """
+
+
+atomic_add.__doc__ += _ATOMIC_COMMON
+
+
+@builtin
+def atomic_max(pointer, val, sem="acq_rel", scope="gpu"):
+    """Atomically replace every element of ``pointer`` by ``max(old, val)``; returns the old values.
+
+    Integers use ``atom.max``; floats a compare-and-swap loop (NaN propagates, as in ``T.maximum``).
+
+    Example::
+
+        T.atomic_max(RowMax[m0:m0 + BM], T.max(x, 1))
+    """
+
+
+atomic_max.__doc__ += _ATOMIC_COMMON
+
+
+@builtin
+def atomic_min(pointer, val, sem="acq_rel", scope="gpu"):
+    """Atomically replace every element of ``pointer`` by ``min(old, val)``; returns the old values.
+
+    Integers use ``atom.min``; floats a compare-and-swap loop (NaN propagates, as in ``T.minimum``).
+
+    Example::
+
+        T.atomic_min(Best[0], score)
+    """
+
+
+atomic_min.__doc__ += _ATOMIC_COMMON
+
+
+@builtin
+def atomic_xchg(pointer, val, sem="acq_rel", scope="gpu"):
+    """Atomically store ``val`` into every element of ``pointer``; returns the old values.
+
+    Example (release a lock)::
+
+        T.atomic_xchg(Lock[0], 0, sem="release")
+    """
+
+
+atomic_xchg.__doc__ += _ATOMIC_COMMON
+
+
+@builtin
+def atomic_cas(pointer, cmp, val, sem="acq_rel", scope="gpu"):
+    """Atomic compare-and-swap: where an element equals ``cmp`` (bitwise) it becomes ``val``; returns the old
+    values (so ``old == cmp`` tells where the swap happened). ``cmp`` broadcasts like ``val``.
+
+    Example (take a spin lock)::
+
+        while T.atomic_cas(Lock[0], 0, 1, sem="acquire") != 0:
+            pass
+    """
+
+
+atomic_cas.__doc__ += _ATOMIC_COMMON
 
 
 class _LoopMarker:

@@ -27,6 +27,28 @@ CASES = {
     "scalar_index": (lk.scalar_index, lambda: (m(5, 7), m(5, 7)), dict(BN=8)),
     "scalar_index_mixed": (lk.scalar_index_mixed, lambda: (m(8, 16), m(16), m(8, 16), 3, 5), dict(BN=16)),
 }
+for _dt in (f32, torch.float64, i32, i64):
+    for _op in ("add", "max", "min"):
+        for _sem in ("relaxed", "acq_rel"):
+            CASES[f"atomic_rows_{_op}_{str(_dt)[6:]}_{_sem}"] = (
+                lk.atomic_rows, lambda _dt=_dt: (m(4, 10, dtype=_dt), m(10, dtype=_dt), m(1, dtype=i32)),
+                dict(OP=_op, BN=16, SEM=_sem))
+CASES.update({
+    "atomic_xchg_old_i64": (lk.atomic_xchg_old, lambda: (m(8, dtype=i64), m(4, 8, dtype=i64)), dict(BN=8)),
+    "atomic_xchg_old_f32": (lk.atomic_xchg_old, lambda: (m(8), m(4, 8)), dict(BN=8)),
+    "atomic_2d_old": (lk.atomic_2d_old, lambda: (m(13, 21), m(13, 21), m(3, 3, 32, 64)), dict(BM=32, BN=64)),
+    "spin_lock_counter": (lk.spin_lock_counter, lambda: (m(1, dtype=i32), m(1, dtype=i32), m(6, dtype=i32)), {}),
+    "atomic_cas_cta_i32": (lk.atomic_cas_scoped, lambda: (m(8, dtype=i32), m(8, dtype=i32), m(8, dtype=i32)),
+                           dict(BN=8, SCOPE="cta")),
+    "atomic_cas_sys_f64": (lk.atomic_cas_scoped, lambda: (m(8, dtype=torch.float64),) * 3, dict(BN=8, SCOPE="sys")),
+    "splitk_f16": (lk.load_example("splitk_matmul").matmul_splitk,
+                   lambda: (m(200, 4097, dtype=torch.float16), m(4097, 300, dtype=torch.float16), m(200, 300), 1024),
+                   dict(BM=64, BN=64, BK=32)),
+    "splitk_bf16_128": (lk.load_example("splitk_matmul").matmul_splitk,
+                        lambda: (m(512, 4096, dtype=torch.bfloat16), m(4096, 512, dtype=torch.bfloat16),
+                                 m(512, 512), 1024), dict(BM=128, BN=128, BK=64, num_warps=8)),
+    "histogram": (lk.histogram, lambda: (m(1000, dtype=i32), m(16, dtype=i32)), dict(BLOCK=256)),
+})
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -35,3 +57,12 @@ def test_compiles_to_cubin(name, arch):
     kernel, args, kwargs = CASES[name]
     compiled = kernel.compile(*args(), arch=arch, **kwargs)
     check_cubin(compiled, arch, kwargs.get("num_warps", 4))
+
+
+def test_scoped_cas_cuda_text():
+    cuda = lk.atomic_cas_scoped.compile(m(8, dtype=i32), m(8, dtype=i32), m(8, dtype=i32), BN=8, SCOPE="cta",
+                                        arch="sm_80", stop_after="cuda").cuda
+    assert "atom.relaxed.cta.global.cas.b32 %0, [%1], %2, %3;" in cuda
+    cuda = lk.atomic_cas_scoped.compile(*(m(8, dtype=torch.float64),) * 3, BN=8, SCOPE="sys", arch="sm_80",
+                                        stop_after="cuda").cuda
+    assert "atom.relaxed.sys.global.cas.b64 %0, [%1], %2, %3;" in cuda

@@ -32,3 +32,138 @@ def test_scalar_index_mixed_gpu(i, j):
     torch.testing.assert_close(out, expected_out)
     row = x[i] if 0 <= i < 8 else torch.zeros(16, device="cuda")
     torch.testing.assert_close(y, row + v)
+
+
+# -- atomics ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+@pytest.mark.parametrize("sem", ["relaxed", "acq_rel"])
+def test_atomic_contention_exact_integers(op, dtype, sem):
+    """4096 programs combine their rows into the same 100 cells: exact results; Count[0] counts the programs."""
+    P, N = 4096, 100
+    hi = 2**40 if dtype == torch.int64 else 1000
+    v = torch.randint(-hi, hi, (P, N), device="cuda", dtype=dtype)
+    c0 = torch.randint(-hi, hi, (N,), device="cuda", dtype=dtype)
+    c = c0.clone()
+    count = torch.zeros(1, device="cuda", dtype=torch.int32)
+    lk.atomic_rows[(P,)](v, c, count, OP=op, BN=128, SEM=sem)  # BN > N: 28 elements skipped
+    if op == "add":
+        expected = (c0.long() + v.long().sum(0)).to(dtype)
+    elif op == "max":
+        expected = torch.maximum(c0, v.amax(0))
+    else:
+        expected = torch.minimum(c0, v.amin(0))
+    assert torch.equal(c, expected)
+    assert count.item() == P
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+def test_atomic_contention_floats(op, dtype):
+    P, N = 2048, 77
+    v = torch.randn(P, N, device="cuda", dtype=dtype)
+    c0 = torch.randn(N, device="cuda", dtype=dtype)
+    c = c0.clone()
+    count = torch.zeros(1, device="cuda", dtype=torch.int32)
+    lk.atomic_rows[(P,)](v, c, count, OP=op, BN=128, SEM="acq_rel")
+    if op == "add":
+        torch.testing.assert_close(c.double(), c0.double() + v.double().sum(0), atol=1e-3, rtol=1e-4)
+    else:  # max/min are exact whatever the order
+        expected = torch.maximum(c0, v.amax(0)) if op == "max" else torch.minimum(c0, v.amin(0))
+        assert torch.equal(c, expected)
+    assert count.item() == P
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32])
+def test_atomic_xchg_old_values_gpu(dtype):
+    """Per column, the old values the programs took out plus the final value are the initial value and each
+    program id exactly once; out-of-bounds columns read 0."""
+    P, N, BN = 512, 50, 64
+    c = torch.full((N,), -1, device="cuda", dtype=dtype)
+    old = torch.full((P, BN), 99, device="cuda", dtype=dtype)
+    lk.atomic_xchg_old[(P,)](c, old, BN=BN)
+    taken = torch.cat([old[:, :N], c[None, :]], 0).double().sort(0).values
+    expected = torch.arange(-1, P, device="cuda", dtype=torch.float64)[:, None].expand(P + 1, N)
+    assert torch.equal(taken, expected)
+    assert (old[:, N:] == 0).all()
+
+
+def test_atomic_2d_overlapping_windows_gpu():
+    """Tile atomics on windows that overlap (each cell is hit by up to 4 programs) and run past C's edges:
+    exact int32 totals; old values outside C are 0."""
+    M, N, BM, BN = 100, 150, 32, 64
+    gm, gn = -(-M // (BM // 2)), -(-N // (BN // 2))
+    x = torch.randint(-50, 50, (M, N), device="cuda", dtype=torch.int32)
+    c0 = torch.randint(-50, 50, (M, N), device="cuda", dtype=torch.int32)
+    c = c0.clone()
+    old = torch.full((gm, gn, BM, BN), 12345, device="cuda", dtype=torch.int32)
+    lk.atomic_2d_old[(gm, gn)](c, x, old, BM=BM, BN=BN)
+    expected = c0.clone()
+    for pm in range(gm):
+        for pn in range(gn):
+            m0, n0 = pm * BM // 2, pn * BN // 2
+            expected[m0:m0 + BM, n0:n0 + BN] += x[m0:m0 + BM, n0:n0 + BN]
+            rows, cols = max(0, min(BM, M - m0)), max(0, min(BN, N - n0))
+            assert (old[pm, pn, rows:, :] == 0).all() and (old[pm, pn, :, cols:] == 0).all()
+    assert torch.equal(c, expected)
+
+
+def test_spin_lock_gpu():
+    """A lock (atomic_cas acquire / atomic_xchg release, one element, the whole program synchronized around each)
+    makes a plain read-modify-write of a counter exact under contention."""
+    P = 64
+    lock = torch.zeros(1, device="cuda", dtype=torch.int32)
+    counter = torch.zeros(1, device="cuda", dtype=torch.int32)
+    order = torch.full((P,), -1, device="cuda", dtype=torch.int32)
+    lk.spin_lock_counter[(P,)](lock, counter, order)
+    torch.cuda.synchronize()
+    assert lock.item() == 0 and counter.item() == P
+    assert sorted(order.tolist()) == list(range(P))
+
+
+def test_histogram_gpu():
+    """An indexed atomic_add: duplicate bins accumulate exactly, out-of-range bins are skipped."""
+    x = torch.randint(-3, 20, (100_003,), device="cuda", dtype=torch.int32)
+    hist = torch.zeros(16, device="cuda", dtype=torch.int32)
+    lk.histogram[(-(-x.numel() // 256),)](x, hist, BLOCK=256)
+    inside = x[(x >= 0) & (x < 16)]
+    assert torch.equal(hist, torch.bincount(inside.long(), minlength=16).int())
+
+
+@pytest.mark.parametrize("scope", ["cta", "gpu", "sys"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+def test_atomic_cas_gpu(scope, dtype):
+    c0 = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], device="cuda").to(dtype)
+    cmp = torch.tensor([1, 0, 3, 0, 5, 0, 0, 8], device="cuda").to(dtype)
+    c = c0.clone()
+    old = torch.full((8,), -1, device="cuda", dtype=dtype)
+    lk.atomic_cas_scoped[(1,)](c, cmp, old, BN=8, SCOPE=scope)
+    assert torch.equal(old, c0)
+    assert torch.equal(c, torch.where(c0 == cmp, torch.full_like(c0, 7), c0))
+
+
+# -- split-K ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M, N, K, split_k, tiles, warps", [
+    (64, 96, 8192, 8, (64, 64, 32), 4),
+    (200, 300, 4097, 5, (64, 64, 32), 4),
+    (129, 257, 3000, 3, (128, 128, 64), 8),
+])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_splitk_matches_plain_matmul(M, N, K, split_k, tiles, warps, dtype):
+    from kernels import matmul
+
+    ex = lk.load_example("splitk_matmul")
+    BM, BN, BK = tiles
+    torch.manual_seed(0)
+    A = torch.randn(M, K, device="cuda", dtype=dtype)
+    B = torch.randn(K, N, device="cuda", dtype=dtype)
+    C = ex.splitk_matmul(A, B, split_k, BM, BN, BK, num_warps=warps)
+    plain = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+    matmul[(-(-M // BM), -(-N // BN))](A, B, plain, BM=BM, BN=BN, BK=BK, num_warps=warps)
+    ref = A.double() @ B.double()
+    tol = 1e-5 * K ** 0.5 * float(ref.abs().max()) + 1e-4
+    assert float((C.double() - ref).abs().max()) <= tol
+    assert float((plain.double() - ref).abs().max()) <= tol
+    assert float((C - plain).abs().max()) <= 2 * tol

@@ -11,8 +11,8 @@ import ast
 from typing import Any, Callable
 
 from .. import dtypes as D
-from ..ir import AxisAttrs, BinaryOp, OpKind, ReduceKind, ScalarType, UnaryOp, Value
-from .semantic import is_const
+from ..ir import AtomicOp, AxisAttrs, BinaryOp, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from .semantic import SemanticError, is_const
 
 Handler = Callable[..., Any]
 BUILTINS: dict[str, Handler] = {}
@@ -115,6 +115,54 @@ def builtin_copy(gen, node: ast.Call) -> None:
 
 
 builtin_copy.takes_ast = True  # the call dispatch passes the node alone, before evaluating arguments
+
+
+def _atomic(op: AtomicOp) -> Handler:
+    """``T.atomic_<op>(X[window], value[, val], sem=, scope=)``: takes the AST, since the first argument is a
+    tensor window to update, not a value to load."""
+    params = ["cmp", "val"] if op is AtomicOp.CAS else ["val"]
+    usage = f"T.atomic_{op.value}(X[...], {', '.join(params)}, sem='acq_rel', scope='gpu')"
+
+    def handler(gen, node: ast.Call):
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise gen.error(node, f"*args and **kwargs are not supported in {usage}")
+        names = ["pointer", *params, "sem", "scope"]
+        given = dict(zip(names, node.args))
+        if len(node.args) > len(names):
+            raise gen.error(node, f"too many arguments: {usage}")
+        for k in node.keywords:
+            if k.arg not in names or k.arg in given:
+                raise gen.error(node, f"unexpected or repeated argument '{k.arg}': {usage}")
+            given[k.arg] = k.value
+        missing = [n for n in ["pointer", *params] if n not in given]
+        if missing:
+            raise gen.error(node, f"missing {', '.join(missing)}: {usage}")
+        target = given["pointer"]
+        if not isinstance(target, ast.Subscript):
+            raise gen.error(target, f"the first argument of T.atomic_{op.value} must be a tensor window such as "
+                                    "C[m0:m0 + BM, n0:n0 + BN] or C[i]")
+        w = gen.tensor_window(target)
+        values = {n: gen.visit(given[n]) for n in params}
+        options = {n: gen.visit(given[n]) if n in given else default
+                   for n, default in (("sem", "acq_rel"), ("scope", "gpu"))}
+        node_of = {"sem": given.get("sem", node), "scope": given.get("scope", node)}
+        for n, v in options.items():
+            if not isinstance(v, str):
+                raise gen.error(node_of[n], f"{n}= must be a compile-time string, got {v!r}")
+        try:
+            return gen.sem.atomic(op, w.tensor.value, w.starts, w.lengths, w.dropped, w.axis, w.index,
+                                  values["val"], values.get("cmp"), options["sem"], options["scope"])
+        except SemanticError as e:
+            at = node_of["sem"] if "sem must" in str(e) else node_of["scope"] if "scope must" in str(e) else node
+            raise gen.error(at, str(e), e.hint) from None
+
+    handler.__name__ = handler.__qualname__ = f"builtin_atomic_{op.value}"
+    handler.takes_ast = True
+    return handler
+
+
+for _aop in AtomicOp:
+    builtin(f"atomic_{_aop.value}")(_atomic(_aop))
 
 
 def _unary(op: UnaryOp) -> Handler:

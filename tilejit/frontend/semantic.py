@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
+from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, IndexedAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
                   CompareAttrs, CompareOp, ConstantAttrs, GemmAttrs, NoAttrs, OpKind, PermAttrs,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
 
@@ -383,3 +383,83 @@ class Semantic:
         value = self.cast(value, tensor.dtype)
         value = self.broadcast_to(value, tile_shape)
         self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)
+
+    # -- gathers, scatters and atomics -------------------------------------------------------
+    def index_tile(self, idx: Value, tile_shape: tuple[int, ...], position: int) -> Value:
+        """The 1-D index tile ``idx`` placed at tile dim ``position`` and broadcast to ``tile_shape``."""
+        if not (isinstance(idx, Value) and idx.is_tile and idx.type.rank == 1):
+            raise SemanticError(f"an index tile must be 1-D, got {describe(idx)}",
+                                "index with a 1-D integer tile such as X[idx, 0:D]")
+        if not idx.dtype.is_integer:
+            raise SemanticError(f"an index tile must have an integer dtype, got {idx.dtype}",
+                                "convert it with idx.to(T.int32)")
+        if idx.dtype.bits < 32:
+            idx = self.cast(idx, D.int32)
+        for _ in range(position):
+            idx = self.expand_dims(idx, 0)
+        while idx.type.rank < len(tile_shape):
+            idx = self.expand_dims(idx, idx.type.rank)
+        return self.broadcast_to(idx, tile_shape)
+
+    def gather(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
+               axis: int, idx: Value) -> Value:
+        attrs = IndexedAttrs(shape, dropped, axis)
+        index = self.index_tile(idx, attrs.tile_shape, _tile_position(axis, dropped))
+        return self.b.create1(OpKind.GATHER, [tensor, index, *starts], TileType(attrs.tile_shape, tensor.dtype), attrs)
+
+    def _window_value(self, value: Any, tensor: Value, tile_shape: tuple[int, ...], what: str) -> Value:
+        """``value`` cast to the tensor's dtype and broadcast to the window (a scalar for a one-element window)."""
+        if not (isinstance(value, Value) or is_const(value)):
+            raise SemanticError(f"{what} must be a scalar or tile, got {describe(value)}")
+        if not tile_shape:
+            if isinstance(value, Value) and value.is_tile:
+                raise SemanticError(f"cannot use a tile of shape {value.type.shape} with one element",
+                                    "pass a scalar, or index the tensor with slices")
+            return self.cast(value, tensor.dtype)
+        if isinstance(value, Value) and value.is_tile:
+            try:
+                ok = broadcast_shapes(value.type.shape, tile_shape) == tile_shape
+            except SemanticError:
+                ok = False
+            if not ok:
+                raise SemanticError(f"cannot use a tile of shape {value.type.shape} with a window of shape "
+                                    f"{tile_shape}")
+        return self.broadcast_to(self.cast(value, tensor.dtype), tile_shape)
+
+    def scatter(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
+                axis: int, idx: Value, value: Any) -> None:
+        attrs = IndexedAttrs(shape, dropped, axis)
+        index = self.index_tile(idx, attrs.tile_shape, _tile_position(axis, dropped))
+        value = self._window_value(value, tensor, attrs.tile_shape, "the stored value")
+        self.b.create(OpKind.SCATTER, [tensor, value, index, *starts], [], attrs)
+
+    def atomic(self, op: AtomicOp, tensor: Value, starts: list[Value], shape: tuple[int, ...],
+               dropped: tuple[int, ...], axis: int | None, idx: Value | None, value: Any, cmp: Any = None,
+               sem: Any = "acq_rel", scope: Any = "gpu") -> Value:
+        name = f"T.atomic_{op.value}"
+        if sem not in ATOMIC_SEMS:
+            raise SemanticError(f"{name}: sem must be one of {', '.join(repr(s) for s in ATOMIC_SEMS)}, got {sem!r}")
+        if scope not in ATOMIC_SCOPES:
+            raise SemanticError(f"{name}: scope must be one of {', '.join(repr(s) for s in ATOMIC_SCOPES)}, "
+                                f"got {scope!r}")
+        dtype = tensor.dtype
+        if dtype not in ATOMIC_DTYPES:
+            raise SemanticError(f"{name} on a {dtype.name} tensor is not supported",
+                                "atomics work on float32, float64, int32 and int64 tensors")
+        attrs = AtomicAttrs(op, sem, scope, shape, dropped, axis)
+        tile_shape = attrs.tile_shape
+        operands = [tensor, self._window_value(value, tensor, tile_shape, f"the value of {name}")]
+        if op is AtomicOp.CAS:
+            operands.append(self._window_value(cmp, tensor, tile_shape, f"the compared value of {name}"))
+        if axis is not None:
+            operands.append(self.index_tile(idx, tile_shape, _tile_position(axis, dropped)))
+        result = TileType(tile_shape, dtype) if tile_shape else ScalarType(dtype)
+        return self.b.create1(OpKind.ATOMIC, [*operands, *starts], result, attrs)
+
+
+ATOMIC_DTYPES = (D.float32, D.float64, D.int32, D.int64)
+
+
+def _tile_position(axis: int, dropped: tuple[int, ...]) -> int:
+    """The tile dim a tensor dim becomes once the dropped dims are gone."""
+    return axis - sum(1 for d in dropped if d < axis)
