@@ -98,3 +98,43 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@tilejit.kernel
+def embedding(Ids, W, Out, BM: T.constexpr, D: T.constexpr):
+    """Out[m] = W[Ids[m]] for rows of a block (a row gather); ids outside W's rows give zero rows. W may have
+    fewer than D columns (the rest read 0)."""
+    m0 = T.program_id(0) * BM
+    ids = Ids[m0:m0 + BM]
+    Out[m0:m0 + BM, 0:D] = W[ids, 0:D]
+
+
+@tilejit.kernel
+def gather_1d(X, Idx, Y, B: T.constexpr):
+    """Y[i] = X[Idx[i]] * 2 (a 1-D gather feeding arithmetic)."""
+    i0 = T.program_id(0) * B
+    Y[i0:i0 + B] = X[Idx[i0:i0 + B]] * 2.0
+
+
+@tilejit.kernel
+def gather_cols(X, Cols, Y, BM: T.constexpr, BC: T.constexpr):
+    """Y[r, j] = X[r, Cols[j]] (the indexed dim is the second one)."""
+    m0 = T.program_id(0) * BM
+    Y[m0:m0 + BM, 0:BC] = X[m0:m0 + BM, Cols[0:BC]]
+
+
+@tilejit.kernel
+def scatter_rows(Src, Ids, Out, BM: T.constexpr, D: T.constexpr):
+    """Out[Ids[m]] = Src[m] + 1 (a row scatter): out-of-range ids are not written; of duplicates one row wins.
+    The block's lanes past Ids' end load id 0, a valid row: they are sent out of range (-1) explicitly."""
+    m0 = T.program_id(0) * BM
+    ids = T.where(m0 + T.arange(0, BM) < Ids.shape[0], Ids[m0:m0 + BM], -1)
+    Out[ids, 0:D] = Src[m0:m0 + BM, 0:D] + 1.0
+
+
+@tilejit.kernel
+def scatter_1d(V, Idx, X, B: T.constexpr):
+    """X[Idx[i]] = V[i] (a 1-D scatter); lanes past Idx's end are sent out of range."""
+    i0 = T.program_id(0) * B
+    idx = T.where(i0 + T.arange(0, B) < Idx.shape[0], Idx[i0:i0 + B], -1)
+    X[idx] = V[i0:i0 + B]

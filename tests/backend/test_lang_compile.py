@@ -47,6 +47,14 @@ CASES.update({
     "splitk_bf16_128": (lk.load_example("splitk_matmul").matmul_splitk,
                         lambda: (m(512, 4096, dtype=torch.bfloat16), m(4096, 512, dtype=torch.bfloat16),
                                  m(512, 512), 1024), dict(BM=128, BN=128, BK=64, num_warps=8)),
+    "embedding_i32": (lk.embedding, lambda: (m(37, dtype=i32), m(50, 24), m(37, 32)), dict(BM=16, D=32)),
+    "embedding_i64_bf16": (lk.embedding, lambda: (m(300, dtype=i64), m(1000, 128, dtype=torch.bfloat16),
+                                                  m(300, 128, dtype=torch.bfloat16)), dict(BM=64, D=128)),
+    "gather_1d": (lk.gather_1d, lambda: (m(100, dtype=torch.float64), m(8, dtype=i32), m(8, dtype=torch.float64)),
+                  dict(B=8)),
+    "gather_cols": (lk.gather_cols, lambda: (m(20, 9), m(8, dtype=i32), m(20, 8)), dict(BM=16, BC=8)),
+    "scatter_rows": (lk.scatter_rows, lambda: (m(30, 8), m(30, dtype=i32), m(40, 8)), dict(BM=16, D=8)),
+    "scatter_1d": (lk.scatter_1d, lambda: (m(16, dtype=i32),) * 3, dict(B=16)),
     "histogram": (lk.histogram, lambda: (m(1000, dtype=i32), m(16, dtype=i32)), dict(BLOCK=256)),
 })
 

@@ -167,3 +167,69 @@ def test_splitk_matches_plain_matmul(M, N, K, split_k, tiles, warps, dtype):
     assert float((C.double() - ref).abs().max()) <= tol
     assert float((plain.double() - ref).abs().max()) <= tol
     assert float((C - plain).abs().max()) <= 2 * tol
+
+
+# -- gather and scatter ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_embedding_gather_gpu(dtype, id_dtype):
+    """Rows gathered by ids with duplicates and out-of-range values (zero rows); W narrower than D (zero
+    columns); 1000 ids in blocks of 64 (the last block partly outside Ids)."""
+    w = torch.randn(300, 120, device="cuda").to(dtype)
+    ids = torch.randint(-20, 320, (1000,), device="cuda", dtype=id_dtype)
+    ids[:10] = 7  # duplicates for sure
+    out = torch.full((1000, 128), float("nan"), device="cuda", dtype=dtype)
+    lk.embedding[(-(-1000 // 64),)](ids, w, out, BM=64, D=128)
+    expected = torch.zeros(1000, 128, device="cuda", dtype=dtype)
+    ok = (ids >= 0) & (ids < 300)
+    expected[ok, :120] = w[ids[ok].long()]
+    assert torch.equal(out, expected)
+
+
+def test_gather_1d_and_cols_gpu():
+    x = torch.randn(1000, device="cuda", dtype=torch.float64)
+    idx = torch.randint(-5, 1005, (256,), device="cuda", dtype=torch.int32)
+    y = torch.full((256,), float("nan"), device="cuda", dtype=torch.float64)
+    lk.gather_1d[(2,)](x, idx, y, B=128)
+    ok = (idx >= 0) & (idx < 1000)
+    expected = torch.where(ok, x[idx.clamp(0, 999).long()], torch.zeros_like(y)) * 2
+    assert torch.equal(y, expected)
+
+    x2 = torch.randn(70, 9, device="cuda")
+    cols = torch.tensor([8, 0, 3, 3, 9, -2, 1, 4], device="cuda", dtype=torch.int32)
+    y2 = torch.full((70, 8), float("nan"), device="cuda")
+    lk.gather_cols[(-(-70 // 32),)](x2, cols, y2, BM=32, BC=8)
+    okc = (cols >= 0) & (cols < 9)
+    expected2 = torch.zeros(70, 8, device="cuda")
+    expected2[:, okc] = x2[:, cols[okc].long()]
+    assert torch.equal(y2, expected2)
+
+
+def test_scatter_rows_gpu():
+    """Rows scattered by ids with duplicates and out-of-range ids: unwritten rows keep their value; a row hit
+    several times holds, element by element, one of the written values."""
+    M, R, D = 500, 300, 64
+    src = torch.randn(M, D, device="cuda")
+    ids = torch.randint(-10, R + 10, (M,), device="cuda", dtype=torch.int32)
+    out = torch.full((R, D), -7.0, device="cuda")
+    lk.scatter_rows[(-(-M // 64),)](src, ids, out, BM=64, D=D)
+    ids_cpu, src_cpu, out_cpu = ids.cpu(), src.cpu() + 1, out.cpu()
+    for r in range(R):
+        writers = src_cpu[ids_cpu == r]
+        if writers.shape[0] == 0:
+            assert (out_cpu[r] == -7.0).all(), r
+        else:
+            assert ((out_cpu[r][None, :] == writers).any(0)).all(), r
+
+
+def test_scatter_1d_duplicates_gpu():
+    n = 4096
+    v = torch.arange(n, device="cuda", dtype=torch.int32) * 10
+    idx = torch.randint(-50, 1100, (n,), device="cuda", dtype=torch.int32)
+    x = torch.full((1000,), -1, device="cuda", dtype=torch.int32)
+    lk.scatter_1d[(n // 256,)](v, idx, x, B=256)
+    idx_cpu, v_cpu, x_cpu = idx.cpu(), v.cpu(), x.cpu()
+    for j in range(1000):
+        writers = v_cpu[idx_cpu == j]
+        assert (x_cpu[j].item() in writers.tolist()) if writers.numel() else x_cpu[j].item() == -1
