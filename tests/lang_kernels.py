@@ -138,3 +138,40 @@ def scatter_1d(V, Idx, X, B: T.constexpr):
     i0 = T.program_id(0) * B
     idx = T.where(i0 + T.arange(0, B) < Idx.shape[0], Idx[i0:i0 + B], -1)
     X[idx] = V[i0:i0 + B]
+
+
+@tilejit.kernel
+def math_fns(X, Y, Z, Out, FN: T.constexpr, BM: T.constexpr, BN: T.constexpr):
+    """Out = FN(X) for the unary math functions, T.fma(X, Y, Z) for "fma"; on BM x BN blocks."""
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    x = X[m0:m0 + BM, n0:n0 + BN]
+    if FN == "log2":
+        r = T.log2(x)
+    elif FN == "sin":
+        r = T.sin(x)
+    elif FN == "cos":
+        r = T.cos(x)
+    elif FN == "tanh":
+        r = T.tanh(x)
+    elif FN == "erf":
+        r = T.erf(x)
+    elif FN == "sigmoid":
+        r = T.sigmoid(x)
+    else:
+        r = T.fma(x, Y[m0:m0 + BM, n0:n0 + BN], Z[m0:m0 + BM, n0:n0 + BN])
+    Out[m0:m0 + BM, n0:n0 + BN] = r
+
+
+@tilejit.kernel
+def cumsum_2d(X, Out, AXIS: T.constexpr, BM: T.constexpr, BN: T.constexpr):
+    """Out = cumsum of a BM x BN block of X along AXIS (elements outside X read 0)."""
+    m0 = T.program_id(0) * BM
+    Out[m0:m0 + BM, 0:BN] = T.cumsum(X[m0:m0 + BM, 0:BN], AXIS)
+
+
+@tilejit.kernel
+def cumsum_of_reduction(X, Out, BM: T.constexpr, BN: T.constexpr):
+    """An exclusive scan of row sums (a SliceLayout operand): Out[m] = sum of rows before m."""
+    s = T.sum(X[0:BM, 0:BN], 1)
+    Out[0:BM] = T.cumsum(s, 0) - s

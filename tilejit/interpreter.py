@@ -287,6 +287,12 @@ _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
     UnaryOp.SQRT: torch.sqrt,
     UnaryOp.RSQRT: torch.rsqrt,
     UnaryOp.ABS: torch.abs,
+    UnaryOp.LOG2: torch.log2,
+    UnaryOp.SIN: torch.sin,
+    UnaryOp.COS: torch.cos,
+    UnaryOp.TANH: torch.tanh,
+    UnaryOp.ERF: torch.erf,
+    UnaryOp.SIGMOID: torch.sigmoid,
 }
 
 
@@ -294,6 +300,18 @@ _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
 def _unary(op: Op, env: Env, ctx: _Context) -> None:
     x = env[op.operands[0].id]
     env[op.results[0].id] = _as_dtype(_UNARY[op.attrs.op](_widen(x)), x.dtype)
+
+
+@rule(OpKind.FMA)
+def _fma(op: Op, env: Env, ctx: _Context) -> None:
+    # float32 (and 16-bit) operands: the product is exact in float64, so one float64 sum rounded to the dtype
+    # is the fused result (up to a double rounding on exact ties); float64 operands: torch.addcmul.
+    a, b, c = (env[v.id] for v in op.operands)
+    if a.dtype == torch.float64:
+        out = torch.addcmul(c, a, b)
+    else:
+        out = (a.double() * b.double() + c.double()).float()
+    env[op.results[0].id] = _as_dtype(out, a.dtype)
 
 
 _COMPARE = {
@@ -384,6 +402,19 @@ def _reduce(op: Op, env: Env, ctx: _Context) -> None:
     else:
         out = (_widen(x).amax if kind is ReduceKind.MAX else _widen(x).amin)(axis)
     env[op.results[0].id] = _as_dtype(out, out_dtype)
+
+
+@rule(OpKind.SCAN)
+def _scan(op: Op, env: Env, ctx: _Context) -> None:
+    # a sequential sum along the axis, like the generated code's per-line loop
+    # (torch.cumsum accumulates float32 in float64 on the CPU: step by step instead, in the dtype)
+    x = env[op.operands[0].id].movedim(op.attrs.axis, 0)
+    out = torch.empty_like(x)
+    acc = torch.zeros_like(x[0])
+    for j in range(x.shape[0]):
+        acc = acc + x[j]
+        out[j] = acc
+    env[op.results[0].id] = out.movedim(0, op.attrs.axis)
 
 
 @rule(OpKind.GEMM)

@@ -17,6 +17,7 @@ bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
 __all__ = [
     "constexpr", "program_id", "num_programs", "cdiv", "arange", "zeros", "full", "where", "exp", "exp2",
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
+    "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
     "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
     "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
     "int16", "int32", "int64", "uint8", "bool",
@@ -153,6 +154,63 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False):
 @builtin
 def copy(src, dst):
     """Store ``src`` (a tile or a tensor slice) into the tensor slice ``dst``."""
+
+
+@builtin
+def log2(x):
+    """Base-2 logarithm, elementwise (``log2f``, 1 ulp). Integer inputs become float32; 16-bit floats compute in
+    float32 and round back. Example: ``bits = T.log2(x)``."""
+
+
+@builtin
+def sin(x):
+    """Sine, elementwise (``sinf``: accurate over the full range, 2 ulp; not the fast ``__sinf``). Integer inputs
+    become float32. Example: ``y = T.sin(theta)``."""
+
+
+@builtin
+def cos(x):
+    """Cosine, elementwise (``cosf``, 2 ulp). Integer inputs become float32. Example (rotary embedding)::
+
+        rot = x * T.cos(theta) + x_swapped * T.sin(theta)
+    """
+
+
+@builtin
+def tanh(x):
+    """Hyperbolic tangent, elementwise (``tanhf``, 2 ulp; not ``tanh.approx``). Integer inputs become float32.
+    Example: ``gelu = 0.5 * x * (1 + T.tanh(0.79788456 * (x + 0.044715 * x * x * x)))``."""
+
+
+@builtin
+def erf(x):
+    """The error function, elementwise (``erff``, 2 ulp). Integer inputs become float32.
+    Example: ``gelu = 0.5 * x * (1 + T.erf(x * 0.70710678))``."""
+
+
+@builtin
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``, elementwise (``expf``'s accuracy; saturates to 0 and 1 without NaN). Integer inputs
+    become float32. Example: ``silu = x * T.sigmoid(x)``."""
+
+
+@builtin
+def fma(a, b, c):
+    """``a * b + c`` rounded once (``fmaf``/``fma``), elementwise, with the usual promotion and broadcasting;
+    integer operands become float32; 16-bit floats compute in float32 and round back once.
+    The interpreter computes float32 operands in float64 and rounds (exact but for rare double roundings).
+    Example: ``acc = T.fma(x, w[None, :], acc)``."""
+
+
+@builtin
+def cumsum(x, axis=0):
+    """Inclusive prefix sum of tile ``x`` along ``axis`` (a compile-time int; negative counts from the end); the
+    result has ``x``'s shape. dtypes as ``T.sum``: 8/16-bit floats give float32, bool and 8/16-bit ints int32,
+    others keep theirs. Each line is summed left to right (the GPU goes through shared memory: one thread per
+    line), so float results match the interpreter's. Example::
+
+        offsets = T.cumsum(counts, 0) - counts     # exclusive scan
+    """
 
 
 _ATOMIC_COMMON = """

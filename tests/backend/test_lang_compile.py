@@ -27,6 +27,10 @@ CASES = {
     "scalar_index": (lk.scalar_index, lambda: (m(5, 7), m(5, 7)), dict(BN=8)),
     "scalar_index_mixed": (lk.scalar_index_mixed, lambda: (m(8, 16), m(16), m(8, 16), 3, 5), dict(BN=16)),
 }
+for _fn in ("log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma"):
+    for _dt in (f32, torch.float16, torch.bfloat16, torch.float64):
+        CASES[f"math_{_fn}_{str(_dt)[6:]}"] = (lk.math_fns, lambda _dt=_dt: (m(33, 40, dtype=_dt),) * 4,
+                                               dict(FN=_fn, BM=32, BN=32))
 for _dt in (f32, torch.float64, i32, i64):
     for _op in ("add", "max", "min"):
         for _sem in ("relaxed", "acq_rel"):
@@ -55,6 +59,12 @@ CASES.update({
     "gather_cols": (lk.gather_cols, lambda: (m(20, 9), m(8, dtype=i32), m(20, 8)), dict(BM=16, BC=8)),
     "scatter_rows": (lk.scatter_rows, lambda: (m(30, 8), m(30, dtype=i32), m(40, 8)), dict(BM=16, D=8)),
     "scatter_1d": (lk.scatter_1d, lambda: (m(16, dtype=i32),) * 3, dict(B=16)),
+    "cumsum_f32_axis1": (lk.cumsum_2d, lambda: (m(45, 20), m(45, 32)), dict(AXIS=1, BM=32, BN=32)),
+    "cumsum_i8_axis0": (lk.cumsum_2d, lambda: (m(45, 20, dtype=torch.int8), m(45, 32, dtype=i32)),
+                        dict(AXIS=0, BM=32, BN=32)),
+    "cumsum_f16_64x128": (lk.cumsum_2d, lambda: (m(100, 128, dtype=torch.float16), m(100, 128)),
+                          dict(AXIS=1, BM=64, BN=128, num_warps=8)),
+    "cumsum_of_reduction": (lk.cumsum_of_reduction, lambda: (m(20, 50), m(20)), dict(BM=32, BN=64)),
     "histogram": (lk.histogram, lambda: (m(1000, dtype=i32), m(16, dtype=i32)), dict(BLOCK=256)),
 })
 

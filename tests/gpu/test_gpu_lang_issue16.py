@@ -233,3 +233,67 @@ def test_scatter_1d_duplicates_gpu():
     for j in range(1000):
         writers = v_cpu[idx_cpu == j]
         assert (x_cpu[j].item() in writers.tolist()) if writers.numel() else x_cpu[j].item() == -1
+
+
+# -- math -----------------------------------------------------------------------------------------------------
+
+TORCH_FN = {"log2": torch.log2, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh, "erf": torch.erf,
+            "sigmoid": torch.sigmoid}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("fn", sorted(TORCH_FN) + ["fma"])
+def test_math_gpu(fn, dtype):
+    """Accurate (not fast-math) versions: float32 within a few ulp of the float64 reference, over a range that
+    includes large arguments (sin/cos argument reduction) and saturating ones (tanh, erf, sigmoid)."""
+    def inputs():
+        x = torch.randn(333, 257, device="cuda", dtype=torch.float64) * 30
+        return (x.abs() + 1e-3 if fn == "log2" else x).to(dtype)
+
+    x, y, z = inputs(), inputs(), inputs()
+    out = torch.full((333, 257), float("nan"), device="cuda", dtype=dtype)
+    lk.math_fns[(-(-333 // 64), -(-257 // 64))](x, y, z, out, FN=fn, BM=64, BN=64)
+    ref = (x.double() * y.double() + z.double()) if fn == "fma" else TORCH_FN[fn](x.double())
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=1e-6 if fn != "fma" else 1e-4)
+    elif dtype == torch.float64:
+        torch.testing.assert_close(out, ref, rtol=1e-13, atol=1e-13 if fn != "fma" else 1e-10)
+    else:  # computed in float32, rounded once to the 16-bit dtype: within one of its ulps
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(out.double(), ref, rtol=eps, atol=1e-5 if fn != "fma" else 1e-2)
+
+
+def test_fma_rounds_once_gpu():
+    a = torch.full((1,), 1 + 2 ** -12, device="cuda")
+    out = torch.zeros(1, 1, device="cuda")
+    c = torch.full((1, 1), -1.0, device="cuda")
+    lk.math_fns[(1, 1)](a[:, None], a[:, None], c, out, FN="fma", BM=16, BN=16)
+    assert out.item() == 2 ** -11 + 2 ** -24
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.int64])
+def test_cumsum_gpu(axis, dtype):
+    M, N, BM, BN = 100, 50, 64, 64
+    x = (torch.randn(M, N, device="cuda") * 4).to(dtype) if dtype.is_floating_point else \
+        torch.randint(-1000, 1000, (M, N), device="cuda", dtype=dtype)
+    out_dtype = torch.float32 if dtype == torch.float16 else dtype
+    out = torch.full((M, BN), -99, device="cuda", dtype=out_dtype)
+    lk.cumsum_2d[(-(-M // BM),)](x, out, AXIS=axis, BM=BM, BN=BN)
+    for m0 in range(0, M, BM):
+        block = torch.zeros(BM, BN, device="cuda", dtype=torch.float64 if dtype.is_floating_point else torch.int64)
+        rows = x[m0:m0 + BM]
+        block[:rows.shape[0], :N] = rows.to(block.dtype)
+        expected = block.cumsum(axis)[:M - m0]
+        if dtype.is_floating_point:
+            torch.testing.assert_close(out[m0:m0 + BM].double(), expected, rtol=1e-5, atol=1e-3)
+        else:
+            assert torch.equal(out[m0:m0 + BM], expected.to(dtype))
+
+
+def test_cumsum_of_reduction_gpu():
+    x = torch.randn(20, 50, device="cuda")
+    out = torch.full((20,), float("nan"), device="cuda")
+    lk.cumsum_of_reduction[(1,)](x, out, BM=32, BN=64)
+    s = x.double().sum(1)
+    torch.testing.assert_close(out.double(), s.cumsum(0) - s, rtol=1e-5, atol=1e-4)

@@ -179,7 +179,18 @@ def _reduce(kind: ReduceKind) -> Handler:
     return handler
 
 
-for _op in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.ABS):
+@builtin("fma")
+def builtin_fma(gen, node, a, b, c):
+    return gen.sem.fma(a, b, c)
+
+
+@builtin("cumsum")
+def builtin_cumsum(gen, node, x, axis=0):
+    return gen.sem.cumsum(x, axis)
+
+
+for _op in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.ABS, UnaryOp.LOG2,
+            UnaryOp.SIN, UnaryOp.COS, UnaryOp.TANH, UnaryOp.ERF, UnaryOp.SIGMOID):
     builtin(_op.value)(_unary(_op))
 for _kind in (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN):
     builtin(_kind.value)(_reduce(_kind))

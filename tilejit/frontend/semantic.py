@@ -118,9 +118,12 @@ _PY_COMPARE = {
 _PY_UNARY = {
     UnaryOp.NEG: operator.neg, UnaryOp.NOT: operator.not_, UnaryOp.EXP: math.exp, UnaryOp.EXP2: lambda v: 2.0 ** v,
     UnaryOp.LOG: math.log, UnaryOp.SQRT: math.sqrt, UnaryOp.RSQRT: lambda v: 1 / math.sqrt(v), UnaryOp.ABS: abs,
+    UnaryOp.LOG2: math.log2, UnaryOp.SIN: math.sin, UnaryOp.COS: math.cos, UnaryOp.TANH: math.tanh,
+    UnaryOp.ERF: math.erf, UnaryOp.SIGMOID: lambda v: 1 / (1 + math.exp(-v)) if v >= 0 else math.exp(v) / (1 + math.exp(v)),
 }
 _INT_ONLY = {BinaryOp.FLOORDIV, BinaryOp.MOD, BinaryOp.SHL, BinaryOp.SHR}
-_FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT}
+_FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.LOG2, UnaryOp.SIN,
+                 UnaryOp.COS, UnaryOp.TANH, UnaryOp.ERF, UnaryOp.SIGMOID}
 
 
 class Semantic:
@@ -255,6 +258,33 @@ class Semantic:
         if op is UnaryOp.NOT and not (x.dtype.is_bool or x.dtype.is_integer):
             raise SemanticError(f"'not'/'~' needs a bool or integer operand, got {x.dtype}")
         return self.b.create1(OpKind.UNARY, [x], self._result_type(x, x.dtype), UnaryAttrs(op))
+
+    def fma(self, a: Any, b: Any, c: Any) -> Any:
+        """``a * b + c`` rounded once; integer operands become float32."""
+        if is_const(a) and is_const(b) and is_const(c):
+            return math.fma(a, b, c) if hasattr(math, "fma") else a * b + c
+        dtype = None
+        typed = [v for v in (a, b, c) if isinstance(v, Value)]
+        if all(not v.dtype.is_floating for v in typed):
+            dtype = D.float32
+        x, y, z = self._unify([a, b, c], dtype)
+        return self.b.create1(OpKind.FMA, [x, y, z], self._result_type(x, x.dtype), NoAttrs())
+
+    def cumsum(self, x: Any, axis: Any) -> Value:
+        """Inclusive prefix sum along ``axis``; dtypes as ``T.sum`` (8/16-bit floats give float32, bool and
+        8/16-bit ints int32)."""
+        if not (isinstance(x, Value) and x.is_tile):
+            raise SemanticError(f"T.cumsum needs a tile, got {describe(x)}")
+        rank = x.type.rank
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+            raise SemanticError(f"axis must be a constant int in [-{rank}, {rank}), got {axis!r}")
+        dtype = x.dtype
+        if dtype.is_floating and dtype.bits < 32:
+            dtype = D.float32
+        elif (dtype.is_integer and dtype.bits < 32) or dtype.is_bool:
+            dtype = D.int32
+        x = self.cast(x, dtype)
+        return self.b.create1(OpKind.SCAN, [x], TileType(x.type.shape, dtype), AxisAttrs(axis % rank))
 
     def truth(self, x: Any) -> Any:
         """``x != 0`` as a bool (Python truthiness for runtime values)."""

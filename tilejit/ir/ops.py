@@ -58,6 +58,12 @@ class UnaryOp(enum.Enum):
     SQRT = "sqrt"
     RSQRT = "rsqrt"
     ABS = "abs"
+    LOG2 = "log2"
+    SIN = "sin"
+    COS = "cos"
+    TANH = "tanh"
+    ERF = "erf"
+    SIGMOID = "sigmoid"
 
 
 class CompareOp(enum.Enum):
@@ -316,6 +322,22 @@ def _binary(op) -> str | None:
     return problem
 
 
+def _ternary(op) -> str | None:
+    problem = _elementwise(op)
+    if problem is None and len({v.dtype for v in op.operands}) != 1:
+        return "operands of different dtypes"
+    if problem is None and not op.operands[0].dtype.is_floating:
+        return "fma needs floating-point operands"
+    return problem
+
+
+def _scan(op) -> str | None:
+    x = op.operands[0].type
+    if not isinstance(x, TileType) or _shape(op.result) != x.shape or op.attrs.axis >= x.rank:
+        return "a scan keeps its operand's shape, along an existing axis"
+    return None
+
+
 def _unary(op) -> str | None:
     if _shape(op.operands[0]) != _shape(op.result):
         return "result shape differs from operand"
@@ -471,6 +493,7 @@ class OpKind(enum.Enum):
     COMPARE = OpDecl("cmp", Family.ARITH, CompareAttrs, PURE | ELEMWISE, _elementwise)
     SELECT = OpDecl("select", Family.ARITH, NoAttrs, PURE | ELEMWISE, _elementwise)
     CAST = OpDecl("cast", Family.ARITH, CastAttrs, PURE | ELEMWISE, _unary)
+    FMA = OpDecl("fma", Family.ARITH, NoAttrs, PURE | ELEMWISE, _ternary)  # a * b + c, rounded once
     # tile creation and shape
     SPLAT = OpDecl("splat", Family.TILE, ShapeAttrs, PURE | ANY_LAYOUT, no_rule)
     ARANGE = OpDecl("arange", Family.TILE, ArangeAttrs, PURE | ANY_LAYOUT, no_rule)
@@ -480,6 +503,7 @@ class OpKind(enum.Enum):
     CONVERT_LAYOUT = OpDecl("convert_layout", Family.TILE, NoAttrs, PURE | ANY_LAYOUT | LOWERED, _unary)
     # reductions
     REDUCE = OpDecl("reduce", Family.REDUCE, ReduceAttrs, PURE, no_rule)
+    SCAN = OpDecl("cumsum", Family.REDUCE, AxisAttrs, PURE, _scan)  # inclusive prefix sum along axis
     # compute
     GEMM = OpDecl("gemm", Family.COMPUTE, GemmAttrs, PURE, _gemm)
     # memory

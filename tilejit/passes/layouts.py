@@ -335,12 +335,15 @@ layout_rule(OpKind.GATHER, seed=_gather_seed, backward=_gather_backward,
             required=lambda inf, op, index, parent: inf.get(op.result) if index == 1 else None)
 layout_rule(OpKind.SCATTER, required=_scatter_required)
 layout_rule(OpKind.ATOMIC, forward=_atomic_forward, backward=_atomic_backward, required=_atomic_required)
-layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST,
+layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST, OpKind.FMA,
             forward=_elementwise_forward, backward=_elementwise_backward, required=_elementwise_required)
 layout_rule(OpKind.GEMM, seed=_gemm_seed, backward=_gemm_backward,
             required=lambda inf, op, index, parent: inf.get(op.result) if index == 2 else None)
 layout_rule(OpKind.LOAD, seed=_load_seed)
 layout_rule(OpKind.REDUCE, forward=_reduce_forward)
+# a scan goes through shared memory (lower_reduce): its result is read back in its operand's layout
+layout_rule(OpKind.SCAN, forward=lambda inf, op: inf.set(op.result, inf.get(op.operands[0]))
+            if inf.get(op.operands[0]) is not None else False)
 layout_rule(OpKind.EXPAND_DIMS, forward=_expand_forward)
 layout_rule(OpKind.TRANSPOSE, forward=_transpose_forward)
 layout_rule(OpKind.BROADCAST, backward=_broadcast_backward)
