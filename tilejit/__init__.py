@@ -16,7 +16,7 @@ from .runtime.jit import Kernel, func, kernel
 from .version import __version__
 
 __all__ = [
-    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "testing", "__version__",
+    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "heuristics", "testing", "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
     "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError",
 ]
@@ -28,6 +28,10 @@ def __getattr__(name):
         from . import autotuner
 
         return getattr(autotuner, name)
+    if name == "heuristics":
+        from .launch_heuristics import heuristics
+
+        return heuristics
     if name == "testing":
         import importlib
 

@@ -17,7 +17,7 @@ bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
 __all__ = [
     "constexpr", "program_id", "num_programs", "cdiv", "arange", "zeros", "full", "where", "exp", "exp2",
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
-    "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
+    "multiple_of", "max_contiguous", "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
     "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
     "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
     "int16", "int32", "int64", "uint8", "bool",
@@ -154,6 +154,20 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False):
 @builtin
 def copy(src, dst):
     """Store ``src`` (a tile or a tensor slice) into the tensor slice ``dst``."""
+
+
+@builtin
+def multiple_of(x, values):
+    """Triton's ``tl.multiple_of(x, 16)``: a promise that integer ``x`` is a multiple of ``values`` (an int, or a
+    tuple per dim of a tile). Accepted so Triton code ports unchanged, and returns ``x``; tilejit does not use it
+    yet: it already specializes on each int argument's divisibility by 16 and checks alignment at run time (one
+    uniform test) before vectorizing a load or store. Example: ``k0 = T.multiple_of(k0, 64)``."""
+
+
+@builtin
+def max_contiguous(x, values):
+    """Triton's ``tl.max_contiguous(x, n)``: accepted and returns ``x`` (no effect in tilejit; see
+    :func:`multiple_of`)."""
 
 
 @builtin

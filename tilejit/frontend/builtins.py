@@ -179,6 +179,19 @@ def _reduce(kind: ReduceKind) -> Handler:
     return handler
 
 
+@builtin("multiple_of", "max_contiguous")
+def builtin_hint(gen, node, x, values):
+    """Triton's divisibility/contiguity hints: accepted and checked, then ``x`` unchanged. tilejit already
+    specializes on each int argument's divisibility by 16 and checks alignment at run time before vectorizing,
+    so the hint has nothing to add yet."""
+    vals = values if isinstance(values, tuple) else (values,)
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals):
+        raise gen.error(node, f"the hint needs a positive compile-time int (or a tuple of them), got {values!r}")
+    if not (isinstance(x, Value) and x.dtype.is_integer or isinstance(x, int) and not isinstance(x, bool)):
+        raise gen.error(node, f"hints apply to integer scalars or tiles, got {x!r}")
+    return x
+
+
 @builtin("fma")
 def builtin_fma(gen, node, a, b, c):
     return gen.sem.fma(a, b, c)
