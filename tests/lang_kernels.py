@@ -3,6 +3,8 @@ scatter, the extra math functions. Shared by the interpreter tests (tests/fronte
 (tests/backend) and the GPU tests (tests/gpu)."""
 from __future__ import annotations
 
+import torch
+
 import tilejit
 import tilejit.language as T
 
@@ -175,3 +177,58 @@ def cumsum_of_reduction(X, Out, BM: T.constexpr, BN: T.constexpr):
     """An exclusive scan of row sums (a SliceLayout operand): Out[m] = sum of rows before m."""
     s = T.sum(X[0:BM, 0:BN], 1)
     Out[0:BM] = T.cumsum(s, 0) - s
+
+
+@tilejit.kernel
+def scale_rows(X, S, Out, BM: T.constexpr, BN: T.constexpr):
+    """Out = X * S[:, None] (an elementwise kernel for the torch.compile tests)."""
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    x = X[m0:m0 + BM, n0:n0 + BN].to(T.float32)
+    s = S[m0:m0 + BM].to(T.float32)
+    Out[m0:m0 + BM, n0:n0 + BN] = x * s[:, None]
+
+
+@tilejit.autotune(configs=[tilejit.Config({"BM": 32, "BN": 32}, num_warps=4),
+                           tilejit.Config({"BM": 64, "BN": 32}, num_warps=4)], key=["X"])
+@tilejit.kernel
+def scale_rows_tuned(X, S, Out, BM: T.constexpr, BN: T.constexpr):
+    """scale_rows under the autotuner."""
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    x = X[m0:m0 + BM, n0:n0 + BN].to(T.float32)
+    s = S[m0:m0 + BM].to(T.float32)
+    Out[m0:m0 + BM, n0:n0 + BN] = x * s[:, None]
+
+
+def define_torch_ops():
+    """The torch operators of the torch.compile tests (defined once per process: torch.library names are
+    global)."""
+    if hasattr(define_torch_ops, "ops"):
+        return define_torch_ops.ops
+
+    def fake_scale(x, s):
+        return torch.empty_like(x, dtype=torch.float32)
+
+    @tilejit.torch_op("tilejit_test::scale_rows", fake=fake_scale)
+    def scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape, device=x.device, dtype=torch.float32)
+        scale_rows[(tilejit.cdiv(x.shape[0], 32), tilejit.cdiv(x.shape[1], 32))](x, s, out, BM=32, BN=32)
+        return out
+
+    @tilejit.torch_op("tilejit_test::scale_rows_tuned", fake=fake_scale)
+    def scale_tuned(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape, device=x.device, dtype=torch.float32)
+        grid = lambda meta: (tilejit.cdiv(x.shape[0], meta["BM"]), tilejit.cdiv(x.shape[1], meta["BN"]))  # noqa: E731
+        scale_rows_tuned[grid](x, s, out)
+        return out
+
+    @tilejit.torch_op("tilejit_test::splitk_add_", mutates_args=("c",))
+    def splitk_add_(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int) -> None:
+        ex = load_example("splitk_matmul")
+        k_split = tilejit.cdiv(tilejit.cdiv(a.shape[1], split_k), 16) * 16
+        grid = (tilejit.cdiv(a.shape[0], 32), tilejit.cdiv(b.shape[1], 32), tilejit.cdiv(a.shape[1], k_split))
+        ex.matmul_splitk[grid](a, b, c, k_split, BM=32, BN=32, BK=16)
+
+    define_torch_ops.ops = (scale, scale_tuned, splitk_add_)
+    return define_torch_ops.ops

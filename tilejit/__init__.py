@@ -16,7 +16,7 @@ from .runtime.jit import Kernel, func, kernel
 from .version import __version__
 
 __all__ = [
-    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "heuristics", "testing", "__version__",
+    "kernel", "func", "cdiv", "language", "Kernel", "Config", "autotune", "heuristics", "torch_op", "testing", "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
     "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError",
 ]
@@ -32,6 +32,10 @@ def __getattr__(name):
         from .launch_heuristics import heuristics
 
         return heuristics
+    if name == "torch_op":
+        from .torch_ops import torch_op
+
+        return torch_op
     if name == "testing":
         import importlib
 

@@ -297,3 +297,28 @@ def test_cumsum_of_reduction_gpu():
     lk.cumsum_of_reduction[(1,)](x, out, BM=32, BN=64)
     s = x.double().sum(1)
     torch.testing.assert_close(out.double(), s.cumsum(0) - s, rtol=1e-5, atol=1e-4)
+
+
+# -- torch.compile --------------------------------------------------------------------------------------------
+
+def test_torch_op_in_fullgraph_compile_gpu():
+    """A model calling tilejit kernels (plain, autotuned, and one writing an argument in place) compiles with the
+    default backend (inductor) and fullgraph=True, and matches eager torch."""
+    torch._dynamo.reset()
+    scale, scale_tuned, splitk_add_ = lk.define_torch_ops()
+
+    def model(x, s, a, b):
+        y = scale(x * 2, s).relu()
+        z = scale_tuned(y, s + 1).sum(1)
+        c = torch.zeros(a.shape[0], b.shape[1], device=a.device)
+        splitk_add_(a, b, c, 3)
+        return z, c * 2
+
+    compiled = torch.compile(model, fullgraph=True)
+    x, s = torch.randn(300, 200, device="cuda"), torch.randn(300, device="cuda")
+    a = torch.randn(100, 700, device="cuda", dtype=torch.float16)
+    b = torch.randn(700, 90, device="cuda", dtype=torch.float16)
+    z, c = compiled(x, s, a, b)
+    torch.testing.assert_close(z, ((x * 2 * s[:, None]).relu() * (s + 1)[:, None]).sum(1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(c.double(), 2 * (a.double() @ b.double()), rtol=1e-4, atol=1e-2)
+    assert torch._dynamo.explain(model)(x, s, a, b).graph_break_count == 0
