@@ -232,3 +232,35 @@ def define_torch_ops():
 
     define_torch_ops.ops = (scale, scale_tuned, splitk_add_)
     return define_torch_ops.ops
+
+
+@tilejit.kernel
+def bounded_copy(X, Y, H, rows, cols, BM: T.constexpr, BN: T.constexpr):
+    """Y = X within the runtime bounds (rows, cols) of both (the rest of Y untouched, reads past the bounds are
+    0); H[0:BN] += 1 through an atomic on a view bounded to cols; Y[rows, 0] = 1 through a view (skipped when
+    rows is outside the bound)."""
+    Xv = T.bounded(X, (rows, cols))
+    Yv = T.bounded(Y, (rows, cols))
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    tile = Xv[m0:m0 + BM, n0:n0 + BN]
+    Yv[m0:m0 + BM, n0:n0 + BN] = tile + 1.0
+    T.atomic_add(T.bounded(H, (cols,))[n0:n0 + BN], 1, sem="relaxed")
+    Yv[rows - 1 + T.program_id(0) * 0, 0] = Xv.shape[0] * 0.0 + tile.shape[0] * 0.0 + 100.0
+
+
+@tilejit.kernel
+def grouped_matmul_bounded(A, B, C, Rows, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Per group g (program axis 2) C[g] = A[g] @ B over the first Rows[g] rows only: A's padding rows read as 0
+    and C's padding rows are never written."""
+    g = T.program_id(2)
+    rows = Rows[g]
+    K = A.shape[2]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    Av = T.bounded(A, (A.shape[0], rows, K))
+    Cv = T.bounded(C, (C.shape[0], rows, C.shape[2]))
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += Av[g, m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    Cv[g, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)

@@ -490,6 +490,13 @@ def _store(op: Op, env: Env, ctx: _Context) -> None:
     view.copy_(value if dst is None else value[dst])
 
 
+@rule(OpKind.BOUNDED)
+def _bounded(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    cut = tuple(slice(0, max(0, min(int(env[v.id]), n))) for v, n in zip(op.operands[1:], tensor.shape))
+    env[op.results[0].id] = tensor[cut]  # a view: stores through it reach the argument
+
+
 # -- gathers, scatters and atomics: element coordinates ----------------------------------------------
 
 def _element_coords(attrs: Any, tensor: torch.Tensor, starts: list[torch.Tensor], index: torch.Tensor | None):

@@ -17,7 +17,7 @@ bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
 __all__ = [
     "constexpr", "program_id", "num_programs", "cdiv", "arange", "zeros", "full", "where", "exp", "exp2",
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
-    "multiple_of", "max_contiguous", "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
+    "bounded", "multiple_of", "max_contiguous", "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
     "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
     "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
     "int16", "int32", "int64", "uint8", "bool",
@@ -154,6 +154,22 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False):
 @builtin
 def copy(src, dst):
     """Store ``src`` (a tile or a tensor slice) into the tensor slice ``dst``."""
+
+
+@builtin
+def bounded(tensor, extents):
+    """A view of tensor argument ``tensor`` whose valid region is ``min(tensor.shape[d], extents[d])`` along each
+    dim (``extents``: a tuple of runtime or compile-time ints, one per dim; a negative extent counts as 0).
+    Loads through the view read 0 past the bounds, and stores, scatters and atomics skip those elements, as they
+    do past a tensor's own shape; ``view.shape`` is ``extents``. For grouped GEMMs with per-group sizes and
+    packed variable-length sequences, whose padding must not be written. Loads through a view use cp.async or
+    element-wise copies, never TMA (its descriptor is encoded on the host from the argument's own shape).
+
+    Example::
+
+        Cv = T.bounded(C, (M_valid, N))
+        Cv[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)    # rows >= M_valid are not written
+    """
 
 
 @builtin

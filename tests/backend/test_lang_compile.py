@@ -65,6 +65,20 @@ CASES.update({
     "cumsum_f16_64x128": (lk.cumsum_2d, lambda: (m(100, 128, dtype=torch.float16), m(100, 128)),
                           dict(AXIS=1, BM=64, BN=128, num_warps=8)),
     "cumsum_of_reduction": (lk.cumsum_of_reduction, lambda: (m(20, 50), m(20)), dict(BM=32, BN=64)),
+    "splitk_32x32x16_f16": (lk.load_example("splitk_matmul").matmul_splitk,
+                            lambda: (m(100, 700, dtype=torch.float16), m(700, 90, dtype=torch.float16), m(100, 90),
+                                     240), dict(BM=32, BN=32, BK=16)),
+    "scale_rows": (lk.scale_rows, lambda: (m(300, 200), m(300), m(300, 200)), dict(BM=32, BN=32)),
+    "scale_rows_64": (lk.scale_rows_tuned.kernel, lambda: (m(300, 200), m(300), m(300, 200)), dict(BM=64, BN=32)),
+    "bounded_copy": (lk.bounded_copy, lambda: (m(40, 50), m(40, 50), m(64, dtype=i32), 30, 37), dict(BM=16, BN=32)),
+    "grouped_matmul_bounded_bf16": (
+        lk.grouped_matmul_bounded, lambda: (m(3, 256, 512, dtype=torch.bfloat16), m(512, 256, dtype=torch.bfloat16),
+                                            m(3, 256, 256, dtype=torch.bfloat16), m(3, dtype=i32)),
+        dict(BM=128, BN=128, BK=64, num_warps=8)),
+    "grouped_matmul_bounded_f16_64": (
+        lk.grouped_matmul_bounded, lambda: (m(4, 100, 96, dtype=torch.float16), m(96, 80, dtype=torch.float16),
+                                            m(4, 100, 80, dtype=torch.float16), m(4, dtype=i32)),
+        dict(BM=64, BN=64, BK=32)),
     "histogram": (lk.histogram, lambda: (m(1000, dtype=i32), m(16, dtype=i32)), dict(BLOCK=256)),
 })
 

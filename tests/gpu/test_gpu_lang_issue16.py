@@ -322,3 +322,39 @@ def test_torch_op_in_fullgraph_compile_gpu():
     torch.testing.assert_close(z, ((x * 2 * s[:, None]).relu() * (s + 1)[:, None]).sum(1), rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(c.double(), 2 * (a.double() @ b.double()), rtol=1e-4, atol=1e-2)
     assert torch._dynamo.explain(model)(x, s, a, b).graph_break_count == 0
+
+
+# -- runtime-bounded views --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows, cols", [(30, 37), (40, 50), (100, 100), (0, 10), (-3, 5), (1, 1)])
+def test_bounded_copy_gpu(rows, cols):
+    x = torch.randn(40, 50, device="cuda")
+    y = torch.full((40, 50), -5.0, device="cuda")
+    h = torch.zeros(64, device="cuda", dtype=torch.int32)
+    lk.bounded_copy[(3, 2)](x, y, h, rows, cols, BM=16, BN=32)
+    r, c = max(0, min(rows, 40)), max(0, min(cols, 50))
+    expected = torch.full((40, 50), -5.0, device="cuda")
+    expected[:r, :c] = x[:r, :c] + 1
+    if 1 <= rows <= 40 and c > 0:
+        expected[rows - 1, 0] = 100.0
+    assert torch.equal(y, expected)
+    hb = max(0, min(cols, 64))
+    assert h.tolist() == [3] * hb + [0] * (64 - hb)
+
+
+@pytest.mark.parametrize("dtype, tiles, warps", [(torch.bfloat16, (128, 128, 64), 8), (torch.float16, (64, 64, 32), 4)])
+def test_grouped_matmul_bounded_gpu(dtype, tiles, warps):
+    """Per-group row counts: A's padding rows (filled with garbage) read as 0 through the view, C's padding rows
+    stay NaN."""
+    G, R, K, N = 4, 300, 520, 200
+    rows = torch.tensor([300, 17, 0, 129], device="cuda", dtype=torch.int32)
+    a = torch.randn(G, R, K, device="cuda", dtype=dtype)
+    b = torch.randn(K, N, device="cuda", dtype=dtype)
+    c = torch.full((G, R, N), float("nan"), device="cuda", dtype=dtype)
+    BM, BN, BK = tiles
+    lk.grouped_matmul_bounded[(-(-R // BM), -(-N // BN), G)](a, b, c, rows, BM=BM, BN=BN, BK=BK, num_warps=warps)
+    for g in range(G):
+        n = int(rows[g])
+        ref = a[g, :n].double() @ b.double()
+        torch.testing.assert_close(c[g, :n].double(), ref, rtol=2e-2, atol=2e-1)
+        assert c[g, n:].isnan().all()

@@ -447,3 +447,17 @@ def _convert(em: Emitter, op: Op) -> None:
     em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout}")
     through_scratch(em, src, name, out.type.layout, out.type.shape)
 
+
+
+@emits(OpKind.BOUNDED)
+def _bounded(em: Emitter, op: Op) -> None:
+    """A bounded view: the same pointer and strides, each extent cut to min(extent, bound) and at least 0; every
+    access reads ``<name>_size<d>``, so loads, stores, gathers and atomics through the view honor it."""
+    src, out = op.operands[0], op.result
+    s, name = em.name(src), em.name(out)
+    em.comment(op, f"bounded view of {s}")
+    em.line(f"{c_type(src.dtype)}* const {name} = {s};")
+    for d, bound in enumerate(op.operands[1:]):
+        b = f"(int64_t)({em.name(bound)})"
+        em.line(f"const int64_t {name}_size{d} = {b} < 0 ? (int64_t)0 : ({b} < {s}_size{d} ? {b} : {s}_size{d});")
+        em.line(f"const int64_t {name}_stride{d} = {s}_stride{d};")

@@ -11,8 +11,8 @@ import ast
 from typing import Any, Callable
 
 from .. import dtypes as D
-from ..ir import AtomicOp, AxisAttrs, BinaryOp, OpKind, ReduceKind, ScalarType, UnaryOp, Value
-from .semantic import SemanticError, is_const
+from ..ir import AtomicOp, AxisAttrs, BinaryOp, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from .semantic import SemanticError, describe, is_const
 
 Handler = Callable[..., Any]
 BUILTINS: dict[str, Handler] = {}
@@ -177,6 +177,30 @@ def _reduce(kind: ReduceKind) -> Handler:
         return gen.sem.reduce(x, axis, kind)
     handler.__name__ = handler.__qualname__ = f"builtin_{kind.value}"
     return handler
+
+
+@builtin("bounded")
+def builtin_bounded(gen, node, tensor, extents):
+    """``T.bounded(C, (M, N))``: a view of tensor argument ``C`` whose valid region is ``min(C.shape[d], extents[d])``
+    along each dim; loads, stores, gathers, scatters and atomics through it treat the rest as out of bounds."""
+    from .expressions import TensorArg
+
+    if not isinstance(tensor, TensorArg):
+        raise gen.error(node, f"T.bounded needs a tensor argument, got {describe(tensor)}")
+    extents = extents if isinstance(extents, tuple) else (extents,)
+    rank = len(tensor.shape)
+    if len(extents) != rank:
+        raise gen.error(node, f"T.bounded of the rank-{rank} tensor '{tensor.name}' needs {rank} extents, got "
+                              f"{len(extents)}", "pass one extent per dim, e.g. T.bounded(C, (M, N))")
+    values = []
+    for e in extents:
+        if isinstance(e, bool) or not (isinstance(e, int) or isinstance(e, Value) and e.is_scalar
+                                       and e.dtype.is_integer):
+            raise gen.error(node, f"T.bounded extents must be integers, got {describe(e)}")
+        values.append(gen.sem.cast(e, D.int64))
+    view = gen.b.create1(OpKind.BOUNDED, [tensor.value, *values], tensor.value.type, NoAttrs())
+    view.name = tensor.name  # the argument's specialization (alignment, unit strides) still applies
+    return TensorArg(tensor.name, view, tuple(extents), tensor.strides)
 
 
 @builtin("multiple_of", "max_contiguous")

@@ -431,6 +431,17 @@ def _atomic(op) -> str | None:
     return problem or _value_matches(op.result, tensor, a.tile_shape, "result")
 
 
+def _bounded(op) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType) or op.result.type != tensor:
+        return "a bounded view is a tensor of its operand's type"
+    extents = op.operands[1:]
+    if len(extents) != tensor.rank or any(not isinstance(e.type, ScalarType) or not e.dtype.is_integer
+                                          for e in extents):
+        return f"a bounded view of a rank-{tensor.rank} tensor takes {tensor.rank} integer extents"
+    return None
+
+
 def _for(op) -> str | None:
     body = op.regions[0]
     inits = op.operands[3:]
@@ -512,6 +523,8 @@ class OpKind(enum.Enum):
     GATHER = OpDecl("gather", Family.MEMORY, IndexedAttrs, READS, _gather)      # X[idx, 0:D]
     SCATTER = OpDecl("scatter", Family.MEMORY, IndexedAttrs, WRITES, _scatter)  # X[idx, 0:D] = v
     ATOMIC = OpDecl("atomic", Family.MEMORY, AtomicAttrs, READS | WRITES, _atomic)
+    # T.bounded(C, (M, N)): the same tensor with its extents cut to min(extent, bound) (>= 0); no memory access
+    BOUNDED = OpDecl("bounded", Family.MEMORY, NoAttrs, PURE, _bounded)
     # control flow
     FOR = OpDecl("for", Family.CONTROL, ForAttrs, REGIONS, _for)
     IF = OpDecl("if", Family.CONTROL, NoAttrs, REGIONS, _if)

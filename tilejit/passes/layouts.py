@@ -353,7 +353,7 @@ layout_rule(OpKind.YIELD, backward=_yield_backward, required=_yield_required)
 # Scalars, values built in whatever layout their users take (splat, arange, conversions), stores (which take
 # any layout) and while loops (scalars only) have nothing to add.
 layout_rule(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
-            OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE)
+            OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE, OpKind.BOUNDED)
 
 
 def infer_layouts(fn: Function, target: Target) -> None:
