@@ -8,6 +8,7 @@ with the same names; ``tests/frontend/test_frontend_builtins.py`` checks the two
 from __future__ import annotations
 
 import ast
+import dataclasses
 from typing import Any, Callable
 
 from .. import dtypes as D
@@ -183,9 +184,7 @@ def _reduce(kind: ReduceKind) -> Handler:
 def builtin_bounded(gen, node, tensor, extents):
     """``T.bounded(C, (M, N))``: a view of tensor argument ``C`` whose valid region is ``min(C.shape[d], extents[d])``
     along each dim; loads, stores, gathers, scatters and atomics through it treat the rest as out of bounds."""
-    from .expressions import TensorArg
-
-    if not isinstance(tensor, TensorArg):
+    if not (isinstance(getattr(tensor, "value", None), Value) and tensor.value.is_tensor):  # a TensorArg
         raise gen.error(node, f"T.bounded needs a tensor argument, got {describe(tensor)}")
     extents = extents if isinstance(extents, tuple) else (extents,)
     rank = len(tensor.shape)
@@ -200,7 +199,7 @@ def builtin_bounded(gen, node, tensor, extents):
         values.append(gen.sem.cast(e, D.int64))
     view = gen.b.create1(OpKind.BOUNDED, [tensor.value, *values], tensor.value.type, NoAttrs())
     view.name = tensor.name  # the argument's specialization (alignment, unit strides) still applies
-    return TensorArg(tensor.name, view, tuple(extents), tensor.strides)
+    return dataclasses.replace(tensor, value=view, shape=tuple(extents))
 
 
 @builtin("multiple_of", "max_contiguous")
