@@ -264,3 +264,26 @@ def grouped_matmul_bounded(A, B, C, Rows, BM: T.constexpr, BN: T.constexpr, BK: 
     for k0 in T.range(0, K, BK, stages=3):
         acc += Av[g, m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
     Cv[g, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def row_max_atomic(X, RowMax, RowSum, BM: T.constexpr, BN: T.constexpr):
+    """Program (i, j) reduces its BM x BN block of X along the columns and combines the partial row results into
+    RowMax / RowSum with atomics: the value is a reduction's result (replicated over the threads that reduced it),
+    which the compiler moves to one owner per element first. Padding columns read as -inf / 0."""
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    x = X[m0:m0 + BM, n0:n0 + BN]
+    cols = n0 + T.arange(0, BN)
+    x_max = T.where(cols[None, :] < X.shape[1], x, float("-inf"))
+    T.atomic_max(RowMax[m0:m0 + BM], T.max(x_max, 1), sem="relaxed")
+    T.atomic_add(RowSum[m0:m0 + BM], T.sum(x, 1), sem="relaxed")
+
+
+@tilejit.kernel
+def atomic_in_loop(X, Partial, K, BM: T.constexpr, BK: T.constexpr):
+    """A layer-norm-backward-like partial reduction: a loop over K blocks, each adding its column sums into
+    Partial[0:BK] with an atomic inside the loop body."""
+    m0 = T.program_id(0) * BM
+    for k0 in range(0, K, BK):
+        T.atomic_add(Partial[0:BK], T.sum(X[m0:m0 + BM, k0:k0 + BK], 0), sem="relaxed")

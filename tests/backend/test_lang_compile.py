@@ -79,6 +79,8 @@ CASES.update({
         lk.grouped_matmul_bounded, lambda: (m(4, 100, 96, dtype=torch.float16), m(96, 80, dtype=torch.float16),
                                             m(4, 100, 80, dtype=torch.float16), m(4, dtype=i32)),
         dict(BM=64, BN=64, BK=32)),
+    "row_max_atomic": (lk.row_max_atomic, lambda: (m(100, 300), m(100), m(100)), dict(BM=64, BN=64)),
+    "atomic_in_loop": (lk.atomic_in_loop, lambda: (m(100, 300), m(64), 300), dict(BM=32, BK=64)),
     "histogram": (lk.histogram, lambda: (m(1000, dtype=i32), m(16, dtype=i32)), dict(BLOCK=256)),
 })
 

@@ -246,3 +246,37 @@ def test_splitk_example_main_interpreter(monkeypatch):
     # main() sets TILEJIT_INTERPRET=1 itself; setting it through monkeypatch first makes teardown undo it
     monkeypatch.setenv("TILEJIT_INTERPRET", "1")
     assert ex.main() == 0
+
+
+# -- replicated values and atomics in loops ---------------------------------------------------------------------
+
+def test_atomic_of_a_reduction_interpreter(interpret):
+    x = torch.randn(100, 300)
+    row_max = torch.full((100,), float("-inf"))
+    row_sum = torch.zeros(100)
+    lk.row_max_atomic[(2, 5)](x, row_max, row_sum, BM=64, BN=64)
+    assert torch.equal(row_max, x.amax(1))
+    torch.testing.assert_close(row_sum, x.sum(1), rtol=1e-5, atol=1e-4)
+
+
+def test_atomic_of_a_reduction_gets_one_owner_per_element():
+    """A reduction's result is held by every thread that reduced it: the atomic must not add it once per holder,
+    so the layout pass converts it to a blocked layout first."""
+    stages = lk.row_max_atomic.compile(meta(100, 300), meta(100), meta(100), BM=64, BN=64, arch="sm_80",
+                                       stop_after="passes")
+    filecheck(stages.final_ir, r"""
+        CHECK: tj.reduce {{.*}} {axis = 1, kind = max} : tile<64xf32, reg, #slice<
+        CHECK: [[V:%[0-9]+]] = tj.convert_layout {{%[0-9]+}} : tile<64xf32, reg, #blocked<threads=128, vec=1>>
+        CHECK: tj.atomic %RowMax, [[V]], %m0 {op = max
+    """)
+
+
+def test_atomic_in_a_loop_interpreter(interpret):
+    x = torch.randn(100, 300)
+    partial = torch.zeros(64)
+    lk.atomic_in_loop[(4,)](x, partial, 300, BM=32, BK=64)
+    expected = torch.zeros(64, dtype=torch.float64)
+    for k0 in range(0, 300, 64):
+        block = x[:, k0:k0 + 64].double().sum(0)
+        expected[:block.shape[0]] += block
+    torch.testing.assert_close(partial.double(), expected, rtol=1e-5, atol=1e-4)

@@ -358,3 +358,24 @@ def test_grouped_matmul_bounded_gpu(dtype, tiles, warps):
         ref = a[g, :n].double() @ b.double()
         torch.testing.assert_close(c[g, :n].double(), ref, rtol=2e-2, atol=2e-1)
         assert c[g, n:].isnan().all()
+
+
+def test_atomic_of_a_reduction_gpu():
+    """Atomics on a reduction's result (replicated over threads): each row combined once per program."""
+    x = torch.randn(1000, 700, device="cuda")
+    row_max = torch.full((1000,), float("-inf"), device="cuda")
+    row_sum = torch.zeros(1000, device="cuda")
+    lk.row_max_atomic[(-(-1000 // 64), -(-700 // 64))](x, row_max, row_sum, BM=64, BN=64)
+    assert torch.equal(row_max, x.amax(1))
+    torch.testing.assert_close(row_sum.double(), x.double().sum(1), rtol=1e-5, atol=1e-4)
+
+
+def test_atomic_in_a_loop_gpu():
+    x = torch.randint(-9, 10, (1000, 300), device="cuda").float()  # integer-valued: exact float sums
+    partial = torch.zeros(64, device="cuda")
+    lk.atomic_in_loop[(-(-1000 // 32),)](x, partial, 300, BM=32, BK=64)
+    expected = torch.zeros(64, device="cuda", dtype=torch.float64)
+    for k0 in range(0, 300, 64):
+        block = x[:, k0:k0 + 64].double().sum(0)
+        expected[:block.shape[0]] += block
+    assert torch.equal(partial.double(), expected)
