@@ -17,7 +17,8 @@ from .runtime.jit import Kernel, func, kernel
 from .version import __version__
 
 __all__ = [
-    "kernel", "func", "cdiv", "language", "docs", "Kernel", "Config", "autotune", "testing", "__version__",
+    "kernel", "func", "cdiv", "language", "docs", "Kernel", "Config", "autotune", "heuristics", "torch_op", "testing",
+    "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
     "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "UsageError", "InternalError",
 ]
@@ -38,6 +39,14 @@ def __getattr__(name):
         from . import autotuner
 
         return getattr(autotuner, name)
+    if name == "heuristics":
+        from .launch_heuristics import heuristics
+
+        return heuristics
+    if name == "torch_op":
+        from .torch_ops import torch_op
+
+        return torch_op
     if name == "testing":
         import importlib
 

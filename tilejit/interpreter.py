@@ -22,7 +22,10 @@ the language (``tilejit/frontend/semantic.py``) and the GPU:
   Float -> fp8 is torch's conversion: e4m3fn saturates to +-448 and e5m2 overflows to +-inf (torch 2.x).
 * ``gemm`` computes the product in float32 from the exact operand values (float64 for float64 operands;
   int8 exactly, wrapped to int32) and adds it to the accumulator in that dtype.
-* Loads read out-of-bounds elements as 0; stores skip them.
+* Loads read out-of-bounds elements as 0; stores skip them. Gathers read out-of-range indices as 0; scatters
+  skip them, and of duplicate indices the last write in row-major order wins (the GPU: any one of them).
+* Atomics update their elements one after the other in row-major order (program after program), so duplicate
+  indices accumulate and each sees the previous one's result; out-of-bounds elements are skipped, old value 0.
 
 Stores are undone if the run fails, so an error leaves the output tensors as they were.
 """
@@ -37,7 +40,7 @@ import torch
 from . import dtypes as D
 from .dtypes import DType
 from .errors import TilejitError
-from .ir import (BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorType,
+from .ir import (AtomicOp, BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorType,
                  UnaryOp)
 
 
@@ -289,6 +292,12 @@ _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
     UnaryOp.SQRT: torch.sqrt,
     UnaryOp.RSQRT: torch.rsqrt,
     UnaryOp.ABS: torch.abs,
+    UnaryOp.LOG2: torch.log2,
+    UnaryOp.SIN: torch.sin,
+    UnaryOp.COS: torch.cos,
+    UnaryOp.TANH: torch.tanh,
+    UnaryOp.ERF: torch.erf,
+    UnaryOp.SIGMOID: torch.sigmoid,
 }
 
 
@@ -296,6 +305,18 @@ _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
 def _unary(op: Op, env: Env, ctx: _Context) -> None:
     x = env[op.operands[0].id]
     env[op.results[0].id] = _as_dtype(_UNARY[op.attrs.op](_widen(x)), x.dtype)
+
+
+@rule(OpKind.FMA)
+def _fma(op: Op, env: Env, ctx: _Context) -> None:
+    # float32 (and 16-bit) operands: the product is exact in float64, so one float64 sum rounded to the dtype
+    # is the fused result (up to a double rounding on exact ties); float64 operands: torch.addcmul.
+    a, b, c = (env[v.id] for v in op.operands)
+    if a.dtype == torch.float64:
+        out = torch.addcmul(c, a, b)
+    else:
+        out = (a.double() * b.double() + c.double()).float()
+    env[op.results[0].id] = _as_dtype(out, a.dtype)
 
 
 _COMPARE = {
@@ -388,6 +409,19 @@ def _reduce(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = _as_dtype(out, out_dtype)
 
 
+@rule(OpKind.SCAN)
+def _scan(op: Op, env: Env, ctx: _Context) -> None:
+    # a sequential sum along the axis, like the generated code's per-line loop
+    # (torch.cumsum accumulates float32 in float64 on the CPU: step by step instead, in the dtype)
+    x = env[op.operands[0].id].movedim(op.attrs.axis, 0)
+    out = torch.empty_like(x)
+    acc = torch.zeros_like(x[0])
+    for j in range(x.shape[0]):
+        acc = acc + x[j]
+        out[j] = acc
+    env[op.results[0].id] = out.movedim(0, op.attrs.axis)
+
+
 @rule(OpKind.GEMM)
 def _gemm(op: Op, env: Env, ctx: _Context) -> None:
     a, b, acc = (env[v.id] for v in op.operands)
@@ -441,7 +475,7 @@ def _window(op: Op, env: Env, tensor: torch.Tensor, first_start: int):
 @rule(OpKind.LOAD)
 def _load(op: Op, env: Env, ctx: _Context) -> None:
     tensor = env[op.operands[0].id]
-    tile_shape = op.result.type.shape
+    tile_shape = op.attrs.tile_shape  # () for one element (X[i, j]): a 0-d scalar
     window = _window(op, env, tensor, 1)
     if window is None:
         out = torch.zeros(tile_shape, dtype=tensor.dtype)
@@ -466,6 +500,121 @@ def _store(op: Op, env: Env, ctx: _Context) -> None:
     view = tensor[src]
     ctx.undo.append((view, view.clone()))
     view.copy_(value if dst is None else value[dst])
+
+
+@rule(OpKind.BOUNDED)
+def _bounded(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    cut = tuple(slice(0, max(0, min(int(env[v.id]), n))) for v, n in zip(op.operands[1:], tensor.shape))
+    env[op.results[0].id] = tensor[cut]  # a view: stores through it reach the argument
+
+
+# -- gathers, scatters and atomics: element coordinates ----------------------------------------------
+
+def _element_coords(attrs: Any, tensor: torch.Tensor, starts: list[torch.Tensor], index: torch.Tensor | None):
+    """Per tensor dim, the coordinate of every tile element (int64 tensors of the tile's shape), and the mask of
+    elements inside the tensor."""
+    tile_shape = attrs.tile_shape
+    axis = getattr(attrs, "axis", None)
+    coords = []
+    k = 0
+    for d in range(tensor.dim()):
+        start = int(starts[d])
+        if d in attrs.dropped:
+            c = torch.full(tile_shape, start, dtype=torch.int64)
+        elif d == axis:
+            c = index.to(torch.int64)
+            k += 1
+        else:
+            n = attrs.shape[d]
+            view = [1] * len(tile_shape)
+            view[k] = n
+            c = (torch.arange(n, dtype=torch.int64) + start).reshape(view).expand(tile_shape)
+            k += 1
+        coords.append(c)
+    mask = torch.ones(tile_shape, dtype=torch.bool)
+    for d, c in enumerate(coords):
+        mask &= (c >= 0) & (c < tensor.shape[d])
+    return coords, mask
+
+
+class _IndexedUndo:
+    """Undo-log entry for writes through advanced indexing (no view to restore into)."""
+
+    def __init__(self, tensor: torch.Tensor, where: tuple) -> None:
+        self.tensor, self.where = tensor, where
+
+    def copy_(self, old: torch.Tensor) -> None:
+        self.tensor[self.where] = old
+
+
+@rule(OpKind.GATHER)
+def _gather(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    coords, mask = _element_coords(op.attrs, tensor, [env[v.id] for v in op.operands[2:]], env[op.operands[1].id])
+    out = torch.zeros(op.attrs.tile_shape, dtype=tensor.dtype)
+    out[mask] = tensor[tuple(c[mask] for c in coords)]
+    env[op.results[0].id] = out
+
+
+@rule(OpKind.SCATTER)
+def _scatter(op: Op, env: Env, ctx: _Context) -> None:
+    tensor = env[op.operands[0].id]
+    value = env[op.operands[1].id]
+    coords, mask = _element_coords(op.attrs, tensor, [env[v.id] for v in op.operands[3:]], env[op.operands[2].id])
+    where = tuple(c[mask] for c in coords)
+    ctx.undo.append((_IndexedUndo(tensor, where), tensor[where].clone()))
+    for i, v in zip(zip(*(w.tolist() for w in where)), value[mask].tolist()):  # in order: the last write wins
+        tensor[i] = v
+
+
+def _atomic_update(kind: AtomicOp, old: torch.Tensor, val: torch.Tensor, cmp: torch.Tensor | None) -> torch.Tensor:
+    if kind is AtomicOp.ADD:
+        return old + val
+    if kind is AtomicOp.MAX:
+        return torch.maximum(old, val)
+    if kind is AtomicOp.MIN:
+        return torch.minimum(old, val)
+    if kind is AtomicOp.XCHG:
+        return val.clone()
+    return torch.where(_same_bits(old, cmp), val, old)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Bitwise equality, as atom.cas compares (NaN equals NaN of the same bits; -0.0 differs from 0.0)."""
+    if a.is_floating_point():
+        view = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
+        return a.contiguous().view(view) == b.contiguous().view(view)
+    return a == b
+
+
+@rule(OpKind.ATOMIC)
+def _atomic(op: Op, env: Env, ctx: _Context) -> None:
+    a = op.attrs
+    tensor = env[op.operands[0].id]
+    val = env[op.operands[1].id]
+    cmp = env[op.operands[2].id] if a.op is AtomicOp.CAS else None
+    index = env[op.operands[a.index_operand].id] if a.index_operand is not None else None
+    coords, mask = _element_coords(a, tensor, [env[v.id] for v in op.operands[a.first_start:]], index)
+    where = tuple(c[mask] for c in coords)
+    old = torch.zeros(a.tile_shape, dtype=tensor.dtype)
+    ctx.undo.append((_IndexedUndo(tensor, where), tensor[where].clone()))
+    vals = val.expand(a.tile_shape)[mask]
+    cmps = cmp.expand(a.tile_shape)[mask] if cmp is not None else None
+    flat = sum(w * tensor.stride(d) for d, w in enumerate(where)) if where else torch.zeros(0, dtype=torch.int64)
+    if flat.numel() == torch.unique(flat).numel():  # no element twice: one vectorized read-modify-write
+        current = tensor[where].clone()
+        tensor[where] = _atomic_update(a.op, current, vals, cmps)
+        old[mask] = current
+        env[op.results[0].id] = old
+        return
+    olds = []
+    for n, i in enumerate(zip(*(w.tolist() for w in where))):  # duplicates: one after the other
+        current = tensor[i].clone()
+        tensor[i] = _atomic_update(a.op, current, vals[n], cmps[n] if cmps is not None else None)
+        olds.append(current)
+    old[mask] = torch.stack(olds) if olds else old[mask]
+    env[op.results[0].id] = old
 
 
 # -- control flow ----------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def k_stride_runtime(X, d, BN: T.constexpr):
 
 @tilejit.kernel
 def k_all_int_indices(X, BN: T.constexpr):
-    X[0:BN, 0] = X[1, 2]  # ERR
+    X[1, 2] = X[0:BN, 0]  # ERR
 
 
 # -- types and shapes ----------------------------------------------------------------------------------------
@@ -482,7 +482,8 @@ CASES = [
          "cannot store a tile of shape (16, 32) into a window of shape (16, 16)", "X[0:BN, 0:BN] ="),
     Case(k_stride_runtime, lambda: (meta(64), 0), dict(BN=16), TypeCheckError, "stride() takes one compile-time int",
          "X.stride(d)"),
-    Case(k_all_int_indices, X2, dict(BN=16), TypeCheckError, "indexing every dimension with an integer", "X[1, 2]"),
+    Case(k_all_int_indices, X2, dict(BN=16), TypeCheckError, "cannot store a tile of shape (16,) into one element",
+         "X[1, 2]"),
     Case(k_gemm_inner, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16, BK=16), TypeCheckError,
          "matrix product inner dimensions differ: 16x16 @ 32x16", "a @ b"),
     Case(k_gemm_dtypes, lambda: (meta(64, 64), meta(64, 64, dtype=torch.bfloat16), meta(64, 64)), dict(BM=16),

@@ -58,4 +58,4 @@ def test_passes_read_traits_not_kind_sets():
     assert OpKind.STORE.writes_memory and not OpKind.LOAD.writes_memory
     assert OpKind.YIELD.is_terminator
     assert {k for k in OpKind if k.is_elementwise} == {OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE,
-                                                        OpKind.SELECT, OpKind.CAST}
+                                                        OpKind.SELECT, OpKind.CAST, OpKind.FMA}

@@ -128,9 +128,8 @@ def unary_expr(op: UnaryOp, a: str, dtype: DType) -> str:
     elif op is UnaryOp.ABS:
         text = f"tj_abs({x})" if cd == D.float32 else (f"fabs({x})" if cd == D.float64 else f"({x} < 0 ? -{x} : {x})")
     else:
-        fname = {UnaryOp.EXP: "exp", UnaryOp.EXP2: "exp2", UnaryOp.LOG: "log", UnaryOp.SQRT: "sqrt",
-                 UnaryOp.RSQRT: "rsqrt"}[op]
-        text = f"tj_{fname}({x})" if cd == D.float32 else f"{fname}({x})"
+        fname = op.value  # exp, exp2, log, sqrt, rsqrt, log2, sin, cos, tanh, erf, sigmoid
+        text = f"tj_{fname}({x})" if cd == D.float32 or op is UnaryOp.SIGMOID else f"{fname}({x})"
     if cd.is_integer and cd.bits < 32:
         text = f"({c_type(cd)}){text}"
     return convert(text, cd, dtype) if dtype in STORAGE else text
@@ -383,6 +382,12 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         return f"({args[0]} ? {args[1]} : {args[2]})"
     if op.kind is OpKind.CAST:
         return convert(args[0], op.operands[0].dtype, op.attrs.dtype)
+    if op.kind is OpKind.FMA:
+        dtype = op.operands[0].dtype
+        if dtype == D.float64:
+            return f"fma({args[0]}, {args[1]}, {args[2]})"
+        text = f"fmaf({', '.join(to_f32(a, dtype) for a in args)})"
+        return convert(text, D.float32, dtype) if dtype in STORAGE else text
     raise NotImplementedError(op.kind)
 
 
@@ -392,7 +397,7 @@ def _scalar_leaf(em: Emitter, op: Op) -> None:
             f"{scalar_expr(em, op, [em.name(v) for v in op.operands])};")
 
 
-@emits(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST)
+@emits(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST, OpKind.FMA)
 def _elementwise(em: Emitter, op: Op) -> None:
     out = op.result
     if out.is_scalar:

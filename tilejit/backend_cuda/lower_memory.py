@@ -41,7 +41,7 @@ class Window:
         self.starts = starts
         spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
         self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
-            and self.tile_dims[-1] == self.rank - 1
+            and bool(self.tile_dims) and self.tile_dims[-1] == self.rank - 1
         self.esize = self.tensor.dtype.itemsize
 
     def size(self, d: int) -> str:
@@ -84,8 +84,20 @@ def _start_names(em: Emitter, op: Op, first: int) -> list[str]:
 
 # -- global <-> registers ------------------------------------------------------------------------
 
+def _element(em: Emitter, op: Op, first: int) -> tuple[str, str]:
+    """(pointer, in-bounds condition) of a one-element window ``X[i, j]``."""
+    win = Window(em, op, _start_names(em, op, first))
+    return f"({win.base_expr()})", win.dropped_ok()
+
+
 @emits(OpKind.LOAD)
 def _load(em: Emitter, op: Op) -> None:
+    if op.result.is_scalar:
+        # X[i, j]: every thread reads the element (a broadcast load); 0 out of bounds
+        ptr, ok = _element(em, op, 1)
+        ctype = c_type(op.result.dtype)
+        em.line(f"const {ctype} {em.name(op.result)} = ({ok}) ? *{ptr} : {ctype}{{}};")
+        return
     if op.result.type.scope is Scope.SHARED:
         if op.attrs.pipeline:
             return  # issued ahead of time by the enclosing pipelined loop
@@ -106,6 +118,12 @@ def _load(em: Emitter, op: Op) -> None:
 @emits(OpKind.STORE)
 def _store(em: Emitter, op: Op) -> None:
     value = op.operands[1]
+    if value.is_scalar:
+        # X[i, j] = v: every thread stores the same value (so each thread reads its own write back);
+        # skipped out of bounds
+        ptr, ok = _element(em, op, 2)
+        em.line(f"if ({ok}) *{ptr} = {em.name(value)};")
+        return
     layout: RegisterLayout = value.type.layout
     win = Window(em, op, _start_names(em, op, 2))
     vec = layout.vec if win.unit_last else 1
@@ -429,3 +447,17 @@ def _convert(em: Emitter, op: Op) -> None:
     em.comment(op, f"convert layout {src.type.layout} -> {out.type.layout}")
     through_scratch(em, src, name, out.type.layout, out.type.shape)
 
+
+
+@emits(OpKind.BOUNDED)
+def _bounded(em: Emitter, op: Op) -> None:
+    """A bounded view: the same pointer and strides, each extent cut to min(extent, bound) and at least 0; every
+    access reads ``<name>_size<d>``, so loads, stores, gathers and atomics through the view honor it."""
+    src, out = op.operands[0], op.result
+    s, name = em.name(src), em.name(out)
+    em.comment(op, f"bounded view of {s}")
+    em.line(f"{c_type(src.dtype)}* const {name} = {s};")
+    for d, bound in enumerate(op.operands[1:]):
+        b = f"(int64_t)({em.name(bound)})"
+        em.line(f"const int64_t {name}_size{d} = {b} < 0 ? (int64_t)0 : ({b} < {s}_size{d} ? {b} : {s}_size{d});")
+        em.line(f"const int64_t {name}_stride{d} = {s}_stride{d};")

@@ -164,3 +164,45 @@ def _combine_across_warps(em: Emitter, layout: MmaLayout, kind: ReduceKind, acc_
     em.line(f"for (int tj_w = 1; tj_w < {wn}; ++tj_w) tj_v = {_combine(kind, 'tj_v', f'{buf}[({row}) * {wn} + tj_w]', acc_dtype)};")
     em.line(f"{r}[tj_s] = tj_v;")
     em.close()
+
+
+@emits(OpKind.SCAN)
+def _scan(em: Emitter, op: Op) -> None:
+    """Inclusive prefix sum along one axis, through the shared scratch buffer: every thread writes its elements
+    (row-major), each line along the axis is summed in order by one thread (lines dealt round-robin), then every
+    thread reads back the elements its layout holds. Sequential per line, so the float rounding is that of a
+    left-to-right sum (the interpreter's)."""
+    src, out = op.operands[0], op.result
+    shape = src.type.shape
+    axis = op.attrs.axis
+    n = shape[axis]
+    inner = 1
+    for d in shape[axis + 1:]:
+        inner *= d
+    lines = src.type.numel // n
+    ctype = c_type(out.dtype)
+    layout, out_layout = src.type.layout, out.type.layout
+    em.scratch(src.type.numel * out.dtype.itemsize)
+    buf = f"reinterpret_cast<{ctype}*>(tj_scratch)"
+    name = em.declare_tile(out)
+    em.comment(op, f"cumsum along axis {axis} through shared memory")
+    em.line("__syncthreads();  // scratch is free")
+
+    def write(i: str) -> None:
+        valid = em.valid(layout, i)
+        store = f"{buf}[{_linear(em.coords(layout, i), shape)}] = {em.name(src)}[{i}];"
+        em.line(f"if ({valid}) {store}" if valid else store)
+
+    em.reg_loop(layout, write)
+    em.line("__syncthreads();")
+    threads = em.target.threads
+    em.open(f"for (int tj_l = tid; tj_l < {lines}; tj_l += {threads})")
+    em.line(f"{ctype}* tj_line = {buf} + (tj_l / {inner}) * {n * inner} + (tj_l % {inner});")
+    em.line(f"{ctype} tj_acc = ({ctype})0;")
+    em.open(f"for (int tj_j = 0; tj_j < {n}; ++tj_j)")
+    em.line(f"tj_acc = tj_acc + tj_line[tj_j * {inner}];")
+    em.line(f"tj_line[tj_j * {inner}] = tj_acc;")
+    em.close()
+    em.close()
+    em.line("__syncthreads();")
+    em.reg_loop(out_layout, lambda i: em.line(f"{name}[{i}] = {buf}[{_linear(em.coords(out_layout, i), shape)}];"))

@@ -5,7 +5,9 @@ search list"), so the prelude is self-contained: fixed-width integer typedefs, s
 8-bit floats with round-to-nearest-even conversions written as inline PTX ``cvt``, and thin wrappers over the
 PTX instructions the sm_80 path emits (cp.async, ldmatrix, mma.sync). The math builtins ``expf``, ``exp2f``,
 ``logf``, ``sqrtf``, ``rsqrtf``, ``fabsf``, ``fmaxf``, ``fminf`` and ``__shfl_xor_sync`` are compiler builtins
-in NVRTC 12.9 and 13.0 and need no header.
+in NVRTC 12.9 and 13.0 and need no header; so are ``log2f``, ``sinf``, ``cosf``, ``tanhf``, ``erff``, ``fmaf`` and
+their double versions (``log2``, ``sin``, ``cos``, ``tanh``, ``erf``, ``fma``), checked with NVRTC 13.0: they
+link the accurate libdevice functions (no -use_fast_math), which the ``tj_`` wrappers below call.
 
 Everything differing by arch is selected with ``__CUDA_ARCH__`` inside the text, so one prelude serves every
 target; ``prelude_for`` exists so callers need not know that.
@@ -161,6 +163,18 @@ TJ_DEVICE float tj_sqrt(float x) { return sqrtf(x); }
 TJ_DEVICE float tj_rsqrt(float x) { return rsqrtf(x); }
 /// |x|.
 TJ_DEVICE float tj_abs(float x) { return fabsf(x); }
+/// log2 (log2f, 1 ulp).
+TJ_DEVICE float tj_log2(float x) { return log2f(x); }
+/// sine and cosine (sinf/cosf: full-range argument reduction, 2 ulp; not the __sinf approximation).
+TJ_DEVICE float tj_sin(float x) { return sinf(x); }
+TJ_DEVICE float tj_cos(float x) { return cosf(x); }
+/// tanh (tanhf, 2 ulp; not tanh.approx).
+TJ_DEVICE float tj_tanh(float x) { return tanhf(x); }
+/// the error function (erff, 2 ulp).
+TJ_DEVICE float tj_erf(float x) { return erff(x); }
+/// 1 / (1 + e^-x): expf's accuracy; large |x| saturates to 0 or 1 without NaN (1 / inf = 0).
+TJ_DEVICE float tj_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+TJ_DEVICE double tj_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 /// max with NaN propagation, like torch.maximum (max.NaN.f32, sm_80+); fmaxf would drop the NaN.
 TJ_DEVICE float tj_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 /// min with NaN propagation, like torch.minimum (min.NaN.f32, sm_80+).

@@ -8,11 +8,12 @@ with the same names; ``tests/frontend/test_frontend_builtins.py`` checks the two
 from __future__ import annotations
 
 import ast
+import dataclasses
 from typing import Any, Callable
 
 from .. import dtypes as D
-from ..ir import AxisAttrs, BinaryOp, OpKind, ReduceKind, ScalarType, UnaryOp, Value
-from .semantic import is_const
+from ..ir import AtomicOp, AxisAttrs, BinaryOp, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from .semantic import SemanticError, describe, is_const
 
 Handler = Callable[..., Any]
 BUILTINS: dict[str, Handler] = {}
@@ -119,6 +120,54 @@ def builtin_copy(gen, node: ast.Call) -> None:
 builtin_copy.takes_ast = True  # the call dispatch passes the node alone, before evaluating arguments
 
 
+def _atomic(op: AtomicOp) -> Handler:
+    """``T.atomic_<op>(X[window], value[, val], sem=, scope=)``: takes the AST, since the first argument is a
+    tensor window to update, not a value to load."""
+    params = ["cmp", "val"] if op is AtomicOp.CAS else ["val"]
+    usage = f"T.atomic_{op.value}(X[...], {', '.join(params)}, sem='acq_rel', scope='gpu')"
+
+    def handler(gen, node: ast.Call):
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise gen.error(node, f"*args and **kwargs are not supported in {usage}")
+        names = ["pointer", *params, "sem", "scope"]
+        given = dict(zip(names, node.args))
+        if len(node.args) > len(names):
+            raise gen.error(node, f"too many arguments: {usage}")
+        for k in node.keywords:
+            if k.arg not in names or k.arg in given:
+                raise gen.error(node, f"unexpected or repeated argument '{k.arg}': {usage}")
+            given[k.arg] = k.value
+        missing = [n for n in ["pointer", *params] if n not in given]
+        if missing:
+            raise gen.error(node, f"missing {', '.join(missing)}: {usage}")
+        target = given["pointer"]
+        if not isinstance(target, ast.Subscript):
+            raise gen.error(target, f"the first argument of T.atomic_{op.value} must be a tensor window such as "
+                                    "C[m0:m0 + BM, n0:n0 + BN] or C[i]")
+        w = gen.tensor_window(target)
+        values = {n: gen.visit(given[n]) for n in params}
+        options = {n: gen.visit(given[n]) if n in given else default
+                   for n, default in (("sem", "acq_rel"), ("scope", "gpu"))}
+        node_of = {"sem": given.get("sem", node), "scope": given.get("scope", node)}
+        for n, v in options.items():
+            if not isinstance(v, str):
+                raise gen.error(node_of[n], f"{n}= must be a compile-time string, got {v!r}")
+        try:
+            return gen.sem.atomic(op, w.tensor.value, w.starts, w.lengths, w.dropped, w.axis, w.index,
+                                  values["val"], values.get("cmp"), options["sem"], options["scope"])
+        except SemanticError as e:
+            at = node_of["sem"] if "sem must" in str(e) else node_of["scope"] if "scope must" in str(e) else node
+            raise gen.error(at, str(e), e.hint) from None
+
+    handler.__name__ = handler.__qualname__ = f"builtin_atomic_{op.value}"
+    handler.takes_ast = True
+    return handler
+
+
+for _aop in AtomicOp:
+    builtin(f"atomic_{_aop.value}")(_atomic(_aop))
+
+
 def _unary(op: UnaryOp) -> Handler:
     def handler(gen, node, x):
         return gen.sem.unary(op, x)
@@ -133,7 +182,53 @@ def _reduce(kind: ReduceKind) -> Handler:
     return handler
 
 
-for _op in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.ABS):
+@builtin("bounded")
+def builtin_bounded(gen, node, tensor, extents):
+    """``T.bounded(C, (M, N))``: a view of tensor argument ``C`` whose valid region is ``min(C.shape[d], extents[d])``
+    along each dim; loads, stores, gathers, scatters and atomics through it treat the rest as out of bounds."""
+    if not (isinstance(getattr(tensor, "value", None), Value) and tensor.value.is_tensor):  # a TensorArg
+        raise gen.error(node, f"T.bounded needs a tensor argument, got {describe(tensor)}")
+    extents = extents if isinstance(extents, tuple) else (extents,)
+    rank = len(tensor.shape)
+    if len(extents) != rank:
+        raise gen.error(node, f"T.bounded of the rank-{rank} tensor '{tensor.name}' needs {rank} extents, got "
+                              f"{len(extents)}", "pass one extent per dim, e.g. T.bounded(C, (M, N))")
+    values = []
+    for e in extents:
+        if isinstance(e, bool) or not (isinstance(e, int) or isinstance(e, Value) and e.is_scalar
+                                       and e.dtype.is_integer):
+            raise gen.error(node, f"T.bounded extents must be integers, got {describe(e)}")
+        values.append(gen.sem.cast(e, D.int64))
+    view = gen.b.create1(OpKind.BOUNDED, [tensor.value, *values], tensor.value.type, NoAttrs())
+    view.name = tensor.name  # the argument's specialization (alignment, unit strides) still applies
+    return dataclasses.replace(tensor, value=view, shape=tuple(extents))
+
+
+@builtin("multiple_of", "max_contiguous")
+def builtin_hint(gen, node, x, values):
+    """Triton's divisibility/contiguity hints: accepted and checked, then ``x`` unchanged. tilejit already
+    specializes on each int argument's divisibility by 16 and checks alignment at run time before vectorizing,
+    so the hint has nothing to add yet."""
+    vals = values if isinstance(values, tuple) else (values,)
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals):
+        raise gen.error(node, f"the hint needs a positive compile-time int (or a tuple of them), got {values!r}")
+    if not (isinstance(x, Value) and x.dtype.is_integer or isinstance(x, int) and not isinstance(x, bool)):
+        raise gen.error(node, f"hints apply to integer scalars or tiles, got {x!r}")
+    return x
+
+
+@builtin("fma")
+def builtin_fma(gen, node, a, b, c):
+    return gen.sem.fma(a, b, c)
+
+
+@builtin("cumsum")
+def builtin_cumsum(gen, node, x, axis=0):
+    return gen.sem.cumsum(x, axis)
+
+
+for _op in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.ABS, UnaryOp.LOG2,
+            UnaryOp.SIN, UnaryOp.COS, UnaryOp.TANH, UnaryOp.ERF, UnaryOp.SIGMOID):
     builtin(_op.value)(_unary(_op))
 for _kind in (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN):
     builtin(_kind.value)(_reduce(_kind))

@@ -82,6 +82,10 @@ def unsupported_construct(parsed: ParsedSource, node: ast.AST) -> UnsupportedSyn
 def check_constructs(parsed: ParsedSource) -> None:
     """Reject constructs the language lacks anywhere in a kernel's or helper's body, even in branches a
     constexpr ``if`` prunes, so a kernel is rejected before anything is compiled whatever its arguments."""
-    for node in ast.walk(parsed.tree):
+    tree = parsed.tree
+    # the decorators above the kernel (autotune configs, heuristics' lambdas) are host code, not kernel code
+    parts = [*tree.body, tree.args] + ([tree.returns] if getattr(tree, "returns", None) is not None else []) \
+        if isinstance(tree, ast.FunctionDef) else [tree]
+    for node in (n for part in parts for n in ast.walk(part)):
         if isinstance(node, _UNSUPPORTED_NODES) or (isinstance(node, ast.FunctionDef) and node is not parsed.tree):
             raise unsupported_construct(parsed, node)

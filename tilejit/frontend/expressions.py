@@ -35,6 +35,19 @@ class TensorArg:
         return self.value.type.dtype
 
 
+@dataclass
+class TensorWindow:
+    """``A[...]`` in a kernel: per tensor dim a start (IR scalar) and a compile-time length; ``dropped`` dims were
+    indexed by an integer; ``axis``, when set, is the dim indexed by the 1-D integer tile ``index`` (a gather,
+    scatter or indexed atomic: ``X[idx, 0:D]``)."""
+    tensor: TensorArg
+    starts: list
+    lengths: tuple[int, ...]
+    dropped: tuple[int, ...]
+    axis: int | None = None
+    index: Value | None = None
+
+
 _BINOPS = {
     ast.Add: BinaryOp.ADD, ast.Sub: BinaryOp.SUB, ast.Mult: BinaryOp.MUL, ast.Div: BinaryOp.TRUEDIV,
     ast.FloorDiv: BinaryOp.FLOORDIV, ast.Mod: BinaryOp.MOD, ast.BitAnd: BinaryOp.AND, ast.BitOr: BinaryOp.OR,
@@ -355,6 +368,7 @@ class Expressions:
             raise self.error(node, f"too many indices ({len(items)}) for tensor '{tensor.name}' of rank {rank}")
         items = list(items) + [ast.Slice(lower=None, upper=None, step=None)] * (rank - len(items))
         starts, lengths, dropped = [], [], []
+        axis, index = None, None
         for dim, item in enumerate(items):
             if isinstance(item, ast.Slice):
                 if item.step is not None:
@@ -388,27 +402,40 @@ class Expressions:
                 lengths.append(length)
             else:
                 idx = self.visit(item)
+                if isinstance(idx, Value) and idx.is_tile:  # X[idx, 0:D]: rows picked by an index tile
+                    if axis is not None:
+                        raise self.error(item, "only one dimension can be indexed by a tile",
+                                         "gather along one dim, slice the others")
+                    if idx.type.rank != 1 or not idx.dtype.is_integer:
+                        raise self.error(item, f"an index tile must be a 1-D integer tile, got {describe(idx)}",
+                                         "build it with T.arange or load it from an int32/int64 tensor; "
+                                         "convert floats with .to(T.int32)")
+                    axis, index = dim, idx
+                    starts.append(0)
+                    lengths.append(idx.type.shape[0])
+                    continue
                 if isinstance(idx, bool) or not (isinstance(idx, int) or (isinstance(idx, Value) and idx.is_scalar
                                                                           and idx.dtype.is_integer)):
-                    raise self.error(item, f"tensor index must be an integer or a slice, got {describe(idx)}")
+                    raise self.error(item, f"tensor index must be an integer, a slice or a 1-D integer tile, "
+                                           f"got {describe(idx)}")
                 starts.append(idx)
                 lengths.append(1)
                 dropped.append(dim)
-        if len(dropped) == rank:
-            raise self.error(node, "indexing every dimension with an integer gives a single element",
-                             "use a slice of length 1 (i:i + 1) to load a 1-element tile")
         start_values = [self.sem.as_value(s) for s in starts]
-        return tensor, start_values, tuple(lengths), tuple(dropped)
+        return TensorWindow(tensor, start_values, tuple(lengths), tuple(dropped), axis, index)
 
-    def load(self, window) -> Value:
-        tensor, starts, lengths, dropped = window
-        return self.sem.load(tensor.value, starts, lengths, dropped)
+    def load(self, w: TensorWindow) -> Value:
+        if w.axis is not None:
+            return self.sem.gather(w.tensor.value, w.starts, w.lengths, w.dropped, w.axis, w.index)
+        return self.sem.load(w.tensor.value, w.starts, w.lengths, w.dropped)
 
-    def store(self, window, value: Any, node: ast.AST) -> None:
-        tensor, starts, lengths, dropped = window
+    def store(self, w: TensorWindow, value: Any, node: ast.AST) -> None:
         if not (isinstance(value, Value) or is_const(value)):
-            raise self.error(node, f"cannot store {describe(value)} into tensor '{tensor.name}'")
-        self.sem.store(tensor.value, starts, lengths, dropped, value)
+            raise self.error(node, f"cannot store {describe(value)} into tensor '{w.tensor.name}'")
+        if w.axis is not None:
+            self.sem.scatter(w.tensor.value, w.starts, w.lengths, w.dropped, w.axis, w.index, value)
+            return
+        self.sem.store(w.tensor.value, w.starts, w.lengths, w.dropped, value)
 
     # -- calls -----------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> Any:

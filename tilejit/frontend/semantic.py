@@ -31,8 +31,9 @@ from typing import Any, Sequence
 from .. import dtypes as D
 from ..dtypes import DType
 from ..errors import docs_link
-from ..ir import (AccessAttrs, ArangeAttrs, AxisAttrs, BinaryAttrs, BinaryOp, Builder, CastAttrs,
-                  CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs, NoAttrs, OpKind, PermAttrs,
+from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
+                  BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs,
+                  IndexedAttrs, NoAttrs, OpKind, PermAttrs,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
 
 PyConst = (bool, int, float)
@@ -144,9 +145,12 @@ _PY_COMPARE = {
 _PY_UNARY = {
     UnaryOp.NEG: operator.neg, UnaryOp.NOT: operator.not_, UnaryOp.EXP: math.exp, UnaryOp.EXP2: lambda v: 2.0 ** v,
     UnaryOp.LOG: math.log, UnaryOp.SQRT: math.sqrt, UnaryOp.RSQRT: lambda v: 1 / math.sqrt(v), UnaryOp.ABS: abs,
+    UnaryOp.LOG2: math.log2, UnaryOp.SIN: math.sin, UnaryOp.COS: math.cos, UnaryOp.TANH: math.tanh,
+    UnaryOp.ERF: math.erf, UnaryOp.SIGMOID: lambda v: 1 / (1 + math.exp(-v)) if v >= 0 else math.exp(v) / (1 + math.exp(v)),
 }
 _INT_ONLY = {BinaryOp.FLOORDIV, BinaryOp.MOD, BinaryOp.SHL, BinaryOp.SHR}
-_FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT}
+_FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.LOG2, UnaryOp.SIN,
+                 UnaryOp.COS, UnaryOp.TANH, UnaryOp.ERF, UnaryOp.SIGMOID}
 
 
 class Semantic:
@@ -282,6 +286,33 @@ class Semantic:
             raise SemanticError(f"'not'/'~' needs a bool or integer operand, got {x.dtype}")
         return self.b.create1(OpKind.UNARY, [x], self._result_type(x, x.dtype), UnaryAttrs(op))
 
+    def fma(self, a: Any, b: Any, c: Any) -> Any:
+        """``a * b + c`` rounded once; integer operands become float32."""
+        if is_const(a) and is_const(b) and is_const(c):
+            return math.fma(a, b, c) if hasattr(math, "fma") else a * b + c
+        dtype = None
+        typed = [v for v in (a, b, c) if isinstance(v, Value)]
+        if all(not v.dtype.is_floating for v in typed):
+            dtype = D.float32
+        x, y, z = self._unify([a, b, c], dtype)
+        return self.b.create1(OpKind.FMA, [x, y, z], self._result_type(x, x.dtype), NoAttrs())
+
+    def cumsum(self, x: Any, axis: Any) -> Value:
+        """Inclusive prefix sum along ``axis``; dtypes as ``T.sum`` (8/16-bit floats give float32, bool and
+        8/16-bit ints int32)."""
+        if not (isinstance(x, Value) and x.is_tile):
+            raise SemanticError(f"T.cumsum needs a tile, got {describe(x)}")
+        rank = x.type.rank
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+            raise SemanticError(f"axis must be a constant int in [-{rank}, {rank}), got {axis!r}")
+        dtype = x.dtype
+        if dtype.is_floating and dtype.bits < 32:
+            dtype = D.float32
+        elif (dtype.is_integer and dtype.bits < 32) or dtype.is_bool:
+            dtype = D.int32
+        x = self.cast(x, dtype)
+        return self.b.create1(OpKind.SCAN, [x], TileType(x.type.shape, dtype), AxisAttrs(axis % rank))
+
     def truth(self, x: Any) -> Any:
         """``x != 0`` as a bool (Python truthiness for runtime values)."""
         if is_const(x):
@@ -394,13 +425,20 @@ class Semantic:
     # -- global memory ---------------------------------------------------------------------
     def load(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...]) -> Value:
         attrs = AccessAttrs(shape, dropped)
-        tile = TileType(attrs.tile_shape, tensor.dtype)
+        tile = TileType(attrs.tile_shape, tensor.dtype) if attrs.tile_shape else ScalarType(tensor.dtype)
         return self.b.create1(OpKind.LOAD, [tensor, *starts], tile, attrs)
 
     def store(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
               value: Any) -> None:
         attrs = AccessAttrs(shape, dropped)
         tile_shape = attrs.tile_shape
+        if not tile_shape:  # X[i, j] = v: one element
+            if isinstance(value, Value) and value.is_tile:
+                raise SemanticError(f"cannot store a tile of shape {value.type.shape} into one element",
+                                    "store a scalar, or store the tile into a slice")
+            value = self.cast(value, tensor.dtype)
+            self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)
+            return
         if isinstance(value, Value) and value.is_tile:
             try:
                 if broadcast_shapes(value.type.shape, tile_shape) != tile_shape:
@@ -413,3 +451,83 @@ class Semantic:
         value = self.cast(value, tensor.dtype)
         value = self.broadcast_to(value, tile_shape)
         self.b.create(OpKind.STORE, [tensor, value, *starts], [], attrs)
+
+    # -- gathers, scatters and atomics -------------------------------------------------------
+    def index_tile(self, idx: Value, tile_shape: tuple[int, ...], position: int) -> Value:
+        """The 1-D index tile ``idx`` placed at tile dim ``position`` and broadcast to ``tile_shape``."""
+        if not (isinstance(idx, Value) and idx.is_tile and idx.type.rank == 1):
+            raise SemanticError(f"an index tile must be 1-D, got {describe(idx)}",
+                                "index with a 1-D integer tile such as X[idx, 0:D]")
+        if not idx.dtype.is_integer:
+            raise SemanticError(f"an index tile must have an integer dtype, got {idx.dtype}",
+                                "convert it with idx.to(T.int32)")
+        if idx.dtype.bits < 32:
+            idx = self.cast(idx, D.int32)
+        for _ in range(position):
+            idx = self.expand_dims(idx, 0)
+        while idx.type.rank < len(tile_shape):
+            idx = self.expand_dims(idx, idx.type.rank)
+        return self.broadcast_to(idx, tile_shape)
+
+    def gather(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
+               axis: int, idx: Value) -> Value:
+        attrs = IndexedAttrs(shape, dropped, axis)
+        index = self.index_tile(idx, attrs.tile_shape, _tile_position(axis, dropped))
+        return self.b.create1(OpKind.GATHER, [tensor, index, *starts], TileType(attrs.tile_shape, tensor.dtype), attrs)
+
+    def _window_value(self, value: Any, tensor: Value, tile_shape: tuple[int, ...], what: str) -> Value:
+        """``value`` cast to the tensor's dtype and broadcast to the window (a scalar for a one-element window)."""
+        if not (isinstance(value, Value) or is_const(value)):
+            raise SemanticError(f"{what} must be a scalar or tile, got {describe(value)}")
+        if not tile_shape:
+            if isinstance(value, Value) and value.is_tile:
+                raise SemanticError(f"cannot use a tile of shape {value.type.shape} with one element",
+                                    "pass a scalar, or index the tensor with slices")
+            return self.cast(value, tensor.dtype)
+        if isinstance(value, Value) and value.is_tile:
+            try:
+                ok = broadcast_shapes(value.type.shape, tile_shape) == tile_shape
+            except SemanticError:
+                ok = False
+            if not ok:
+                raise SemanticError(f"cannot use a tile of shape {value.type.shape} with a window of shape "
+                                    f"{tile_shape}")
+        return self.broadcast_to(self.cast(value, tensor.dtype), tile_shape)
+
+    def scatter(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...],
+                axis: int, idx: Value, value: Any) -> None:
+        attrs = IndexedAttrs(shape, dropped, axis)
+        index = self.index_tile(idx, attrs.tile_shape, _tile_position(axis, dropped))
+        value = self._window_value(value, tensor, attrs.tile_shape, "the stored value")
+        self.b.create(OpKind.SCATTER, [tensor, value, index, *starts], [], attrs)
+
+    def atomic(self, op: AtomicOp, tensor: Value, starts: list[Value], shape: tuple[int, ...],
+               dropped: tuple[int, ...], axis: int | None, idx: Value | None, value: Any, cmp: Any = None,
+               sem: Any = "acq_rel", scope: Any = "gpu") -> Value:
+        name = f"T.atomic_{op.value}"
+        if sem not in ATOMIC_SEMS:
+            raise SemanticError(f"{name}: sem must be one of {', '.join(repr(s) for s in ATOMIC_SEMS)}, got {sem!r}")
+        if scope not in ATOMIC_SCOPES:
+            raise SemanticError(f"{name}: scope must be one of {', '.join(repr(s) for s in ATOMIC_SCOPES)}, "
+                                f"got {scope!r}")
+        dtype = tensor.dtype
+        if dtype not in ATOMIC_DTYPES:
+            raise SemanticError(f"{name} on a {dtype.name} tensor is not supported",
+                                "atomics work on float32, float64, int32 and int64 tensors")
+        attrs = AtomicAttrs(op, sem, scope, shape, dropped, axis)
+        tile_shape = attrs.tile_shape
+        operands = [tensor, self._window_value(value, tensor, tile_shape, f"the value of {name}")]
+        if op is AtomicOp.CAS:
+            operands.append(self._window_value(cmp, tensor, tile_shape, f"the compared value of {name}"))
+        if axis is not None:
+            operands.append(self.index_tile(idx, tile_shape, _tile_position(axis, dropped)))
+        result = TileType(tile_shape, dtype) if tile_shape else ScalarType(dtype)
+        return self.b.create1(OpKind.ATOMIC, [*operands, *starts], result, attrs)
+
+
+ATOMIC_DTYPES = (D.float32, D.float64, D.int32, D.int64)
+
+
+def _tile_position(axis: int, dropped: tuple[int, ...]) -> int:
+    """The tile dim a tensor dim becomes once the dropped dims are gone."""
+    return axis - sum(1 for d in dropped if d < axis)

@@ -59,6 +59,12 @@ class UnaryOp(enum.Enum):
     SQRT = "sqrt"
     RSQRT = "rsqrt"
     ABS = "abs"
+    LOG2 = "log2"
+    SIN = "sin"
+    COS = "cos"
+    TANH = "tanh"
+    ERF = "erf"
+    SIGMOID = "sigmoid"
 
 
 class CompareOp(enum.Enum):
@@ -179,7 +185,8 @@ class AccessAttrs:
 
     ``shape[d]`` is the window's length along tensor dim ``d``; dims listed in ``dropped`` were indexed
     by an integer and are absent from the tile (their length is 1). Elements outside the tensor read as
-    ``0`` (load) or are not written (store).
+    ``0`` (load) or are not written (store). When every dim is dropped (``X[i, j]``) the window is one
+    element and the value a scalar.
     """
     shape: tuple[int, ...]
     dropped: tuple[int, ...] = ()
@@ -195,6 +202,79 @@ class AccessAttrs:
     @property
     def tile_shape(self) -> tuple[int, ...]:
         return tuple(n for d, n in enumerate(self.shape) if d not in self.dropped)
+
+
+@dataclass(frozen=True)
+class IndexedAttrs:
+    """A window of a global tensor whose dim ``axis`` is picked element by element by an index tile (gather,
+    scatter): ``shape[axis]`` is the number of indices, the other dims are as in :class:`AccessAttrs`. The
+    op's index operand has the tile's shape (the frontend broadcasts the 1-D index tile); an index outside
+    the tensor reads 0 (gather) or is not written (scatter)."""
+    shape: tuple[int, ...]
+    dropped: tuple[int, ...]
+    axis: int
+
+    def __post_init__(self) -> None:
+        if any(n <= 0 for n in self.shape):
+            raise ValueError(f"window lengths must be positive: {self.shape}")
+        if any(self.shape[d] != 1 for d in self.dropped) or self.axis in self.dropped:
+            raise ValueError("a dropped dim has length 1 and is not the indexed one")
+        if not 0 <= self.axis < len(self.shape):
+            raise ValueError(f"indexed dim {self.axis} out of range")
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        return tuple(n for d, n in enumerate(self.shape) if d not in self.dropped)
+
+
+class AtomicOp(enum.Enum):
+    ADD = "add"
+    MAX = "max"
+    MIN = "min"
+    XCHG = "xchg"
+    CAS = "cas"
+
+
+ATOMIC_SEMS = ("relaxed", "acquire", "release", "acq_rel")
+ATOMIC_SCOPES = ("gpu", "cta", "sys")
+
+
+@dataclass(frozen=True)
+class AtomicAttrs:
+    """A read-modify-write of every element of a window (``shape``/``dropped`` as in :class:`AccessAttrs`; with
+    ``axis`` set, that dim is picked by an index tile as in :class:`IndexedAttrs`). Operands: the tensor, the
+    value, the compared value (``cas`` only), the index tile (``axis`` only), then one start per tensor dim.
+    The result holds the old values; elements outside the tensor are skipped (their result is 0). ``sem`` and
+    ``scope`` are the PTX memory-ordering qualifiers (``atom.<sem>.<scope>``)."""
+    op: AtomicOp
+    sem: str
+    scope: str
+    shape: tuple[int, ...]
+    dropped: tuple[int, ...] = ()
+    axis: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sem not in ATOMIC_SEMS:
+            raise ValueError(f"sem must be one of {ATOMIC_SEMS}, got {self.sem!r}")
+        if self.scope not in ATOMIC_SCOPES:
+            raise ValueError(f"scope must be one of {ATOMIC_SCOPES}, got {self.scope!r}")
+        if any(n <= 0 for n in self.shape) or any(self.shape[d] != 1 for d in self.dropped):
+            raise ValueError(f"bad window {self.shape} (dropped {self.dropped})")
+        if self.axis is not None and (self.axis in self.dropped or not 0 <= self.axis < len(self.shape)):
+            raise ValueError(f"bad indexed dim {self.axis}")
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        return tuple(n for d, n in enumerate(self.shape) if d not in self.dropped)
+
+    @property
+    def first_start(self) -> int:
+        """Index of the first start operand (after the tensor, value, cmp and index operands)."""
+        return 2 + (self.op is AtomicOp.CAS) + (self.axis is not None)
+
+    @property
+    def index_operand(self) -> int | None:
+        return None if self.axis is None else 2 + (self.op is AtomicOp.CAS)
 
 
 @dataclass(frozen=True)
@@ -254,6 +334,22 @@ def _binary(op) -> str | None:
     return problem
 
 
+def _ternary(op) -> str | None:
+    problem = _elementwise(op)
+    if problem is None and len({v.dtype for v in op.operands}) != 1:
+        return "operands of different dtypes"
+    if problem is None and not op.operands[0].dtype.is_floating:
+        return "fma needs floating-point operands"
+    return problem
+
+
+def _scan(op) -> str | None:
+    x = op.operands[0].type
+    if not isinstance(x, TileType) or _shape(op.result) != x.shape or op.attrs.axis >= x.rank:
+        return "a scan keeps its operand's shape, along an existing axis"
+    return None
+
+
 def _unary(op) -> str | None:
     if _shape(op.operands[0]) != _shape(op.result):
         return "result shape differs from operand"
@@ -281,6 +377,10 @@ def _access(op, starts: list, tile) -> str | None:
         return f"{len(starts)} start indices for a rank-{tensor.rank} tensor"
     if any(not isinstance(s.type, ScalarType) or not s.dtype.is_integer for s in starts):
         return "start indices must be integer scalars"
+    if not op.attrs.tile_shape:  # one element: a scalar of the tensor's dtype
+        if tile != ScalarType(tensor.dtype):
+            return f"a one-element window gives a {tensor.dtype} scalar, not {tile}"
+        return None
     if not isinstance(tile, TileType) or tile.shape != op.attrs.tile_shape:
         return f"tile {tile} does not match the window {op.attrs.tile_shape}"
     return None
@@ -292,6 +392,70 @@ def _load(op) -> str | None:
 
 def _store(op) -> str | None:
     return _access(op, op.operands[2:], op.operands[1].type)
+
+
+def _starts_ok(tensor, starts: list, shape: tuple) -> str | None:
+    if len(starts) != tensor.rank or len(shape) != tensor.rank:
+        return f"{len(starts)} start indices for a rank-{tensor.rank} tensor"
+    if any(not isinstance(s.type, ScalarType) or not s.dtype.is_integer for s in starts):
+        return "start indices must be integer scalars"
+    return None
+
+
+def _value_matches(v, tensor: TensorType, tile_shape: tuple, what: str) -> str | None:
+    want = TileType(tile_shape, tensor.dtype) if tile_shape else ScalarType(tensor.dtype)
+    got = v.type
+    if isinstance(got, TileType):
+        got = TileType(got.shape, got.dtype)  # scope and layout do not matter here
+    if got != want:
+        return f"{what} {v.type} does not match the window ({want})"
+    return None
+
+
+def _index_ok(index, tile_shape: tuple) -> str | None:
+    if not isinstance(index.type, TileType) or index.type.shape != tile_shape or not index.dtype.is_integer:
+        return f"the index operand must be an integer tile of shape {tile_shape}, got {index.type}"
+    return None
+
+
+def _gather(op) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType):
+        return "first operand is not a tensor"
+    return (_starts_ok(tensor, op.operands[2:], op.attrs.shape) or _index_ok(op.operands[1], op.attrs.tile_shape)
+            or _value_matches(op.result, tensor, op.attrs.tile_shape, "result"))
+
+
+def _scatter(op) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType):
+        return "first operand is not a tensor"
+    return (_starts_ok(tensor, op.operands[3:], op.attrs.shape) or _index_ok(op.operands[2], op.attrs.tile_shape)
+            or _value_matches(op.operands[1], tensor, op.attrs.tile_shape, "value"))
+
+
+def _atomic(op) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType):
+        return "first operand is not a tensor"
+    a = op.attrs
+    problem = _starts_ok(tensor, op.operands[a.first_start:], a.shape)
+    for i in range(1, a.first_start):
+        if problem is None:
+            problem = (_index_ok(op.operands[i], a.tile_shape) if i == a.index_operand
+                       else _value_matches(op.operands[i], tensor, a.tile_shape, "value"))
+    return problem or _value_matches(op.result, tensor, a.tile_shape, "result")
+
+
+def _bounded(op) -> str | None:
+    tensor = op.operands[0].type
+    if not isinstance(tensor, TensorType) or op.result.type != tensor:
+        return "a bounded view is a tensor of its operand's type"
+    extents = op.operands[1:]
+    if len(extents) != tensor.rank or any(not isinstance(e.type, ScalarType) or not e.dtype.is_integer
+                                          for e in extents):
+        return f"a bounded view of a rank-{tensor.rank} tensor takes {tensor.rank} integer extents"
+    return None
 
 
 def _for(op) -> str | None:
@@ -356,6 +520,7 @@ class OpKind(enum.Enum):
     COMPARE = OpDecl("cmp", Family.ARITH, CompareAttrs, PURE | ELEMWISE, _elementwise)
     SELECT = OpDecl("select", Family.ARITH, NoAttrs, PURE | ELEMWISE, _elementwise)
     CAST = OpDecl("cast", Family.ARITH, CastAttrs, PURE | ELEMWISE, _unary)
+    FMA = OpDecl("fma", Family.ARITH, NoAttrs, PURE | ELEMWISE, _ternary)  # a * b + c, rounded once
     # tile creation and shape
     SPLAT = OpDecl("splat", Family.TILE, ShapeAttrs, PURE | ANY_LAYOUT, no_rule)
     ARANGE = OpDecl("arange", Family.TILE, ArangeAttrs, PURE | ANY_LAYOUT, no_rule)
@@ -365,11 +530,17 @@ class OpKind(enum.Enum):
     CONVERT_LAYOUT = OpDecl("convert_layout", Family.TILE, NoAttrs, PURE | ANY_LAYOUT | LOWERED, _unary)
     # reductions
     REDUCE = OpDecl("reduce", Family.REDUCE, ReduceAttrs, PURE, no_rule)
+    SCAN = OpDecl("cumsum", Family.REDUCE, AxisAttrs, PURE, _scan)  # inclusive prefix sum along axis
     # compute
     GEMM = OpDecl("gemm", Family.COMPUTE, GemmAttrs, PURE, _gemm)
     # memory
     LOAD = OpDecl("load", Family.MEMORY, AccessAttrs, READS, _load)
     STORE = OpDecl("store", Family.MEMORY, AccessAttrs, WRITES, _store)
+    GATHER = OpDecl("gather", Family.MEMORY, IndexedAttrs, READS, _gather)      # X[idx, 0:D]
+    SCATTER = OpDecl("scatter", Family.MEMORY, IndexedAttrs, WRITES, _scatter)  # X[idx, 0:D] = v
+    ATOMIC = OpDecl("atomic", Family.MEMORY, AtomicAttrs, READS | WRITES, _atomic)
+    # T.bounded(C, (M, N)): the same tensor with its extents cut to min(extent, bound) (>= 0); no memory access
+    BOUNDED = OpDecl("bounded", Family.MEMORY, NoAttrs, PURE, _bounded)
     # control flow
     FOR = OpDecl("for", Family.CONTROL, ForAttrs, REGIONS, _for)
     IF = OpDecl("if", Family.CONTROL, NoAttrs, REGIONS, _if)

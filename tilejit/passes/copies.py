@@ -8,14 +8,17 @@ from dataclasses import replace
 
 from ..target import CopyQuery
 from ..target import REGISTRY, Target
-from ..ir import Function, OpKind, Scope
+from ..ir import Block, Function, OpKind, Scope
 
 
 def select_copies(fn: Function, target: Target) -> None:
     specs = fn.attrs.get("tensor_specs", {})
     for op in fn.walk():
-        if op.kind is not OpKind.LOAD or op.result.type.scope is not Scope.SHARED:
+        if op.kind is not OpKind.LOAD or not op.result.is_tile or op.result.type.scope is not Scope.SHARED:
             continue
-        query = CopyQuery(op, specs.get(op.operands[0].name), bool(op.attrs.pipeline))
+        tensor = op.operands[0]
+        # A view (T.bounded) has no specialization of its own the host-encoded TMA descriptor could follow
+        spec = specs.get(tensor.name) if tensor.owner is None or isinstance(tensor.owner, Block) else None
+        query = CopyQuery(op, spec, bool(op.attrs.pipeline))
         impl = REGISTRY.select("copy", query, target, op.loc)
         op.attrs = replace(op.attrs, copy=impl.name)

@@ -206,7 +206,7 @@ def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
 
 
 def _load_seed(inf: _Inference, op: Op) -> None:
-    if op.result.type.scope is Scope.REGISTER:
+    if op.result.is_tile and op.result.type.scope is Scope.REGISTER:
         inf.set(op.result, default_layout(op.result.type.shape, inf.target.threads, load_vector_width(inf.fn, op)))
 
 
@@ -287,12 +287,63 @@ def _yield_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> R
     return inf.get(_loop_targets(parent)[index]) if parent is not None else None
 
 
-layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST,
+def unique_layout(layout: RegisterLayout, threads: int) -> RegisterLayout:
+    """``layout`` when every element sits in exactly one (thread, register), else a blocked layout of its shape:
+    an atomic must update each element once, and a reduction's result (``SliceLayout``) repeats its elements
+    over the threads that reduced them."""
+    base = layout
+    while isinstance(base, PermutedLayout):
+        base = base.base
+    if isinstance(base, (BlockedLayout, MmaLayout, WgmmaLayout)):
+        return layout
+    return default_layout(tuple(layout.shape), threads)
+
+
+def _gather_seed(inf: _Inference, op: Op) -> None:
+    inf.set(op.result, default_layout(op.result.type.shape, inf.target.threads))
+
+
+def _gather_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    index = op.operands[1]
+    return inf.set(index, inf.get(op.result)) if inf.get(op.result) is not None and _is_flexible(index, inf) else False
+
+
+def _scatter_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> RegisterLayout | None:
+    return inf.get(op.operands[1]) if index == 2 else None  # the index tile in the value's layout
+
+
+def _atomic_forward(inf: _Inference, op: Op) -> bool:
+    value = inf.get(op.operands[1]) if op.result.is_tile else None
+    return inf.set(op.result, unique_layout(value, inf.target.threads)) if value is not None else False
+
+
+def _atomic_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    changed = False
+    if op.result.is_tile and inf.get(op.result) is not None:
+        for v in op.operands[1:op.attrs.first_start]:
+            if _is_flexible(v, inf):
+                changed |= inf.set(v, inf.get(op.result))
+    return changed
+
+
+def _atomic_required(inf: _Inference, op: Op, index: int, parent: Op | None) -> RegisterLayout | None:
+    # value, compared value and index tile all in the result's (one owner per element) layout
+    return inf.get(op.result) if op.result.is_tile and 1 <= index < op.attrs.first_start else None
+
+
+layout_rule(OpKind.GATHER, seed=_gather_seed, backward=_gather_backward,
+            required=lambda inf, op, index, parent: inf.get(op.result) if index == 1 else None)
+layout_rule(OpKind.SCATTER, required=_scatter_required)
+layout_rule(OpKind.ATOMIC, forward=_atomic_forward, backward=_atomic_backward, required=_atomic_required)
+layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST, OpKind.FMA,
             forward=_elementwise_forward, backward=_elementwise_backward, required=_elementwise_required)
 layout_rule(OpKind.GEMM, seed=_gemm_seed, backward=_gemm_backward,
             required=lambda inf, op, index, parent: inf.get(op.result) if index == 2 else None)
 layout_rule(OpKind.LOAD, seed=_load_seed)
 layout_rule(OpKind.REDUCE, forward=_reduce_forward)
+# a scan goes through shared memory (lower_reduce): its result is read back in its operand's layout
+layout_rule(OpKind.SCAN, forward=lambda inf, op: inf.set(op.result, inf.get(op.operands[0]))
+            if inf.get(op.operands[0]) is not None else False)
 layout_rule(OpKind.EXPAND_DIMS, forward=_expand_forward)
 layout_rule(OpKind.TRANSPOSE, forward=_transpose_forward)
 layout_rule(OpKind.BROADCAST, backward=_broadcast_backward)
@@ -302,7 +353,7 @@ layout_rule(OpKind.YIELD, backward=_yield_backward, required=_yield_required)
 # Scalars, values built in whatever layout their users take (splat, arange, conversions), stores (which take
 # any layout) and while loops (scalars only) have nothing to add.
 layout_rule(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
-            OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE)
+            OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE, OpKind.BOUNDED)
 
 
 def infer_layouts(fn: Function, target: Target) -> None:

@@ -46,7 +46,7 @@ def pipeline_loops(fn: Function, target: Target) -> None:
         ok = _prefetchable_values(body)
         piped = 0
         for op in body.ops:
-            if op.kind is not OpKind.LOAD or op.result.type.scope is not Scope.SHARED:
+            if op.kind is not OpKind.LOAD or not op.result.is_tile or op.result.type.scope is not Scope.SHARED:
                 continue
             if all(v.id in ok or v.id not in inside for v in op.operands[1:]):
                 op.attrs = replace(op.attrs, pipeline=stages)

@@ -1,0 +1,80 @@
+"""``@tilejit.heuristics({...})``: constexprs computed from the launch arguments, as Triton's ``triton.heuristics``.
+
+    @tilejit.autotune(configs=[tilejit.Config({"BK": 32}), tilejit.Config({"BK": 64})], key=["K"])
+    @tilejit.heuristics({"EVEN_K": lambda args: args["K"] % args["BK"] == 0})
+    @tilejit.kernel
+    def matmul(A, B, C, K, BK: T.constexpr, EVEN_K: T.constexpr): ...
+
+Each function receives a dict of every argument by name (positional, keyword, launch options such as
+``num_warps``, and the config values an autotuner above passes) plus the values computed by the heuristics
+listed before it, and returns the value of its (constexpr) parameter. The wrapper sits between
+``@tilejit.autotune`` and ``@tilejit.kernel`` (or on a kernel alone); passing a computed parameter at the launch
+is an error.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+
+def heuristics(values: Mapping[str, Callable[[dict[str, Any]], Any]]) -> Callable[[Any], "Heuristics"]:
+    """Decorator: ``@tilejit.heuristics({"NAME": lambda args: ...})`` above ``@tilejit.kernel``."""
+    if not isinstance(values, Mapping) or not all(callable(f) for f in values.values()):
+        raise TypeError("tilejit.heuristics takes a dict of parameter name -> function(args) -> value")
+
+    def decorator(kernel: Any) -> Heuristics:
+        return Heuristics(kernel, dict(values))
+
+    return decorator
+
+
+class Heuristics:
+    """Wraps a kernel (or another wrapper); fills the computed parameters, then launches or compiles it."""
+
+    def __init__(self, kernel: Any, values: dict[str, Callable[[dict[str, Any]], Any]]) -> None:
+        self.kernel = kernel
+        self.fn = kernel.fn
+        self.__name__ = kernel.__name__
+        self.arg_names = list(kernel.arg_names)
+        unknown = [n for n in values if n not in self.arg_names]
+        if unknown:
+            raise ValueError(f"heuristics of {self.__name__!r} name {unknown}, which are not parameters "
+                             f"({', '.join(self.arg_names)})")
+        self.values = values
+
+    def fill(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with every computed parameter added."""
+        given = [n for n in self.values if n in kwargs or n in self.arg_names[:len(args)]]
+        if given:
+            raise TypeError(f"{self.__name__}: {', '.join(given)} are computed by tilejit.heuristics; do not pass "
+                            "them")
+        named = {**dict(zip(self.arg_names, args)), **kwargs}
+        out = dict(kwargs)
+        for name, fn in self.values.items():
+            out[name] = named[name] = fn(named)
+        return out
+
+    # -- the kernel interface, so decorators compose -------------------------------------------------------------
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.kernel[grid](*args, **self.fill(args, kwargs))
+
+        return launch
+
+    def compile(self, *args: Any, arch: str | None = None, stop_after: str | None = None, **kwargs: Any) -> Any:
+        return self.kernel.compile(*args, arch=arch, stop_after=stop_after, **self.fill(args, kwargs))
+
+    def ir(self, *args: Any, **kwargs: Any) -> str:
+        return self.kernel.ir(*args, **self.fill(args, kwargs))
+
+    def source_hash(self) -> str:
+        return self.kernel.source_hash()
+
+    def __getattr__(self, name: str) -> Any:
+        kernel = self.__dict__.get("kernel")
+        if kernel is None:
+            raise AttributeError(name)
+        return getattr(kernel, name)
+
+    def __repr__(self) -> str:
+        return f"<tilejit.heuristics of {self.__name__}: {', '.join(self.values)}>"
