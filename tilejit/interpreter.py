@@ -583,7 +583,8 @@ def _atomic_update(kind: AtomicOp, old: torch.Tensor, val: torch.Tensor, cmp: to
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Bitwise equality, as atom.cas compares (NaN equals NaN of the same bits; -0.0 differs from 0.0)."""
     if a.is_floating_point():
-        view = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
+        view = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+                torch.bfloat16: torch.int16}[a.dtype]
         return a.contiguous().view(view) == b.contiguous().view(view)
     return a == b
 

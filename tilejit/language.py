@@ -543,7 +543,9 @@ _ATOMIC_COMMON = """
     tile ``H[idx]`` / ``C[idx, 0:D]`` (one dim at most). ``val`` is a tile that broadcasts to the window's shape,
     or a scalar; it is cast to the tensor's dtype as a store would.
 
-    Tensor dtypes: float32, float64, int32, int64 (bool, 8/16-bit ints and floats, fp8 are errors).
+    Tensor dtypes: float32, float64, int32, int64, float16 and bfloat16 (per element: add is ``atom.add.noftz``,
+    from sm_70 for f16 and sm_90 for bf16, else a compare-and-swap loop on the 16 bits, as are f16/bf16 max, min
+    and xchg); bool, 8/16-bit ints and fp8 are errors. Packed f16x2/bf16x2 atomics are not used.
     Out-of-bounds elements (or out-of-range indices) are skipped: nothing is written and their old value reads 0.
     Duplicate indices in an index tile are applied one after the other, as separate atomics.
 

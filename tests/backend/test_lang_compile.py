@@ -31,7 +31,7 @@ for _fn in ("log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma"):
     for _dt in (f32, torch.float16, torch.bfloat16, torch.float64):
         CASES[f"math_{_fn}_{str(_dt)[6:]}"] = (lk.math_fns, lambda _dt=_dt: (m(33, 40, dtype=_dt),) * 4,
                                                dict(FN=_fn, BM=32, BN=32))
-for _dt in (f32, torch.float64, i32, i64):
+for _dt in (f32, torch.float64, i32, i64, torch.float16, torch.bfloat16):
     for _op in ("add", "max", "min"):
         for _sem in ("relaxed", "acq_rel"):
             CASES[f"atomic_rows_{_op}_{str(_dt)[6:]}_{_sem}"] = (
@@ -40,6 +40,9 @@ for _dt in (f32, torch.float64, i32, i64):
 CASES.update({
     "atomic_xchg_old_i64": (lk.atomic_xchg_old, lambda: (m(8, dtype=i64), m(4, 8, dtype=i64)), dict(BN=8)),
     "atomic_xchg_old_f32": (lk.atomic_xchg_old, lambda: (m(8), m(4, 8)), dict(BN=8)),
+    "atomic_xchg_old_bf16": (lk.atomic_xchg_old, lambda: (m(8, dtype=torch.bfloat16), m(4, 8, dtype=torch.bfloat16)),
+                             dict(BN=8)),
+    "atomic_cas_f16": (lk.atomic_cas_scoped, lambda: (m(8, dtype=torch.float16),) * 3, dict(BN=8, SCOPE="gpu")),
     "atomic_2d_old": (lk.atomic_2d_old, lambda: (m(13, 21), m(13, 21), m(3, 3, 32, 64)), dict(BM=32, BN=64)),
     "spin_lock_counter": (lk.spin_lock_counter, lambda: (m(1, dtype=i32), m(1, dtype=i32), m(6, dtype=i32)), {}),
     "atomic_cas_cta_i32": (lk.atomic_cas_scoped, lambda: (m(8, dtype=i32), m(8, dtype=i32), m(8, dtype=i32)),

@@ -426,6 +426,34 @@ def X2():
     return (meta(64, 64),)
 
 
+# -- issue 16 constructs: atomics, index tiles, math, bounded views ------------------------------------------------
+
+@tilejit.kernel
+def k_atomic_on_bool(X, BN: T.constexpr):
+    T.atomic_add(X[0:BN], True)  # ERR
+
+
+@tilejit.kernel
+def k_atomic_bad_sem(X, BN: T.constexpr):
+    T.atomic_max(X[0:BN], 1.0, sem="seq_cst")  # ERR
+
+
+@tilejit.kernel
+def k_float_index_tile(X, BN: T.constexpr):
+    X[0:BN] = X[X[0:BN]]  # ERR
+
+
+@tilejit.kernel
+def k_cumsum_bad_axis(X, BN: T.constexpr):
+    X[0:BN] = T.cumsum(X[0:BN], 2)  # ERR
+
+
+@tilejit.kernel
+def k_bounded_wrong_rank(X, BN: T.constexpr):
+    Xv = T.bounded(X, (4, 4))  # ERR
+    X[0:BN] = Xv[0:BN]
+
+
 @tilejit.kernel
 def k_to_with_extra_keyword(X, BN: T.constexpr):
     x = X[0:BN]
@@ -522,6 +550,15 @@ CASES = [
     Case(k_try_in_helper, X1, dict(BN=16), UnsupportedSyntaxError, "a 'try' statement is not supported", "try:",
          marked=helper_with_try.fn),
     Case(k_matmul_1d, X1, dict(BN=16), TypeCheckError, "matrix product operand a must be a 2-D tile", "x @ x"),
+    Case(k_atomic_on_bool, lambda: (meta(64, dtype=torch.bool),), dict(BN=16), TypeCheckError,
+         "T.atomic_add on a bool tensor is not supported", "T.atomic_add"),
+    Case(k_atomic_bad_sem, X1, dict(BN=16), TypeCheckError,
+         "sem must be one of 'relaxed', 'acquire', 'release', 'acq_rel', got 'seq_cst'", '"seq_cst"'),
+    Case(k_float_index_tile, X1, dict(BN=16), TypeCheckError, "an index tile must be a 1-D integer tile", "X[0:BN]]"),
+    Case(k_cumsum_bad_axis, X1, dict(BN=16), TypeCheckError, "axis must be a constant int in [-1, 1), got 2",
+         "T.cumsum"),
+    Case(k_bounded_wrong_rank, X1, dict(BN=16), TypeCheckError, "T.bounded of the rank-1 tensor 'X' needs 1 extent, got 2",
+         "T.bounded"),
 ]
 
 

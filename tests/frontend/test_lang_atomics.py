@@ -20,7 +20,8 @@ def interpret(monkeypatch):
     monkeypatch.setenv("TILEJIT_INTERPRET", "1")
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16])
 @pytest.mark.parametrize("op", ["add", "max", "min"])
 def test_atomic_rows_interpreter(interpret, op, dtype):
     P, N = 7, 13

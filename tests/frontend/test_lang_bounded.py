@@ -128,3 +128,30 @@ def test_bounded_misuse_is_located(kernel, args, phrase):
     lines, first = inspect.getsourcelines(kernel.fn)
     (lineno, _), = [(first + i, l) for i, l in enumerate(lines) if "# ERR" in l]
     assert err.lineno == lineno and phrase in err.message, str(err)
+
+
+@tilejit.kernel
+def k_view_in_loop(A, B, C, Rows, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        Av = T.bounded(A, (Rows[0], K))
+        acc += Av[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN]
+    C[0:BM, 0:BN] = acc
+
+
+def test_a_view_made_inside_a_pipelined_loop_is_not_prefetched(interpret):
+    args = (meta(64, 256, dtype=torch.float16), meta(256, 64, dtype=torch.float16), meta(64, 64),
+            meta(1, dtype=torch.int32))
+    for arch in ("sm_80", "sm_90a"):
+        final = k_view_in_loop.compile(*args, BM=64, BN=64, BK=32, arch=arch, stop_after="passes").final_ir
+        filecheck(final, r"""
+            CHECK: tj.load %A_1[{{[^]]*}}] {shape = [64, 32], copy = cp_async}
+            CHECK: tj.load %B[{{[^]]*}}] {shape = [32, 64], pipeline = 3
+        """)
+    a, b = torch.randn(64, 256, dtype=torch.float16), torch.randn(256, 64, dtype=torch.float16)
+    c = torch.zeros(64, 64)
+    k_view_in_loop[(1,)](a, b, c, torch.tensor([40], dtype=torch.int32), BM=64, BN=64, BK=32)
+    ref = a.double().clone()
+    ref[40:] = 0
+    torch.testing.assert_close(c.double(), ref @ b.double(), rtol=1e-4, atol=1e-3)

@@ -75,11 +75,34 @@ def test_atomic_contention_floats(op, dtype):
     assert count.item() == P
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+def test_atomic_contention_16bit_floats(op, dtype):
+    """f16/bf16 atomics (add: atom.add.noftz, or a CAS loop where the hardware has none; max/min: a CAS loop).
+    Adds of small integers are exact (bf16 holds every integer up to 256)."""
+    P, N = 200, 77
+    if op == "add":
+        v = torch.randint(-1, 2, (P, N), device="cuda").to(dtype)
+        c0 = torch.zeros(N, device="cuda", dtype=dtype)
+    else:
+        v = torch.randn(P, N, device="cuda").to(dtype)
+        c0 = torch.randn(N, device="cuda").to(dtype)
+    c = c0.clone()
+    count = torch.zeros(1, device="cuda", dtype=torch.int32)
+    lk.atomic_rows[(P,)](v, c, count, OP=op, BN=128, SEM="acq_rel")
+    if op == "add":
+        expected = (c0.double() + v.double().sum(0)).to(dtype)
+    else:
+        expected = torch.maximum(c0, v.amax(0)) if op == "max" else torch.minimum(c0, v.amin(0))
+    assert torch.equal(c, expected)
+    assert count.item() == P
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16])
 def test_atomic_xchg_old_values_gpu(dtype):
     """Per column, the old values the programs took out plus the final value are the initial value and each
     program id exactly once; out-of-bounds columns read 0."""
-    P, N, BN = 512, 50, 64
+    P, N, BN = (256 if dtype == torch.bfloat16 else 512), 50, 64  # bf16 holds the integers up to 256 exactly
     c = torch.full((N,), -1, device="cuda", dtype=dtype)
     old = torch.full((P, BN), 99, device="cuda", dtype=dtype)
     lk.atomic_xchg_old[(P,)](c, old, BN=BN)
@@ -132,7 +155,7 @@ def test_histogram_gpu():
 
 
 @pytest.mark.parametrize("scope", ["cta", "gpu", "sys"])
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64, torch.float16])
 def test_atomic_cas_gpu(scope, dtype):
     c0 = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], device="cuda").to(dtype)
     cmp = torch.tensor([1, 0, 3, 0, 5, 0, 0, 8], device="cuda").to(dtype)

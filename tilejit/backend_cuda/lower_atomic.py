@@ -6,7 +6,8 @@ not read (0), not written, and takes no atomic (old value 0).
 
 Atomics (PTX ISA 9.7.13.5 ``atom``, 9.7.13.6 ``red``): ``atom.<sem>.<scope>.global.<op>.<type>``; with the
 result unused and a ``relaxed``/``release`` sem, ``red`` (no return value). Integer add/max/min, f32/f64 add,
-exchange and compare-and-swap are single instructions; float max/min are a compare-and-swap loop. The layout
+exchange and compare-and-swap are single instructions; float max/min are a compare-and-swap loop; f16/bf16
+use ``atom.add.noftz`` where the arch has it and a 16-bit compare-and-swap loop otherwise. The layout
 pass gives an atomic's operands a layout in which every element has one owner (``unique_layout``), so each
 element is updated once; a tile atomic's ``sem`` orders each thread's own accesses. A single-element atomic
 is issued by thread 0; with a non-relaxed ``sem`` (or a used result) the program synchronizes before and after
@@ -96,10 +97,56 @@ def _scatter(em: Emitter, op: Op) -> None:
 
 # -- atomics ----------------------------------------------------------------------------------------
 
+_HALF = {D.float16: ("f16", 700), D.bfloat16: ("bf16", 900)}  # atom.add.noftz.<type>, from sm_<n>
+
+
+def _atomic16(name: str, kind: AtomicOp, dtype: DType, sem: str, scope: str, use_red: bool) -> str:
+    """f16/bf16 atomics: ``atom.add.noftz.{f16,bf16}`` (bf16 from sm_90) for add; a compare-and-swap loop on the
+    16 bits (``atom.cas.b16``, sm_70+) for the rest, computing in float32 and rounding once, like the
+    elementwise ops."""
+    ctype = c_type(dtype)
+    qual = f"{sem}.{scope}"
+    load_sem = "acquire" if sem in ("acquire", "acq_rel") else "relaxed"
+    ptx_type, min_arch = _HALF[dtype]
+    if kind is AtomicOp.CAS:
+        return (f"TJ_DEVICE {ctype} {name}({ctype}* p, {ctype} cmp, {ctype} v) {{\n  {ctype} old;\n"
+                f"  asm volatile(\"atom.{qual}.global.cas.b16 %0, [%1], %2, %3;\" : \"=h\"(old.bits) "
+                f": \"l\"(p), \"h\"(cmp.bits), \"h\"(v.bits) : \"memory\");\n  return old;\n}}\n")
+    update = {AtomicOp.ADD: "tj_to_f32(cur) + tj_to_f32(v)", AtomicOp.MAX: "tj_max(tj_to_f32(cur), tj_to_f32(v))",
+              AtomicOp.MIN: "tj_min(tj_to_f32(cur), tj_to_f32(v))"}
+    next_bits = "v.bits" if kind is AtomicOp.XCHG else f"tj_from_f32<{ctype}>({update[kind]}).bits"
+    loop = (f"  unsigned short old;\n"
+            f"  asm volatile(\"ld.{load_sem}.{scope}.global.b16 %0, [%1];\" : \"=h\"(old) : \"l\"(p) : \"memory\");\n"
+            f"  while (true) {{\n"
+            f"    const {ctype} cur{{old}};\n"
+            f"    const unsigned short next = {next_bits};\n"
+            f"    if (next == old{' && false' if kind is AtomicOp.XCHG else ''}) return cur;  // nothing to write\n"
+            f"    unsigned short prev;\n"
+            f"    asm volatile(\"atom.{qual}.global.cas.b16 %0, [%1], %2, %3;\" : \"=h\"(prev) : \"l\"(p), "
+            f"\"h\"(old), \"h\"(next) : \"memory\");\n"
+            f"    if (prev == old) return cur;\n"
+            f"    old = prev;\n  }}\n")
+    if kind is not AtomicOp.ADD:
+        return f"TJ_DEVICE {ctype} {name}({ctype}* p, {ctype} v) {{\n{loop}}}\n"
+    if use_red:
+        native = (f"  asm volatile(\"red.{qual}.global.add.noftz.{ptx_type} [%0], %1;\" :: \"l\"(p), \"h\"(v.bits) "
+                  f": \"memory\");\n")
+        fallback = loop.replace("return cur;", "return;")
+        return (f"TJ_DEVICE void {name}({ctype}* p, {ctype} v) {{\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {min_arch}\n"
+                f"{native}#else\n{fallback}#endif\n}}\n")
+    native = (f"  {ctype} old;\n  asm volatile(\"atom.{qual}.global.add.noftz.{ptx_type} %0, [%1], %2;\" : \"=h\"(old.bits) "
+              f": \"l\"(p), \"h\"(v.bits) : \"memory\");\n  return old;\n")
+    return (f"TJ_DEVICE {ctype} {name}({ctype}* p, {ctype} v) {{\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {min_arch}\n"
+            f"{native}#else\n{loop}#endif\n}}\n")
+
+
 def atomic_function(em: Emitter, kind: AtomicOp, dtype: DType, sem: str, scope: str, returns: bool) -> str:
     """The name of a device function ``T f(T* p, T v[, T cmp])`` doing one atomic (added to the support once)."""
     use_red = not returns and sem in ("relaxed", "release") and kind is AtomicOp.ADD
     name = f"tj_{'red' if use_red else 'atom'}_{kind.value}_{dtype.name}_{sem}_{scope}"
+    if dtype in _HALF:
+        em.require_support(name, _atomic16(name, kind, dtype, sem, scope, use_red))
+        return name
     ctype, con, bits = c_type(dtype), _CONSTRAINT[dtype], dtype.bits
     qual = f"{sem}.{scope}"
     if kind is AtomicOp.ADD and use_red:

@@ -191,8 +191,8 @@ def builtin_bounded(gen, node, tensor, extents):
     extents = extents if isinstance(extents, tuple) else (extents,)
     rank = len(tensor.shape)
     if len(extents) != rank:
-        raise gen.error(node, f"T.bounded of the rank-{rank} tensor '{tensor.name}' needs {rank} extents, got "
-                              f"{len(extents)}", "pass one extent per dim, e.g. T.bounded(C, (M, N))")
+        raise gen.error(node, f"T.bounded of the rank-{rank} tensor '{tensor.name}' needs {rank} "
+                              f"extent{'s' if rank != 1 else ''}, got {len(extents)}", "pass one extent per dim, e.g. T.bounded(C, (M, N))")
     values = []
     for e in extents:
         if isinstance(e, bool) or not (isinstance(e, int) or isinstance(e, Value) and e.is_scalar

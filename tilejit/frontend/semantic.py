@@ -513,7 +513,7 @@ class Semantic:
         dtype = tensor.dtype
         if dtype not in ATOMIC_DTYPES:
             raise SemanticError(f"{name} on a {dtype.name} tensor is not supported",
-                                "atomics work on float32, float64, int32 and int64 tensors")
+                                "atomics work on float32, float64, float16, bfloat16, int32 and int64 tensors")
         attrs = AtomicAttrs(op, sem, scope, shape, dropped, axis)
         tile_shape = attrs.tile_shape
         operands = [tensor, self._window_value(value, tensor, tile_shape, f"the value of {name}")]
@@ -525,7 +525,7 @@ class Semantic:
         return self.b.create1(OpKind.ATOMIC, [*operands, *starts], result, attrs)
 
 
-ATOMIC_DTYPES = (D.float32, D.float64, D.int32, D.int64)
+ATOMIC_DTYPES = (D.float32, D.float64, D.int32, D.int64, D.float16, D.bfloat16)
 
 
 def _tile_position(axis: int, dropped: tuple[int, ...]) -> int:

@@ -48,7 +48,8 @@ def pipeline_loops(fn: Function, target: Target) -> None:
         for op in body.ops:
             if op.kind is not OpKind.LOAD or not op.result.is_tile or op.result.type.scope is not Scope.SHARED:
                 continue
-            if all(v.id in ok or v.id not in inside for v in op.operands[1:]):
+            # the tensor too: a view (T.bounded) made inside the body cannot be read ahead of it
+            if all(v.id in ok or v.id not in inside for v in op.operands):
                 op.attrs = replace(op.attrs, pipeline=stages)
                 t: TileType = op.result.type
                 layout: SharedLayout = t.layout
