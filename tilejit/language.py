@@ -471,31 +471,86 @@ def multiple_of(x, values):
     """Triton's ``tl.multiple_of(x, 16)``: a promise that integer ``x`` is a multiple of ``values`` (an int, or a
     tuple per dim of a tile). Accepted so Triton code ports unchanged, and returns ``x``; tilejit does not use it
     yet: it already specializes on each int argument's divisibility by 16 and checks alignment at run time (one
-    uniform test) before vectorizing a load or store. Example: ``k0 = T.multiple_of(k0, 64)``."""
+    uniform test) before vectorizing a load or store.
+
+    Args:
+        x: an integer scalar or tile.
+        values: the promised divisor (an int, or a tuple per dim).
+
+    Returns:
+        ``x`` unchanged.
+
+    Example::
+
+        k0 = T.multiple_of(k0, 64)
+    """
 
 
 @builtin
 def max_contiguous(x, values):
     """Triton's ``tl.max_contiguous(x, n)``: accepted and returns ``x`` (no effect in tilejit; see
-    :func:`multiple_of`)."""
+    :func:`multiple_of`).
+
+    Args:
+        x: an integer scalar or tile.
+        values: the promised number of contiguous values (an int, or a tuple per dim).
+
+    Returns:
+        ``x`` unchanged.
+
+    Example::
+
+        offs = T.max_contiguous(T.arange(0, BLOCK), BLOCK)
+    """
 
 
 @builtin
 def log2(x):
     """Base-2 logarithm, elementwise (``log2f``, 1 ulp). Integer inputs become float32; 16-bit floats compute in
-    float32 and round back. Example: ``bits = T.log2(x)``."""
+    float32 and round back.
+
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        bits = T.log2(x)
+    """
 
 
 @builtin
 def sin(x):
     """Sine, elementwise (``sinf``: accurate over the full range, 2 ulp; not the fast ``__sinf``). Integer inputs
-    become float32. Example: ``y = T.sin(theta)``."""
+    become float32.
+
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        y = T.sin(theta)
+    """
 
 
 @builtin
 def cos(x):
-    """Cosine, elementwise (``cosf``, 2 ulp). Integer inputs become float32. Example (rotary embedding)::
+    """Cosine, elementwise (``cosf``, 2 ulp). Integer inputs become float32.
 
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        # rotary embedding
         rot = x * T.cos(theta) + x_swapped * T.sin(theta)
     """
 
@@ -503,19 +558,50 @@ def cos(x):
 @builtin
 def tanh(x):
     """Hyperbolic tangent, elementwise (``tanhf``, 2 ulp; not ``tanh.approx``). Integer inputs become float32.
-    Example: ``gelu = 0.5 * x * (1 + T.tanh(0.79788456 * (x + 0.044715 * x * x * x)))``."""
+
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        gelu = 0.5 * x * (1 + T.tanh(0.79788456 * (x + 0.044715 * x * x * x)))
+    """
 
 
 @builtin
 def erf(x):
     """The error function, elementwise (``erff``, 2 ulp). Integer inputs become float32.
-    Example: ``gelu = 0.5 * x * (1 + T.erf(x * 0.70710678))``."""
+
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        gelu = 0.5 * x * (1 + T.erf(x * 0.70710678))
+    """
 
 
 @builtin
 def sigmoid(x):
     """``1 / (1 + exp(-x))``, elementwise (``expf``'s accuracy; saturates to 0 and 1 without NaN). Integer inputs
-    become float32. Example: ``silu = x * T.sigmoid(x)``."""
+    become float32.
+
+    Args:
+        x: a tile or a scalar; float16/bfloat16 compute in float32 and round back, integers become float32.
+
+    Returns:
+        a tile (or scalar) of x's shape, in x's float dtype.
+
+    Example::
+
+        silu = x * T.sigmoid(x)
+    """
 
 
 @builtin
@@ -523,7 +609,17 @@ def fma(a, b, c):
     """``a * b + c`` rounded once (``fmaf``/``fma``), elementwise, with the usual promotion and broadcasting;
     integer operands become float32; 16-bit floats compute in float32 and round back once.
     The interpreter computes float32 operands in float64 and rounds (exact but for rare double roundings).
-    Example: ``acc = T.fma(x, w[None, :], acc)``."""
+
+    Args:
+        a, b, c: tiles or scalars, broadcast together (promotion as for ``+`` and ``*``).
+
+    Returns:
+        ``a * b + c`` rounded once, in the promoted dtype.
+
+    Example::
+
+        acc = T.fma(x, w[None, :], acc)
+    """
 
 
 @builtin
@@ -562,8 +658,9 @@ _ATOMIC_COMMON = """
 def atomic_add(pointer, val, sem="acq_rel", scope="gpu"):
     """Atomically add ``val`` to every element of ``pointer``; returns the old values.
 
-    Example (split-K: every program adds its partial product into a float32 ``C``)::
+    Example::
 
+        # split-K: every program adds its partial product into a float32 C
         T.atomic_add(C[m0:m0 + BM, n0:n0 + BN], acc, sem="relaxed")
         T.atomic_add(Hist[bins], 1)          # a histogram: bins is an int32 tile
     """
@@ -606,8 +703,9 @@ atomic_min.__doc__ += _ATOMIC_COMMON
 def atomic_xchg(pointer, val, sem="acq_rel", scope="gpu"):
     """Atomically store ``val`` into every element of ``pointer``; returns the old values.
 
-    Example (release a lock)::
+    Example::
 
+        # release a lock
         T.atomic_xchg(Lock[0], 0, sem="release")
     """
 
@@ -620,8 +718,9 @@ def atomic_cas(pointer, cmp, val, sem="acq_rel", scope="gpu"):
     """Atomic compare-and-swap: where an element equals ``cmp`` (bitwise) it becomes ``val``; returns the old
     values (so ``old == cmp`` tells where the swap happened). ``cmp`` broadcasts like ``val``.
 
-    Example (take a spin lock)::
+    Example::
 
+        # take a spin lock
         while T.atomic_cas(Lock[0], 0, 1, sem="acquire") != 0:
             pass
     """
