@@ -83,8 +83,9 @@ _LOWP_CONFIGS = [
 @triton.jit
 def _matmul_lowp_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                         stride_cm, stride_cn, SCALED: tl.constexpr, INT: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # The matmul above for fp8 (row/column scales in the epilogue), int8 (int32 sums) and float32 (tf32 dots).
+    # EVEN_K loads without a mask: Triton cannot cast the masked loads' `other` to an fp8 type.
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -103,9 +104,16 @@ def _matmul_lowp_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am,
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
-        acc = tl.dot(a, b, acc)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
+        if INT:
+            acc += tl.dot(a, b, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if SCALED:
@@ -128,7 +136,7 @@ def matmul_lowp(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, sa: torch.Ten
     scaled = sa is not None
     _matmul_lowp_kernel[grid](a, b, c, sa if scaled else c, sb if scaled else c, m, n, k, a.stride(0), a.stride(1),
                               b.stride(0), b.stride(1), c.stride(0), c.stride(1), SCALED=scaled,
-                              INT=a.dtype == torch.int8)
+                              INT=a.dtype == torch.int8, EVEN_K=k % 128 == 0)
     return c
 
 
