@@ -345,14 +345,26 @@ def test_design_matmul_sm90a_takes_wgmma(compiled):
     # generic-proxy writes to shared memory (cp.async, or the mbarrier init of a TMA ring) are fenced
     # before the async proxy (wgmma, TMA) touches them
     assert "tj_fence_proxy_async();" in body
+    # the main loop keeps one iteration's wgmma groups in flight and hands ring slots back through "empty"
+    # mbarriers (one arrival per warp) instead of a block-wide barrier per k-step
     filecheck(body, r"""
+        CHECK: tj_mbar_init(tj_smem_u32 + [[FULL:[0-9]+]] + 8 * s, 1)
+        CHECK: tj_mbar_init(tj_smem_u32 + [[EMPTY:[0-9]+]] + 8 * s, 4)
         CHECK: for (int64_t
-        CHECK: __syncthreads();
-        CHECK: gemm 128x128x64 on wgmma.m64n128k16 (1 warpgroup(s), 2 slab(s) of 64 rows each)
+        CHECK-NEXT: tj_mbar_wait(tj_smem_u32 + [[FULL]] + 8 * (tj_it % 3), (tj_it / 3) & 1);
+        CHECK-NOT: __syncthreads
+        CHECK: gemm 128x128x64 on wgmma.m64n128k16 (1 warpgroup(s), 2 slab(s) of 64 rows each), left in flight
         CHECK: tj_wgmma_fence();
         CHECK: wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16
         CHECK: tj_wgmma_commit();
+        CHECK-NEXT: wgmma.wait_group.sync.aligned 1
+        CHECK-NOT: __syncthreads
+        CHECK: if ((tid & 31) == 0) tj_mbar_arrive(tj_smem_u32 + [[EMPTY]] + 8 * (tj_slot_next));
+        CHECK: if (tj_it > 0) tj_mbar_wait(tj_smem_u32 + [[EMPTY]] + 8 * (tj_slot_next), ((tj_it - 1) / 3) & 1);
+        CHECK: tj_mbar_expect_tx(tj_smem_u32 + [[FULL]] + 8 * (tj_slot_next)
         CHECK: wgmma.wait_group.sync.aligned 0
+        CHECK: __syncthreads();
+        CHECK: tj_mbar_inval
     """)
     # 4 k16 steps x 2 slabs of 64 rows
     assert body.count("wgmma.mma_async.sync.aligned.m64n128k16") == 8

@@ -173,6 +173,22 @@ def emits(*kinds: OpKind):
     return register
 
 
+@dataclass
+class AsyncMma:
+    """A pipelined loop whose ring tiles only asynchronous MMAs (wgmma) read (``lower_loops``).
+
+    The MMAs of iteration ``k`` stay in flight while iteration ``k + 1`` issues its own: after the last of
+    ``gemms`` commits its group, the lowering waits until only this iteration's groups are pending and calls
+    ``release``, which hands iteration ``k - 1``'s ring slot back to the producer. Each gemm accumulates into
+    its loop-carried variable in place (no register copies while a group is in flight).
+    """
+    gemms: list[Op]
+    release: Callable[[], None]
+
+    def owns(self, op: Op) -> bool:
+        return any(g is op for g in self.gemms)
+
+
 class Emitter:
     def __init__(self, fn: Function, target: Target, kernel_name: str) -> None:
         self.fn = fn
@@ -188,6 +204,7 @@ class Emitter:
         self.scratch_bytes = 0
         self.scratch_users: list[Callable[[int], None]] = []
         self.overlap_hook: Callable[[], None] | None = None
+        self.async_mma: AsyncMma | None = None  # set by a pipelined loop whose gemms stay in flight
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others
         self.functions: dict[tuple[str, str], str] = {}  # (parameters, body) -> name of a device_function

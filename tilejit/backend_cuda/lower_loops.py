@@ -4,12 +4,21 @@ Pipelined shared loads (marked by ``passes/pipeline.py``) are issued ``S - 1`` i
 ring of ``S`` shared buffers with cp.async; one commit group per iteration (empty groups included) keeps
 the group count aligned with the iteration count, so ``cp.async.wait_group S-2`` at the top of iteration
 ``k`` guarantees that iteration ``k``'s tiles have landed (PTX 9.7.9.25.3).
+
+TMA loads complete on a "full" mbarrier per ring slot. When the ring tiles are read by wgmma alone and
+those gemms accumulate into loop-carried values (a GEMM main loop), the gemms stay in flight across
+iterations (``wgmma.wait_group`` leaves this iteration's groups pending) and the slot of iteration
+``k - 1`` is handed back through an "empty" mbarrier (one arrival per warp, after its wait) instead of a
+block-wide barrier; thread 0 waits on it before refilling the slot with iteration ``k + S - 1``.
 """
 from __future__ import annotations
 
 from ..ir import Op, OpKind, Value
-from .emitter import RULES, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
+from .. import dtypes as D
+from ..ir import Family
+from .emitter import RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
 from . import lower_tma
+from .lower_wgmma import wait_group
 from .lower_memory import SharedCopy, issue_shared_load, stage_shared
 
 
@@ -27,6 +36,35 @@ def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, i
         return em.name(v)
     args = [_rematerialize(em, x, body_ops, iv_id, iv_expr) for x in op.operands]
     return f"({scalar_expr(em, op, args)})"
+
+
+def _async_wgmma_gemms(body, piped: list[Op], tma: list[Op], per_thread: list[Op]) -> list[Op]:
+    """The gemms of a TMA-pipelined body that may stay in flight across iterations, or [] when the body is
+    not a plain MMA main loop: every ring tile read only by wgmma gemms, each gemm accumulating into its own
+    loop-carried value (read nowhere else) and yielding the result to the same place, the rest scalar math."""
+    if not tma or per_thread:
+        return []
+    ring = {o.result.id for o in piped}
+    carried, yields = body.args[1:], body.terminator.operands
+    uses: dict[int, int] = {}
+    for o in body.ops:
+        for v in o.operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
+    gemms = []
+    for o in body.ops[:-1]:
+        if any(o is p for p in piped):
+            continue
+        if o.kind is OpKind.GEMM and (o.attrs.impl or "").startswith("wgmma"):
+            a, b, acc = o.operands
+            slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
+            if a.id in ring and b.id in ring and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
+                gemms.append(o)
+                continue
+            return []
+        scalar = all(v.is_scalar for v in (*o.operands, *o.results))
+        if o.regions or not scalar or o.kind.family not in (Family.SCALAR, Family.ARITH):
+            return []
+    return gemms
 
 
 @emits(OpKind.FOR)
@@ -54,27 +92,37 @@ def _for(em: Emitter, op: Op) -> None:
 
     tma = [o for o in piped if o.attrs.copy == "tma_bulk_tensor"]
     per_thread = [o for o in piped if o not in tma]
+    in_flight = _async_wgmma_gemms(body, piped, tma, per_thread) if stages >= 2 else []
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
     outer_hook, em.overlap_hook = em.overlap_hook, None
+    outer_async, em.async_mma = em.async_mma, None
     # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
     smem_mark = em.smem_top
     em.open("")
     if tma:
         em.require_support("tma", lower_tma.SUPPORT)
-        bars = em.allocate_shared(8 * stages, 8)
+        nbars = 2 * stages if in_flight else stages
+        bars = em.allocate_shared(8 * nbars, 8)
+        empty = f"tj_smem_u32 + {bars + 8 * stages}"
         tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
         maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
             o.operands[0].name, lower_tma.box_of(o, stage_shared(em, o.result).layout), o.result.dtype.itemsize))
             for o in tma}
         em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
         em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init(tj_smem_u32 + {bars} + 8 * s, 1); }}")
+        if in_flight:
+            warps = em.target.num_warps
+            em.line(f"// and one per slot that every warp arrives on once its MMAs have read the slot ({warps} arrivals)")
+            em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {warps}); }}")
         em.line("tj_fence_proxy_async();")
         em.line("__syncthreads();")
 
-    def issue_tma(at: str, slot: str, guard: str) -> None:
+    def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
         if not tma:
             return
         em.open(f"if (tid == 0 && ({guard}))")
+        if refill:  # the slot's previous iteration (k - 1) must have been released by every warp
+            em.line(f"if (tj_it > 0) tj_mbar_wait({empty} + 8 * ({slot}), ((tj_it - 1) / {stages}) & 1);")
         bar = f"tj_smem_u32 + {bars} + 8 * ({slot})"
         em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
         for o in tma:
@@ -108,7 +156,8 @@ def _for(em: Emitter, op: Op) -> None:
         if tma:
             em.line(f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                     "  // TMA tiles landed")
-        em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
+        if not in_flight:
+            em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
         em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
@@ -126,11 +175,22 @@ def _for(em: Emitter, op: Op) -> None:
                 copy.fast()
             em.line("tj_cp_async_commit();")
 
-        # The first gemm of the body emits the prefetch after its first fragment loads; without one,
-        # it goes first.
-        em.overlap_hook = prefetch
-        if not any(o.kind is OpKind.GEMM for o in body.ops):
-            em.take_overlap_hook()()
+        def release_and_refill() -> None:
+            em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration +{stages - 1}")
+            em.open("if (tj_it > 0)")
+            em.line("__syncwarp();")
+            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
+            em.close()
+            issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
+
+        if in_flight:
+            em.async_mma = AsyncMma(in_flight, release_and_refill)
+        else:
+            # The first gemm of the body emits the prefetch after its first fragment loads; without one,
+            # it goes first.
+            em.overlap_hook = prefetch
+            if not any(o.kind is OpKind.GEMM for o in body.ops):
+                em.take_overlap_hook()()
     for inner in body.ops[:-1]:
         RULES[inner.kind](em, inner)
     hook = em.take_overlap_hook()
@@ -140,11 +200,14 @@ def _for(em: Emitter, op: Op) -> None:
         copy.slow()
     _assign_yields(em, carried, body.terminator.operands)
     em.close()
+    em.async_mma = outer_async
+    for gemm in in_flight:  # the last iteration's groups
+        wait_group(em, 0, em.name(gemm.result), gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")
     if tma:
-        em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
+        em.line(f"if (tid == 0) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
                 "  // before the memory is reused")
     em.close()
     em.overlap_hook = outer_hook

@@ -30,6 +30,10 @@ TJ_DEVICE void tj_mbar_inval(unsigned bar) {
 TJ_DEVICE void tj_mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
+/// Arrive once (PTX 9.7.13.15.13, mbarrier.arrive; release semantics at CTA scope).
+TJ_DEVICE void tj_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
 /// Spin until the phase with parity PHASE of the barrier has completed (PTX 9.7.13.15.16).
 TJ_DEVICE void tj_mbar_wait(unsigned bar, unsigned phase) {
   unsigned done = 0;

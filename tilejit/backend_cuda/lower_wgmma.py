@@ -33,6 +33,15 @@ TJ_DEVICE void tj_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned
 """
 
 
+def wait_group(em: Emitter, pending: int, name: str, regs: int, integer: bool) -> None:
+    """``wgmma.wait_group pending``, with the accumulator registers ``name[0..regs)`` as in/out operands so that
+    the compiler reads none of them before the wait."""
+    con = "r" if integer else "f"
+    for start in range(0, regs, 64):
+        operands = ", ".join(f'"+{con}"({name}[{r}])' for r in range(start, min(start + 64, regs)))
+        em.line(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" : {operands} :: "memory");')
+
+
 def _b_k_major(op: Op) -> bool:
     return op.attrs.transpose_b
 
@@ -87,11 +96,17 @@ class Wgmma:
         con = "r" if integer else "f"
         sa, sb = em.shared[a.id], em.shared[b.id]
         em.require_support("wgmma", SUPPORT)
-        name = em.declare_tile(out)
+        ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
+        if ring is not None:  # accumulate into the loop-carried registers in place
+            name = em.name(acc)
+            em.alias(out, name)
+        else:
+            name = em.declare_tile(out)
         em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
-                       f"{layout.slabs} slab(s) of 64 rows each)")
-        src = em.name(acc)
-        em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
+                       f"{layout.slabs} slab(s) of 64 rows each)" + (", left in flight" if ring else ""))
+        if ring is None:
+            src = em.name(acc)
+            em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
         em.line("const int tj_wg = tid >> 7;")
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
@@ -120,14 +135,17 @@ class Wgmma:
                 em.line(f'    : {operands}')
                 em.line(f'    : "l"({a_desc}), "l"({b_desc}), "r"(1));')
         em.line("tj_wgmma_commit();")
+        if ring is not None:
+            if op is ring.gemms[-1]:
+                # this iteration's groups may stay pending; the previous iteration's are complete
+                wait_group(em, len(ring.gemms), name, layout.regs, integer)
+                ring.release()
+            em.close()
+            return
         hook = em.take_overlap_hook()
         if hook is not None:
             hook()  # e.g. the next tiles' cp.async, while the tensor cores work
-        # Wait for the group; the accumulator registers are operands so nothing reads them earlier.
-        for start in range(0, layout.regs, 64):
-            chunk = range(start, min(start + 64, layout.regs))
-            operands = ", ".join(f'"+{con}"({name}[{r}])' for r in chunk)
-            em.line(f'asm volatile("wgmma.wait_group.sync.aligned 0;" : {operands} :: "memory");')
+        wait_group(em, 0, name, layout.regs, integer)
         em.close()
 
     @staticmethod
