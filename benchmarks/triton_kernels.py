@@ -157,3 +157,58 @@ def tiny(x_ptr, y_ptr, z_ptr, w_ptr, n, m, BLOCK: tl.constexpr):
     y = tl.load(y_ptr + offs, mask=mask)
     z = tl.load(z_ptr + offs, mask=mask)
     tl.store(w_ptr + offs, x * y + z + (n - m), mask=mask)
+
+
+_ATTN_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+                 for bm, bn, w, s in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                                      (128, 32, 4, 4), (64, 32, 4, 4))]
+
+
+@triton.autotune(configs=_ATTN_CONFIGS, key=["S", "D", "CAUSAL"])
+@triton.jit
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, H, stride_b, stride_h, stride_s,
+                     D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One program per BLOCK_M query rows of one (batch, head): online softmax over BLOCK_N key/value blocks,
+    # in base 2 (qk_scale includes log2(e)); q/k/v/o share one contiguous (B, H, S, D) layout.
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = (bh // H) * stride_b + (bh % H) * stride_h
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D)
+    q = tl.load(q_ptr + base + rows[:, None] * stride_s + dims[None, :], mask=rows[:, None] < S, other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    end = tl.minimum((block + 1) * BLOCK_M, S) if CAUSAL else S
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kt = tl.load(k_ptr + base + cols[None, :] * stride_s + dims[:, None], mask=cols[None, :] < S, other=0.0)
+        s = tl.dot(q, kt) * qk_scale
+        keep = cols[None, :] < S
+        if CAUSAL:
+            keep = keep & (rows[:, None] >= cols[None, :])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + base + cols[:, None] * stride_s + dims[None, :], mask=cols[:, None] < S, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + base + rows[:, None] * stride_s + dims[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=rows[:, None] < S)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v for contiguous (B, H, S, D) tensors of one shape (no grouped heads)."""
+    batch, heads, seq, dim = q.shape
+    out = torch.empty_like(q) if out is None else out
+
+    def grid(meta):
+        return (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)
+
+    _attn_fwd_kernel[grid](q, k, v, out, dim ** -0.5 * 1.4426950408889634, seq, heads, q.stride(0), q.stride(1),
+                           q.stride(2), D=dim, CAUSAL=causal)
+    return out

@@ -63,8 +63,9 @@ def test_loop_joins_the_two_accumulator_layouts(bm, bn, warps):
     ir = stages.final_ir
     loop = next(line for line in ir.splitlines() if "tj.for" in line and "iter_args" in line)
     head, results = loop.split(") -> (")
-    # every carried value has one type on entry (iter_args) and on exit (results)
-    assert "tj.convert_layout" in ir
+    # every carried value has one type on entry (iter_args) and on exit (results): with BN != D the row
+    # statistics (slices of the BM x BN scores' layout) convert to scale the BM x D accumulator
+    assert ("tj.convert_layout" in ir) == (bn != 128)
 
 
 def test_a_tile_too_large_for_shared_memory_is_a_located_compile_error():
@@ -95,3 +96,39 @@ def test_a_ring_too_deep_for_shared_memory_is_made_shallower():
     deep = gk.matmul.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_90a",
                              stop_after="cuda")
     assert "stages=4" in deep.final_ir  # 227 KB on sm_90a: the ring the user asked for
+
+
+@pytest.mark.parametrize("bm, bn, warps", [(128, 64, 8), (64, 64, 4), (128, 128, 8)])
+def test_probabilities_feed_the_second_gemm_from_registers(bm, bn, warps):
+    """P = exp2(S - m).to(bf16) holds the first gemm's accumulator layout, which is the A fragment of wgmma:
+    the second gemm reads it from registers (no staging through shared memory, no C7519 fences)."""
+    stages = attention.attn_fwd.compile(*_args(128), GROUP=2, BM=bm, BN=bn, D=128, CAUSAL=True, VARLEN=False,
+                                        num_warps=warps, arch="sm_90a", stop_after="cuda")
+    gemms = [line for line in stages.final_ir.splitlines() if "tj.gemm" in line]
+    # causal: one loop for the blocks below the diagonal, one for the diagonal blocks; each has S = Q K^T then P V
+    assert [("wgmma_rs_m64nNk16" in g) for g in gemms] == [False, True] * (len(gemms) // 2) and gemms
+    # P is never staged: no value is converted into shared memory
+    assert not [line for line in stages.final_ir.splitlines() if "tj.convert_layout" in line and "shared" in line]
+    assert "A from registers" in stages.cuda and "unsigned tj_pa[" in stages.cuda
+    from tilejit.backend_cuda import nvrtc
+    log = nvrtc.compile_cuda(stages.cuda, name="k", arch="sm_90a", options=["--ptxas-options=-v"]).log
+    assert "C7519" not in log and "C7514" not in log, log
+
+
+def test_a_register_operand_in_another_layout_is_staged():
+    """A register A operand that is not in a wgmma accumulator layout (here: loaded and scaled element-wise,
+    a blocked layout) still goes through shared memory, and mma.sync archs never take the register lowering."""
+    @tilejit.kernel
+    def scaled_a(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, A.shape[1], BK):
+            a = (A[0:BM, k0:k0 + BK] * 2.0).to(A.dtype)
+            acc = T.gemm(a, B[0:BN, k0:k0 + BK], acc, transpose_b=True)
+        C[0:BM, 0:BN] = acc
+
+    a = torch.empty(128, 512, dtype=torch.float16, device="meta")
+    c = torch.empty(128, 128, dtype=torch.float32, device="meta")
+    for arch in ("sm_90a", "sm_80"):
+        ir = scaled_a.compile(a, a, c, BM=128, BN=128, BK=64, num_warps=4, arch=arch, stop_after="passes").final_ir
+        gemm = next(line for line in ir.splitlines() if "tj.gemm" in line)
+        assert "wgmma_rs" not in gemm and "tj.convert_layout" in ir

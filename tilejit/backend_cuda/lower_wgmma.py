@@ -94,7 +94,7 @@ class Wgmma:
         k_atom = 32 // a.dtype.itemsize
         integer = out.dtype == D.int32
         con = "r" if integer else "f"
-        sa, sb = em.shared[a.id], em.shared[b.id]
+        sb = em.shared[b.id]
         em.require_support("wgmma", SUPPORT)
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
         if ring is not None:  # accumulate into the loop-carried registers in place
@@ -103,37 +103,41 @@ class Wgmma:
         else:
             name = em.declare_tile(out)
         em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
-                       f"{layout.slabs} slab(s) of 64 rows each)" + (", left in flight" if ring else ""))
+                       f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
+                   + (", left in flight" if ring else ""))
         if ring is None:
             src = em.name(acc)
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
-        em.line("const int tj_wg = tid >> 7;")
-        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+        self.setup_a(em, a)
+        em.line(f"const unsigned tj_b = {sb.base()};")
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
         half = n // 2
         for kk in range(k // k_atom):
-            a_off = self._k_major_offset(sa.layout, kk)
             if _b_k_major(op):
                 b_desc = f"tj_wgmma_desc(tj_b + {self._k_major_offset(sb.layout, kk)}, 16, 1024)"
             else:
                 b_desc = f"tj_wgmma_desc(tj_b + {kk * 16 * sb.layout.row_pitch}, {sb.layout.panel_bytes}, 1024)"
             for s in range(layout.slabs):
-                slab = f"({s * layout.groups} + tj_wg)"
-                a_desc = f"tj_wgmma_desc(tj_a + {a_off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)"
+                a_ins = self.a_operands(em, a, kk, s, layout)
+                a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
+                    else f"%{half}"
+                nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
                 regs = ", ".join(f"%{r}" for r in range(half))
                 operands = ", ".join(f'"+{con}"({name}[{s * half + r}])' for r in range(half))
                 shape = f"m64n{n}k{k_atom}"
                 if a.dtype in (D.float16, D.bfloat16):
                     trans_b = 0 if _b_k_major(op) else 1
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p, 1, 1, 0, {trans_b};"
+                    trans = f"0, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"  # register A has no transpose
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
                 elif integer:
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p;"
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p;"
                 else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, %{half}, %{half + 1}, p, 1, 1;"
-                em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{half + 2}, 0; {instr} }}"')
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1;"
+                ins = ", ".join(f'"{c}"({e})' for c, e in a_ins)
+                em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
                 em.line(f'    : {operands}')
-                em.line(f'    : "l"({a_desc}), "l"({b_desc}), "r"(1));')
+                em.line(f'    : {ins}, "l"({b_desc}), "r"(1));')
         em.line("tj_wgmma_commit();")
         if ring is not None:
             if op is ring.gemms[-1]:
@@ -147,6 +151,20 @@ class Wgmma:
             hook()  # e.g. the next tiles' cp.async, while the tensor cores work
         wait_group(em, 0, name, layout.regs, integer)
         em.close()
+
+    # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
+    a_note = ""
+
+    def setup_a(self, em: Emitter, a) -> None:
+        em.line("const int tj_wg = tid >> 7;")
+        em.line(f"const unsigned tj_a = {em.shared[a.id].base()};")
+
+    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout) -> list[tuple[str, str]]:
+        """(constraint, C expression) of operand A for k step ``kk`` of slab ``s``."""
+        sa = em.shared[a.id]
+        slab = f"({s * layout.groups} + tj_wg)"
+        off = self._k_major_offset(sa.layout, kk)
+        return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)")]
 
     @staticmethod
     def _k_major_offset(lay: SharedLayout, kk: int) -> int:

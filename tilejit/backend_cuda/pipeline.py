@@ -20,7 +20,8 @@ from ..passes.layouts import infer_layouts
 from ..passes.pipeline import pipeline_loops
 from ..passes.scopes import infer_scopes
 from ..target import Target
-from . import lower_atomic, lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma, lower_wgmma  # noqa: F401  (register rules)
+from . import (lower_atomic, lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma,  # noqa: F401
+               lower_wgmma, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .nvrtc import CompileResult, compile_cuda
 

@@ -380,3 +380,28 @@ def infer_layouts(fn: Function, target: Target) -> None:
         elif v.type.scope is Scope.SHARED:
             rows, cols = v.type.shape
             v.type = v.type.with_layout(SharedLayout(rows, cols, v.dtype.itemsize, 1))
+    keep_register_operands(fn, target)
+
+
+def keep_register_operands(fn: Function, target: Target) -> None:
+    """A gemm operand A that scope inference staged into shared memory from a register tile goes back to that
+    tile when a registered lowering reads A from registers in the tile's layout (e.g. wgmma with A's fragment
+    in the accumulator layout of an earlier gemm: attention's P). The staging copy is left dead for cleanup."""
+    for op in fn.walk():
+        if op.kind is not OpKind.GEMM:
+            continue
+        staged = defining_op(op.operands[0])
+        if staged is None or staged.kind is not OpKind.CONVERT_LAYOUT:
+            continue
+        if staged.operands[0].type.scope is not Scope.REGISTER or op.operands[0].type.scope is not Scope.SHARED:
+            continue
+        op.operands[0] = staged.operands[0]
+        impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None), None)
+        if impl is not None and getattr(impl.payload, "register_a", False) and impl.priority >= _priority(op):
+            op.attrs = replace(op.attrs, impl=impl.name)
+        else:
+            op.operands[0] = staged.result
+
+
+def _priority(op: Op) -> int:
+    return REGISTRY.get("gemm", op.attrs.impl).priority

@@ -1,0 +1,59 @@
+"""``gemm`` on sm_90a wgmma with operand A in registers (``wgmma.mma_async`` ... ``{a0, a1, a2, a3}, b-desc``).
+
+A 16-bit tile that holds a wgmma accumulator's layout (``WgmmaLayout`` over the same warpgroups and rows, e.g.
+attention's ``p = exp2(s - m).to(bf16)`` after ``s = q @ k.T``) is already operand A's register fragment: for
+k16 step ``kk`` of a slab, a thread's elements ``8 kk .. 8 kk + 7`` are (row g, k 2t..2t+1), (row g + 8, same k),
+(row g, k 8 + 2t..), (row g + 8, k 8 + 2t..) (PTX ISA 9.7.15.5.1, "Register fragment for matrix A" of
+m64nNk16), which are the four 32-bit registers a0..a3 in order. The tile is fed to the tensor cores without
+the round trip through shared memory (and the block-wide barrier) that staging it would cost.
+
+The layout pass offers a gemm this lowering when scope inference staged its A operand into shared memory
+from registers (``passes.layouts.keep_register_operands``); operand B stays a shared-memory descriptor.
+"""
+from __future__ import annotations
+
+from .. import dtypes as D
+from ..ir import Op, Scope
+from ..ir.layouts import WgmmaLayout
+from ..target import REGISTRY, Target
+from .emitter import Emitter
+from .lower_gemm import _acc_f32, _mnk, _operand_dtypes
+from .lower_wgmma import Wgmma, _b_layout_fits, _shapes_fit
+
+
+class WgmmaRegisterA(Wgmma):
+    """``wgmma.mma_async.m64nNk16`` with A's fragment taken from the registers of a 16-bit tile."""
+
+    register_a = True  # the layout pass may hand this lowering a register operand A
+    a_note = ", A from registers"
+
+    def setup_a(self, em: Emitter, a) -> None:
+        # Packed before the fence: a register written between two wgmma that read it makes ptxas insert a
+        # fence of its own before each of them (C7519).
+        x, words = em.name(a), a.type.layout.regs // 2
+        em.line(f"unsigned tj_pa[{words}];  // A's fragment, two 16-bit elements per register")
+        em.line("#pragma unroll")
+        em.line(f"for (int i = 0; i < {words}; ++i) "
+                f"tj_pa[i] = (unsigned){x}[2 * i].bits | ((unsigned){x}[2 * i + 1].bits << 16);")
+
+    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout) -> list[tuple[str, str]]:
+        base = (s * a.type.layout.regs // a.type.layout.slabs + 8 * kk) // 2
+        return [("r", f"tj_pa[{base + i}]") for i in range(4)]
+
+
+def _a_in_accumulator_layout(op: Op, target: Target) -> bool:
+    a = op.operands[0]
+    m, _, k = _mnk(op)
+    layout = getattr(a.type, "layout", None)
+    return (a.type.scope is Scope.REGISTER and not op.attrs.transpose_a and isinstance(layout, WgmmaLayout)
+            and tuple(layout.shape) == (m, k) and layout.groups == target.num_warps // 4)
+
+
+REGISTRY.register("gemm", "wgmma_rs_m64nNk16", min_sm=90, max_sm=90, priority=25, predicates={
+    "A is a register tile in a wgmma accumulator layout of the same rows (M x K)": _a_in_accumulator_layout,
+    "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
+    "accumulator is f32": _acc_f32,
+    "num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte panels, "
+    "accumulator <= 128 registers": _shapes_fit,
+    "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
+})(WgmmaRegisterA())
