@@ -172,3 +172,54 @@ def test_matmul_m16n8k8_tiles(bk, dtype):
     c3 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     matmul_tn[grid](at, b, c3, BM=64, BN=64, BK=bk, num_warps=2)
     _check(c3, _ref(a, b), dtype)
+
+
+@pytest.mark.requires_sm(90)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tiles", [(128, 256, 64, 8), (128, 128, 64, 4), (64, 128, 64, 4)])
+def test_matmul_tma_store_epilogue(dtype, tiles):
+    """C's rows are 16-byte multiples, so the sm_90a epilogue stores through a swizzled shared tile and TMA;
+    the ragged edges (M = 1000, N = 904) are clipped by the TMA, and a C that is a column window of a wider
+    tensor is written inside the window only (its neighbours keep their sentinel)."""
+    bm, bn, bk, warps = tiles
+    m, n, k = 1000, 904, 333
+    torch.manual_seed(bm + bn + warps)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    wide = torch.full((m, n + 16), 7.0, device="cuda", dtype=dtype)
+    c = wide[:, 8:8 + n]
+    c.fill_(float("nan"))
+    grid = (tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))
+    matmul[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
+    assert "window by TMA" in matmul.compile(a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3,
+                                             stop_after="cuda").cuda
+    _check(c, _ref(a, b), dtype)
+    assert (wide[:, :8] == 7).all() and (wide[:, 8 + n:] == 7).all()
+
+
+@pytest.mark.requires_sm(90)
+def test_float32_accumulator_stored_by_tma_twice():
+    """An f32 accumulator stored as it is, two windows in a row from one program (the second store waits for
+    the first one's reads of the staging tile)."""
+    @tilejit.kernel
+    def two_stores(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+        m0 = T.program_id(0) * BM
+        n0 = T.program_id(1) * BN
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, A.shape[1], BK, stages=2):
+            acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+        C[m0:m0 + BM, n0:n0 + BN] = acc
+        D[m0:m0 + BM, n0:n0 + BN] = acc * 2.0
+
+    m, n, k = 300, 260, 128
+    torch.manual_seed(5)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda")
+    d = torch.full((m, n), float("nan"), device="cuda")
+    two_stores[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 64))](a, b, c, d, BM=128, BN=64, BK=64, num_warps=4)
+    assert two_stores.compile(a, b, c, d, BM=128, BN=64, BK=64, num_warps=4,
+                              stop_after="cuda").cuda.count("window by TMA") == 2
+    ref = _ref(a, b)
+    torch.testing.assert_close(c.double(), ref, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(d.double(), 2 * ref, rtol=1e-3, atol=2e-3)

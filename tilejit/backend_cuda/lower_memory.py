@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..ir import Op, OpKind, Scope, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_permutation
 from .emitter import Emitter, SharedTile, c_type, emits
+from . import lower_tma
 
 _VEC_TYPES = {16: "tj_v16", 8: "tj_v8", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}
 # Element-wise store fallbacks up to this many registers stay unrolled: they are small, and elementwise
@@ -123,6 +124,9 @@ def _store(em: Emitter, op: Op) -> None:
         # skipped out of bounds
         ptr, ok = _element(em, op, 2)
         em.line(f"if ({ok}) *{ptr} = {em.name(value)};")
+        return
+    if lower_tma.store_fits(em, op):
+        lower_tma.emit_store(em, op)
         return
     layout: RegisterLayout = value.type.layout
     win = Window(em, op, _start_names(em, op, 2))

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import dtypes as D
 from ..frontend.spec import TensorSpec
 from ..ir import Op
-from ..ir.layouts import SharedLayout
+from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
+from ..ir.rewrite import defining_op
 from ..target import REGISTRY, Target
+from .emitter import c_type
 
 SUPPORT = r"""
 /// mbarrier with an expected arrival count (PTX 9.7.13.15.11).
@@ -139,3 +142,101 @@ def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: s
         stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
         dst = f"tj_smem_u32 + {tile.offset}{stage} + {p * lay.panel_bytes}"
         em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {', '.join(coords)}, {bar});")
+
+
+# -- the TMA store epilogue ------------------------------------------------------------------------
+
+STORE_SUPPORT = r"""
+/// Tile copy shared -> global by the tensor memory accelerator, tracked by bulk async-groups (PTX 9.7.9.25.5.2);
+/// the parts of the box outside the tensor are not written.
+TJ_DEVICE void tj_tma_store_2d(const CUtensorMap* map, int c0, int c1, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+TJ_DEVICE void tj_tma_store_3d(const CUtensorMap* map, int c0, int c1, int c2, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+}
+TJ_DEVICE void tj_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+TJ_DEVICE void tj_tma_store_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(src) : "memory");
+}
+/// Close the bulk async-group of the stores issued so far (PTX 9.7.9.25.6.1).
+TJ_DEVICE void tj_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/// Wait until every committed bulk store has finished reading shared memory (PTX 9.7.9.25.6.2).
+TJ_DEVICE void tj_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+"""
+
+
+def store_fits(em, op: Op) -> bool:
+    """Whether a register-tile store takes the TMA epilogue: sm_90+, the tile in a wgmma accumulator layout
+    (pairs of adjacent columns per thread) of 2- or 4-byte elements, a plain tensor argument TMA can describe
+    (not a T.bounded view: TMA clips at the tensor's own extents), a 2-D window along the last dim whose rows
+    are whole 128-byte panels, and the staging tile fits the shared memory left."""
+    tensor, value = op.operands[0], op.operands[1]
+    if em.target.sm < 90 or not value.is_tile or not isinstance(value.type.layout, WgmmaLayout):
+        return False
+    esize = value.dtype.itemsize
+    halves = value.dtype in (D.float16, D.bfloat16)  # 16-bit values are packed through their .bits
+    if value.dtype != tensor.dtype or not (halves or esize == 4) or defining_op(tensor) is not None:
+        return False
+    q = CopyQuery(op, em.fn.attrs.get("tensor_specs", {}).get(tensor.name), True)
+    if not _tensor_ok(q, em.target) or len(q.tile_dims) != 2 or q.tile_dims[-1] != tensor.type.rank - 1:
+        return False
+    rows, cols = value.type.shape
+    if (cols * esize) % SPAN_BYTES or rows > 256 or rows % 8:
+        return False
+    free = em.target.arch.max_shared_bytes - em.scratch_bytes - 1024
+    return -(-em.smem_top // 1024) * 1024 + rows * cols * esize <= free
+
+
+def emit_store(em, op: Op) -> None:
+    """Registers -> a 128-byte-swizzled shared tile (each thread writes its column pairs: 8 rows x 16 bytes per
+    warp access, conflict-free) -> one bulk tensor store per 128-byte panel, issued by thread 0."""
+    tensor, value = op.operands[0], op.operands[1]
+    layout: WgmmaLayout = value.type.layout
+    rows, cols = value.type.shape
+    esize = value.dtype.itemsize
+    lay = SharedLayout(rows, cols, esize)
+    em.require_support("tma", SUPPORT)
+    em.require_support("tma_store", STORE_SUPPORT)
+    offset = em.allocate_shared(lay.bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
+    param = em.tensor_map_param(TensorMapSpec(tensor.name, box_of(op, lay), esize))
+    starts = [em.name(v) for v in op.operands[2:]]
+    x = em.name(value)
+    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared tile -> global")
+    em.open("")
+    em.line("if (tid == 0) tj_bulk_wait_read0();  // an earlier TMA store has finished reading shared memory")
+    em.line("__syncthreads();  // ... and every earlier reader of this memory is done")
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_q = 0; tj_q < {layout.regs // 2}; ++tj_q)")
+    em.line("const int i = 2 * tj_q;")
+    row, col = em.coords(layout, "i")
+    off = c_text(lay.elem_offset(CExpr(f"({row})"), CExpr(f"({col})")))
+    if esize == 2:
+        em.line(f"*reinterpret_cast<unsigned*>(tj_smem + {offset} + {off}) = "
+                f"(unsigned){x}[i].bits | ((unsigned){x}[i + 1].bits << 16);")
+    else:  # 4-byte values (f32, i32) keep their bits
+        ctype = c_type(value.dtype)
+        em.line(f"{ctype}* tj_d = reinterpret_cast<{ctype}*>(tj_smem + {offset} + {off});")
+        em.line(f"tj_d[0] = {x}[i]; tj_d[1] = {x}[i + 1];")
+    em.close()
+    em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
+    em.line("__syncthreads();")
+    em.open("if (tid == 0)")
+    rank = tensor.type.rank
+    panel_cols = SPAN_BYTES // esize
+    for p in range(lay.row_bytes // SPAN_BYTES):
+        coords = []
+        for d in reversed(range(rank)):
+            start = f"(int)({starts[d]})"
+            coords.append(f"{start} + {p * panel_cols}" if d == rank - 1 and p else start)
+        em.line(f"tj_tma_store_{rank}d(&{param}, {', '.join(coords)}, tj_smem_u32 + {offset + p * lay.panel_bytes});")
+    em.line("tj_bulk_commit();")
+    em.line("tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
+    em.close()
+    em.close()

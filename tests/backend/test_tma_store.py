@@ -1,0 +1,97 @@
+"""The TMA store epilogue on sm_90a (issue 14, deliverable 3): a wgmma accumulator tile (after its cast) stored
+into a tensor TMA can describe goes registers -> 128-byte-swizzled shared tile -> one bulk tensor store per
+128-byte panel; every other store keeps the masked element-wise path."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+import tilejit
+import tilejit.language as T
+from kernels import matmul_any
+from tilejit.ir.layouts import SharedLayout
+
+
+def _meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _design(c_dtype=torch.float16, c_shape=(1000, 904), arch="sm_90a", warps=8, bm=128, bn=256):
+    a, b = _meta(1000, 512), _meta(c_shape[1], 512)
+    return matmul_any.compile(a, b, _meta(*c_shape, dtype=c_dtype), BM=bm, BN=bn, BK=64, TA=False, TB=True,
+                              ACC=T.float32, num_warps=warps, arch=arch, stop_after="cuda")
+
+
+def test_accumulator_store_goes_through_a_swizzled_tile_and_tma():
+    st = _design()
+    cuda = st.cuda
+    assert "by TMA: registers -> swizzled shared tile -> global" in cuda
+    # one bulk store per 128-byte panel of the 256 half columns, at panel-sized steps of the staging tile
+    stores = re.findall(r"tj_tma_store_2d\(&tj_tmap\d+, \(int\)\((\w+)\)(?: \+ (\d+))?, \(int\)\((\w+)\), "
+                        r"tj_smem_u32 \+ (\d+)\);", cuda)
+    assert [int(s[1] or 0) for s in stores] == [0, 64, 128, 192]
+    base = int(stores[0][3])
+    assert base % 1024 == 0 and [int(s[3]) - base for s in stores] == [0, 16384, 32768, 49152]
+    body = cuda[cuda.index("window by TMA"):]
+    order = ["tj_bulk_wait_read0();", "__syncthreads();", "*reinterpret_cast<unsigned*>(tj_smem", "tj_fence_proxy_async();",
+             "__syncthreads();", "tj_tma_store_2d(", "tj_bulk_commit();", "tj_bulk_wait_read0();"]
+    at = 0
+    for needle in order:
+        at = body.index(needle, at) + len(needle)
+    # the C tensor's map: a 64 x 128 box (innermost first) of 2-byte elements
+    assert {"tensor": "C", "box": [64, 128], "elem_bytes": 2} in st.tensor_maps
+    assert "st.global" not in cuda  # no element-wise fallback remains for this store
+
+
+def test_float32_accumulator_store_and_a_128_byte_row():
+    st = _design(c_dtype=torch.float32, bn=32, bm=64, warps=4)
+    assert "window by TMA" in st.cuda and "tj_d[0] =" in st.cuda
+    assert {"tensor": "C", "box": [32, 64], "elem_bytes": 4} in st.tensor_maps
+
+
+def test_stores_tma_cannot_take_keep_the_element_wise_path():
+    # sm_80 has no TMA; rows of 777 halves are not 16-byte multiples; 48 columns are not a 128-byte panel
+    for kwargs in (dict(arch="sm_80"), dict(c_shape=(1000, 777))):
+        assert "window by TMA" not in _design(**kwargs).cuda, kwargs
+    assert "window by TMA" not in _design(bn=48, bm=64, warps=4).cuda
+
+    @tilejit.kernel
+    def bounded_store(A, B, C, M, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, A.shape[1], BK):
+            acc += A[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN]
+        view = T.bounded(C, (M, BN))
+        view[0:BM, 0:BN] = acc.to(C.dtype)
+
+    a = _meta(256, 256)
+    cuda = bounded_store.compile(a, a, a, 100, BM=128, BN=128, BK=64, num_warps=4, arch="sm_90a",
+                                 stop_after="cuda").cuda
+    assert "window by TMA" not in cuda  # a runtime-bounded view: TMA would clip at C's own extents
+
+
+def test_the_staging_tile_matches_the_tma_128_byte_swizzle():
+    """Element (r, c) of the staging tile sits where a TMA box with 128-byte swizzle expects it: panel c // 64,
+    row r at 128 r, 16-byte chunk (c % 64) // 8 XOR r % 8 (for 2-byte elements)."""
+    lay = SharedLayout(128, 256, 2)
+    for r in range(128):
+        for c in range(0, 256, 2):
+            expected = (c // 64) * 128 * 128 + r * 128 + ((((c % 64) * 2) // 16) ^ (r % 8)) * 16 + (c * 2) % 16
+            assert lay.elem_offset(r, c) == expected
+
+
+def test_cubin_builds_with_no_spills():
+    st = matmul_any.compile(_meta(1000, 512), _meta(904, 512), _meta(1000, 904), BM=128, BN=256, BK=64, TA=False,
+                            TB=True, ACC=T.float32, num_warps=8, arch="sm_90a")
+    assert st.asm["cubin"][:4] == b"\x7fELF"
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in st.asm["ptx"]
+    assert "cp.async.bulk.wait_group.read 0" in st.asm["ptx"]
+
+
+def test_int32_accumulator_keeps_its_bits():
+    """int8 products store int32 sums: the staging writes are int32 (a float store would convert the value)."""
+    a, b = _meta(1000, 512, dtype=torch.int8), _meta(904, 512, dtype=torch.int8)
+    st = matmul_any.compile(a, b, _meta(1000, 904, dtype=torch.int32), BM=128, BN=128, BK=128, TA=False, TB=True,
+                            ACC=T.int32, num_warps=8, arch="sm_90a", stop_after="cuda")
+    assert "window by TMA" in st.cuda and "int32_t* tj_d = reinterpret_cast<int32_t*>" in st.cuda
+    assert "float* tj_d" not in st.cuda
