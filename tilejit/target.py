@@ -23,7 +23,7 @@ from .errors import DispatchError, UsageValueError
 
 # -- arch ----------------------------------------------------------------------------------------------------
 
-SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+SUPPORTED_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
 _ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})(a?)$")
 
 
@@ -55,7 +55,7 @@ class Arch:
     @classmethod
     def for_capability(cls, major: int, minor: int) -> "Arch":
         """The arch tilejit compiles for on a GPU of compute capability (major, minor)."""
-        name = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}.get((major, minor))
+        name = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a", (12, 0): "sm_120a"}.get((major, minor))
         if major == 8:
             name = f"sm_8{minor}"
         if name not in SUPPORTED_ARCHS:  # e.g. 8.7 (Jetson Orin)
@@ -101,8 +101,8 @@ class Arch:
     @property
     def max_shared_bytes(self) -> int:
         """Dynamic shared memory one block may use (the opt-in maximum; CUDA C Programming Guide, "Technical
-        Specifications per Compute Capability"): 163 KB on sm_80, 99 KB on sm_86/89/120, 227 KB on sm_90/100."""
-        return {80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99}[self.sm] * 1024
+        Specifications per Compute Capability"): 163 KB on sm_80, 99 KB on sm_86/89/120, 227 KB on sm_90/100/103."""
+        return {80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 103: 227, 120: 99}[self.sm] * 1024
 
     @property
     def has_setmaxnreg(self) -> bool:

@@ -40,7 +40,8 @@ DISPATCH = [
     ((E4M3, E5M2), T.float32, None, "nt", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2"),
     ((E5M2, E5M2), T.float32, None, "nn", "sm_90a", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32"),
     ((E4M3, E4M3), T.float32, None, "tn", "sm_89", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
-    ((E4M3, E4M3), T.float32, None, "nt", "sm_100a", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ((E4M3, E4M3), T.float32, None, "nt", "sm_100a", "tcgen05_mma_f8f6f4", "tcgen05.mma.cta_group::1.kind::f8f6f4"),
+    ((E4M3, E4M3), T.float32, None, "nn", "sm_100a", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ((E4M3, E4M3), T.float32, None, "nt", "sm_80", "fma_fallback", None),  # no fp8 tensor cores before sm_89
     ((torch.int8, torch.int8), T.int32, None, "nt", "sm_90a", "wgmma_m64nNk32_int8", "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"),
     ((torch.int8, torch.int8), T.int32, None, "nn", "sm_90a", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
@@ -59,7 +60,7 @@ def test_dispatch_and_ptx(case):
     (da, db), acc, precision, layout, arch, impl, instruction = case
     stages = _compile(da, db, acc, layout, arch, precision)
     assert _impl(stages) == impl
-    found = set(re.findall(r"(?:wgmma\.mma_async|mma\.sync)[\w.]*", stages.ptx))
+    found = set(re.findall(r"(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)[\w.:]*", stages.ptx))
     if instruction is None:
         assert not found, f"{impl} should use no tensor-core instruction: {found}"
     else:

@@ -173,6 +173,12 @@ def emits(*kinds: OpKind):
     return register
 
 
+#: Whole-kernel set-up a lowering needs (e.g. tensor memory allocated at the start and given back at the end):
+#: each hook is called with the emitter before the body is emitted and may return a function that emits the
+#: matching tear-down after it.
+KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
+
+
 @dataclass
 class AsyncMma:
     """A pipelined loop whose ring tiles only asynchronous MMAs (wgmma) read (``lower_loops``).
@@ -184,6 +190,7 @@ class AsyncMma:
     """
     gemms: list[Op]
     release: Callable[[], None]
+    empty: str = ""  # C expression of the slot's "empty" mbarrier (an MMA commit may arrive on it)
 
     def owns(self, op: Op) -> bool:
         return any(g is op for g in self.gemms)
@@ -205,6 +212,7 @@ class Emitter:
         self.scratch_users: list[Callable[[int], None]] = []
         self.overlap_hook: Callable[[], None] | None = None
         self.async_mma: AsyncMma | None = None  # set by a pipelined loop whose gemms stay in flight
+        self.tmem_offsets: dict[int, int] = {}  # first TMEM column of each tcgen05 gemm (by id of the op)
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others
         self.functions: dict[tuple[str, str], str] = {}  # (parameters, body) -> name of a device_function
@@ -338,7 +346,10 @@ class Emitter:
 
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
+        finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         self.emit_block(self.fn.body)
+        for f in reversed(finish):
+            f()
         for n, _ in enumerate(self.tensor_maps):  # encoded by the host per launch, passed by value
             decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
             kinds.append("tmap")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from ..ir import Op, OpKind, Value
 from .. import dtypes as D
-from ..ir import Family
+from ..passes.pipeline import in_flight_gemms
 from .emitter import RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
-from . import lower_tma
+from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
 from .lower_memory import SharedCopy, issue_shared_load, stage_shared
 
@@ -36,35 +36,6 @@ def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, i
         return em.name(v)
     args = [_rematerialize(em, x, body_ops, iv_id, iv_expr) for x in op.operands]
     return f"({scalar_expr(em, op, args)})"
-
-
-def _async_wgmma_gemms(body, piped: list[Op], tma: list[Op], per_thread: list[Op]) -> list[Op]:
-    """The gemms of a TMA-pipelined body that may stay in flight across iterations, or [] when the body is
-    not a plain MMA main loop: every ring tile read only by wgmma gemms, each gemm accumulating into its own
-    loop-carried value (read nowhere else) and yielding the result to the same place, the rest scalar math."""
-    if not tma or per_thread:
-        return []
-    ring = {o.result.id for o in piped}
-    carried, yields = body.args[1:], body.terminator.operands
-    uses: dict[int, int] = {}
-    for o in body.ops:
-        for v in o.operands:
-            uses[v.id] = uses.get(v.id, 0) + 1
-    gemms = []
-    for o in body.ops[:-1]:
-        if any(o is p for p in piped):
-            continue
-        if o.kind is OpKind.GEMM and (o.attrs.impl or "").startswith("wgmma"):
-            a, b, acc = o.operands
-            slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
-            if a.id in ring and b.id in ring and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
-                gemms.append(o)
-                continue
-            return []
-        scalar = all(v.is_scalar for v in (*o.operands, *o.results))
-        if o.regions or not scalar or o.kind.family not in (Family.SCALAR, Family.ARITH):
-            return []
-    return gemms
 
 
 @emits(OpKind.FOR)
@@ -92,7 +63,12 @@ def _for(em: Emitter, op: Op) -> None:
 
     tma = [o for o in piped if o.attrs.copy == "tma_bulk_tensor"]
     per_thread = [o for o in piped if o not in tma]
-    in_flight = _async_wgmma_gemms(body, piped, tma, per_thread) if stages >= 2 else []
+    in_flight = in_flight_gemms(body) if op.attrs.async_mma else []
+    # tcgen05: thread 0 issues the MMAs and commits them to the slot's "empty" barrier (one arrival); the
+    # accumulators live in tensor memory for the whole loop
+    tmem = op.attrs.async_mma == "tcgen05"
+    yielded = body.terminator.operands
+    carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
     outer_hook, em.overlap_hook = em.overlap_hook, None
     outer_async, em.async_mma = em.async_mma, None
@@ -111,9 +87,12 @@ def _for(em: Emitter, op: Op) -> None:
         em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
         em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init(tj_smem_u32 + {bars} + 8 * s, 1); }}")
         if in_flight:
-            warps = em.target.num_warps
-            em.line(f"// and one per slot that every warp arrives on once its MMAs have read the slot ({warps} arrivals)")
-            em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {warps}); }}")
+            arrivals = 1 if tmem else em.target.num_warps
+            em.line(f"// and one per slot that {'the MMA commit' if tmem else 'every warp'} arrives on once the MMAs "
+                    f"have read the slot ({arrivals} arrival(s))")
+            em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {arrivals}); }}")
+            if tmem:
+                lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
         em.line("__syncthreads();")
 
@@ -154,8 +133,9 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
             em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
         if tma:
-            em.line(f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
-                    "  // TMA tiles landed")
+            em.line(("if (tid == 0) " if tmem else "")
+                    + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
+                    + "  // TMA tiles landed")
         if not in_flight:
             em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
@@ -176,15 +156,19 @@ def _for(em: Emitter, op: Op) -> None:
             em.line("tj_cp_async_commit();")
 
         def release_and_refill() -> None:
-            em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration +{stages - 1}")
-            em.open("if (tj_it > 0)")
-            em.line("__syncwarp();")
-            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
-            em.close()
+            if tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
+                em.line(f"// refill iteration -1's slot with iteration +{stages - 1} once its MMAs completed")
+            else:
+                em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
+                        f"+{stages - 1}")
+                em.open("if (tj_it > 0)")
+                em.line("__syncwarp();")
+                em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
+                em.close()
             issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
 
         if in_flight:
-            em.async_mma = AsyncMma(in_flight, release_and_refill)
+            em.async_mma = AsyncMma(in_flight, release_and_refill, f"{empty} + 8 * (tj_it % {stages})")
         else:
             # The first gemm of the body emits the prefetch after its first fragment loads; without one,
             # it goes first.
@@ -201,8 +185,12 @@ def _for(em: Emitter, op: Op) -> None:
     _assign_yields(em, carried, body.terminator.operands)
     em.close()
     em.async_mma = outer_async
-    for gemm in in_flight:  # the last iteration's groups
-        wait_group(em, 0, em.name(gemm.result), gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
+    if tmem:  # the accumulators, from tensor memory back into the loop's result registers
+        lower_tcgen05.load_accumulators(em, in_flight, carried_names, f"{empty} + 8 * ((tj_it - 1) % {stages})",
+                                        f"((tj_it - 1) / {stages}) & 1")
+    else:
+        for gemm in in_flight:  # the last iteration's groups
+            wait_group(em, 0, em.name(gemm.result), gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")

@@ -17,11 +17,11 @@ from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
 from ..passes.layouts import infer_layouts
-from ..passes.pipeline import pipeline_loops
+from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
 from ..target import Target
 from . import (lower_atomic, lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma,  # noqa: F401
-               lower_wgmma, lower_wgmma_rs)  # (register rules)
+               lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .nvrtc import CompileResult, compile_cuda
 
@@ -41,6 +41,9 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     ("select-copies", select_copies),
     # drop what the rewrites left unused
     ("cleanup", lambda fn, t: cleanup(fn)),
+    # plain MMA main loops filled by TMA keep their gemms in flight (wgmma; tcgen05 with TMEM accumulators);
+    # after cleanup, which removes the dead values a loop body may still hold
+    ("async-mma", mark_async_mma),
 ]
 
 

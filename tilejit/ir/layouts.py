@@ -217,6 +217,48 @@ class WgmmaLayout(RegisterLayout):
         return f"#wgmma<warpgroups={self.groups}>"
 
 
+@dataclass(frozen=True)
+class TmemLayout(RegisterLayout):
+    """A tcgen05 accumulator (sm_100a) read from tensor memory with ``tcgen05.ld.32x32b``.
+
+    In TMEM an M x N accumulator of 128-row slabs puts slab ``s``'s row ``r`` in lane ``r`` and its column
+    ``c`` in column ``s * N + c`` (PTX ISA 9.7.16.10, data path layout of M = 128, cta_group::1). Warp ``w``
+    reaches lanes ``32 (w % 4) .. + 31`` only, so warp ``w`` holds rows ``32 (w % 4) + lane`` of every slab,
+    and the ``warps / 4`` warps sharing a lane quarter split the columns: warp ``w`` takes columns
+    ``(w / 4) * C .. + C - 1`` with ``C = N / (warps / 4)``. Register ``s * C + j`` is slab ``s``'s column
+    ``(w / 4) * C + j``: consecutive registers are consecutive columns of one row.
+    """
+    shape: tuple[int, int]
+    warps: int
+    vec: int = 8
+
+    def __post_init__(self) -> None:
+        m, n = self.shape
+        if m % 128 or self.warps % 4 or n % (self.warps // 4) or self.cols_per_warp % 8:
+            raise ValueError(f"{m}x{n} over {self.warps} warps does not fit the tcgen05 32x32b layout")
+
+    @property
+    def slabs(self) -> int:
+        return self.shape[0] // 128
+
+    @property
+    def cols_per_warp(self) -> int:
+        return self.shape[1] // (self.warps // 4)
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        return self.slabs * self.cols_per_warp
+
+    def coords(self, tid, i):
+        c = self.cols_per_warp
+        warp, lane = tid >> 5, tid & 31
+        s, j = i // c, i % c
+        return [s * 128 + (warp & 3) * 32 + lane, (warp >> 2) * c + j]
+
+    def __str__(self) -> str:
+        return f"#tmem<warps={self.warps}>"
+
+
 class _ViewLayout(RegisterLayout):
     """A layout that indexes the registers of another one (``base``) and only relabels coordinates:
     the same register count and validity, and the same root."""

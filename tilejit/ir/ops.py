@@ -281,6 +281,9 @@ class AtomicAttrs:
 class ForAttrs:
     kind: LoopKind = LoopKind.RANGE
     stages: int | None = None  # None: take the launch's num_stages
+    # set by the backend (passes/pipeline.mark_async_mma): the loop's gemms stay in flight across iterations,
+    # "wgmma" (sm_90a) or "tcgen05" (sm_100a, accumulators kept in tensor memory for the whole loop)
+    async_mma: str | None = None
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:

@@ -17,12 +17,12 @@ from typing import Callable
 from ..target import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Trait, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
-                          SliceLayout, WgmmaLayout)
+                          SliceLayout, TmemLayout, WgmmaLayout)
 from ..ir.rewrite import blocks, defining_op
 
 def _rank(layout: RegisterLayout) -> int:
     """Accumulator-derived layouts win over blocked ones when operands disagree."""
-    return 2 if isinstance(layout.root, (MmaLayout, WgmmaLayout)) else 1
+    return 2 if isinstance(layout.root, (MmaLayout, WgmmaLayout, TmemLayout)) else 1
 
 
 def default_layout(shape: tuple[int, ...], threads: int, vec: int = 1) -> BlockedLayout:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..target import Target
-from ..ir import Family, Function, LoopKind, OpKind, Scope, TileType
+from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
 
 
@@ -57,3 +57,53 @@ def pipeline_loops(fn: Function, target: Target) -> None:
                 piped += 1
         if piped:
             loop.attrs = replace(loop.attrs, stages=stages)
+
+
+def mark_async_mma(fn: Function, target: Target) -> None:
+    """Mark the pipelined loops whose gemms may stay in flight across iterations (``ForAttrs.async_mma``): a
+    plain MMA main loop (``in_flight_gemms``) at least 2 stages deep. Runs after the copies are chosen: the
+    ring must be filled by TMA, whose mbarriers carry the hand-back."""
+    for loop in fn.walk():
+        if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED or (loop.attrs.stages or 1) < 2:
+            continue
+        gemms = in_flight_gemms(loop.regions[0])
+        if gemms:
+            loop.attrs = replace(loop.attrs, async_mma=mma_family(gemms[0]))
+
+
+def in_flight_gemms(body) -> list[Op]:
+    """The gemms of a TMA-pipelined body that may stay in flight across iterations, or [] when the body is
+    not a plain MMA main loop: every ring tile read only by asynchronous gemms of one family (wgmma, or
+    tcgen05 with the accumulator kept in tensor memory), each accumulating into its own loop-carried value
+    (read nowhere else) and yielding the result to the same place, the rest scalar math."""
+    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
+    if not piped or any(o.attrs.copy != "tma_bulk_tensor" for o in piped):
+        return []
+    ring = {o.result.id for o in piped}
+    carried, yields = body.args[1:], body.terminator.operands
+    uses: dict[int, int] = {}
+    for o in body.ops:
+        for v in o.operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
+    gemms = []
+    for o in body.ops[:-1]:
+        if any(o is p for p in piped):
+            continue
+        if o.kind is OpKind.GEMM and mma_family(o) is not None:
+            a, b, acc = o.operands
+            slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
+            if a.id in ring and b.id in ring and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
+                gemms.append(o)
+                continue
+            return []
+        scalar = all(v.is_scalar for v in (*o.operands, *o.results))
+        if o.regions or not scalar or o.kind.family not in (Family.SCALAR, Family.ARITH):
+            return []
+    return gemms if len({mma_family(g) for g in gemms}) == 1 else []
+
+
+def mma_family(op: Op) -> str | None:
+    impl = op.attrs.impl or ""
+    return next((f for f in ("wgmma", "tcgen05") if impl.startswith(f)), None)
+
+

@@ -1,0 +1,225 @@
+"""sm_100a (data-center Blackwell): gemm on tcgen05.mma with the accumulator in tensor memory. No Blackwell GPU is
+available, so everything here is below running it: the bit-level encoders against the PTX ISA tables, which
+lowering each dtype / shape / arch gets, the structure of the generated code (TMEM allocation, the MMA issue,
+the commit to the ring's mbarriers, the TMEM reads), cubins built by NVRTC, and their SASS when cuobjdump is
+installed (``pip install -e '.[sass]'``)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from kernels import matmul_any
+from tilejit import dtypes as D
+from tilejit.backend_cuda import lower_tcgen05 as tc
+from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from tilejit.ir.layouts import TmemLayout, coords_table
+
+pytestmark = pytest.mark.skipif(not nvrtc_supports("sm_100a"), reason="NVRTC cannot target sm_100a")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _field(value: int, lo: int, hi: int) -> int:
+    return (value >> lo) & ((1 << (hi - lo + 1)) - 1)
+
+
+# -- encoders ----------------------------------------------------------------------------------------
+
+def test_instruction_descriptor_matches_the_checked_anchor():
+    # HARDWARE.md: bf16 -> f32, M = 128, N = 256, both K-major = 0x08400490 (PTX ISA Table 42)
+    assert tc.instr_desc(D.float32, D.bfloat16, D.bfloat16, 128, 256) == 0x08400490
+
+
+@pytest.mark.parametrize("d, a, b, codes", [
+    (D.float32, D.float16, D.float16, (1, 0, 0)),
+    (D.float32, D.float32, D.float32, (1, 2, 2)),        # kind::tf32
+    (D.float32, D.float8_e4m3fn, D.float8_e5m2, (1, 0, 1)),  # kind::f8f6f4
+    (D.int32, D.int8, D.int8, (2, 1, 1)),                # kind::i8: S32, signed
+])
+@pytest.mark.parametrize("m, n, tb", [(128, 16, False), (128, 136, True), (64, 256, False)])
+def test_instruction_descriptor_fields(d, a, b, codes, m, n, tb):
+    desc = tc.instr_desc(d, a, b, m, n, transpose_b=tb)
+    assert (_field(desc, 4, 5), _field(desc, 7, 9), _field(desc, 10, 12)) == codes
+    assert _field(desc, 15, 15) == 0 and _field(desc, 16, 16) == int(tb)
+    assert _field(desc, 17, 22) == n >> 3 and _field(desc, 24, 28) == m >> 4
+    # sparsity, saturate, negate, the reserved bits and the shift stay 0
+    for lo, hi in ((0, 3), (6, 6), (13, 14), (23, 23), (29, 31)):
+        assert _field(desc, lo, hi) == 0
+
+
+def test_shared_memory_descriptor_fields():
+    desc = tc.smem_desc(0x12340, 16, 1024)
+    assert _field(desc, 0, 13) == 0x12340 >> 4 and _field(desc, 16, 29) == 1 and _field(desc, 32, 45) == 64
+    assert _field(desc, 46, 48) == 1 and _field(desc, 49, 52) == 0 and _field(desc, 53, 60) == 0
+    assert _field(desc, 61, 63) == 2  # 128-byte swizzle
+    # the device function ORs in the same constant part
+    assert f"0x{tc.UMMA_DESC_FIXED:x}ull" in tc.SUPPORT
+    # and it is the sm_90 descriptor (swizzle 1 << 62) with the version bit added
+    assert tc.UMMA_DESC_FIXED == (1 << 62) | (1 << 46)
+
+
+@pytest.mark.parametrize("shape, warps", [((128, 256), 8), ((128, 128), 4), ((256, 64), 8), ((256, 128), 16)])
+def test_tmem_register_layout_covers_each_element_once(shape, warps):
+    layout = TmemLayout(shape, warps)
+    table = coords_table(layout, 32 * warps)
+    assert len(table) == shape[0] * shape[1] and all(len(v) == 1 for v in table.values())
+    # warp w reads TMEM lanes 32 (w % 4) ..: row within a slab = 32 (w % 4) + lane
+    for tid in (0, 37, 32 * warps - 1):
+        for i in (0, layout.regs - 1):
+            row, _ = layout.coords(tid, i)
+            assert row % 128 == 32 * ((tid >> 5) % 4) + (tid & 31)
+
+
+# -- dispatch ----------------------------------------------------------------------------------------
+
+def _mm(da, db, acc, tb=True, arch="sm_100a", bm=128, bn=128, bk_bytes=128, warps=8, stop_after="cuda", precision=None):
+    out = torch.int32 if acc == T.int32 else torch.float32
+    b = _meta(512, 1024, dtype=db) if tb else _meta(1024, 512, dtype=db)
+    return matmul_any.compile(_meta(512, 1024, dtype=da), b, _meta(512, 512, dtype=out), BM=bm, BN=bn,
+                              BK=bk_bytes // da.itemsize, TA=False, TB=tb, ACC=acc, PRECISION=precision,
+                              num_warps=warps, arch=arch, stop_after=stop_after)
+
+
+def _impl(stages) -> str:
+    return re.search(r"impl = \"?(\w+)", stages.final_ir).group(1)
+
+
+@pytest.mark.parametrize("dtypes, acc, kind, tb", [
+    ((torch.float16, torch.float16), T.float32, "f16", True),
+    ((torch.bfloat16, torch.bfloat16), T.float32, "f16", False),  # N-major B through the transpose bit
+    ((torch.float32, torch.float32), T.float32, "tf32", True),
+    ((E4M3, E5M2), T.float32, "f8f6f4", True),
+    ((torch.int8, torch.int8), T.int32, "i8", True),
+])
+def test_each_kind_lowers_to_tcgen05_on_sm_100a(dtypes, acc, kind, tb):
+    st = _mm(*dtypes, acc, tb=tb, stop_after="ptx")
+    assert _impl(st) == f"tcgen05_mma_{kind}"
+    assert f"tcgen05.mma.cta_group::1.kind::{kind}" in st.ptx
+    assert "mma.sync" not in st.ptx and "wgmma" not in st.ptx
+    for instr in ("tcgen05.alloc", "tcgen05.relinquish_alloc_permit", "tcgen05.commit", "tcgen05.ld.sync.aligned.32x32b",
+                  "tcgen05.st.sync.aligned.32x32b", "tcgen05.dealloc", "cp.async.bulk.tensor"):
+        assert instr in st.ptx, instr
+
+
+def test_what_tcgen05_does_not_take_keeps_mma_sync():
+    # M = 64 (no 128-row slab), fp8 with N-major B, and sm_120a (consumer Blackwell: no tcgen05, no wgmma)
+    assert _impl(_mm(torch.float16, torch.float16, T.float32, bm=64, warps=4, stop_after="passes")).startswith("mma_sync")
+    assert _impl(_mm(E4M3, E4M3, T.float32, tb=False, stop_after="passes")).startswith("mma_sync")
+    assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_120a", stop_after="passes")).startswith("mma_sync")
+    assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_103a", stop_after="passes")) == "tcgen05_mma_f16"
+    # tf32x3 and ieee products are not tcgen05's
+    assert not _impl(_mm(torch.float32, torch.float32, T.float32, precision="tf32x3", stop_after="passes")).startswith("tcgen05")
+
+
+def test_sm_120a_says_why_tcgen05_does_not_apply():
+    """Consumer Blackwell (sm_120a) has neither tcgen05 nor wgmma: the registry's reason is the arch range."""
+    from tilejit.target import REGISTRY, Target
+
+    st = _mm(torch.float16, torch.float16, T.float32, arch="sm_120a", stop_after="passes")
+    gemm = next(op for op in st.fn.walk() if op.kind.name == "GEMM")
+    why = REGISTRY.get("gemm", "tcgen05_mma_f16").rejection(gemm, Target.of("sm_120a", num_warps=8))
+    assert why == "arch sm_120a outside sm_100..sm_103"
+    assert REGISTRY.get("gemm", "tcgen05_mma_f16").rejection(gemm, Target.of("sm_100a", num_warps=8)) is None
+
+
+# -- structure ---------------------------------------------------------------------------------------
+
+def _design_cuda(arch="sm_100a", warps=8, bn=256):
+    a = _meta(1000, 512)
+    return matmul_any.compile(a, _meta(1024, 512), _meta(1000, 1024, dtype=torch.float32), BM=128, BN=bn, BK=64,
+                              TA=False, TB=True, ACC=T.float32, num_warps=warps, arch=arch, stop_after="cuda").cuda
+
+
+def _between(text: str, start: str, end: str) -> str:
+    i = text.index(start)
+    return text[i:text.index(end, i)]
+
+
+def test_main_loop_keeps_the_accumulator_in_tmem():
+    cuda = _design_cuda()
+    body = cuda[cuda.index('extern "C" __global__'):]
+    # allocated by warp 0 before anything else, given back at the very end
+    assert body.index("tj_tmem_alloc(") < body.index("blockIdx")
+    assert body.rstrip().endswith("if (tid < 32) tj_tmem_dealloc(tj_tmem, 256);\n}") or \
+        body.rstrip().splitlines()[-2].strip() == "if (tid < 32) tj_tmem_dealloc(tj_tmem, 256);"
+    # the loop-carried accumulator goes into TMEM once, before the loop
+    pre = _between(body, "one mbarrier per ring slot", "for (int64_t")
+    assert "tcgen05.st.sync.aligned.32x32b.x32.b32" in pre and "tj_tc_wait_st();" in pre
+    assert "tj_mbar_init(tj_smem_u32 + " in pre and ", 1); }" in pre  # the empty barriers: one arrival (commit)
+    loop = _between(body, "for (int64_t", "// the last iteration's MMAs completed")
+    assert "__syncthreads" not in loop and "tcgen05.ld" not in loop and "tcgen05.st" not in loop
+    assert "if (tid == 0) tj_mbar_wait(" in loop  # only the issuing thread waits for the TMA
+    assert loop.count("tcgen05.mma.cta_group::1.kind::f16") == 4  # 4 k16 steps x 1 slab
+    commit = loop.index("tj_tc_commit(")
+    refill = loop.index("tj_mbar_expect_tx(")
+    assert loop.index("tcgen05.mma") < commit < refill
+    assert "((tj_it - 1) / 4) & 1);" in loop or "((tj_it - 1) / 3) & 1);" in loop  # refill waits on the commit
+    # after the loop: the last slot's commit (no commit may arrive once the ring's barriers are invalidated)
+    end = body.index("// the last iteration's MMAs completed")
+    post = body[body.rindex("if (tj_it > 0) tj_mbar_wait(", 0, end):body.index("tj_mbar_inval", end)]
+    assert re.match(r"if \(tj_it > 0\) tj_mbar_wait\(tj_smem_u32 \+ \d+ \+ 8 \* \(\(tj_it - 1\) % 3\), "
+                    r"\(\(tj_it - 1\) / 3\) & 1\);", post), post[:200]
+    assert "tj_tc_commit" not in post
+    assert post.index("tj_tc_fence_after();") < post.index("tcgen05.ld.sync.aligned.32x32b.x32.b32") < \
+        post.index("tj_tc_wait_ld();")
+
+
+def test_a_gemm_outside_a_main_loop_round_trips_through_tmem():
+    @tilejit.kernel
+    def one_product(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+        acc = T.full((BM, BN), 1.0, T.float32)
+        acc = T.gemm(A[0:BM, 0:BK], B[0:BN, 0:BK], acc, transpose_b=True)
+        C[0:BM, 0:BN] = acc
+
+    cuda = one_product.compile(_meta(128, 64), _meta(128, 64), _meta(128, 128, dtype=torch.float32), BM=128, BN=128,
+                               BK=64, num_warps=4, arch="sm_100a", stop_after="cuda").cuda
+    gemm = _between(cuda, "on tcgen05.mma.kind::f16", "store into")
+    order = ["tcgen05.st.sync", "tj_tc_wait_st();", "tj_tc_sync();", "if (tid == 0)", "tcgen05.mma.cta_group::1",
+             "tj_tc_commit(tj_tc_bar);", "tj_mbar_wait(tj_tc_bar, tj_tc_phase);", "tj_tc_phase ^= 1;",
+             "tj_tc_fence_after();", "tcgen05.ld.sync", "tj_tc_wait_ld();", "tj_tc_sync();"]
+    at = 0
+    for needle in order:
+        at = gemm.index(needle, at) + len(needle)
+
+
+@pytest.mark.parametrize("warps, bn", [(8, 256), (4, 128)])
+def test_cubin_builds_and_its_sass_has_the_tcgen05_instructions(warps, bn):
+    st = matmul_any.compile(_meta(1000, 512), _meta(1024, 512), _meta(1000, 1024, dtype=torch.float32), BM=128,
+                            BN=bn, BK=64, TA=False, TB=True, ACC=T.float32, num_warps=warps, arch="sm_100a")
+    cubin = st.asm["cubin"]
+    assert cubin[:4] == b"\x7fELF"
+    assert st.meta["spills"] == 0, st.meta
+    tool = shutil.which("cuobjdump") or _wheel_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("cuobjdump is not installed (pip install -e '.[sass]')")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    assert "UTCHMMA" in sass  # tcgen05.mma kind::f16
+    assert "LDTM" in sass and "STTM" in sass  # tcgen05.ld / tcgen05.st
+    assert "UTMALDG" in sass  # the TMA ring
+    assert not re.search(r"\bHMMA\.", sass)  # no mma.sync left
+
+
+def _wheel_tool(name: str) -> str | None:
+    try:
+        import nvidia.cu13  # type: ignore
+    except ImportError:
+        return None
+    for root in getattr(nvidia.cu13, "__path__", []):
+        candidate = Path(root) / "bin" / name
+        if candidate.exists():
+            return str(candidate)
+    return None
