@@ -98,6 +98,24 @@ def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[st
     return {"status": "ok", "rel_err": err, "ms": ms, "tflops": matmul_tflops(m, n, k, ms)}
 
 
+def baseline_refusal(dtype_name: str, m: int, n: int, k: int) -> str | None:
+    """Why the library baseline cannot take this shape (its documented limits), or None: a refusal is "n/a",
+    not a failure of the benchmark."""
+    if dtype_name == "fp8" and (k % 16 or n % 16):
+        return "torch._scaled_mm needs K and N multiples of 16"
+    if dtype_name == "int8" and (m <= 16 or k % 8 or n % 8):
+        return "torch._int_mm needs M > 16 and K, N multiples of 8"
+    return None
+
+
+def triton_refusal(dtype_name: str, k: int) -> str | None:
+    """The Triton low-precision kernel loads fp8 unmasked (Triton cannot cast a masked load's `other` to fp8),
+    so it takes fp8 only when every K block is whole."""
+    if dtype_name == "fp8" and k % 128:
+        return "the Triton fp8 kernel needs K % 128 == 0"
+    return None
+
+
 def _tuned(row: dict[str, Any], tuner: Any) -> None:
     stats = tuner.stats
     tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
@@ -137,7 +155,8 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
 
         def baseline():
             c_ref.copy_(torch._scaled_mm(a, bt.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
-        row["cublas"] = measure(baseline, c_ref, ref, m, n, k)
+        refusal = baseline_refusal(dtype_name, m, n, k)
+        row["cublas"] = {"status": "n/a", "reason": refusal} if refusal else measure(baseline, c_ref, ref, m, n, k)
         triton_args = (a, bt.T, torch.empty(m, n, device=device, dtype=torch.bfloat16), sa1, sb1)
     elif dtype_name == "int8":
         a = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8)
@@ -147,7 +166,9 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         row["tilejit"] = measure(lambda: kernels.int8_mm[kernels.nt_grid](a, bt, c), c, ref, m, n, k)
         _tuned(row, kernels.int8_mm)
         c_ref = torch.empty(m, n, device=device, dtype=torch.int32)
-        row["cublas"] = measure(lambda: c_ref.copy_(torch._int_mm(a, bt.T)), c_ref, ref, m, n, k)
+        refusal = baseline_refusal(dtype_name, m, n, k)
+        row["cublas"] = ({"status": "n/a", "reason": refusal} if refusal else
+                         measure(lambda: c_ref.copy_(torch._int_mm(a, bt.T)), c_ref, ref, m, n, k))
         triton_args = (a, bt.T, torch.empty(m, n, device=device, dtype=torch.int32), None, None)
     else:
         a = torch.randn(m, k, device=device)
@@ -169,6 +190,8 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         triton_args = (a, bt.T, torch.empty(m, n, device=device), None, None)
     if triton_mod is None:
         row["triton"] = {"status": "n/a"}
+    elif triton_refusal(dtype_name, k):
+        row["triton"] = {"status": "n/a", "reason": triton_refusal(dtype_name, k)}
     else:
         x, y, out, s_a, s_b = triton_args
         row["triton"] = measure(lambda: triton_mod.matmul_lowp(x, y, out, s_a, s_b), out, ref, m, n, k)
@@ -341,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             for impl in IMPLS:
                 if row[impl]["status"] == "ERROR":
                     print(f"    {impl} ERROR: {row[impl]['error'].splitlines()[0][:300]}", flush=True)
+                elif row[impl].get("reason"):
+                    print(f"    {impl} n/a: {row[impl]['reason']}", flush=True)
             write_json(json_path, {"meta": meta, "rows": rows, "complete": False})
     except KeyboardInterrupt as stop:
         interrupted = str(stop) or "KeyboardInterrupt"

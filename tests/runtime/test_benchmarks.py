@@ -216,3 +216,19 @@ def test_launch_overheads_take_turns_and_include_timers(monkeypatch):
     timers = {name: (lambda n, name=name: timed.append(name) or 1.0) for name in "xyz"}
     launch.host_overheads({}, launches=7, reps=4, timers=timers)
     assert timed[-12:] == list("xyzyzxzxyxyz")
+
+
+@pytest.mark.parametrize("dtype, mnk, refused", [
+    ("fp8", (4096, 4096, 4096), False), ("fp8", (1000, 3000, 777), True), ("fp8", (1000, 3008, 768), False),
+    ("int8", (4096, 4096, 4096), False), ("int8", (16, 4096, 4096), True), ("int8", (1000, 3000, 777), True),
+    ("tf32", (1000, 3000, 777), False),
+])
+def test_baseline_refusals_are_named_not_failures(dtype, mnk, refused):
+    """A shape the library baseline documents it cannot take reads n/a with the reason (the benchmark's exit
+    code counts only tilejit's and a running baseline's failures)."""
+    reason = bench_matmul.baseline_refusal(dtype, *mnk)
+    assert (reason is not None) == refused
+    if refused:
+        assert ("_scaled_mm" if dtype == "fp8" else "_int_mm") in reason
+    assert bench_matmul.triton_refusal("fp8", 777) and not bench_matmul.triton_refusal("fp8", 4096)
+    assert not bench_matmul.triton_refusal("int8", 777)
