@@ -260,12 +260,12 @@ def compile_case(draw):
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(compile_case())
-def test_random_sm90a_compiles_emit_cuda_or_a_tilejit_error(case):
+@given(compile_case(), st.sampled_from(["sm_90a", "sm_100a"]))
+def test_random_sm90a_compiles_emit_cuda_or_a_tilejit_error(case, arch):
     which, args, kwargs = case
     kernel = {"ew": ew_binary, "tile2d": tile2d, "rowsum": rowsum, "matmul": matmul}[which]
     made = {}
-    result = outcome(lambda: made.setdefault("st", kernel.compile(*args, arch="sm_90a", stop_after="cuda",
+    result = outcome(lambda: made.setdefault("st", kernel.compile(*args, arch=arch, stop_after="cuda",
                                                                    **kwargs)))
     event(f"{which}: {result}")
     if result == "ok":
