@@ -166,7 +166,8 @@ def target_text(target: Target) -> str:
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
-    return f"cuda:{target.arch.name}:nvrtc{major}.{minor}"
+    pinned = knobs.gemm_lowering()
+    return f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + (f":gemm={pinned}" if pinned else "")
 
 
 def cache_key(spec: Specialization, target: Target) -> str:

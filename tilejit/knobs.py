@@ -61,6 +61,14 @@ def arch_override() -> str | None:
     return value or None
 
 
+def gemm_lowering() -> str | None:
+    """TILEJIT_GEMM_LOWERING=<name>: every gemm must take this lowering of the dispatch registry (e.g.
+    ``mma_sync_m16n8k16`` to measure the sm_80 path on an H100, ``tcgen05_mma_f16``); a gemm it does not fit
+    is a DispatchError saying why. Part of the cache key."""
+    value = os.environ.get("TILEJIT_GEMM_LOWERING", "").strip()
+    return value or None
+
+
 def compile_workers() -> int:
     """TILEJIT_COMPILE_WORKERS: processes used to compile autotune configs (default: all cores)."""
     value = os.environ.get("TILEJIT_COMPILE_WORKERS", "").strip()

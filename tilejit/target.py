@@ -222,13 +222,29 @@ class Registry:
                 return impl
         raise KeyError(f"no {op} implementation named {name!r}")
 
-    def select(self, op_name: str, op: Any, target: Target, loc: Any = None, source_line: str | None = None) -> Impl:
+    def select(self, op_name: str, op: Any, target: Target, loc: Any = None, source_line: str | None = None,
+               only: str | None = None) -> Impl:
+        """The first registered implementation (highest priority) whose predicates hold; ``only`` restricts the
+        choice to the one of that name (a pinned lowering)."""
+        table = self.impls.get(op_name, [])
+        if only is not None and not any(i.name == only for i in table):
+            raise DispatchError(
+                f"no {op_name} lowering is named {only!r}", candidates=[(i.name, "registered") for i in table],
+                filename=getattr(loc, "filename", None), lineno=getattr(loc, "lineno", None),
+                col=getattr(loc, "col", None), source_line=source_line,
+                hint="pin one of the registered names above (or unset the pin)")
         rejected = []
-        for impl in self.impls.get(op_name, []):
+        for impl in (i for i in table if only is None or i.name == only):
             why = impl.rejection(op, target)
             if why is None:
                 return impl
             rejected.append((impl.name, why))
+        if only is not None:
+            raise DispatchError(
+                f"the pinned {op_name} lowering {only!r} does not fit on {target.arch}", candidates=rejected,
+                filename=getattr(loc, "filename", None), lineno=getattr(loc, "lineno", None),
+                col=getattr(loc, "col", None), source_line=source_line,
+                hint="unset the pin (TILEJIT_GEMM_LOWERING) or change the tile shape, dtypes, num_warps or arch")
         raise DispatchError(
             f"no lowering of {op_name} fits on {target.arch}" + ("" if rejected else ": none is registered"),
             candidates=rejected,

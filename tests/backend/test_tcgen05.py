@@ -223,3 +223,30 @@ def _wheel_tool(name: str) -> str | None:
         if candidate.exists():
             return str(candidate)
     return None
+
+
+# -- a pinned lowering (TILEJIT_GEMM_LOWERING) -----------------------------------------------------------
+
+def test_a_tcgen05_request_on_sm_120a_is_a_clear_dispatch_error(monkeypatch):
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "tcgen05_mma_f16")
+    with pytest.raises(tilejit.DispatchError) as info:
+        _mm(torch.float16, torch.float16, T.float32, arch="sm_120a", stop_after="passes")
+    text = str(info.value)
+    assert "the pinned gemm lowering 'tcgen05_mma_f16' does not fit on sm_120a" in text
+    assert "arch sm_120a outside sm_100..sm_103" in text and "TILEJIT_GEMM_LOWERING" in text
+    # where it fits, the pin is what runs
+    assert _impl(_mm(torch.float16, torch.float16, T.float32, stop_after="passes")) == "tcgen05_mma_f16"
+
+
+def test_pinning_another_lowering_and_a_wrong_name(monkeypatch):
+    from tilejit.compiler import target_text
+    from tilejit.target import Target
+
+    unpinned = target_text(Target.of("sm_90a"))
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "mma_sync_m16n8k16")
+    st = _mm(torch.float16, torch.float16, T.float32, arch="sm_90a", stop_after="ptx")
+    assert _impl(st) == "mma_sync_m16n8k16" and "wgmma" not in st.ptx and "mma.sync" in st.ptx
+    assert target_text(Target.of("sm_90a")) != unpinned  # a pinned compile never reuses an unpinned cubin
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "wgmma_typo")
+    with pytest.raises(tilejit.DispatchError, match="no gemm lowering is named 'wgmma_typo'"):
+        _mm(torch.float16, torch.float16, T.float32, arch="sm_90a", stop_after="passes")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from .. import knobs
 from ..target import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Trait, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
@@ -193,7 +194,7 @@ def _elementwise_required(inf: _Inference, op: Op, index: int, parent: Op | None
 
 
 def _gemm_seed(inf: _Inference, op: Op) -> None:
-    impl = REGISTRY.select("gemm", op, inf.target, op.loc, _source_line(op))
+    impl = REGISTRY.select("gemm", op, inf.target, op.loc, _source_line(op), only=knobs.gemm_lowering())
     op.attrs = replace(op.attrs, impl=impl.name)
     inf.set(op.result, impl.payload.acc_layout(op, inf.target))
 
@@ -395,8 +396,10 @@ def keep_register_operands(fn: Function, target: Target) -> None:
             continue
         if staged.operands[0].type.scope is not Scope.REGISTER or op.operands[0].type.scope is not Scope.SHARED:
             continue
+        pinned = knobs.gemm_lowering()
         op.operands[0] = staged.operands[0]
-        impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None), None)
+        impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
+                     and pinned in (None, i.name)), None)
         if impl is not None and getattr(impl.payload, "register_a", False) and impl.priority >= _priority(op):
             op.attrs = replace(op.attrs, impl=impl.name)
         else:
