@@ -58,6 +58,16 @@ def test_instruction_descriptor_fields(d, a, b, codes, m, n, tb):
         assert _field(desc, lo, hi) == 0
 
 
+def test_instruction_descriptor_for_every_m_and_n():
+    """Table 42 written out independently: bf16 x bf16 -> f32 for M = 64 (N 8..256 by 8) and M = 128 (N 16..256
+    by 16), B K-major and N-major."""
+    for m, step in ((64, 8), (128, 16)):
+        for n in range(step, 257, step):
+            for tb in (False, True):
+                expected = (1 << 4) + (1 << 7) + (1 << 10) + (int(tb) << 16) + ((n // 8) << 17) + ((m // 16) << 24)
+                assert tc.instr_desc(D.float32, D.bfloat16, D.bfloat16, m, n, transpose_b=tb) == expected
+
+
 def test_shared_memory_descriptor_fields():
     desc = tc.smem_desc(0x12340, 16, 1024)
     assert _field(desc, 0, 13) == 0x12340 >> 4 and _field(desc, 16, 29) == 1 and _field(desc, 32, 45) == 64
@@ -67,6 +77,22 @@ def test_shared_memory_descriptor_fields():
     assert f"0x{tc.UMMA_DESC_FIXED:x}ull" in tc.SUPPORT
     # and it is the sm_90 descriptor (swizzle 1 << 62) with the version bit added
     assert tc.UMMA_DESC_FIXED == (1 << 62) | (1 << 46)
+
+
+@pytest.mark.parametrize("shape, warps", [((128, 256), 8), ((128, 64), 4), ((256, 128), 8)])
+def test_tmem_layout_is_the_32x32b_access_for_every_lane_and_register(shape, warps):
+    """Independently of TmemLayout.coords: ``tcgen05.ld.32x32b.xN`` by warp w gives lane l of that warp TMEM
+    lane 32 (w % 4) + l, columns in register order; TmemLayout's register s * C + j is the column
+    (w / 4) * C + j of slab s (TMEM column s * N + (w / 4) * C + j)."""
+    layout = TmemLayout(shape, warps)
+    m, n = shape
+    cols = n // (warps // 4)
+    for tid in range(32 * warps):
+        w, lane = tid // 32, tid % 32
+        for i in range(layout.regs):
+            s, j = divmod(i, cols)
+            tmem_lane, tmem_col = 32 * (w % 4) + lane, s * n + (w // 4) * cols + j
+            assert layout.coords(tid, i) == [s * 128 + tmem_lane, tmem_col - s * n]
 
 
 @pytest.mark.parametrize("shape, warps", [((128, 256), 8), ((128, 128), 4), ((256, 64), 8), ((256, 128), 16)])
@@ -193,10 +219,12 @@ def test_a_gemm_outside_a_main_loop_round_trips_through_tmem():
         at = gemm.index(needle, at) + len(needle)
 
 
-@pytest.mark.parametrize("warps, bn", [(8, 256), (4, 128)])
-def test_cubin_builds_and_its_sass_has_the_tcgen05_instructions(warps, bn):
-    st = matmul_any.compile(_meta(1000, 512), _meta(1024, 512), _meta(1000, 1024, dtype=torch.float32), BM=128,
-                            BN=bn, BK=64, TA=False, TB=True, ACC=T.float32, num_warps=warps, arch="sm_100a")
+@pytest.mark.parametrize("warps, bn, dtype, mma", [(8, 256, torch.float16, "UTCHMMA"), (4, 128, torch.float16, "UTCHMMA"),
+                                                  (8, 128, E4M3, "UTCQMMA")])
+def test_cubin_builds_and_its_sass_has_the_tcgen05_instructions(warps, bn, dtype, mma):
+    st = matmul_any.compile(_meta(1000, 512, dtype=dtype), _meta(1024, 512, dtype=dtype),
+                            _meta(1000, 1024, dtype=torch.float32), BM=128, BN=bn, BK=128 // dtype.itemsize, TA=False,
+                            TB=True, ACC=T.float32, num_warps=warps, arch="sm_100a")
     cubin = st.asm["cubin"]
     assert cubin[:4] == b"\x7fELF"
     assert st.meta["spills"] == 0, st.meta
@@ -207,7 +235,8 @@ def test_cubin_builds_and_its_sass_has_the_tcgen05_instructions(warps, bn):
         f.write(cubin)
         f.flush()
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    assert "UTCHMMA" in sass  # tcgen05.mma kind::f16
+    assert mma in sass  # tcgen05.mma: kind::f16 (UTCHMMA), kind::f8f6f4 (UTCQMMA)
+    assert "UTCBAR" in sass  # tcgen05.commit to an mbarrier
     assert "LDTM" in sass and "STTM" in sass  # tcgen05.ld / tcgen05.st
     assert "UTMALDG" in sass  # the TMA ring
     assert not re.search(r"\bHMMA\.", sass)  # no mma.sync left
