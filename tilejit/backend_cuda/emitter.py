@@ -181,12 +181,13 @@ KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
 
 @dataclass
 class AsyncMma:
-    """A pipelined loop whose ring tiles only asynchronous MMAs (wgmma) read (``lower_loops``).
+    """A pipelined loop whose ring tiles only asynchronous MMAs read (``lower_loops``; wgmma or tcgen05).
 
-    The MMAs of iteration ``k`` stay in flight while iteration ``k + 1`` issues its own: after the last of
-    ``gemms`` commits its group, the lowering waits until only this iteration's groups are pending and calls
-    ``release``, which hands iteration ``k - 1``'s ring slot back to the producer. Each gemm accumulates into
-    its loop-carried variable in place (no register copies while a group is in flight).
+    The MMAs of iteration ``k`` stay in flight while iteration ``k + 1`` issues its own. After the last of
+    ``gemms``, wgmma waits until only this iteration's groups are pending (each warp then releases iteration
+    ``k - 1``'s slot), tcgen05 commits the iteration's MMAs to ``empty`` (which releases the slot when they
+    complete); both then call ``release``, which refills the slot. Each gemm accumulates in place: into its
+    loop-carried registers (wgmma) or its tensor-memory columns (tcgen05).
     """
     gemms: list[Op]
     release: Callable[[], None]

@@ -189,8 +189,8 @@ def _for(em: Emitter, op: Op) -> None:
         lower_tcgen05.load_accumulators(em, in_flight, carried_names, f"{empty} + 8 * ((tj_it - 1) % {stages})",
                                         f"((tj_it - 1) / {stages}) & 1")
     else:
-        for gemm in in_flight:  # the last iteration's groups
-            wait_group(em, 0, em.name(gemm.result), gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
+        for gemm, name in zip(in_flight, carried_names):  # the last iteration's groups
+            wait_group(em, 0, name, gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")

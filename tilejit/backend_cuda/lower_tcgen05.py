@@ -30,7 +30,7 @@ from ..target import REGISTRY, Target
 from . import lower_tma
 from .emitter import KERNEL_HOOKS, Emitter
 from .lower_gemm import _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
-from .lower_wgmma import Wgmma
+from .lower_wgmma import b_fields, k_step_offset
 
 
 def smem_desc(addr: int, lbo: int, sbo: int) -> int:
@@ -173,7 +173,7 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
     em.close()
 
 
-class Tcgen05(Wgmma):
+class Tcgen05:
     """``tcgen05.mma.cta_group::1`` M = 128 per slab, N = the tile's columns, 32 bytes of K per instruction."""
 
     def acc_layout(self, op: Op, target: Target) -> TmemLayout:
@@ -205,21 +205,20 @@ class Tcgen05(Wgmma):
         em.open("if (tid == 0)")
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
         for kk in range(k // k_atom):
-            if b_k_major:
-                b_desc = f"tj_umma_desc(tj_b + {self._k_major_offset(sb.layout, kk)}, 16, 1024)"
-            else:
-                b_desc = f"tj_umma_desc(tj_b + {kk * 16 * sb.layout.row_pitch}, {sb.layout.panel_bytes}, 1024)"
+            b_off, b_lbo = b_fields(sb.layout, kk, b_k_major)
+            b_desc = f"tj_umma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
             for s in range(m // MMA_M):
-                a_desc = (f"tj_umma_desc(tj_a + {self._k_major_offset(sa.layout, kk)} + "
+                a_desc = (f"tj_umma_desc(tj_a + {k_step_offset(sa.layout, kk)} + "
                           f"{s * MMA_M * sa.layout.row_pitch}, 16, 1024)")
                 em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::{kind} '
                         f'[%0], %1, %2, %3, p; }}" :: "r"(tj_tmem + {col0 + s * n}), "l"({a_desc}), "l"({b_desc}), '
                         f'"r"({idesc:#x}u), "r"(1) : "memory");')
         if ring is not None:
-            if op is ring.gemms[-1]:
+            last = op is ring.gemms[-1]
+            if last:
                 em.line(f"tj_tc_commit({ring.empty});  // the slot is free once these MMAs completed")
             em.close()
-            if op is ring.gemms[-1]:
+            if last:
                 ring.release()
             em.close()
             return

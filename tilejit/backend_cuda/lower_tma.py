@@ -129,19 +129,27 @@ REGISTRY.register("copy", "tma_bulk_tensor", min_sm=90, priority=10, predicates=
 REGISTRY.register("copy", "cp_async", min_sm=80, priority=5)(object())
 
 
-def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str) -> None:
-    """The calling thread issues one bulk tensor copy per 128-byte panel of ``op``'s tile into ``slot``."""
-    lay: SharedLayout = tile.layout
-    rank = op.operands[0].type.rank
+def _panel_boxes(lay: SharedLayout, starts: list[str]):
+    """(panel index, box coordinates innermost first as C text) of each 128-byte panel of a tile whose window
+    starts at ``starts`` (one per tensor dim): panel ``p`` starts ``p * 128`` bytes further along the last dim."""
+    rank = len(starts)
     panel_cols = SPAN_BYTES // lay.elem_bytes
     for p in range(lay.row_bytes // SPAN_BYTES):
         coords = []
         for d in reversed(range(rank)):
             start = f"(int)({starts[d]})"
             coords.append(f"{start} + {p * panel_cols}" if d == rank - 1 and p else start)
+        yield p, ", ".join(coords)
+
+
+def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str) -> None:
+    """The calling thread issues one bulk tensor copy per 128-byte panel of ``op``'s tile into ``slot``."""
+    lay: SharedLayout = tile.layout
+    rank = op.operands[0].type.rank
+    for p, coords in _panel_boxes(lay, starts):
         stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
         dst = f"tj_smem_u32 + {tile.offset}{stage} + {p * lay.panel_bytes}"
-        em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {', '.join(coords)}, {bar});")
+        em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {coords}, {bar});")
 
 
 # -- the TMA store epilogue ------------------------------------------------------------------------
@@ -229,13 +237,8 @@ def emit_store(em, op: Op) -> None:
     em.line("__syncthreads();")
     em.open("if (tid == 0)")
     rank = tensor.type.rank
-    panel_cols = SPAN_BYTES // esize
-    for p in range(lay.row_bytes // SPAN_BYTES):
-        coords = []
-        for d in reversed(range(rank)):
-            start = f"(int)({starts[d]})"
-            coords.append(f"{start} + {p * panel_cols}" if d == rank - 1 and p else start)
-        em.line(f"tj_tma_store_{rank}d(&{param}, {', '.join(coords)}, tj_smem_u32 + {offset + p * lay.panel_bytes});")
+    for p, coords in _panel_boxes(lay, starts):
+        em.line(f"tj_tma_store_{rank}d(&{param}, {coords}, tj_smem_u32 + {offset + p * lay.panel_bytes});")
     em.line("tj_bulk_commit();")
     em.line("tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
     em.close()

@@ -42,6 +42,18 @@ def wait_group(em: Emitter, pending: int, name: str, regs: int, integer: bool) -
         em.line(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" : {operands} :: "memory");')
 
 
+def k_step_offset(lay: SharedLayout, kk: int) -> int:
+    """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile (128-byte panels along K)."""
+    return (kk // 4) * lay.panel_bytes + (kk % 4) * 32
+
+
+def b_fields(lay: SharedLayout, kk: int, k_major: bool) -> tuple[int, int]:
+    """(byte offset, leading byte offset) of operand B's descriptor for k step ``kk``: K-major, 32 bytes along
+    the panel (LBO unused: 16); N-major, 16 k-rows further (LBO = the distance between 64-column panels). The
+    stride byte offset is 1024 (8 rows of 128 bytes) either way; sm_90 and sm_100 descriptors agree on all three."""
+    return (k_step_offset(lay, kk), 16) if k_major else (kk * 16 * lay.row_pitch, lay.panel_bytes)
+
+
 def _b_k_major(op: Op) -> bool:
     return op.attrs.transpose_b
 
@@ -114,10 +126,8 @@ class Wgmma:
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
         half = n // 2
         for kk in range(k // k_atom):
-            if _b_k_major(op):
-                b_desc = f"tj_wgmma_desc(tj_b + {self._k_major_offset(sb.layout, kk)}, 16, 1024)"
-            else:
-                b_desc = f"tj_wgmma_desc(tj_b + {kk * 16 * sb.layout.row_pitch}, {sb.layout.panel_bytes}, 1024)"
+            b_off, b_lbo = b_fields(sb.layout, kk, _b_k_major(op))
+            b_desc = f"tj_wgmma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
             for s in range(layout.slabs):
                 a_ins = self.a_operands(em, a, kk, s, layout)
                 a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
@@ -163,13 +173,8 @@ class Wgmma:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s``."""
         sa = em.shared[a.id]
         slab = f"({s * layout.groups} + tj_wg)"
-        off = self._k_major_offset(sa.layout, kk)
+        off = k_step_offset(sa.layout, kk)
         return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)")]
-
-    @staticmethod
-    def _k_major_offset(lay: SharedLayout, kk: int) -> int:
-        """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile (128-byte panels along K)."""
-        return (kk // 4) * lay.panel_bytes + (kk % 4) * 32
 
 
 _SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte "

@@ -388,6 +388,7 @@ def keep_register_operands(fn: Function, target: Target) -> None:
     """A gemm operand A that scope inference staged into shared memory from a register tile goes back to that
     tile when a registered lowering reads A from registers in the tile's layout (e.g. wgmma with A's fragment
     in the accumulator layout of an earlier gemm: attention's P). The staging copy is left dead for cleanup."""
+    pinned = knobs.gemm_lowering()
     for op in fn.walk():
         if op.kind is not OpKind.GEMM:
             continue
@@ -396,7 +397,6 @@ def keep_register_operands(fn: Function, target: Target) -> None:
             continue
         if staged.operands[0].type.scope is not Scope.REGISTER or op.operands[0].type.scope is not Scope.SHARED:
             continue
-        pinned = knobs.gemm_lowering()
         op.operands[0] = staged.operands[0]
         impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
                      and pinned in (None, i.name)), None)

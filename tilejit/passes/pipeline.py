@@ -105,5 +105,3 @@ def in_flight_gemms(body) -> list[Op]:
 def mma_family(op: Op) -> str | None:
     impl = op.attrs.impl or ""
     return next((f for f in ("wgmma", "tcgen05") if impl.startswith(f)), None)
-
-
