@@ -22,6 +22,8 @@ the language (``tilejit/frontend/semantic.py``) and the GPU:
   Float -> fp8 is torch's conversion: e4m3fn saturates to +-448 and e5m2 overflows to +-inf (torch 2.x).
 * ``gemm`` computes the product in float32 from the exact operand values (float64 for float64 operands;
   int8 exactly, wrapped to int32) and adds it to the accumulator in that dtype.
+  A float16 accumulator (``out_dtype=T.float16``) is rounded to float16 after every 16 values of K (one
+  tensor-core step; within the step the products are summed in float32).
 * Loads read out-of-bounds elements as 0; stores skip them. Gathers read out-of-range indices as 0; scatters
   skip them, and of duplicate indices the last write in row-major order wins (the GPU: any one of them).
 * Atomics update their elements one after the other in row-major order (program after program), so duplicate
@@ -433,12 +435,30 @@ def _gemm(op: Op, env: Env, ctx: _Context) -> None:
         # int8 x int8 products summed in float64 are exact for any K below 2^39
         product = (a.double() @ b.double()).to(torch.int64)
         out = (acc.to(torch.int64) + product).to(torch.int32)
+    elif acc.dtype == torch.float16:
+        out = _f16_accumulate(acc, a, b)
     else:
         compute = acc.dtype  # float32, or float64 for float64 operands
         if op.attrs.precision == "tf32":  # the tensor cores read the upper 19 bits of each float32
             a, b = _truncate_to_tf32(a), _truncate_to_tf32(b)
         out = acc.to(compute) + a.to(compute) @ b.to(compute)
     env[op.results[0].id] = out
+
+
+#: K values per tensor-core instruction step of float16 operands (mma.sync m16n8k16, wgmma k16, tcgen05
+#: kind::f16): a float16 accumulator is rounded once per step.
+F16_ACC_K_STEP = 16
+
+
+def _f16_accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``acc + a @ b`` with a float16 accumulator: each 16-wide k step's products (exact in float32) summed in
+    float32, added to the accumulator and rounded to float16, step after step."""
+    out = acc
+    a, b = a.float(), b.float()
+    for k0 in range(0, a.shape[1], F16_ACC_K_STEP):
+        step = a[:, k0:k0 + F16_ACC_K_STEP] @ b[k0:k0 + F16_ACC_K_STEP]
+        out = (out.float() + step).to(torch.float16)
+    return out
 
 
 def _truncate_to_tf32(x: torch.Tensor) -> torch.Tensor:

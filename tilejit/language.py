@@ -387,7 +387,7 @@ def min(x, axis=None):  # noqa: A001
 
 
 @builtin
-def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
+def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None):
     """Matrix product with accumulation: ``acc + op(a) @ op(b)``, on tensor cores.
 
     ``op(t)`` is ``t.T`` when the matching ``transpose_*`` is True, else ``t``. ``a @ b`` is the same product
@@ -395,10 +395,18 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
 
     Args:
         a: a 2-D tile; ``op(a)`` has shape (M, K). float16, bfloat16, float8 (e4m3fn, e5m2), int8 or float32.
+            A 3-D tile (Bt, M, K) with a 3-D ``b`` (Bt, K, N) is a batch of Bt products (see below).
         b: a 2-D tile of ``a``'s dtype (the two float8 formats mix); ``op(b)`` has shape (K, N).
-        acc: a (M, N) tile of the accumulator dtype: float32 for float16, bfloat16, fp8 and float32 operands,
-            int32 for int8 (exact sums).
+        acc: a (M, N) tile of the accumulator dtype ``out_dtype``: by default float32 for float16, bfloat16,
+            fp8 and float32 operands, int32 for int8 (exact sums). ``None`` starts from zeros.
         transpose_a, transpose_b: compile-time bools (default False).
+        out_dtype: the accumulator and result dtype, as ``tl.dot(out_dtype=)``: ``T.float32`` (the default;
+            ``T.int32`` for int8), or ``T.float16`` for float16 operands, which accumulates in float16 on the
+            tensor cores' f16 accumulators (mma.sync f16.f16.f16.f16, wgmma .f16, tcgen05 kind::f16 with an
+            f16 D): half the accumulator registers, less accurate. The sum is rounded to float16 after every
+            16 values of K (the interpreter does the same; within a step the hardware's rounding is its own).
+            ``acc`` must have this dtype; any other combination (float16 with bfloat16, fp8 or int8 operands,
+            an ``acc`` of another dtype) is a compile error.
         precision: for float32 operands only (ignored for the others), a compile-time string:
 
             * ``"tf32"`` (the default, as in Triton; also what ``a @ b`` uses): tensor cores, each operand
@@ -410,6 +418,10 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
 
     Returns:
         ``acc + op(a) @ op(b)``, a (M, N) tile of ``acc``'s dtype.
+
+    Batches: ``a`` of shape (Bt, M, K) and ``b`` of shape (Bt, K, N) (``a @ b`` too) give a (Bt, M, N) tile,
+    product ``i`` of slices ``a[i]`` and ``b[i]`` (the transposes swap the last two dims); Bt is a compile-time
+    size and each of the Bt products runs as a 2-D one.
 
     Which instructions run: float16/bfloat16 on wgmma (sm_90a) or ldmatrix + mma.sync (sm_80+, also sm_100a
     today); fp8 on wgmma k32 (sm_90a) or mma.sync m16n8k32 (sm_89+); int8 on wgmma / mma.sync k32; tf32 on wgmma
@@ -426,6 +438,9 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None):
             b = B[n0:n0 + BN, k0:k0 + BK]                      # (BN, BK): B stored N x K (K-major)
             acc = T.gemm(a, b, acc, transpose_b=True)          # acc += a @ b.T
         C[m0:m0 + BM, n0:n0 + BN] = acc                        # the store converts to C's dtype
+
+        acc16 = T.zeros((BM, BN), T.float16)                   # float16 operands, float16 accumulation
+        acc16 = T.gemm(a, b, acc16, transpose_b=True, out_dtype=T.float16)
 
     See docs/language.md#matrix-products.
     """

@@ -517,7 +517,7 @@ CASES = [
     Case(k_gemm_dtypes, lambda: (meta(64, 64), meta(64, 64, dtype=torch.bfloat16), meta(64, 64)), dict(BM=16),
          TypeCheckError, "different dtypes f16 and bf16", "a @ b"),
     Case(k_gemm_acc_dtype, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16), TypeCheckError,
-         "accumulator must be f32 for f16 operands, got f16", "T.gemm"),
+         "accumulator must be f32 for f16 operands, got f16", "T.gemm", hint="out_dtype=T.float16"),
     Case(k_broadcast, X2, dict(BN=16), TypeCheckError, "cannot broadcast shapes (16, 16) and (16, 32)", "a + b"),
     Case(k_floordiv_float, X1, dict(BN=16), TypeCheckError, "operator 'floordiv' needs integer operands, got f16",
          "x // 2"),
@@ -710,7 +710,99 @@ NEW_CASES = [
     Case(k_walrus, X1, dict(BN=16), UnsupportedSyntaxError, "an assignment expression (:=) is not supported",
          "y := 1.0"),
 ]
-CASES += NEW_CASES
+
+
+# -- issue 16 products: out_dtype, batched products --------------------------------------------------------------
+
+@tilejit.kernel
+def k_out_dtype_f16_bf16(A, B, C, BM: T.constexpr):
+    acc = T.zeros((BM, BM), T.float16)
+    acc = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], acc, out_dtype=T.float16)  # ERR
+    C[0:BM, 0:BM] = acc
+
+
+@tilejit.kernel
+def k_out_dtype_f16_int8(A, B, C, BM: T.constexpr):
+    C[0:BM, 0:BM] = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], None, out_dtype=T.float16)  # ERR
+
+
+@tilejit.kernel
+def k_out_dtype_f16_fp8(A, B, C, BM: T.constexpr):
+    C[0:BM, 0:BM] = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], None, out_dtype=T.float16)  # ERR
+
+
+@tilejit.kernel
+def k_out_dtype_acc_disagrees(A, B, C, BM: T.constexpr):
+    acc = T.zeros((BM, BM), T.float32)
+    acc = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], acc, out_dtype=T.float16)  # ERR
+    C[0:BM, 0:BM] = acc
+
+
+@tilejit.kernel
+def k_out_dtype_not_a_dtype(A, B, C, BM: T.constexpr):
+    C[0:BM, 0:BM] = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], None, out_dtype="float16")  # ERR
+
+
+@tilejit.kernel
+def k_out_dtype_int8_float32(A, B, C, BM: T.constexpr):
+    C[0:BM, 0:BM] = T.gemm(A[0:BM, 0:BM], B[0:BM, 0:BM], None, out_dtype=T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_batched_batch_differs(A, B, C, BM: T.constexpr):
+    a = A[0:2, 0:BM, 0:BM]
+    b = B[0:4, 0:BM, 0:BM]
+    C[0:2, 0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_batched_rank_mismatch(A, B, C, BM: T.constexpr):
+    a = A[0:2, 0:BM, 0:BM]
+    b = B[0, 0:BM, 0:BM]
+    C[0:2, 0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_batched_inner_differs(A, B, C, BM: T.constexpr):
+    a = A[0:2, 0:BM, 0:BM]
+    b = B[0:2, 0:2 * BM, 0:BM]
+    C[0:2, 0:BM, 0:BM] = a @ b  # ERR
+
+
+@tilejit.kernel
+def k_batched_acc_shape(A, B, C, BM: T.constexpr):
+    acc = T.zeros((2, BM, 2 * BM), T.float32)
+    acc = T.gemm(A[0:2, 0:BM, 0:BM], B[0:2, 0:BM, 0:BM], acc)  # ERR
+    C[0:2, 0:BM, 0:BM] = acc
+
+
+def _abc(dtype, rank=2):
+    return lambda: tuple(meta(*(4,) * (rank - 2), 64, 64, dtype=dtype) for _ in range(2)) + (meta(4, 64, 64),)
+
+
+DOT_CASES = [
+    Case(k_out_dtype_f16_bf16, _abc(torch.bfloat16), dict(BM=16), TypeCheckError,
+         "out_dtype=float16 is not supported for bf16 operands", "T.gemm", hint="out_dtype=T.float32"),
+    Case(k_out_dtype_f16_int8, _abc(torch.int8), dict(BM=16), TypeCheckError,
+         "out_dtype=float16 is not supported for i8 operands", "T.gemm", hint="out_dtype=T.int32"),
+    Case(k_out_dtype_f16_fp8, _abc(torch.float8_e4m3fn), dict(BM=16), TypeCheckError,
+         "float16 accumulation needs float16 operands", "T.gemm"),
+    Case(k_out_dtype_acc_disagrees, _abc(torch.float16), dict(BM=16), TypeCheckError,
+         "accumulator dtype f32 disagrees with out_dtype=float16", "T.gemm", hint="T.zeros(..., T.float16)"),
+    Case(k_out_dtype_not_a_dtype, _abc(torch.float16), dict(BM=16), TypeCheckError,
+         "out_dtype must be a dtype such as T.float32", "T.gemm"),
+    Case(k_out_dtype_int8_float32, _abc(torch.int8), dict(BM=16), TypeCheckError,
+         "i8 operands accumulate in i32", "T.gemm"),
+    Case(k_batched_batch_differs, _abc(torch.float16, 3), dict(BM=16), TypeCheckError,
+         "batched matrix product batch dims differ: (2, 16, 16) @ (4, 16, 16)", "a @ b"),
+    Case(k_batched_rank_mismatch, _abc(torch.float16, 3), dict(BM=16), TypeCheckError,
+         "a batched matrix product needs two 3-D tiles", "a @ b", hint="x[None, :, :]"),
+    Case(k_batched_inner_differs, _abc(torch.float16, 3), dict(BM=16), TypeCheckError,
+         "batched matrix product inner dimensions differ: 2x16x16 @ 2x32x16", "a @ b"),
+    Case(k_batched_acc_shape, _abc(torch.float16, 3), dict(BM=16), TypeCheckError,
+         "accumulator shape (2, 16, 32) does not match the batched product 2x16x16", "T.gemm"),
+]
+CASES += NEW_CASES + DOT_CASES
 for c in CASES:
     c.id = c.kernel.__name__[2:]
 

@@ -402,3 +402,92 @@ def test_atomic_in_a_loop_gpu():
         block = x[:, k0:k0 + 64].double().sum(0)
         expected[:block.shape[0]] += block
     assert torch.equal(partial.double(), expected)
+
+
+# -- matrix products: out_dtype, batched 3-D products, multiply-broadcast-sum ------------------------------------
+
+import dot_kernels as dk  # noqa: E402
+import tilejit.language as T  # noqa: E402
+
+# (BM, BN, BK, num_warps, B given N x K): on an H100 the first two take wgmma with an f16 accumulator (N-major B
+# with BN % 64 == 0, and K-major B), the last mma.sync f16.f16.f16.f16 (BK = 32 is half a 128-byte panel).
+F16_ACC_CONFIGS = [(128, 128, 64, 8, False), (64, 128, 64, 4, True), (64, 64, 32, 4, False)]
+
+
+@pytest.mark.parametrize("config", F16_ACC_CONFIGS)
+@pytest.mark.parametrize("out", [torch.float16, torch.float32])
+def test_f16_accumulation_gpu(config, out):
+    """A 300 x 200 x 777 product accumulated in float16, stored to float16 and float32 tensors poisoned with
+    NaN; float64 reference. |C| is about sqrt(777) ~ 28, where a float16 ulp is 2^-5: ~49 k steps of rounding
+    stay well inside 0.25."""
+    BM, BN, BK, warps, trans_b = config
+    M, N, K = 300, 200, 777
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    c = torch.full((M, N), float("nan"), device="cuda", dtype=out)
+    grid = (-(-M // BM), -(-N // BN))
+    dk.matmul_out_dtype[grid](a, b.T.contiguous() if trans_b else b, c, OUT=T.float16, TRANS_B=trans_b, BM=BM,
+                              BN=BN, BK=BK, num_warps=warps)
+    assert not c.isnan().any()
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-2, atol=0.25)
+    kernel = dk.matmul_out_dtype.compile(a, b.T.contiguous() if trans_b else b, c, OUT=T.float16, TRANS_B=trans_b,
+                                         BM=BM, BN=BN, BK=BK, num_warps=warps)
+    assert "f16acc" in kernel.asm["ir"]
+
+
+@pytest.mark.parametrize("config", F16_ACC_CONFIGS)
+def test_f16_accumulation_really_rounds_to_f16_gpu(config):
+    """Every product 1 + 2^-6: past 1024 a float16 accumulator rounds each step's extra .25 away, which float32
+    keeps (4160 exactly)."""
+    BM, BN, BK, warps, trans_b = config
+    K = 4096
+    a = torch.ones(BM, K, device="cuda", dtype=torch.float16)
+    b = torch.full((K, BN), 1 + 2 ** -6, device="cuda", dtype=torch.float16)
+    bb = b.T.contiguous() if trans_b else b
+    c16 = torch.full((BM, BN), float("nan"), device="cuda")
+    c32 = torch.full((BM, BN), float("nan"), device="cuda")
+    kw = dict(TRANS_B=trans_b, BM=BM, BN=BN, BK=BK, num_warps=warps)
+    dk.matmul_out_dtype[(1, 1)](a, bb, c16, OUT=T.float16, **kw)
+    dk.matmul_out_dtype[(1, 1)](a, bb, c32, OUT=T.float32, **kw)
+    assert torch.equal(c32, torch.full_like(c32, 4160.0))
+    assert (c16 == c16[0, 0]).all()
+    assert c16[0, 0].item() <= 4160.0 - 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("computed", [False, True])
+@pytest.mark.parametrize("tiles", [(2, 64, 64, 64, 4), (3, 32, 32, 16, 4)])
+def test_batched_matmul_gpu(dtype, computed, tiles):
+    """C[b] = A[b] @ B[b] with a 3-D accumulator carried through a K loop; 7 batches against BT = 2 or 3, the
+    other dims ragged; float64 reference (float32 operands multiply in tf32, as 2-D products do)."""
+    BT, BM, BN, BK, warps = tiles
+    Bz, M, N, K = 7, 100, 90, 150
+    a = torch.randn(Bz, M, K, device="cuda", dtype=dtype)
+    b = torch.randn(Bz, K, N, device="cuda", dtype=dtype)
+    c = torch.full((Bz, M, N), float("nan"), device="cuda")
+    dk.batched_matmul[(-(-M // BM), -(-N // BN), -(-Bz // BT))](a, b, c, COMPUTED=computed, BT=BT, BM=BM, BN=BN,
+                                                                BK=BK, num_warps=warps)
+    tol = 3e-2 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_batched_dot_gpu(dtype):
+    Bz, M, N, K = 5, 100, 80, 64
+    a = torch.randn(Bz, M, K, device="cuda", dtype=dtype)
+    b = torch.randn(Bz, K, N, device="cuda", dtype=dtype)
+    c = torch.full((Bz, M, N), float("nan"), device="cuda")
+    dk.batched_dot[(2, 2, 3)](a, b, c, BT=2, BM=64, BN=64, BK=64)
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 1e-4), (torch.bfloat16, 1e-4)])
+def test_broadcast_sum_dot_gpu(dtype, tol):
+    """T.sum(a[:, :, None] * b[None, :, :], 1) as a product: float32 stays exact float32 (tf32 would be off by
+    ~1e-3 relative), 16-bit operands multiply exactly and sum in float32."""
+    M, N, K = 100, 90, 64
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    b = torch.randn(K, N, device="cuda", dtype=dtype)
+    c = torch.full((M, N), float("nan"), device="cuda")
+    dk.broadcast_sum_dot[(-(-M // 64), -(-N // 64))](a, b, c, BM=64, BN=64, BK=64)
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol * 10)

@@ -4,10 +4,13 @@
   for the other major-ness) into m16n8k16 fragments; the accumulator is an :class:`MmaLayout` spread over
   the warps; per k16 step each warp loads its A fragments (x4) and B fragments (x4 for two n8 atoms)
   and issues ``atoms_m x atoms_n`` mma.sync instructions.
+* ``mma_sync_m16n8k16_f16acc`` (sm_80+): f16 operands accumulating in f16 (``out_dtype=T.float16``), the
+  same fragments with the accumulator packed two elements per register (f16.f16.f16.f16).
 * ``mma_sync_m16n8k32_fp8`` (sm_89+), ``mma_sync_m16n8k32_int8`` (sm_80+), ``mma_sync_m16n8k8_tf32`` and
   ``..._tf32x3`` (sm_80+): the same instruction family and fragments for 8- and 32-bit operands.
 * ``fma_fallback``: any dtype and shape; each thread computes its accumulator elements with scalar FMAs
-  from shared memory. Slow, but it makes every valid program run.
+  from shared memory. Slow, but it makes every valid program run. A float16 accumulator sums 16 K values at a
+  time in float32 and rounds to float16 after each (as the interpreter does).
 """
 from __future__ import annotations
 
@@ -52,8 +55,8 @@ class MmaSync:
     and issues three mma per atom.
     """
 
-    def __init__(self, elem_bytes: int, k_bytes: int = 32, tf32x3: bool = False) -> None:
-        self.elem_bytes, self.k_bytes, self.tf32x3 = elem_bytes, k_bytes, tf32x3
+    def __init__(self, elem_bytes: int, k_bytes: int = 32, tf32x3: bool = False, f16_acc: bool = False) -> None:
+        self.elem_bytes, self.k_bytes, self.tf32x3, self.f16_acc = elem_bytes, k_bytes, tf32x3, f16_acc
         self.k_atom = k_bytes // elem_bytes
         self.a_regs, self.b_regs = k_bytes // 8, k_bytes // 16
 
@@ -66,6 +69,17 @@ class MmaSync:
         """The name of the device function issuing one mma of ``op``'s operand types (d += a @ b in place)."""
         a, b, acc = op.operands
         ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
+        if self.f16_acc:
+            name = f"tj_mma_m16n8k{self.k_atom}_f16_f16acc"
+            em.require_support(name, f"""
+/// mma.sync m16n8k{self.k_atom} row.col f16 x f16 + f16, in place (PTX 9.7.14.5.8): the accumulator is two f16x2
+/// registers, d0 = (c0, c1) of row g and d1 = (c2, c3) of row g + 8 (the f32 form's elements, packed).
+TJ_DEVICE void {name}(unsigned& d0, unsigned& d1,
+                      unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k{self.k_atom}.row.col.f16.f16.f16.f16 {{%0, %1}}, {{%2, %3, %4, %5}}, {{%6, %7}}, {{%0, %1}};"
+               : "+r"(d0), "+r"(d1) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}""")
+            return name
         if a.dtype in (D.float16, D.bfloat16):
             return f"tj_mma_m16n8k{self.k_atom}_{ta}"  # in the prelude
         name = f"tj_mma_m16n8k{self.k_atom}_{ta}_{tb}"
@@ -89,7 +103,7 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         mma = self._mma_function(em, op)
         sa, sb = em.shared[a.id], em.shared[b.id]
         name = em.declare_tile(out)
-        split = ", tf32x3: three products per atom" if self.tf32x3 else ""
+        split = ", tf32x3: three products per atom" if self.tf32x3 else ", f16 accumulator" if self.f16_acc else ""
         em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k{self.k_atom} ({layout.warps_m}x{layout.warps_n} warps, "
                        f"{tm}x{tn} atoms per warp{split})")
         src = em.name(acc)
@@ -105,6 +119,11 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         if self.tf32x3:
             em.line(f"unsigned tj_al[2][{tm}][{self.a_regs}], tj_bl[2][{tn}][{self.b_regs}];")
         steps = k // self.k_atom
+        if self.f16_acc:  # the f16 accumulator as the instruction's f16x2 registers, two elements each
+            em.line(f"unsigned tj_h[{tm * tn * 2}];")
+            em.line("#pragma unroll")
+            em.line(f"for (int i = 0; i < {tm * tn * 2}; ++i) "
+                    f"tj_h[i] = (unsigned){name}[2 * i].bits | ((unsigned){name}[2 * i + 1].bits << 16);")
         self._load_fragments(em, op, layout, sa, sb, 0, 0)
         hook = em.take_overlap_hook()
         if hook is not None:
@@ -117,7 +136,10 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
             em.line("#pragma unroll")
             em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
-            em.line(f"{acc_type}* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
+            if self.f16_acc:
+                em.line(f"unsigned* tj_d = &tj_h[(tj_am * {tn} + tj_an) * 2];")
+            else:
+                em.line(f"{acc_type}* tj_d = &{name}[(tj_am * {tn} + tj_an) * 4];")
             buf = kk % 2
             products = [("tj_af", "tj_bf")]
             if self.tf32x3:  # the small cross terms first, then the main product
@@ -125,8 +147,15 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             for fa, fb in products:
                 frags = [f"{fa}[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
                 frags += [f"{fb}[{buf}][tj_an][{r}]" for r in range(self.b_regs)]
-                em.line(f"{mma}(tj_d[0], tj_d[1], tj_d[2], tj_d[3], {', '.join(frags)});")
+                d = "tj_d[0], tj_d[1]" if self.f16_acc else "tj_d[0], tj_d[1], tj_d[2], tj_d[3]"
+                em.line(f"{mma}({d}, {', '.join(frags)});")
             em.close()
+            em.close()
+        if self.f16_acc:
+            em.line("#pragma unroll")
+            em.open(f"for (int i = 0; i < {tm * tn * 2}; ++i)")
+            em.line(f"{name}[2 * i].bits = (unsigned short)(tj_h[i] & 0xffffu);")
+            em.line(f"{name}[2 * i + 1].bits = (unsigned short)(tj_h[i] >> 16);")
             em.close()
         em.close()
 
@@ -248,17 +277,31 @@ class FmaFallback:
         em.comment(op, f"gemm on scalar FMAs ({a.dtype} operands; no tensor-core lowering fits)")
         cd = out.dtype
         ta, tb = c_type(a.dtype), c_type(b.dtype)
+        if cd == D.float16:  # float16 accumulation: float32 sums of 16 K values, rounded to f16 after each
+            cd = D.float32
 
         def body(i: str) -> None:
             row, col = em.coords(layout, i)
-            em.line(f"{c_type(cd)} tj_s = {em.name(acc)}[{i}];")
-            em.line("#pragma unroll 4")
-            em.open(f"for (int tj_k = 0; tj_k < {k}; ++tj_k)")
+            em.line(f"{c_type(cd)} tj_s = {convert(f'{em.name(acc)}[{i}]', out.dtype, cd)};")
             ar, ac = (CExpr("tj_k"), CExpr(row)) if op.attrs.transpose_a else (CExpr(row), CExpr("tj_k"))
             br, bc = (CExpr(col), CExpr("tj_k")) if op.attrs.transpose_b else (CExpr("tj_k"), CExpr(col))
             av = f"*reinterpret_cast<const {ta}*>({sa.pointer()} + {c_text(sa.elem_offset(ar, ac))})"
             bv = f"*reinterpret_cast<const {tb}*>({sb.pointer()} + {c_text(sb.elem_offset(br, bc))})"
-            em.line(f"tj_s += {convert(av, a.dtype, cd)} * {convert(bv, b.dtype, cd)};")
+            product = f"{convert(av, a.dtype, cd)} * {convert(bv, b.dtype, cd)}"
+            if out.dtype == D.float16:
+                em.open(f"for (int tj_k0 = 0; tj_k0 < {k}; tj_k0 += 16)")
+                em.line("float tj_t = 0.0f;")
+                em.line("#pragma unroll 4")
+                em.open(f"for (int tj_k = tj_k0; tj_k < tj_k0 + 16 && tj_k < {k}; ++tj_k)")
+                em.line(f"tj_t += {product};")
+                em.close()
+                em.line(f"tj_s = tj_to_f32(tj_from_f32<tj_half>(tj_s + tj_t));")
+                em.close()
+                em.line(f"{name}[{i}] = tj_from_f32<tj_half>(tj_s);")
+                return
+            em.line("#pragma unroll 4")
+            em.open(f"for (int tj_k = 0; tj_k < {k}; ++tj_k)")
+            em.line(f"tj_s += {product};")
             em.close()
             em.line(f"{name}[{i}] = tj_s;")
 
@@ -276,6 +319,10 @@ def _acc_f32(op: Op, target: Target) -> bool:
     return op.operands[2].dtype == D.float32
 
 
+def _acc_f16(op: Op, target: Target) -> bool:
+    return op.operands[2].dtype == D.float16
+
+
 def _acc_i32(op: Op, target: Target) -> bool:
     return op.operands[2].dtype == D.int32
 
@@ -291,6 +338,12 @@ REGISTRY.register("gemm", "mma_sync_m16n8k16", min_sm=80, priority=10, predicate
     "accumulator is f32": _acc_f32,
     "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(16),
 })(MmaSync(2, 32))
+
+REGISTRY.register("gemm", "mma_sync_m16n8k16_f16acc", min_sm=80, priority=10, predicates={
+    "operands are f16": _operand_dtypes(D.float16),
+    "accumulator is f16": _acc_f16,
+    "K % 16 == 0 and M x N splits into m16n8 atoms over num_warps": _mma_shapes_fit(16),
+})(MmaSync(2, 32, f16_acc=True))
 
 REGISTRY.register("gemm", "mma_sync_m16n8k8", min_sm=80, priority=9, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),

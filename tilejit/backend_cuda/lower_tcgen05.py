@@ -14,6 +14,9 @@ bits 61-63 is the sm_90 value 1 in bits 62-63), so what is new is the MMA issue 
   then ``tcgen05.commit`` arrives on an mbarrier when they complete.
 * Registers <-> TMEM: ``tcgen05.st`` / ``tcgen05.ld`` ``.32x32b`` (layout ``TmemLayout``: warp ``w`` reaches
   lanes ``32 (w % 4) ..``), each followed by its ``wait``, with the thread-sync fences around barriers.
+* A float16 accumulator (``out_dtype=T.float16``): D type F16 (0) in the instruction descriptor; TMEM keeps one
+  16-bit element in the low half of each 32-bit word (PTX ISA 9.7.16.10.4.1, not packed), so the same columns
+  and ``32x32b`` accesses serve, through 32-bit words the registers' bits are copied to and from.
 
 A gemm outside a plain MMA main loop moves its accumulator registers -> TMEM, runs its MMAs, waits, and reads
 the result back. In a TMA-pipelined main loop (``lower_loops``) the accumulator stays in TMEM for the whole
@@ -29,7 +32,7 @@ from ..ir.layouts import TmemLayout
 from ..target import REGISTRY, Target
 from . import lower_tma
 from .emitter import KERNEL_HOOKS, Emitter
-from .lower_gemm import _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
+from .lower_gemm import _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from .lower_wgmma import b_fields, k_step_offset
 
 
@@ -71,7 +74,7 @@ TJ_DEVICE void tj_tc_sync() { tj_tc_fence_before(); __syncthreads(); tj_tc_fence
 """
 
 # PTX ISA Table 42 (instruction descriptor of .kind::f16 / tf32 / f8f6f4 / i8): D and A/B type codes.
-_D_TYPE = {D.float32: 1, D.int32: 2}
+_D_TYPE = {D.float16: 0, D.float32: 1, D.int32: 2}
 _AB_TYPE = {D.float16: 0, D.bfloat16: 1, D.float32: 2, D.float8_e4m3fn: 0, D.float8_e5m2: 1, D.int8: 1}
 _KIND = {D.float16: "f16", D.bfloat16: "f16", D.float32: "tf32", D.float8_e4m3fn: "f8f6f4",
          D.float8_e5m2: "f8f6f4", D.int8: "i8"}
@@ -157,18 +160,32 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
     """Registers ``regs`` (``op``'s accumulator layout) to (``load=False``) or from its TMEM columns, waiting for
     the accesses to finish."""
     layout: TmemLayout = op.result.type.layout
-    con = "r" if op.result.dtype == D.int32 else "f"
+    f16 = op.result.dtype == D.float16
+    con = "r" if op.result.dtype == D.int32 or f16 else "f"
     em.open("")
     em.line(f"const unsigned tj_t = {_lane_base(layout, em.tmem_offsets[id(op)])};")
     for first, col, count in _chunks(layout):
         ops = ", ".join(f"%{r + (0 if load else 1)}" for r in range(count))
-        vals = ", ".join(f'"{"=" if load else ""}{con}"({regs}[{first + r}])' for r in range(count))
+        if f16:
+            # A 16-bit D element sits in the low half of its 32-bit TMEM word, unpacked (PTX ISA 9.7.16.10.4.1).
+            em.open("")
+            em.line(f"unsigned tj_w[{count}];")
+            if not load:
+                em.line(f"for (int i = 0; i < {count}; ++i) tj_w[i] = {regs}[{first} + i].bits;")
+            vals = ", ".join(f'"{"=" if load else ""}r"(tj_w[{r}])' for r in range(count))
+        else:
+            vals = ", ".join(f'"{"=" if load else ""}{con}"({regs}[{first + r}])' for r in range(count))
         if load:
             em.line(f'asm volatile("tcgen05.ld.sync.aligned.32x32b.x{count}.b32 {{{ops}}}, [%{count}];" '
                     f': {vals} : "r"(tj_t + {col}) : "memory");')
         else:
             em.line(f'asm volatile("tcgen05.st.sync.aligned.32x32b.x{count}.b32 [%0], {{{ops}}};" '
                     f':: "r"(tj_t + {col}), {vals} : "memory");')
+        if f16:
+            if load:  # the words are read once the load has completed
+                em.line("tj_tc_wait_ld();")
+                em.line(f"for (int i = 0; i < {count}; ++i) {regs}[{first} + i].bits = (unsigned short)tj_w[i];")
+            em.close()
     em.line("tj_tc_wait_ld();" if load else "tj_tc_wait_st();")
     em.close()
 
@@ -280,6 +297,7 @@ _SHAPES = ("num_warps % 4 == 0, M a multiple of 128, N % 16 == 0 and 16 <= N <= 
 
 for _name, _dtypes, _acc, _extra in (
     ("tcgen05_mma_f16", (D.float16, D.bfloat16), ("accumulator is f32", _acc_f32), {}),
+    ("tcgen05_mma_f16_f16acc", (D.float16,), ("accumulator is f16", _acc_f16), {}),
     ("tcgen05_mma_tf32", (D.float32,), ("accumulator is f32", _acc_f32), {"precision is tf32": _precision("tf32")}),
     ("tcgen05_mma_f8f6f4", (D.float8_e4m3fn, D.float8_e5m2), ("accumulator is f32", _acc_f32), {}),
     ("tcgen05_mma_i8", (D.int8,), ("accumulator is i32", _acc_i32), {}),
@@ -290,6 +308,6 @@ for _name, _dtypes, _acc, _extra in (
         **_extra,
         _SHAPES: _shapes_fit,
         "A is K-major (not transposed)": _a_k_major,
-        ("B is K-major, or N-major with N % 64 == 0" if _name == "tcgen05_mma_f16" else
-         "B is K-major (given N x K, transpose_b)"): _b_layout(_name == "tcgen05_mma_f16"),
+        ("B is K-major, or N-major with N % 64 == 0" if _name.startswith("tcgen05_mma_f16") else
+         "B is K-major (given N x K, transpose_b)"): _b_layout(_name.startswith("tcgen05_mma_f16")),
     })(Tcgen05())

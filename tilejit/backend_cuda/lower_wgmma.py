@@ -12,6 +12,9 @@ chunk ^ (row % 8) is wgmma's 128-byte-swizzle atom), described by 64-bit matrix 
 
 Each warpgroup issues one ``m64nNk16`` per 64-row slab it owns and k16 step, commits the group, lets the
 enclosing pipelined loop issue its prefetch while the tensor cores work, then waits for the group.
+
+A float16 accumulator (``out_dtype=T.float16``, ``wgmma_m64nNk16_f16acc``) holds two f16 per register (the f32
+form's elements, packed in pairs): packed before the fence, unpacked after the wait, never kept in flight.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from .. import dtypes as D
 from ..ir import Op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
-from .lower_gemm import PTX_TYPES, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
+from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from ..target import REGISTRY, Target
 
 SUPPORT = r"""
@@ -105,10 +108,12 @@ class Wgmma:
         ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
         k_atom = 32 // a.dtype.itemsize
         integer = out.dtype == D.int32
-        con = "r" if integer else "f"
+        f16_acc = out.dtype == D.float16  # two f16 per accumulator register (f16x2)
+        con = "r" if integer or f16_acc else "f"
         sb = em.shared[b.id]
         em.require_support("wgmma", SUPPORT)
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
+        assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.pipeline.mma_family)"
         if ring is not None:  # accumulate into the loop-carried registers in place
             name = em.name(acc)
             em.alias(out, name)
@@ -123,8 +128,15 @@ class Wgmma:
         em.open("")
         self.setup_a(em, a)
         em.line(f"const unsigned tj_b = {sb.base()};")
+        d_name, d_regs = name, layout.regs
+        if f16_acc:  # the accumulator as f16x2 registers, packed before the fence and unpacked after the wait
+            d_name, d_regs = "tj_h", layout.regs // 2
+            em.line(f"unsigned tj_h[{d_regs}];")
+            em.line("#pragma unroll")
+            em.line(f"for (int i = 0; i < {d_regs}; ++i) "
+                    f"tj_h[i] = (unsigned){name}[2 * i].bits | ((unsigned){name}[2 * i + 1].bits << 16);")
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
-        half = n // 2
+        half = n // 4 if f16_acc else n // 2  # accumulator registers per slab
         for kk in range(k // k_atom):
             b_off, b_lbo = b_fields(sb.layout, kk, _b_k_major(op))
             b_desc = f"tj_wgmma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
@@ -134,12 +146,13 @@ class Wgmma:
                     else f"%{half}"
                 nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
                 regs = ", ".join(f"%{r}" for r in range(half))
-                operands = ", ".join(f'"+{con}"({name}[{s * half + r}])' for r in range(half))
+                operands = ", ".join(f'"+{con}"({d_name}[{s * half + r}])' for r in range(half))
                 shape = f"m64n{n}k{k_atom}"
                 if a.dtype in (D.float16, D.bfloat16):
                     trans_b = 0 if _b_k_major(op) else 1
                     trans = f"0, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"  # register A has no transpose
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
+                    td = "f16" if f16_acc else "f32"
+                    instr = f"wgmma.mma_async.sync.aligned.{shape}.{td}.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
                 elif integer:
                     instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p;"
                 else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
@@ -159,7 +172,13 @@ class Wgmma:
         hook = em.take_overlap_hook()
         if hook is not None:
             hook()  # e.g. the next tiles' cp.async, while the tensor cores work
-        wait_group(em, 0, name, layout.regs, integer)
+        wait_group(em, 0, d_name, d_regs, integer or f16_acc)
+        if f16_acc:
+            em.line("#pragma unroll")
+            em.open(f"for (int i = 0; i < {d_regs}; ++i)")
+            em.line(f"{name}[2 * i].bits = (unsigned short)(tj_h[i] & 0xffffu);")
+            em.line(f"{name}[2 * i + 1].bits = (unsigned short)(tj_h[i] >> 16);")
+            em.close()
         em.close()
 
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
@@ -183,6 +202,14 @@ _SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 2
 REGISTRY.register("gemm", "wgmma_m64nNk16", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
+    _SHAPES: _shapes_fit,
+    "A is K-major (not transposed)": _a_k_major,
+    "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
+})(Wgmma())
+
+REGISTRY.register("gemm", "wgmma_m64nNk16_f16acc", min_sm=90, max_sm=90, priority=20, predicates={
+    "operands are f16": _operand_dtypes(D.float16),
+    "accumulator is f16": _acc_f16,
     _SHAPES: _shapes_fit,
     "A is K-major (not transposed)": _a_k_major,
     "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,

@@ -97,12 +97,14 @@ def python_minmax(gen, node, is_max: bool, args: list) -> Any:
 
 
 @builtin("gemm")
-def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, precision=None):
+def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None):
     if not (is_const(transpose_a) and is_const(transpose_b)):
         raise gen.error(node, "transpose_a/transpose_b must be compile-time bools")
     if precision is not None and not isinstance(precision, str):
         raise gen.error(node, "precision must be a compile-time string: \"tf32\", \"tf32x3\" or \"ieee\"")
-    return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision)
+    if out_dtype is not None and not isinstance(out_dtype, D.DType):
+        raise gen.error(node, f"out_dtype must be a dtype such as T.float32 or T.float16, got {describe(out_dtype)}")
+    return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype)
 
 
 @builtin("copy")

@@ -16,7 +16,9 @@ The rules, in one place:
   operands of one shape: this module inserts ``splat``, ``expand_dims`` and ``broadcast``.
 * ``/`` is true division (integers become ``float32``); ``//`` and ``%`` are integer-only and follow
   Python (floor toward -inf; the remainder takes the divisor's sign). Comparisons give ``bool``.
-* ``a @ b`` on f16/bf16/fp8 tiles returns ``float32`` (int8: ``int32``), both operands of one dtype.
+* ``a @ b`` on f16/bf16/fp8 tiles returns ``float32`` (int8: ``int32``), both operands of one dtype;
+  ``T.gemm(..., out_dtype=T.float16)`` accumulates f16 operands in ``float16``. 3-D tiles (Bt, M, K) @
+  (Bt, K, N) are Bt 2-D products; ``T.sum(a[:, :, None] * b[None, :, :], 1)`` is built as ``a @ b``.
 * ``T.sum`` of 8/16-bit floats returns ``float32``, of ``bool``/8/16-bit ints ``int32``; ``max``/``min``
   keep the dtype. Reducing the last remaining axis gives a scalar.
 * A cast ``x.to(dtype)`` rounds to nearest even between floats, truncates toward zero from float to
@@ -31,6 +33,7 @@ from typing import Any, Sequence
 from .. import dtypes as D
 from ..dtypes import DType
 from ..errors import docs_link
+from ..ir.rewrite import defining_op
 from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
                   BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs,
                   IndexedAttrs, NoAttrs, OpKind, PermAttrs,
@@ -376,6 +379,12 @@ class Semantic:
             raise SemanticError(f"axis must be a constant int in [-{rank}, {rank}), got {axis!r}")
         axis %= rank
         dtype = x.dtype
+        product = self._as_product(x, axis) if kind is ReduceKind.SUM else None
+        if product is not None:
+            # sum(a[:, :, None] * b[None, :, :], 1) is a @ b: a product on tensor cores (float32 operands in
+            # exact float32, precision "ieee"), never the (M, K, N) tile of products
+            a, b = product
+            return self.gemm(a, b, None, precision="ieee" if a.dtype == D.float32 else None)
         if kind is ReduceKind.SUM:
             if dtype.is_floating and dtype.bits < 32:
                 dtype = D.float32
@@ -387,10 +396,11 @@ class Semantic:
         return self.b.create1(OpKind.REDUCE, [x], result_type, ReduceAttrs(axis, kind))
 
     def gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool = False, transpose_b: bool = False,
-             precision: str | None = None) -> Value:
+             precision: str | None = None, out_dtype: DType | None = None) -> Value:
         for name, t in (("a", a), ("b", b)):
-            if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2):
-                raise SemanticError(f"matrix product operand {name} must be a 2-D tile, got {describe(t)}")
+            if not (isinstance(t, Value) and t.is_tile and t.type.rank in (2, 3)):
+                raise SemanticError(f"matrix product operand {name} must be a 2-D tile (or a 3-D batch of them), "
+                                    f"got {describe(t)}")
         if a.dtype != b.dtype and not (a.dtype.is_fp8 and b.dtype.is_fp8):
             raise SemanticError(f"matrix product operands have different dtypes {a.dtype} and {b.dtype}",
                                 "cast one with .to() (only the two float8 formats mix)")
@@ -402,12 +412,14 @@ class Semantic:
                                 f"use one of {', '.join(repr(p) for p in F32_PRECISIONS)}")
         # The precision of float32 products (default tf32, as Triton's); other dtypes have one way to multiply.
         precision = (precision or F32_PRECISIONS[0]) if a.dtype == D.float32 else None
+        acc_dtype = self._gemm_out_dtype(a.dtype, out_dtype)
+        if a.type.rank == 3 or b.type.rank == 3:
+            return self._batched_gemm(a, b, acc, transpose_a, transpose_b, precision, acc_dtype, out_dtype)
         m, k = a.type.shape[::-1] if transpose_a else a.type.shape
         k2, n = b.type.shape[::-1] if transpose_b else b.type.shape
         if k != k2:
             raise SemanticError(f"matrix product inner dimensions differ: {m}x{k} @ {k2}x{n}",
                                 _gemm_hint(m, k, k2, n, transpose_a, transpose_b))
-        acc_dtype = D.int32 if a.dtype == D.int8 else (D.float64 if a.dtype == D.float64 else D.float32)
         if acc is None:
             acc = self.full((m, n), 0, acc_dtype)
         elif not (isinstance(acc, Value) and acc.is_tile):
@@ -416,11 +428,130 @@ class Semantic:
             raise SemanticError(f"accumulator shape {acc.type.shape} does not match the product {m}x{n}",
                                 "the product's operands are transposed: swap them or transpose the "
                                 "accumulator with .T" if _swapped(acc.type.shape, (m, n)) else None)
-        if acc.dtype != acc_dtype:
-            raise SemanticError(f"accumulator must be {acc_dtype} for {a.dtype} operands, got {acc.dtype}",
-                                f"create it with T.zeros(..., T.{acc_dtype.name})")
+        self._check_acc_dtype(acc, acc_dtype, a.dtype, out_dtype)
         return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
                               GemmAttrs(bool(transpose_a), bool(transpose_b), precision))
+
+    @staticmethod
+    def _gemm_out_dtype(operand: DType, out_dtype: DType | None) -> DType:
+        """The accumulator dtype of a product of ``operand`` tiles: ``out_dtype`` when given and allowed, else
+        the default (float32; int32 for int8; float64 for float64). float16 operands may also accumulate in
+        float16 (``out_dtype=T.float16``: the tensor cores' f16 accumulators)."""
+        default = D.int32 if operand == D.int8 else (D.float64 if operand == D.float64 else D.float32)
+        if out_dtype is None or out_dtype == default:
+            return default
+        if not isinstance(out_dtype, DType):
+            raise SemanticError(f"out_dtype must be a dtype such as T.float32, got {out_dtype!r}")
+        if out_dtype == D.float16 and operand == D.float16:
+            return out_dtype
+        allowed = "T.float32 (default) or T.float16" if operand == D.float16 else f"T.{default.name}"
+        why = ("float16 accumulation needs float16 operands (the tensor cores have no float16 accumulator for "
+               f"{operand} inputs)" if out_dtype == D.float16 else f"{operand} operands accumulate in {default}")
+        raise SemanticError(f"out_dtype={out_dtype.name} is not supported for {operand} operands: {why}",
+                            f"use out_dtype={allowed} ({docs_link('matrix-products')})")
+
+    @staticmethod
+    def _check_acc_dtype(acc: Value, acc_dtype: DType, operand: DType, out_dtype: DType | None) -> None:
+        if acc.dtype == acc_dtype:
+            return
+        if out_dtype is not None:
+            raise SemanticError(f"accumulator dtype {acc.dtype} disagrees with out_dtype={out_dtype.name}",
+                                f"the accumulator must have the product's dtype: create it with "
+                                f"T.zeros(..., T.{acc_dtype.name}) or convert it with .to(T.{acc_dtype.name})")
+        hint = f"create it with T.zeros(..., T.{acc_dtype.name})"
+        if acc.dtype == D.float16 and operand == D.float16:
+            hint = "to accumulate in float16, say so: T.gemm(a, b, acc, out_dtype=T.float16)"
+        raise SemanticError(f"accumulator must be {acc_dtype} for {operand} operands, got {acc.dtype}", hint)
+
+    # -- batched products: Bt independent 2-D products --------------------------------------------------------
+    def _batched_gemm(self, a: Value, b: Value, acc: Any, transpose_a: bool, transpose_b: bool,
+                      precision: str | None, acc_dtype: DType, out_dtype: DType | None) -> Value:
+        """``(Bt, M, K) @ (Bt, K, N) -> (Bt, M, N)`` as ``Bt`` 2-D gemms on slices of the operands; the
+        transposes apply to the last two dims. A slice of a tile loaded just before is a 2-D load of the same
+        window (staged like any gemm operand); a slice of a computed tile is a masked sum over the batch dim."""
+        if a.type.rank != 3 or b.type.rank != 3:
+            raise SemanticError(f"a batched matrix product needs two 3-D tiles (Bt, M, K) and (Bt, K, N), got "
+                                f"shapes {a.type.shape} and {b.type.shape}",
+                                "add the batch dim to the 2-D operand with x[None, :, :] and broadcast it, or "
+                                "multiply 2-D tiles")
+        bt, bt2 = a.type.shape[0], b.type.shape[0]
+        m, k = a.type.shape[:0:-1] if transpose_a else a.type.shape[1:]
+        k2, n = b.type.shape[:0:-1] if transpose_b else b.type.shape[1:]
+        if bt != bt2:
+            raise SemanticError(f"batched matrix product batch dims differ: {a.type.shape} @ {b.type.shape}",
+                                "both operands need the same batch size Bt: (Bt, M, K) @ (Bt, K, N)")
+        if k != k2:
+            raise SemanticError(f"batched matrix product inner dimensions differ: {bt}x{m}x{k} @ {bt}x{k2}x{n}",
+                                _gemm_hint(m, k, k2, n, transpose_a, transpose_b))
+        if acc is not None:
+            if not (isinstance(acc, Value) and acc.is_tile):
+                raise SemanticError(f"accumulator must be a tile, got {describe(acc)}")
+            if acc.type.shape != (bt, m, n):
+                raise SemanticError(f"accumulator shape {acc.type.shape} does not match the batched product "
+                                    f"{bt}x{m}x{n}")
+            self._check_acc_dtype(acc, acc_dtype, a.dtype, out_dtype)
+        shape = (bt, m, n)
+        batch = self.broadcast_to(self.expand_dims(self.expand_dims(self.arange(0, bt), 1), 2), shape)
+        out = None
+        for i in range(bt):
+            acc_i = self._batch_slice(acc, i) if acc is not None else self.full((m, n), 0, acc_dtype)
+            product = self.b.create1(OpKind.GEMM, [self._batch_slice(a, i), self._batch_slice(b, i), acc_i],
+                                     TileType((m, n), acc_dtype),
+                                     GemmAttrs(bool(transpose_a), bool(transpose_b), precision))
+            spread = self.broadcast_to(self.expand_dims(product, 0), shape)
+            out = spread if out is None else self.where(self.compare(CompareOp.EQ, batch, i), spread, out)
+        return out
+
+    def _batch_slice(self, x: Value, i: int) -> Value:
+        """``x[i]`` of a 3-D tile, as a 2-D tile."""
+        load = defining_op(x)
+        if (load is not None and load.kind is OpKind.LOAD and load in self.b.block.ops
+                and not any(o.kind.writes_memory or o.regions
+                            for o in self.b.block.ops[self.b.block.ops.index(load) + 1:])):
+            # Read the slice from the tensor again: nothing wrote memory since the 3-D load.
+            attrs = load.attrs
+            dim = next(d for d in range(len(attrs.shape)) if d not in attrs.dropped)
+            starts = list(load.operands[1:])
+            starts[dim] = self.binary(BinaryOp.ADD, starts[dim], i) if i else starts[dim]
+            shape = tuple(1 if d == dim else n for d, n in enumerate(attrs.shape))
+            return self.load(load.operands[0], starts, shape, tuple(sorted((*attrs.dropped, dim))))
+        bt = x.type.shape[0]
+        batch = self.broadcast_to(self.expand_dims(self.expand_dims(self.arange(0, bt), 1), 2), x.type.shape)
+        picked = self.where(self.compare(CompareOp.EQ, batch, i), x, 0)
+        return self.cast(self.reduce(picked, 0, ReduceKind.SUM), x.dtype)  # exact: one term is not zero
+
+    def _as_product(self, x: Value, axis: int) -> tuple[Value, Value] | None:
+        """(a, b) when ``x`` is ``a[:, :, None] * b[None, :, :]`` of 2-D float tiles and ``axis`` is 1: the
+        sum over ``axis`` is then ``a @ b``."""
+        if axis != 1 or x.type.rank != 3:
+            return None
+        mul = defining_op(x)
+        if mul is None or mul.kind is not OpKind.BINARY or mul.attrs.op is not BinaryOp.MUL:
+            return None
+
+        def source(v: Value, expanded_at: int) -> Value | None:
+            op = defining_op(v)
+            if op is not None and op.kind is OpKind.BROADCAST:
+                v, op = op.operands[0], defining_op(op.operands[0])
+            cast = None
+            if op is not None and op.kind is OpKind.CAST:  # _unify promotes before it broadcasts
+                cast, v, op = op.attrs.dtype, op.operands[0], defining_op(op.operands[0])
+            if op is None or op.kind is not OpKind.EXPAND_DIMS or op.attrs.axis != expanded_at:
+                return None
+            src = op.operands[0]
+            if not (src.is_tile and src.type.rank == 2):
+                return None
+            return self.cast(src, cast) if cast is not None else src
+
+        for p, q in (mul.operands, mul.operands[::-1]):
+            a, b = source(p, 2), source(q, 0)
+            if a is not None and b is not None:
+                break
+        else:
+            return None
+        if a.dtype != b.dtype or a.dtype not in (D.float16, D.bfloat16, D.float32, D.float64):
+            return None
+        return a, b
 
     # -- global memory ---------------------------------------------------------------------
     def load(self, tensor: Value, starts: list[Value], shape: tuple[int, ...], dropped: tuple[int, ...]) -> Value:

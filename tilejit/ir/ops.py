@@ -162,7 +162,9 @@ class ReduceAttrs:
 
 @dataclass(frozen=True)
 class GemmAttrs:
-    """acc + op(a) @ op(b); ``impl`` names the lowering the dispatch registry chose (backend passes).
+    """acc + op(a) @ op(b); ``impl`` names the lowering the dispatch registry chose (backend passes). The
+    result has the accumulator's dtype: float32 (int32 for int8 operands, float64 for float64), or float16 for
+    float16 operands accumulating in float16 (``T.gemm(..., out_dtype=T.float16)``).
 
     ``precision`` is set for float32 operands only (one of :data:`F32_PRECISIONS`): ``"tf32"`` multiplies on
     tensor cores with each operand truncated to tf32 (10 mantissa bits), ``"tf32x3"`` splits each operand into
@@ -365,6 +367,10 @@ def _gemm(op) -> str | None:
     k2, n = b.shape[::-1] if op.attrs.transpose_b else b.shape
     if k != k2 or acc.shape != (m, n) or op.result.type.shape != (m, n):
         return f"gemm shapes {a.shape} x {b.shape} -> {acc.shape} do not agree"
+    if acc.dtype != op.result.dtype:
+        return f"gemm accumulator {acc.dtype} and result {op.result.dtype} differ"
+    if acc.dtype == D.float16 and a.dtype != D.float16:
+        return f"a float16 accumulator needs float16 operands, not {a.dtype}"
     if (op.attrs.precision is not None) != (a.dtype == D.float32):
         return f"gemm precision {op.attrs.precision!r} with {a.dtype} operands (set for float32 operands only)"
     if op.attrs.precision is not None and op.attrs.precision not in F32_PRECISIONS:
