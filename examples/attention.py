@@ -49,8 +49,8 @@ def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, B
 
 
 @tilejit.kernel
-def attn_fwd(Q, K, V, O, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
-             D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr):
+def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
+             D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False):
     pid_bh = T.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -78,7 +78,129 @@ def attn_fwd(Q, K, V, O, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
     for n0 in T.range(lo, hi, BN, stages=2):
         m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, CAUSAL)
     O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
+    if STORE_LSE:
+        # base 2: log2 of sum_j 2^(s_ij * sm_scale * log2 e), the natural log-sum-exp times log2 e
+        Lse[b, h, m0:m0 + BM] = m_i + T.log2(l_i)
 
+
+
+@tilejit.kernel
+def attn_bwd_preprocess(O, dO, Delta, H, BM: T.constexpr, D: T.constexpr):
+    """Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] (float32): the row term of the softmax gradient."""
+    pid_bh = T.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    m0 = T.program_id(0) * BM
+    o = O[b, h, m0:m0 + BM, 0:D].to(T.float32)
+    do = dO[b, h, m0:m0 + BM, 0:D].to(T.float32)
+    Delta[b, h, m0:m0 + BM] = T.sum(o * do, 1)
+
+
+@tilejit.func
+def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, MASK_CAUSAL):
+    """One query block against this program's keys, in key-major orientation (BN x BM), so that P^T and dS^T
+    come out of a product in the layout the next product reads as its left operand."""
+    q = Q[b, h, m0:m0 + BM, 0:D]
+    do = dO[b, h, m0:m0 + BM, 0:D]
+    lse = Lse[b, h, m0:m0 + BM]
+    delta = Delta[b, h, m0:m0 + BM]
+    st = T.gemm(k, q, T.zeros((k.shape[0], BM), T.float32), transpose_b=True)
+    pt = T.exp2(st * qk_scale - lse[None, :])
+    if MASK_CAUSAL:
+        rows = m0 + T.arange(0, BM)
+        pt = T.where(cols[:, None] <= rows[None, :], pt, 0.0)
+    dv = T.gemm(pt.to(dO.dtype), do, dv)
+    dpt = T.gemm(v, do, T.zeros((k.shape[0], BM), T.float32), transpose_b=True)
+    dst = pt * (dpt - delta[None, :])
+    dk = T.gemm(dst.to(Q.dtype), q, dk)
+    return dk, dv
+
+
+@tilejit.kernel
+def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, sm_scale, HKV, GROUP: T.constexpr, BM: T.constexpr,
+                  BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+    """dK and dV of BN keys of one (batch, key/value head): loops over the GROUP query heads that read this
+    head and over their query blocks, recomputing P^T from Lse. Causal: the loop starts at the first query
+    block that reaches these keys; only the BN // BM blocks that straddle the diagonal are masked.
+
+    Query rows past the sequence read as zeros (q, dO, Lse and Delta), which makes their terms exactly 0;
+    key rows past it are not stored. So only the causal blocks need a mask."""
+    assert BN % BM == 0, "attn_bwd_dkdv needs BN to be a multiple of BM (the diagonal spans whole query blocks)"
+    pid_bh = T.program_id(1)
+    b = pid_bh // HKV
+    kv = pid_bh % HKV
+    n0 = T.program_id(0) * BN
+    S = Q.shape[2]
+    k = K[b, kv, n0:n0 + BN, 0:D]
+    v = V[b, kv, n0:n0 + BN, 0:D]
+    cols = n0 + T.arange(0, BN)
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = T.zeros((BN, D), T.float32)
+    dv = T.zeros((BN, D), T.float32)
+    for g in range(GROUP):
+        h = kv * GROUP + g
+        lo = 0
+        if CAUSAL:
+            # query blocks [n0, n0 + BN) straddle the diagonal; earlier ones see none of these keys
+            lo = T.minimum(n0 + BN, S)
+            for m0 in T.range(n0, lo, BM, stages=2):
+                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, True)
+        for m0 in T.range(lo, S, BM, stages=2):
+            dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, False)
+    dK[b, kv, n0:n0 + BN, 0:D] = (dk * sm_scale).to(dK.dtype)
+    dV[b, kv, n0:n0 + BN, 0:D] = dv.to(dV.dtype)
+
+
+@tilejit.func
+def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, MASK, CAUSAL):
+    """One key block against this program's queries: dS = P * (dO V^T - Delta), dQ += dS K."""
+    k = K[b, kv, n0:n0 + BN, 0:D]
+    v = V[b, kv, n0:n0 + BN, 0:D]
+    s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    p = T.exp2(s * qk_scale - lse[:, None])
+    if MASK:
+        # keys past the sequence read as zeros, but exp2(0 - lse) times 0 - Delta is not a zero term: mask them
+        cols = n0 + T.arange(0, BN)
+        valid = cols[None, :] < S
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        p = T.where(valid, p, 0.0)
+    dp = T.gemm(do, v, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    ds = p * (dp - delta[:, None])
+    return T.gemm(ds.to(K.dtype), k, dq)
+
+
+@tilejit.kernel
+def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
+                BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+    """dQ of BM query rows of one (batch, head), looping over key blocks (no atomics: one program owns its
+    rows). Unmasked blocks first (whole blocks left of the diagonal, or inside the sequence), then the masked
+    ones (the diagonal blocks, or the ragged last block)."""
+    assert BM % BN == 0, "attn_bwd_dq needs BM to be a multiple of BN (the diagonal spans whole key blocks)"
+    pid_bh = T.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    kv = h // GROUP
+    m0 = T.program_id(0) * BM
+    S = Q.shape[2]
+    q = Q[b, h, m0:m0 + BM, 0:D]
+    do = dO[b, h, m0:m0 + BM, 0:D]
+    lse = Lse[b, h, m0:m0 + BM]
+    delta = Delta[b, h, m0:m0 + BM]
+    rows = m0 + T.arange(0, BM)
+    qk_scale = sm_scale * 1.4426950408889634
+    dq = T.zeros((BM, D), T.float32)
+    hi = S
+    if CAUSAL:
+        hi = T.minimum(S, m0 + BM)
+    mid = (S // BN) * BN
+    if CAUSAL:
+        mid = T.minimum(m0, mid)
+    for n0 in T.range(0, mid, BN, stages=2):
+        dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, False, CAUSAL)
+    for n0 in T.range(mid, hi, BN, stages=2):
+        dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, True, CAUSAL)
+    dQ[b, h, m0:m0 + BM, 0:D] = (dq * sm_scale).to(dQ.dtype)
 
 # The config space the tests compile and run: (BM, BN, num_warps) per head dim.
 CONFIGS = {
@@ -97,21 +219,124 @@ def default_config(head_dim: int) -> dict:
     return dict(BM=64, BN=32, num_warps=4)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              sm_scale: float | None = None, lens: torch.Tensor | None = None, out: torch.Tensor | None = None,
-              **config) -> torch.Tensor:
-    """softmax(q @ k^T * sm_scale [causal mask]) @ v for q (B, H, S, D) and k, v (B, H // G, S, D)."""
-    batch, heads, seq, dim = q.shape
+# The backward kernels' config space, per head dim: (BM, BN, num_warps) of attn_bwd_dkdv (BM query rows per step
+# against BN keys; BN % BM == 0) and of attn_bwd_dq (BM query rows against BN keys per step; BM % BN == 0).
+# The first of each is the default. On sm_90a the products run on wgmma (P^T, dS^T and dS from registers) when
+# the program's rows split into 64-row slabs per warpgroup and BM, BN are multiples of 64; head dim 256's dK/dV
+# (two 64 x 256 float32 accumulators, 256 registers per thread in one warpgroup) only fits spread over 8 warps,
+# which runs on mma.sync.
+BWD_CONFIGS = {
+    64: {"dkdv": [(64, 128, 8), (64, 64, 4), (128, 128, 8)], "dq": [(128, 64, 8), (64, 64, 4), (128, 128, 8)]},
+    128: {"dkdv": [(64, 128, 8), (64, 64, 4)], "dq": [(128, 64, 8), (64, 64, 4), (128, 128, 8)]},
+    256: {"dkdv": [(64, 64, 8)], "dq": [(64, 64, 4), (64, 64, 8)]},
+}
+
+
+def default_bwd_config(head_dim: int) -> dict:
+    """{"dkdv": {...}, "dq": {...}}: the first config of BWD_CONFIGS for the smallest listed head dim >= this."""
+    dim = next(d for d in sorted(BWD_CONFIGS) if head_dim <= d)
+    return {name: dict(BM=bm, BN=bn, num_warps=w) for name, ((bm, bn, w), *_) in BWD_CONFIGS[dim].items()}
+
+
+def _check_heads(q, k, v):
+    heads = q.shape[1]
     if k.shape[1] == 0 or heads % k.shape[1]:
         raise ValueError(f"query heads {heads} must be a multiple of key/value heads {k.shape[1]}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
+    return heads // k.shape[1]
+
+
+def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
+    batch, heads, seq, dim = q.shape
+    group = _check_heads(q, k, v)
     config = {**default_config(dim), **config}
     out = torch.empty_like(q) if out is None else out
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     lens_arg = lens if lens is not None else torch.zeros(1, dtype=torch.int32, device=q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
-    attn_fwd[grid](q, k, v, out, lens_arg, sm_scale, heads, GROUP=heads // k.shape[1], D=dim,
-                   CAUSAL=causal, VARLEN=lens is not None, **config)
+    attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
+                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **config)
     return out
+
+
+def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale: float | None = None,
+                       dq=None, dk=None, dv=None, delta=None, config: dict | None = None):
+    """(dq, dk, dv) of attention given the upstream gradient ``do``, the forward's ``out`` and its base-2
+    log-sum-exp ``lse`` (float32 (B, H, S), from ``attention_forward``). Outputs may be preallocated; ``delta``
+    (float32 (B, H, S)) is scratch. ``config`` overrides ``default_bwd_config``: {"dkdv": {...}, "dq": {...}}."""
+    batch, heads, seq, dim = q.shape
+    group = _check_heads(q, k, v)
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    cfg = default_bwd_config(dim)
+    for name, over in (config or {}).items():
+        cfg[name] = {**cfg[name], **over}
+    do = do.contiguous()
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    if delta is None:
+        delta = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
+    rows = max(16, 4096 // dim)  # 32 float32 values per thread and tile at 4 warps
+    attn_bwd_preprocess[(tilejit.cdiv(seq, rows), batch * heads)](out, do, delta, heads, BM=rows, D=dim,
+                                                                    num_warps=4)
+    kv_heads = k.shape[1]
+    c = cfg["dkdv"]
+    attn_bwd_dkdv[(tilejit.cdiv(seq, c["BN"]), batch * kv_heads)](
+        q, k, v, do, lse, delta, dk, dv, sm_scale, kv_heads, GROUP=group, D=dim, CAUSAL=causal, **c)
+    c = cfg["dq"]
+    attn_bwd_dq[(tilejit.cdiv(seq, c["BM"]), batch * heads)](
+        q, k, v, do, lse, delta, dq, sm_scale, heads, GROUP=group, D=dim, CAUSAL=causal, **c)
+    return dq, dk, dv
+
+
+def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None = None, out=None, lse=None,
+                      **config):
+    """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads."""
+    batch, heads, seq, dim = q.shape
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    if lse is None:
+        lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
+    return _forward(q, k, v, causal, sm_scale, None, out, lse, config), lse
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Differentiable attention: the forward saves (q, k, v, out, lse); the backward runs the three kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, out, config, bwd_config):
+        out, lse = attention_forward(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.sm_scale, ctx.bwd_config = causal, sm_scale, bwd_config
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(do, q, k, v, out, lse, causal=ctx.causal, sm_scale=ctx.sm_scale,
+                                        config=ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              sm_scale: float | None = None, lens: torch.Tensor | None = None, out: torch.Tensor | None = None,
+              bwd_config: dict | None = None, **config) -> torch.Tensor:
+    """softmax(q @ k^T * sm_scale [causal mask]) @ v for q (B, H, S, D) and k, v (B, H // G, S, D).
+
+    Differentiable in q, k and v when one of them requires grad (``AttentionFunction``): the forward then also
+    stores the log-sum-exp, and the backward runs ``attention_backward`` (``bwd_config`` overrides its tiles).
+    Head dims 64, 128 and 256 have configs (``BWD_CONFIGS``); other dims up to 256 take the next one's.
+    Variable lengths (``lens``) are forward-only: with a gradient required they are a ValueError.
+    """
+    dim = q.shape[3]
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if lens is not None:
+            raise ValueError("attention: variable lengths (lens=...) have no backward; call it under "
+                             "torch.no_grad() or pad the batch to one length")
+        if dim > max(BWD_CONFIGS):
+            raise ValueError(f"attention: no backward for head dim {dim} (at most {max(BWD_CONFIGS)})")
+        return AttentionFunction.apply(q, k, v, causal, sm_scale, out, config, bwd_config)
+    return _forward(q, k, v, causal, sm_scale, lens, out, None, config)
 
 
 def reference(q, k, v, causal, sm_scale=None, lens=None):

@@ -38,7 +38,8 @@ def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):
     q = torch.empty(2, heads, seq, dim, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(2, heads // group, seq, dim, dtype=torch.bfloat16, device="meta")
     lens = torch.empty(2, dtype=torch.int32, device="meta")
-    return (q, kv, kv, q, lens, 0.125, heads)
+    lse = torch.empty(2, heads, seq, dtype=torch.float32, device="meta")
+    return (q, kv, kv, q, lse, lens, 0.125, heads)
 
 
 CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
