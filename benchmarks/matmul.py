@@ -74,7 +74,8 @@ def _describe(config: Any) -> str:
     if config is None:
         return "n/a"
     kw = config.kwargs
-    return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}"
+    split = f" split-K {config.split_k}" if getattr(config, "split_k", 1) != 1 else ""
+    return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}{split}"
 
 
 def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[str, Any]:

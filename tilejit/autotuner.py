@@ -78,28 +78,34 @@ class Config:
         num_warps: int = 4,
         num_stages: int = 3,
         pre_hook: Callable[[dict[str, Any]], None] | None = None,
+        split_k: int = 1,
     ) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
         try:
-            self.options = LaunchOptions(num_warps, num_stages)
+            self.options = LaunchOptions(num_warps, num_stages, split_k)
         except ValueError as e:
             raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
         self.num_warps = num_warps
         self.num_stages = num_stages
+        self.split_k = split_k
         self.pre_hook = pre_hook
 
     def all_kwargs(self) -> dict[str, Any]:
-        """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages."""
-        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
+        when it is not 1)."""
+        split = {"split_k": self.split_k} if self.split_k != 1 else {}
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **split}
 
     @property
     def identity(self) -> str:
         """Canonical text of the content (sorted constexprs, then launch options): the key of stored timings."""
         parts = [f"{name}={value!r}" for name, value in sorted(self.kwargs.items())]
         parts += [f"num_warps={self.num_warps}", f"num_stages={self.num_stages}"]
+        if self.split_k != 1:  # absent when off, so records stored before split_k existed keep their keys
+            parts.append(f"split_k={self.split_k}")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -107,6 +113,7 @@ class Config:
             "kwargs": {name: _jsonable(value) for name, value in sorted(self.kwargs.items())},
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
+            **({"split_k": self.split_k} if self.split_k != 1 else {}),
         }
 
     def __eq__(self, other: object) -> bool:
@@ -119,7 +126,8 @@ class Config:
         return self.identity
 
     def __repr__(self) -> str:
-        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+        split = f", split_k={self.split_k}" if self.split_k != 1 else ""
+        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages}{split})"
 
 
 @dataclass

@@ -126,7 +126,8 @@ class Specialization:
             "source": self.source_hash,
             "globals": dict(self.constants),
             "args": [[name, spec_json(spec)] for name, spec in self.args],
-            "options": [self.options.num_warps, self.options.num_stages],
+            "options": [self.options.num_warps, self.options.num_stages]
+                       + ([self.options.split_k] if self.options.split_k != 1 else []),
             "target": target,
         }
 
@@ -428,6 +429,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "registers": registers, "spills": spills,
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
         "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
+        "split_k": target.split_k,
         "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
     }
     return files, meta

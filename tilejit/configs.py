@@ -2,8 +2,9 @@
 
 ``matmul_configs()`` is a small hand-picked set: BM=64 tiles for skinny problems (LLM decode shapes), 128x128
 for the middle, 128x256 / 256x128 on 8 warps for large squares. BK=64 tiles with 4 or 8 warps are the ones
-the sm_90a wgmma lowering takes (BK=32 ones run on mma.sync everywhere). Every config's multi-buffered operand tiles
-fit the shared-memory budget below. ``matmul_prune`` is an ``early_config_prune`` that drops tiles much
+the sm_90a wgmma lowering takes (BK=32 ones run on mma.sync everywhere); split-K variants (``split_k=2/4``,
+sm_90+) serve problems with fewer output tiles than SMs. Every config's multi-buffered operand tiles fit the
+shared-memory budget below. ``matmul_prune`` is an ``early_config_prune`` that drops tiles much
 larger than the problem before anything is compiled.
 
     @tilejit.autotune(configs=matmul_configs(), key=["A", "B"],
@@ -13,11 +14,12 @@ larger than the problem before anything is compiled.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 from .autotuner import Config
 
-__all__ = ["SMEM_BUDGET_BYTES", "matmul_configs", "matmul_prune", "matmul_shared_bytes"]
+__all__ = ["SMEM_BUDGET_BYTES", "cluster_sm_count", "matmul_configs", "matmul_prune", "matmul_shared_bytes"]
 
 # H100/H200 allow 227 KB of dynamic shared memory per block; stay under 200 KB to leave room for scratch
 # (layout conversions, reductions) that a fused epilogue may add.
@@ -33,6 +35,16 @@ _MATMUL_TILES = [
     (128, 128, 32, 4, 4), (128, 128, 64, 4, 3),
     (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
     (256, 128, 32, 8, 3), (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
+]
+
+# (BM, BN, BK, num_warps, num_stages, split_k): the K loop of each output tile cut over a cluster of split_k
+# programs (sm_90+, ``passes/split_k.py``), for problems with fewer output tiles than SMs (M <= 128 LLM shapes,
+# small squares). ``matmul_prune`` keeps them only there.
+_SPLIT_K_TILES = [
+    (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 4),
+    (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4),
+    (128, 64, 64, 4, 4, 2), (128, 64, 64, 4, 4, 4),
+    (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 4),
 ]
 
 
@@ -53,6 +65,8 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) ->
         raise ValueError(f"elem_bytes must be 1, 2 or 4, got {elem_bytes}")
     configs = [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s)
                for bm, bn, bk, w, s in _MATMUL_TILES]
+    configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s, split_k=sk)
+                for bm, bn, bk, w, s, sk in _SPLIT_K_TILES]
     return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 
@@ -72,18 +86,49 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     - a tile larger than the power-of-2 rounded extent of M, N or K computes mostly zeros: keep
       ``BM <= max(64, next_pow2(M))`` and likewise for N and K (BK against 32);
     - on large problems (M * N >= 4096^2, where a 128x128 grid already fills every SM many times) small tiles
-      only cost tuning time: drop tiles below 128x128.
-    Never returns an empty list: if nothing survives, the config with the smallest tile is kept.
+      only cost tuning time: drop tiles below 128x128;
+    - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
+      SMs idle: fewer output tiles than SMs, at most two programs per SM once split, and at least 4 K steps per
+      program.
+    Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
+    sms = cluster_sm_count(named_args["A"])
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
+        if c.split_k > 1:
+            tiles = -(-m // bm) * -(-n // bn)
+            return bool(sms) and tiles < sms and tiles * c.split_k <= 2 * sms and -(-k // bk) >= 4 * c.split_k
         return not (m * n >= 4096 * 4096 and bm * bn < 128 * 128)
 
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    return [min(configs, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
+    plain = [c for c in configs if c.split_k == 1] or configs
+    return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
+
+
+def cluster_sm_count(tensor: Any) -> int:
+    """The SM count of ``tensor``'s GPU when it has thread-block clusters (sm_90+, what split-K needs), else 0
+    (CPU and meta tensors, older GPUs)."""
+    device = getattr(tensor, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return 0
+    return _cluster_sms(device.index if device.index is not None else _current_device())
+
+
+def _current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+@functools.cache
+def _cluster_sms(index: int) -> int:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count if props.major >= 9 else 0

@@ -394,6 +394,18 @@ def _convert_layout(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = env[op.operands[0].id]
 
 
+# Split-K ops exist only after the split-K pass; the interpreter runs frontend IR, where a program is the whole
+# cluster: it is split 0 and its partial sum is already the total.
+@rule(OpKind.SPLIT_INDEX)
+def _split_index(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = torch.tensor(0, dtype=torch.int32)
+
+
+@rule(OpKind.SPLIT_REDUCE)
+def _split_reduce(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id]
+
+
 # -- reductions and matrix products ----------------------------------------------------------------
 
 @rule(OpKind.REDUCE)

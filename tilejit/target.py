@@ -5,8 +5,8 @@ it, and it imports nothing of tilejit but ``errors``:
 
 * :class:`Arch` is an arch string parsed once ("sm_90a", "90a", 80 ...) with the features lowerings test
   (``has_wgmma``, ``has_tma``, ``has_tcgen05`` ...), so no other module parses arch strings.
-* :class:`LaunchOptions` is the one definition (and validation) of ``num_warps`` / ``num_stages``, shared by
-  ``Kernel.bind``, ``tilejit.Config``, :class:`Target` and the cache key.
+* :class:`LaunchOptions` is the one definition (and validation) of ``num_warps`` / ``num_stages`` / ``split_k``,
+  shared by ``Kernel.bind``, ``tilejit.Config``, :class:`Target` and the cache key.
 * :class:`Registry` is the lowering dispatch table: each op that has several lowerings (``gemm``, ``copy``)
   keeps implementations registered with an arch range, a priority and named predicates; ``select`` returns the
   first that fits and, when none does, a :class:`~tilejit.errors.DispatchError` lists every candidate with the
@@ -115,27 +115,34 @@ class Arch:
 # -- launch options ------------------------------------------------------------------------------------------
 
 VALID_WARPS = (1, 2, 4, 8, 16)
+VALID_SPLIT_K = (1, 2, 3, 4, 5, 6, 7, 8)  # a portable cluster holds at most 8 blocks
 
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """The reserved launch keywords: ``num_warps`` (threads = 32 x num_warps) and ``num_stages`` (the pipeline
-    depth of ``T.range`` loops that do not give ``stages=``)."""
+    """The reserved launch keywords: ``num_warps`` (threads = 32 x num_warps), ``num_stages`` (the pipeline
+    depth of ``T.range`` loops that do not give ``stages=``) and ``split_k`` (the K loop of a GEMM-like kernel
+    cut over that many programs of one thread-block cluster, their partial accumulators summed before the
+    epilogue; 1 = off; sm_90+, see ``passes/split_k.py``)."""
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
             raise UsageValueError(f"num_warps must be one of {VALID_WARPS}, got {self.num_warps!r}")
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise UsageValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
+        if type(self.split_k) is not int or self.split_k not in VALID_SPLIT_K:
+            raise UsageValueError(f"split_k must be one of {VALID_SPLIT_K} (the programs of one thread-block "
+                                  f"cluster), got {self.split_k!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages")
+        return ("num_warps", "num_stages", "split_k")
 
     def as_dict(self) -> dict[str, int]:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -151,8 +158,8 @@ class Target:
     options: LaunchOptions = LaunchOptions()
 
     @classmethod
-    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3) -> "Target":
-        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages))
+    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1) -> "Target":
+        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k))
 
     @property
     def sm(self) -> int:
@@ -165,6 +172,10 @@ class Target:
     @property
     def num_stages(self) -> int:
         return self.options.num_stages
+
+    @property
+    def split_k(self) -> int:
+        return self.options.split_k
 
     @property
     def threads(self) -> int:

@@ -32,12 +32,13 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs()
-    assert 12 <= len(configs) <= 16
+    plain = [c for c in configs if c.split_k == 1]
+    assert 12 <= len(plain) <= 16 and 4 <= len(configs) - len(plain) <= 8
     assert len({c.identity for c in configs}) == len(configs)
     for c in configs:
         assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
         assert c.kwargs["BM"] in (64, 128, 256) and c.kwargs["BN"] in (64, 128, 256) and c.kwargs["BK"] in (32, 64)
-        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 4
+        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 4 and c.split_k in (1, 2, 4)
         # at most 128 f32 accumulator registers per thread
         assert c.kwargs["BM"] * c.kwargs["BN"] // (32 * c.num_warps) <= 128, c
     assert (64, 64) in _tiles(configs) and (128, 256) in _tiles(configs)
@@ -75,13 +76,30 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     assert all(c.kwargs["BM"] * c.kwargs["BN"] >= 128 * 128 for c in kept)
     assert (128, 256) in _tiles(kept)
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
-    assert len(everything) == len(matmul_configs())
+    assert everything == [c for c in matmul_configs() if c.split_k == 1]  # meta tensors: no clusters
+
+
+def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch):
+    """On a 132-SM GPU with clusters: split-K configs for M = 128 x 4096 x 4096 (32 to 128 tiles), none for 4096^3
+    (thousands of tiles) or a short K (fewer than 4 K steps per program); without clusters, none at all."""
+    from tilejit import configs as cfg
+
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 132)
+    skinny = matmul_prune(matmul_configs(), _named(128, 4096, 4096))
+    split = [c for c in skinny if c.split_k > 1]
+    assert split and all(-(-4096 // c.kwargs["BN"]) * -(-128 // c.kwargs["BM"]) * c.split_k <= 264 for c in split)
+    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096)) if c.split_k > 1]
+    assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 256)) if c.split_k > 2]
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 0)
+    assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 4096)) if c.split_k > 1]
 
 
 def test_matmul_prune_never_empty():
     only_big = [c for c in matmul_configs() if c.kwargs["BM"] == 256]
     kept = matmul_prune(only_big, _named(1, 64, 32))
     assert len(kept) == 1 and kept[0] in only_big
+    only_split = [c for c in matmul_configs() if c.split_k > 1]
+    assert matmul_prune(only_split, _named(8192, 8192, 8192))[0].split_k > 1  # nothing else to offer
 
 
 def test_benchmark_kernel_uses_the_default_space():

@@ -446,6 +446,22 @@ def test_tensor_maps_are_asked_for_and_copied_after_the_values(make):
     assert params == expected_bytes(kinds, values + [b"\x01" * 128, b"\x02" * 128])
 
 
+def test_split_k_entries_launch_z_times_the_cluster_and_leave_the_limit_to_python(make):
+    d, rec = make(TINY_KINDS)
+    kinds = bytes(native.KIND_CODES[k] for k in TINY_KINDS)
+    rec.slow = lambda grid, args, kwargs: rec.mod.Entry(0xABCD, (128, 1, 1), 0, kinds, 0, None, rec.python_launch, 4)
+    d = rec.mod.Dispatcher(roles=list(rec.roles), role_constexpr=CONSTEXPR, role_shaped=SHAPED,
+                           fast_kwargs={"BLOCK", "num_warps"}, tensor_type=FakeTensor, stream_getter=lambda i: 0,
+                           slow=rec.slow, fallback=rec.fallback, grid_fn=rec.grid_fn, names=tuple("XYZWnm"),
+                           runtime_index={n: i for i, n in enumerate("XYZWnm")}, defaults={})
+    args = tiny_args()
+    d.bind((3,))(*args)  # the miss: remembered
+    d.bind((3, 2, 5))(*args)
+    assert rec.launches[-1]["grid"] == (3, 2, 20)
+    d.bind((1, 1, 20000))(*args)  # 80000 programs along z: the Python launcher raises CUDA's limit
+    assert rec.python_launches[-1][0] == (1, 1, 20000) and len(rec.launches) == 1
+
+
 def test_entry_rejects_bad_plans(mod):
     with pytest.raises(ValueError, match="unknown parameter kind"):
         mod.Entry(1, (1, 1, 1), 0, bytes([9]), 0, None, print)
@@ -455,6 +471,8 @@ def test_entry_rejects_bad_plans(mod):
         mod.Entry(1, (1, 1, 1), 0, bytes([0, 4]), 0, None, print)
     with pytest.raises(ValueError, match="too many"):
         mod.Entry(1, (1, 1, 1), 0, bytes([4] * 40), 0, lambda v: [], print)
+    with pytest.raises(ValueError, match="zscale must be 1 to 16"):
+        mod.Entry(1, (1, 1, 1), 0, bytes([0]), 0, None, print, 0)
 
 
 def test_many_threads_launch_through_one_dispatcher(make):

@@ -359,8 +359,10 @@ class Emitter:
         scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
         shared_bytes = self.smem_top
         threads = self.target.threads
+        splits = self.fn.attrs.get("split_k", 1)
+        cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
         head = [
-            f'extern "C" __global__ void __launch_bounds__({threads}) {self.kernel_name}(',
+            f'extern "C" __global__ void __launch_bounds__({threads}){cluster} {self.kernel_name}(',
             "    " + ",\n    ".join(decls) + ") {" if decls else ") {",
             "  extern __shared__ __align__(1024) unsigned char tj_smem[];",
             "  const int tid = (int)threadIdx.x;",
@@ -393,10 +395,12 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
             return convert(text, D.float32, dtype) if dtype in STORAGE else text
         suffix = "LL" if dtype.bits == 64 else ""
         return f"({c_type(dtype)}){value}{suffix}"
-    if op.kind is OpKind.PROGRAM_ID:
-        return f"(int32_t)blockIdx.{'xyz'[op.attrs.axis]}"
-    if op.kind is OpKind.NUM_PROGRAMS:
-        return f"(int32_t)gridDim.{'xyz'[op.attrs.axis]}"
+    if op.kind in (OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS):
+        builtin = f"{'blockIdx' if op.kind is OpKind.PROGRAM_ID else 'gridDim'}.{'xyz'[op.attrs.axis]}"
+        splits = em.fn.attrs.get("split_k", 1)
+        if op.attrs.axis == 2 and splits > 1:  # z holds the user's programs times the split-K cluster
+            return f"(int32_t)({builtin} / {splits}u)"
+        return f"(int32_t){builtin}"
     if op.kind is OpKind.TENSOR_DIM:
         return f"{args[0]}_size{op.attrs.axis}"
     if op.kind is OpKind.TENSOR_STRIDE:

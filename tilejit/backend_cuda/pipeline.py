@@ -19,9 +19,10 @@ from ..passes.copies import select_copies
 from ..passes.layouts import infer_layouts
 from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
+from ..passes.split_k import split_k
 from ..target import Target
-from . import (lower_atomic, lower_gemm, lower_loops, lower_memory, lower_reduce, lower_tma,  # noqa: F401
-               lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
+from . import (lower_atomic, lower_gemm, lower_loops, lower_memory, lower_reduce, lower_split_k,  # noqa: F401
+               lower_tma, lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .nvrtc import CompileResult, compile_cuda
 
@@ -31,6 +32,9 @@ Pass = Callable[[Function, Target], None]
 PIPELINE_SM80: list[tuple[str, Pass]] = [
     # fuse `acc += a @ b` into gemm(a, b, acc) and fold .T into gemm flags before scopes are decided
     ("canonicalize", lambda fn, t: canonicalize(fn)),
+    # the split_k launch option cuts the K loop over a cluster's programs (needs the fused gemm(a, b, acc) of
+    # the step before to recognise the sums; before scopes and layouts, which then treat its ops like any other)
+    ("split-k", split_k),
     # gemm operands are staged in shared memory; everything else lives in registers
     ("infer-scopes", lambda fn, t: infer_scopes(fn)),
     # the dispatch registry picks each gemm's lowering, which fixes the accumulator's fragment layout

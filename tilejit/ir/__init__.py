@@ -4,7 +4,7 @@ from .core import Block, Function, Loc, Op, Param, Value
 from .ops import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
                   BinaryOp, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, Family, OpDecl, Trait,
                   ForAttrs, GemmAttrs, IndexedAttrs, LoopKind, NoAttrs, OpKind,
-                  PermAttrs, ReduceAttrs, ReduceKind, ShapeAttrs, UnaryAttrs, UnaryOp)
+                  PermAttrs, ReduceAttrs, ReduceKind, ShapeAttrs, SplitAttrs, UnaryAttrs, UnaryOp)
 from .printer import print_function
 from .types import Scope, ScalarType, TensorType, TileType
 from .verifier import IRVerificationError, verify

@@ -292,6 +292,16 @@ class ForAttrs:
             raise ValueError("stages must be >= 1")
 
 
+@dataclass(frozen=True)
+class SplitAttrs:
+    """``splits`` programs share one K loop (the ``split_k`` launch option; passes/split_k.py)."""
+    splits: int
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.splits <= 8:
+            raise ValueError("a split-K cluster has 2 to 8 programs")
+
+
 class Trait(enum.Flag):
     """What passes may assume about every op of a kind."""
     NONE = 0
@@ -555,6 +565,11 @@ class OpKind(enum.Enum):
     IF = OpDecl("if", Family.CONTROL, NoAttrs, REGIONS, _if)
     WHILE = OpDecl("while", Family.CONTROL, NoAttrs, REGIONS, _while)  # regions: condition (yields a bool), body
     YIELD = OpDecl("yield", Family.CONTROL, NoAttrs, TERM, no_rule)
+    # split-K (passes/split_k.py): which of the cluster's programs this is (0 .. splits-1), and the sum of a
+    # partial accumulator over the cluster's programs (valid in program 0; a cluster-wide barrier, so every
+    # program reaches it once)
+    SPLIT_INDEX = OpDecl("split_index", Family.SCALAR, SplitAttrs, PURE | LOWERED, no_rule)
+    SPLIT_REDUCE = OpDecl("split_reduce", Family.SYNC, SplitAttrs, READS | WRITES | LOWERED, _unary)
 
     @property
     def mnemonic(self) -> str:

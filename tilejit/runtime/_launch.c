@@ -55,6 +55,7 @@ typedef struct {
     void *function;
     unsigned block[3];
     unsigned smem;
+    unsigned zscale; /* programs launched per program of the grid along z (split-K clusters), >= 1 */
     int device;
     Py_ssize_t nvalues;   /* parameters that come from arguments, in order */
     Py_ssize_t ntmaps;    /* CUtensorMap parameters after them */
@@ -73,7 +74,7 @@ static void entry_dealloc(Entry *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Entry(function, block, smem, kinds, device, tmaps, fallback); kinds is bytes of KIND_* codes. */
+/* Entry(function, block, smem, kinds, device, tmaps, fallback[, zscale]); kinds is bytes of KIND_* codes. */
 static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     unsigned long long function;
     unsigned bx, by, bz, smem;
@@ -81,9 +82,14 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     const char *kinds;
     Py_ssize_t nkinds;
     PyObject *tmaps, *fallback;
-    if (!PyArg_ParseTuple(args, "K(III)Iy#iOO", &function, &bx, &by, &bz, &smem, &kinds, &nkinds, &device, &tmaps,
-                          &fallback))
+    unsigned zscale = 1;
+    if (!PyArg_ParseTuple(args, "K(III)Iy#iOO|I", &function, &bx, &by, &bz, &smem, &kinds, &nkinds, &device, &tmaps,
+                          &fallback, &zscale))
         return -1;
+    if (zscale < 1 || zscale > 16) {
+        PyErr_SetString(PyExc_ValueError, "zscale must be 1 to 16");
+        return -1;
+    }
     if (self->fallback) {
         PyErr_SetString(PyExc_TypeError, "an Entry is initialised once");
         return -1;
@@ -95,6 +101,7 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     self->function = (void *)(uintptr_t)function;
     self->block[0] = bx, self->block[1] = by, self->block[2] = bz;
     self->smem = smem;
+    self->zscale = zscale;
     self->device = device;
     PyMem_Free(self->kinds);
     PyMem_Free(self->offsets);
@@ -627,6 +634,10 @@ static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObje
         return NULL;
     if (!pack_values(e, s, buffer, params)) /* an int too wide for its 32-bit parameter: Python explains */
         return python_launch(e, grid, stream, s);
+    const unsigned long long gz64 = (unsigned long long)grid[2] * e->zscale;
+    if (e->zscale != 1 && gz64 > 65535) /* a split-K grid past CUDA's limit along z: Python explains */
+        return python_launch(e, grid, stream, s);
+    const unsigned gz = (unsigned)gz64;
     if (e->ntmaps) {
         PyObject *values = values_list(s, s->nvalues);
         if (!values)
@@ -669,7 +680,7 @@ static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObje
         for (Py_ssize_t i = 0; i < e->nvalues + e->ntmaps; i++)
             PyList_SET_ITEM(offsets, i, PyLong_FromLong((long)((unsigned char *)params[i] - buffer)));
         return PyObject_CallFunction(launch_hook, "K(III)(III)IKNN", (unsigned long long)(uintptr_t)e->function,
-                                     grid[0], grid[1], grid[2], e->block[0], e->block[1], e->block[2], e->smem,
+                                     grid[0], grid[1], gz, e->block[0], e->block[1], e->block[2], e->smem,
                                      stream, raw, offsets);
     }
     if (!load_driver())
@@ -679,7 +690,7 @@ static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObje
      * H200 host, releasing and keeping the GIL, or passing one packed buffer through `extra` instead of
      * `params`, all cost the same within noise (the driver call itself is ~4 us there). */
     Py_BEGIN_ALLOW_THREADS
-    err = cu_launch(e->function, grid[0], grid[1], grid[2], e->block[0], e->block[1], e->block[2], e->smem,
+    err = cu_launch(e->function, grid[0], grid[1], gz, e->block[0], e->block[1], e->block[2], e->smem,
                     (void *)(uintptr_t)stream, params, NULL);
     Py_END_ALLOW_THREADS
     if (err)

@@ -209,7 +209,7 @@ class Launcher:
     """
 
     def __init__(self, loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
-                 dynamic_smem_bytes: int, impl: str = DEFAULT_LAUNCH_IMPL) -> None:
+                 dynamic_smem_bytes: int, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1) -> None:
         if impl not in LAUNCH_IMPLS:
             raise ValueError(f"unknown launch impl {impl!r}; one of {LAUNCH_IMPLS}")
         unknown = [k for k in param_kinds if k not in _PARAM_LAYOUT]
@@ -229,6 +229,7 @@ class Launcher:
         self.block = tuple(block)
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.impl = impl
+        self.cluster_z = cluster_z  # programs per user program along z (split-K clusters; 1 = none)
 
         self._struct, self._offsets = param_struct(self.param_kinds)
         self._per_thread = threading.local()
@@ -280,10 +281,16 @@ class Launcher:
                 return cu_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
         self._raw_launch = raw
         to_bytes = self._tensor_maps_as_bytes if self._tmap_positions else None
+        cluster_z = self.cluster_z
 
         def launch(grid: tuple[int, int, int], stream: int, values: Sequence[Any]) -> None:
             if to_bytes is not None:
                 values = to_bytes(values)
+            if cluster_z != 1:
+                grid = (grid[0], grid[1], grid[2] * cluster_z)
+                if grid[2] > 65535:
+                    raise LaunchError(f"kernel {loaded.name!r}: grid z {grid[2] // cluster_z} x split_k {cluster_z} "
+                                      "exceeds CUDA's 65535; use a smaller split_k or fewer programs along z")
             try:
                 buffer, params = per_thread.slot
             except AttributeError:
@@ -312,7 +319,7 @@ class Launcher:
                 return None
             kinds = bytes(native.KIND_CODES[k] for k in self.param_kinds)
             entry = module.Entry(int(self.loaded.function), self.block, self.dynamic_smem_bytes, kinds,
-                                 self.loaded.device_index, tmaps, fallback or self)
+                                 self.loaded.device_index, tmaps, fallback or self, self.cluster_z)
             self._native_entries[tmaps] = entry
         return entry
 
@@ -355,6 +362,7 @@ class Launcher:
 
 
 def make_launcher(loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
-                  dynamic_smem_bytes: int = 0, impl: str = DEFAULT_LAUNCH_IMPL) -> Launcher:
-    """A Launcher for ``loaded``; ``param_kinds`` from PARAM_KINDS in kernel-parameter order."""
-    return Launcher(loaded, param_kinds, block, dynamic_smem_bytes, impl)
+                  dynamic_smem_bytes: int = 0, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1) -> Launcher:
+    """A Launcher for ``loaded``; ``param_kinds`` from PARAM_KINDS in kernel-parameter order; ``cluster_z``
+    programs launched per program of the grid along z (a kernel compiled with split_k)."""
+    return Launcher(loaded, param_kinds, block, dynamic_smem_bytes, impl, cluster_z)

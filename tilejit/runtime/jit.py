@@ -25,6 +25,9 @@ from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
 from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
+
+# Launch options added after kernels were written with parameters of the same name: such a parameter wins.
+_PARAMETER_MAY_SHADOW = frozenset({"split_k"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch
@@ -99,8 +102,10 @@ class Kernel:
         self.constexpr_names = {n for n, p in self.signature.parameters.items()
                                 if _is_constexpr_annotation(p.annotation)}
         for name in self.arg_names:
-            if name in LAUNCH_OPTIONS:
+            if name in LAUNCH_OPTIONS and name not in _PARAMETER_MAY_SHADOW:
                 raise UsageTypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
+        # The launch options of this kernel: a parameter named ``split_k`` takes that keyword for itself.
+        self._options = {k: v for k, v in LAUNCH_OPTIONS.items() if k not in self.arg_names}
         self._parsed: ParsedSource | None = None
         self._constructs_checked = False
         self._source_hash: str | None = None
@@ -115,12 +120,12 @@ class Kernel:
         self._native_off = False                      # TILEJIT_NATIVE_LAUNCH=0 at this kernel's first GPU launch
         runtime = [i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names]
         self._min_positional = runtime[-1] + 1 if runtime else 0
-        self._fast_kwargs = set(self.constexpr_names) | set(LAUNCH_OPTIONS)
+        self._fast_kwargs = set(self.constexpr_names) | set(self._options)
         self._runtime_index = {n: i for i, n in enumerate(self.arg_names) if n not in self.constexpr_names}
         self._runtime_defaults = {n: p.default for n, p in self.signature.parameters.items()
                                   if n not in self.constexpr_names and p.default is not inspect.Parameter.empty}
         self._roles = [_CONSTEXPR if n in self.constexpr_names else _RUNTIME for n in self.arg_names]
-        self._defaults = {**LAUNCH_OPTIONS, **{n: p.default for n, p in self.signature.parameters.items()
+        self._defaults = {**self._options, **{n: p.default for n, p in self.signature.parameters.items()
                                                if p.default is not inspect.Parameter.empty}}
         self._specializations: dict[str, Any] = {}   # for the specialization-count warning
         self._quiet = 0                              # > 0 while an autotuner compiles its own configs
@@ -164,16 +169,16 @@ class Kernel:
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> BoundCall:
         if not self._plain_signature:
             self.parsed  # raises the located error for *args, **kwargs ..., before binding
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k in LAUNCH_OPTIONS}
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in self._options}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            known = [*self.arg_names, *LAUNCH_OPTIONS]
+            known = [*self.arg_names, *self._options]
             unknown = [k for k in kwargs if k not in self.arg_names]
             close = "".join(f" ('{k}' is not a parameter: did you mean {' or '.join(map(repr, matches))}?)"
                             for k in unknown if (matches := close_matches(k, known)))
             raise ArgumentError(f"{e}{close} (kernel signature: {self._signature_text()}; launch options: "
-                                f"{', '.join(LAUNCH_OPTIONS)})") from None
+                                f"{', '.join(self._options)})") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
