@@ -1,12 +1,23 @@
-"""Attention forward TFLOP/s: tilejit's examples/attention.py against torch SDPA (flash and cuDNN backends).
+"""Attention TFLOP/s, forward and backward: tilejit's examples/attention.py against torch SDPA (flash and cuDNN
+backends) and a Triton FlashAttention-2-style baseline.
 
-    python -m benchmarks.attention [--seqs 1024,4096] [--dims 64,128] [--out DIR]
+    python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
+                                   [--out DIR]
 
-bf16, 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not. tilejit takes the fastest config
-of ``examples/attention.CONFIGS`` for the head dim (each timed, best kept), every timing through
-``tilejit.testing.do_bench`` in one process on one GPU. FLOPs: 4 * B * H * S^2 * D (halved when causal).
-Triton: a FlashAttention-2-style kernel (``benchmarks.triton_kernels.attention``), checked like the others
-before it is timed. The backward pass is not measured.
+16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
+Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
+checked against float64 (a slice of the batch) before it is timed.
+
+- ``fwd``: the forward. FLOPs 4 * B * H * S^2 * D (halved when causal). tilejit takes the fastest config of
+  ``examples/attention.CONFIGS`` for the head dim.
+- ``bwd``: the backward alone (the forward runs once beforehand and is not timed): tilejit's three kernels
+  (``attention_backward``), SDPA's backward node (``torch.autograd.grad`` of one forward's output, graph
+  retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
+  2), halved when causal. tilejit takes the fastest dK/dV config of ``BWD_CONFIGS`` (with the default dQ
+  config), then the fastest dQ config with it.
+
+Triton: ``benchmarks.triton_kernels`` (forward autotuned over 6 configs, backward over 5 per kernel); its
+column reads n/a without Triton.
 """
 from __future__ import annotations
 
@@ -23,9 +34,13 @@ _spec = importlib.util.spec_from_file_location("tilejit_examples_attention_bench
 attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HEADERS = ["D", "seq", "batch", "dtype", "causal", "tilejit TFLOP/s", "config", "SDPA flash", "SDPA cuDNN", "Triton",
+           "tilejit / cuDNN", "tilejit / Triton"]
 
-def _tflops(batch, heads, seq, dim, causal, ms):
-    flops = 4.0 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+
+def _tflops(batch, heads, seq, dim, causal, ms, backward=False):
+    flops = 4.0 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0) * (2.5 if backward else 1.0)
     return flops / (ms * 1e-3) / 1e12
 
 
@@ -38,68 +53,194 @@ def _sdpa(backend):
     return run
 
 
-def main(argv=None) -> int:
+def _sdpa_backward(backend):
+    """SDPA's backward alone: one forward (its node chosen under ``backend``) whose graph each call walks again."""
+    from torch.nn.attention import sdpa_kernel
+
+    def setup(q, k, v, do, causal):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    return setup
+
+
+def _triton_backward(triton_kernels):
+    def setup(q, k, v, do, causal):
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        out = triton_kernels.attention(q, k, v, causal, lse=lse)
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        delta = torch.empty_like(lse)
+        return lambda: triton_kernels.attention_backward(do, q, k, v, out, lse, causal, grads=grads, delta=delta)
+    return setup
+
+
+def _reference_grads(q, k, v, do, causal):
+    """float64 autograd gradients of the first batch entry's first two heads (no GQA here: they depend on
+    those heads only)."""
+    leaves = [t[:1, :2].detach().double().requires_grad_() for t in (q, k, v)]
+    attention.reference(*leaves, causal).backward(do[:1, :2].double())
+    return [t.grad for t in leaves]
+
+
+def _grad_error(grads, ref):
+    """The largest error of the three gradients, each relative to its reference's largest magnitude."""
+    return max((g[:1, :2].double() - r).abs().max().item() / r.abs().max().item() for g, r in zip(grads, ref))
+
+
+def _row(dim, seq, batch, dtype, causal, best, baselines, tflops):
+    row = {"dim": dim, "seq": seq, "batch": batch, "dtype": dtype, "causal": causal,
+           "tilejit": tflops(best[0]), "config": best[1]}
+    row.update(baselines)
+    return row
+
+
+def _table_row(row):
+    return [row["dim"], row["seq"], row["batch"], row["dtype"], "yes" if row["causal"] else "no", row["tilejit"],
+            row["config"], row["SDPA flash"], row["SDPA cuDNN"], row.get("Triton"),
+            row["tilejit"] / row["SDPA cuDNN"] if row["SDPA cuDNN"] else None,
+            row["tilejit"] / row["Triton"] if row.get("Triton") else None]
+
+
+def _forward(q, k, v, causal, baselines, tflops):
     from tilejit.testing import do_bench
 
+    ref = attention.reference(q[:1, :2], k[:1, :2], v[:1, :2], causal)
+    best = None
+    for bm, bn, warps in attention.CONFIGS[q.shape[3]]:
+        cfg = dict(BM=bm, BN=bn, num_warps=warps)
+        out = attention.attention(q, k, v, causal=causal, **cfg)
+        err = (out[:1, :2].double() - ref).abs().max().item()
+        if err > 3e-2:
+            raise AssertionError(f"tilejit attention {cfg} is wrong: max |err| {err}")
+        ms = do_bench(lambda: attention.attention(q, k, v, causal=causal, out=out, **cfg))
+        if best is None or ms < best[0]:
+            best = (ms, f"{bm}x{bn} w{warps}")
+    results = {}
+    for name, fn in baselines.items():
+        try:
+            err = (fn(q, k, v, causal)[:1, :2].double() - ref).abs().max().item()
+            if err > 3e-2:
+                raise RuntimeError(f"wrong result: max |err| {err}")
+            results[name] = tflops(do_bench(lambda: fn(q, k, v, causal)))
+        except Exception as e:  # a backend that does not take this shape, or fails: n/a, said why
+            results[name] = None
+            print(f"{name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    return best, results
+
+
+def _backward(q, k, v, causal, baselines, tflops):
+    from tilejit.testing import do_bench
+
+    dim = q.shape[3]
+    do = torch.randn_like(q)
+    ref = _reference_grads(q, k, v, do, causal)
+    out, lse = attention.attention_forward(q, k, v, causal=causal)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+
+    def timed(cfg):
+        def run():
+            return attention.attention_backward(do, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1],
+                                                dv=grads[2], delta=delta, config=cfg)
+        run()
+        err = _grad_error(grads, ref)
+        if err > 2e-2:
+            raise AssertionError(f"tilejit attention backward {cfg} is wrong: max relative |err| {err}")
+        return do_bench(run)
+
+    def label(c):
+        return f"{c['BM']}x{c['BN']} w{c['num_warps']}"
+
+    default = attention.default_bwd_config(dim)
+    best = None
+    for kernel in ("dkdv", "dq"):
+        base = best[1] if best else default
+        for bm, bn, warps in attention.BWD_CONFIGS[dim][kernel]:
+            cfg = {**base, kernel: dict(BM=bm, BN=bn, num_warps=warps)}
+            ms = timed(cfg)
+            if best is None or ms < best[0]:
+                best = (ms, cfg)
+    best = (best[0], f"dkdv {label(best[1]['dkdv'])}, dq {label(best[1]['dq'])}")
+    results = {}
+    for name, setup in baselines.items():
+        try:
+            run = setup(q, k, v, do, causal)
+            err = _grad_error(run(), ref)
+            if err > 2e-2:
+                raise RuntimeError(f"wrong result: max relative |err| {err}")
+            results[name] = tflops(do_bench(run))
+        except Exception as e:  # a backend that does not take this shape, or fails: n/a, said why
+            results[name] = None
+            print(f"{name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    return best, results
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
+    parser.add_argument("--dtypes", default="bf16", help="bf16, fp16 or bf16,fp16")
     parser.add_argument("--seqs", default="1024,4096")
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ns = parser.parse_args(argv)
+    passes = ns.passes.split(",")
+    if not passes or set(passes) - {"fwd", "bwd"}:
+        parser.error(f"--passes takes fwd and/or bwd, not {ns.passes!r}")
+    dtypes = ns.dtypes.split(",")
+    if not dtypes or set(dtypes) - set(DTYPES):
+        parser.error(f"--dtypes takes {', '.join(DTYPES)}, not {ns.dtypes!r}")
     from torch.nn.attention import SDPBackend
 
-    baselines = {"SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION)}
+    fwd_baselines = {"SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION)}
+    bwd_baselines = {"SDPA flash": _sdpa_backward(SDPBackend.FLASH_ATTENTION),
+                     "SDPA cuDNN": _sdpa_backward(SDPBackend.CUDNN_ATTENTION)}
     try:
         from benchmarks import triton_kernels
-        baselines["Triton"] = lambda q, k, v, causal: triton_kernels.attention(q, k, v, causal)
+        fwd_baselines["Triton"] = lambda q, k, v, causal: triton_kernels.attention(q, k, v, causal)
+        bwd_baselines["Triton"] = _triton_backward(triton_kernels)
     except ImportError as e:  # Triton is optional: its column reads n/a
         print(f"Triton unavailable: {e}")
-    rows, records = [], []
+    records = {p: [] for p in passes}
     for dim in (int(d) for d in ns.dims.split(",")):
         for seq in (int(s) for s in ns.seqs.split(",")):
             batch = max(1, 16384 // seq)
-            torch.manual_seed(seq + dim)
-            q, k, v = (torch.randn(batch, ns.heads, seq, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            for causal in (False, True):
-                ref = attention.reference(q[:1, :2], k[:1, :2], v[:1, :2], causal)
-                best = None
-                for bm, bn, warps in attention.CONFIGS[dim]:
-                    cfg = dict(BM=bm, BN=bn, num_warps=warps)
-                    out = attention.attention(q, k, v, causal=causal, **cfg)
-                    err = (out[:1, :2].double() - ref).abs().max().item()
-                    if err > 3e-2:
-                        raise AssertionError(f"tilejit attention {cfg} is wrong: max |err| {err}")
-                    ms = do_bench(lambda: attention.attention(q, k, v, causal=causal, out=out, **cfg))
-                    if best is None or ms < best[0]:
-                        best = (ms, f"{bm}x{bn} w{warps}")
-                row = {"dim": dim, "seq": seq, "batch": batch, "causal": causal,
-                       "tilejit": _tflops(batch, ns.heads, seq, dim, causal, best[0]), "config": best[1]}
-                for name, fn in baselines.items():
-                    try:
-                        err = (fn(q, k, v, causal)[:1, :2].double() - ref).abs().max().item()
-                        if err > 3e-2:
-                            raise RuntimeError(f"wrong result: max |err| {err}")
-                        row[name] = _tflops(batch, ns.heads, seq, dim, causal, do_bench(lambda: fn(q, k, v, causal)))
-                    except Exception as e:  # a backend that does not take this shape, or fails: n/a, said why
-                        row[name] = None
-                        print(f"{name} unavailable for D={dim} S={seq}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                records.append(row)
-                rows.append([dim, seq, batch, "yes" if causal else "no", row["tilejit"], row["config"],
-                             row["SDPA flash"], row["SDPA cuDNN"], row.get("Triton"),
-                             row["tilejit"] / row["SDPA cuDNN"] if row["SDPA cuDNN"] else None,
-                             row["tilejit"] / row["Triton"] if row.get("Triton") else None])
-                print(rows[-1], flush=True)
+            for dtype in dtypes:
+                torch.manual_seed(seq + dim)
+                q, k, v = (torch.randn(batch, ns.heads, seq, dim, device="cuda", dtype=DTYPES[dtype])
+                           for _ in range(3))
+                for causal in (False, True):
+                    for p in passes:
+                        def tflops(ms, backward=p == "bwd"):
+                            return _tflops(batch, ns.heads, seq, dim, causal, ms, backward)
+
+                        run, baselines = (_forward, fwd_baselines) if p == "fwd" else (_backward, bwd_baselines)
+                        best, results = run(q, k, v, causal, baselines, tflops)
+                        records[p].append(_row(dim, seq, batch, dtype, causal, best, results, tflops))
+                        print(p, _table_row(records[p][-1]), flush=True)
     meta = machine_stamp()
-    table = markdown_table(["D", "seq", "batch", "causal", "tilejit TFLOP/s", "config", "SDPA flash",
-                            "SDPA cuDNN", "Triton", "tilejit / cuDNN", "tilejit / Triton"], rows)
-    print(table)
-    write_json(ns.out / "attention.json", {"meta": meta, "results": records})
-    append_results("Attention forward, bf16, 16 heads, 16k tokens", table, meta,
-                   notes=["tilejit: examples/attention.py, best config of its space; the FlashAttention-2 "
-                          "structure (no warp specialization; on sm_90a P feeds the second wgmma from registers; "
-                          "the causal mask only on diagonal blocks). Triton: benchmarks/triton_kernels.attention, "
-                          "a FlashAttention-2-style kernel autotuned over 6 configs."])
+    out = {"meta": meta}
+    titles = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
+    notes = {
+        "fwd": ["tilejit: examples/attention.py, best config of its space; the FlashAttention-2 structure (no warp "
+                "specialization; on sm_90a P feeds the second wgmma from registers; the causal mask only on "
+                "diagonal blocks). Triton: benchmarks/triton_kernels.attention, a FlashAttention-2-style kernel "
+                "autotuned over 6 configs."],
+        "bwd": ["Backward only: the forward (with its log-sum-exp) runs once before timing. FLOPs 2.5x the "
+                "forward's (halved when causal), as FlashAttention counts.",
+                "tilejit: examples/attention.attention_backward (preprocess, dK/dV per key block, dQ per query "
+                "block; P^T, dS^T and dS feed wgmma from registers on sm_90a), best dK/dV then best dQ config of "
+                "BWD_CONFIGS. SDPA: torch.autograd.grad through the backend's node (graph retained). Triton: "
+                "benchmarks/triton_kernels.attention_backward, the same three kernels autotuned over 5 configs "
+                "each."],
+    }
+    for p in passes:
+        table = markdown_table(HEADERS, [_table_row(r) for r in records[p]])
+        print(table)
+        out["results" if p == "fwd" else "backward"] = records[p]
+        append_results(f"{titles[p]}, {'/'.join(dtypes)}, {ns.heads} heads, 16k tokens", table, meta, notes=notes[p])
+    write_json(ns.out / "attention.json", out)
     return 0
 
 
