@@ -1,19 +1,27 @@
-"""Fused attention forward (FlashAttention-2 style) written in tilejit's language.
+"""Fused attention (FlashAttention-2 style), forward and backward, written in tilejit's language.
 
-One program computes BM query rows of one (batch, head): it walks the keys and values in blocks of BN rows
-(``T.range`` pipelines their loads), keeps the running row maximum ``m_i`` and row sum ``l_i`` of the online
-softmax in registers, and rescales the output accumulator as the maximum grows. Covered:
+Forward (``attn_fwd``): one program computes BM query rows of one (batch, head): it walks the keys and values in
+blocks of BN rows (``T.range`` pipelines their loads), keeps the running row maximum ``m_i`` and row sum ``l_i``
+of the online softmax in registers, and rescales the output accumulator as the maximum grows. Covered:
 
 - causal and full attention (``CAUSAL``); the causal loop stops at the diagonal block;
 - head dims 64, 128 and 256 (``D``, a constexpr);
 - grouped-query attention: ``Q`` has ``H`` heads, ``K``/``V`` have ``H // GROUP``; query head ``h`` reads
   key/value head ``h // GROUP``;
 - variable sequence lengths by masking (``VARLEN``): batch ``b`` attends over its first ``Lens[b]`` keys; its
-  query rows past ``Lens[b]`` (padding) get the attention of those padding queries over the same keys.
+  query rows past ``Lens[b]`` (padding) get the attention of those padding queries over the same keys;
+- ``STORE_LSE``: also the rows' log-sum-exp, in base 2 (``log2 sum_j 2^(s_ij * sm_scale * log2 e)``, the
+  natural one times log2 e), float32 (B, H, S), which the backward reads.
 
-``attention(q, k, v, causal=..., lens=...)`` launches it; run this file to check it against
-``torch.nn.functional.scaled_dot_product_attention`` (on a GPU if there is one, else through the interpreter on
-small shapes).
+Backward (``attention_backward``): ``attn_bwd_preprocess`` (Delta = rowsum(dO * O)), ``attn_bwd_dkdv`` (one
+program per key block and key/value head, looping over the query heads of its group and their query blocks,
+recomputing P^T = exp2(K Q^T * scale * log2 e - LSE)) and ``attn_bwd_dq`` (one program per query block and head,
+looping over key blocks; no atomics). Causal and full, GQA, ragged lengths; head dims 64 and 128 on wgmma on
+sm_90a, 256 too, but its dK/dV runs on mma.sync there (see ``BWD_CONFIGS``). No variable-length backward.
+
+``attention(q, k, v, causal=..., lens=...)`` launches the forward and is differentiable in q, k and v
+(``AttentionFunction``); run this file to check both passes against float64 torch (on a GPU if there is one,
+else through the interpreter on small shapes).
 """
 from __future__ import annotations
 
@@ -360,7 +368,10 @@ def main() -> None:
         os.environ["TILEJIT_INTERPRET"] = "1"
     device = "cuda" if gpu else "cpu"
     dtype = torch.bfloat16 if gpu else torch.float32
+    # bf16 inputs and outputs on the GPU; tf32 products in the interpreter (as on the GPU for float32)
+    tol = 3e-2 if gpu else 1e-2
     shapes = [(2, 4, 1000, 64, 2), (1, 2, 257, 128, 1)] if gpu else [(1, 2, 70, 32, 2)]
+    where = torch.cuda.get_device_name() if gpu else "CPU (interpreter)"
     for batch, heads, seq, dim, group in shapes:
         for causal in (False, True):
             torch.manual_seed(seq + dim + causal)
@@ -372,8 +383,19 @@ def main() -> None:
             attention(q, k, v, causal=causal, out=out, **cfg)
             err = (out.double() - reference(q, k, v, causal)).abs().max().item()
             print(f"attention B={batch} H={heads} S={seq} D={dim} GQA={group} causal={causal}: "
-                  f"max |err| = {err:.2e} on {torch.cuda.get_device_name() if gpu else 'CPU (interpreter)'}")
-            assert err < (3e-2 if dtype == torch.bfloat16 else 1e-4), err
+                  f"max |err| = {err:.2e} on {where}")
+            assert err < tol, err
+            bwd_cfg = None if gpu else {"dkdv": dict(BM=16, BN=32, num_warps=4), "dq": dict(BM=32, BN=16, num_warps=4)}
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+            do = torch.randn_like(q)
+            attention(*leaves, causal=causal, bwd_config=bwd_cfg, **cfg).backward(do)
+            ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            reference(*ref, causal).backward(do.double())
+            # relative to each gradient's largest magnitude (16-bit P and dS on the GPU)
+            err = max((t.grad.double() - r.grad).abs().max().item() / r.grad.abs().max().item()
+                      for t, r in zip(leaves, ref))
+            print(f"  backward: max |err| of dq, dk, dv relative to their scale = {err:.2e}")
+            assert err < tol, err
 
 
 if __name__ == "__main__":
