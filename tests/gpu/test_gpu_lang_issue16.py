@@ -491,3 +491,58 @@ def test_broadcast_sum_dot_gpu(dtype, tol):
     c = torch.full((M, N), float("nan"), device="cuda")
     dk.broadcast_sum_dot[(-(-M // 64), -(-N // 64))](a, b, c, BM=64, BN=64, BK=64)
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol * 10)
+
+
+# -- examples/layer_norm.py ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M, N", [(1000, 3000), (4097, 1000), (3, 77)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_layer_norm_gpu(M, N, dtype):
+    """Forward and backward against torch autograd in float64 on the same (rounded) inputs; every output of every
+    kernel, the partial-sum buffers included, starts as NaN."""
+    ln = lk.load_example("layer_norm")
+    x = (torch.randn(M, N, device="cuda") * 2 + 0.5).to(dtype)
+    w = torch.randn(N, device="cuda").to(dtype)
+    b = torch.randn(N, device="cuda").to(dtype)
+    dy = torch.randn(M, N, device="cuda").to(dtype)
+    nan = float("nan")
+    BM, BN = ln._tiles(N)
+    P = -(-M // BM)
+    y, dx = torch.full_like(x, nan), torch.full_like(x, nan)
+    mean = torch.full((M,), nan, device="cuda")
+    rstd = torch.full((M,), nan, device="cuda")
+    dwp = torch.full((P, N), nan, device="cuda")
+    dbp = torch.full((P, N), nan, device="cuda")
+    dw, db = torch.full_like(w, nan), torch.full_like(w, nan)
+    ln.layer_norm_fwd[(P,)](x, w, b, y, mean, rstd, 1e-5, BM=BM, BN=BN)
+    ln.layer_norm_bwd_dx[(P,)](x, dy, w, mean, rstd, dx, dwp, dbp, BM=BM, BN=BN)
+    ln.column_sums[(-(-N // 128),)](dwp, dw, BM=32, BN=128)
+    ln.column_sums[(-(-N // 128),)](dbp, db, BM=32, BN=128)
+    ry, rdx, rdw, rdb = ln.reference(x, w, b, dy)
+    x64 = x.double()
+    torch.testing.assert_close(mean.double(), x64.mean(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), 1 / torch.sqrt(x64.var(1, unbiased=False) + 1e-5), rtol=1e-4,
+                               atol=1e-5)
+    if dtype == torch.float32:
+        tols = dict(y=(1e-4, 1e-4), dx=(1e-4, 1e-4), dwdb=(1e-4, 1e-3))
+    else:  # the outputs are rounded to bf16 (8 bits): a relative 2^-8 of each value
+        tols = dict(y=(1e-2, 2e-2), dx=(1e-2, 2e-2), dwdb=(1e-2, 1e-1))
+    torch.testing.assert_close(y.double(), ry, rtol=tols["y"][0], atol=tols["y"][1])
+    torch.testing.assert_close(dx.double(), rdx, rtol=tols["dx"][0], atol=tols["dx"][1])
+    torch.testing.assert_close(dw.double(), rdw, rtol=tols["dwdb"][0], atol=tols["dwdb"][1])
+    torch.testing.assert_close(db.double(), rdb, rtol=tols["dwdb"][0], atol=tols["dwdb"][1])
+
+
+def test_layer_norm_autograd_function_gpu():
+    ln = lk.load_example("layer_norm")
+    x = torch.randn(4, 250, 384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(4, 250, 384, device="cuda", dtype=torch.bfloat16)
+    y = ln.LayerNorm.apply(x, w, b, 1e-5)
+    y.backward(dy)
+    ry, rdx, rdw, rdb = ln.reference(x, w, b, dy)
+    torch.testing.assert_close(y.double(), ry, rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad.double(), rdx, rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad.double(), rdw, rtol=1e-2, atol=1e-1)
+    torch.testing.assert_close(b.grad.double(), rdb, rtol=1e-2, atol=1e-1)
