@@ -9,6 +9,9 @@ chunk ^ (row % 8) is wgmma's 128-byte-swizzle atom), described by 64-bit matrix 
   a k16 step moves 32 bytes inside the panel, the next 64 k-elements are the next panel.
 * N-major B (given K x N, ``imm-trans-b`` = 1): 128-byte rows along N, 8 k-rows per atom (SBO = 1024),
   LBO = the distance between 64-column panels; a k16 step moves 16 rows (2048 bytes).
+* M-major A (given K x M, ``transpose_a``, ``imm-trans-a`` = 1): the same form as N-major B, read as A; a
+  64-row slab of A is one 64-column panel of the K x M tile, so the slab moves by whole panels.
+  Only 16-bit operands have the transpose immediates.
 
 Each warpgroup issues one ``m64nNk16`` per 64-row slab it owns and k16 step, commits the group, lets the
 enclosing pipelined loop issue its prefetch while the tensor cores work, then waits for the group.
@@ -77,6 +80,12 @@ def _a_k_major(op: Op, target: Target) -> bool:
     return not op.attrs.transpose_a
 
 
+def _a_layout_fits(op: Op, target: Target) -> bool:
+    """K-major A, or M-major A (given K x M) of 16-bit operands: M is whole 64-row slabs by the shape rule, and
+    each slab is one 64-column panel."""
+    return not op.attrs.transpose_a or op.operands[0].dtype in (D.float16, D.bfloat16)
+
+
 def _b_layout_fits(op: Op, target: Target) -> bool:
     _, n, _ = _mnk(op)
     return _b_k_major(op) or n % 64 == 0
@@ -126,6 +135,7 @@ class Wgmma:
             src = em.name(acc)
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
+        a_mn_major = op.attrs.transpose_a
         self.setup_a(em, a)
         em.line(f"const unsigned tj_b = {sb.base()};")
         d_name, d_regs = name, layout.regs
@@ -141,7 +151,7 @@ class Wgmma:
             b_off, b_lbo = b_fields(sb.layout, kk, _b_k_major(op))
             b_desc = f"tj_wgmma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
             for s in range(layout.slabs):
-                a_ins = self.a_operands(em, a, kk, s, layout)
+                a_ins = self.a_operands(em, a, kk, s, layout, a_mn_major)
                 a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
                     else f"%{half}"
                 nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
@@ -150,7 +160,8 @@ class Wgmma:
                 shape = f"m64n{n}k{k_atom}"
                 if a.dtype in (D.float16, D.bfloat16):
                     trans_b = 0 if _b_k_major(op) else 1
-                    trans = f"0, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"  # register A has no transpose
+                    # register A has no transpose immediate
+                    trans = f"{int(a_mn_major)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
                     td = "f16" if f16_acc else "f32"
                     instr = f"wgmma.mma_async.sync.aligned.{shape}.{td}.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
                 elif integer:
@@ -188,10 +199,15 @@ class Wgmma:
         em.line("const int tj_wg = tid >> 7;")
         em.line(f"const unsigned tj_a = {em.shared[a.id].base()};")
 
-    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout) -> list[tuple[str, str]]:
-        """(constraint, C expression) of operand A for k step ``kk`` of slab ``s``."""
+    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
+                   mn_major: bool = False) -> list[tuple[str, str]]:
+        """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
+        K x M, each 64-row slab one 64-column panel)."""
         sa = em.shared[a.id]
         slab = f"({s * layout.groups} + tj_wg)"
+        if mn_major:
+            off, lbo = b_fields(sa.layout, kk, k_major=False)
+            return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {sa.layout.panel_bytes}, {lbo}, 1024)")]
         off = k_step_offset(sa.layout, kk)
         return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)")]
 
@@ -203,7 +219,7 @@ REGISTRY.register("gemm", "wgmma_m64nNk16", min_sm=90, max_sm=90, priority=20, p
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
     _SHAPES: _shapes_fit,
-    "A is K-major (not transposed)": _a_k_major,
+    "A is K-major or M-major (16-bit)": _a_layout_fits,
     "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
 })(Wgmma())
 
@@ -211,7 +227,7 @@ REGISTRY.register("gemm", "wgmma_m64nNk16_f16acc", min_sm=90, max_sm=90, priorit
     "operands are f16": _operand_dtypes(D.float16),
     "accumulator is f16": _acc_f16,
     _SHAPES: _shapes_fit,
-    "A is K-major (not transposed)": _a_k_major,
+    "A is K-major or M-major (16-bit)": _a_layout_fits,
     "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
 })(Wgmma())
 

@@ -36,7 +36,8 @@ class WgmmaRegisterA(Wgmma):
         em.line(f"for (int i = 0; i < {words}; ++i) "
                 f"tj_pa[i] = (unsigned){x}[2 * i].bits | ((unsigned){x}[2 * i + 1].bits << 16);")
 
-    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout) -> list[tuple[str, str]]:
+    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
+                   mn_major: bool = False) -> list[tuple[str, str]]:
         base = (s * a.type.layout.regs // a.type.layout.slabs + 8 * kk) // 2
         return [("r", f"tj_pa[{base + i}]") for i in range(4)]
 

@@ -1,0 +1,69 @@
+"""wgmma reads every operand major-ness of 16-bit matrices: A given K x M (``transpose_a``) is M-major in shared
+memory and goes in through the descriptor's transpose immediate (``imm-trans-a`` = 1), as N-major B does, so
+TN and TT matmuls stay on wgmma instead of falling back to mma.sync. 8-bit and tf32 operands have no transpose
+immediates: their M-major A is refused by the wgmma predicates (and mma.sync takes it).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from _lowering import kernel_body, lower
+from kernels import matmul_any
+
+import tilejit.language as T
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _operands(ta, tb, m=1000, n=768, k=512, dtype=torch.float16):
+    a = meta(k, m, dtype=dtype) if ta else meta(m, k, dtype=dtype)
+    b = meta(n, k, dtype=dtype) if tb else meta(k, n, dtype=dtype)
+    return a, b, meta(m, n, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("tb", [False, True], ids=["TN", "TT"])
+@pytest.mark.parametrize("tile", [(64, 64, 4), (128, 128, 4), (128, 256, 8)], ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_m_major_a_is_a_transposed_descriptor(dtype, tile, tb):
+    bm, bn, warps = tile
+    fn, cuda = lower(matmul_any, *_operands(True, tb, dtype=dtype), BM=bm, BN=bn, BK=64, TA=True, TB=tb,
+                     ACC=T.float32, num_warps=warps, arch="sm_90a")
+    gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
+    assert gemm.attrs.impl == "wgmma_m64nNk16"
+    body = kernel_body(cuda)
+    # imm-trans-a = 1 on every instruction; imm-trans-b = 1 for N-major B (TN), 0 for K-major B (TT)
+    immediates = set(re.findall(r"p, 1, 1, (\d), (\d);", body))
+    assert immediates == {("1", "0" if tb else "1")}
+    # A's tile is BK x BM (64 rows): a k16 step moves 16 rows of 128 bytes, a 64-row slab moves one panel
+    panel = 64 * 128
+    a_descs = re.findall(r"tj_wgmma_desc\(tj_a \+ (\d+) \+ \((\d+) \+ tj_wg\) \* (\d+), (\d+), 1024\)", body)
+    assert a_descs, "no shared-memory descriptor of A"
+    assert {int(off) for off, _, _, _ in a_descs} == {0, 2048, 4096, 6144}
+    assert {int(step) for _, _, step, _ in a_descs} == {panel} and {int(lbo) for *_, lbo in a_descs} == {panel}
+
+
+def test_k_major_a_is_unchanged():
+    _, cuda = lower(matmul_any, *_operands(False, False), BM=128, BN=128, BK=64, TA=False, TB=False,
+                    ACC=T.float32, num_warps=4, arch="sm_90a")
+    assert set(re.findall(r"p, 1, 1, (\d), (\d);", kernel_body(cuda))) == {("0", "1")}
+
+
+@pytest.mark.parametrize("dtype, acc, bk", [(torch.float8_e4m3fn, T.float32, 128), (torch.int8, T.int32, 128),
+                                            (torch.float32, T.float32, 32)], ids=["fp8", "int8", "tf32"])
+def test_m_major_a_of_other_dtypes_stays_off_wgmma(dtype, acc, bk):
+    kwargs = dict(PRECISION="tf32") if dtype == torch.float32 else {}
+    fn, _ = lower(matmul_any, *_operands(True, True, dtype=dtype), BM=128, BN=128, BK=bk, TA=True, TB=True,
+                  ACC=acc, num_warps=4, arch="sm_90a", **kwargs)
+    gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
+    assert not gemm.attrs.impl.startswith("wgmma")
+
+
+def test_tn_compiles_without_spills():
+    compiled = matmul_any.compile(*_operands(True, False), BM=128, BN=256, BK=64, TA=True, TB=False,
+                                  ACC=T.float32, num_warps=8, arch="sm_90a")
+    assert compiled.meta["spills"] == 0 and compiled.meta["registers"] <= 255
