@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tilejit
+import tilejit.language as T
 from kernels import bmm_epilogue, matmul, matmul_any
 
 pytestmark = pytest.mark.gpu
@@ -72,7 +73,7 @@ def test_int8_with_int32_accumulators_is_exact():
     b = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
     c = torch.full((m, n), -(2 ** 31), device="cuda", dtype=torch.int32)
     matmul_any[(tilejit.cdiv(m, 64), tilejit.cdiv(n, 64))](a, b, c, BM=64, BN=64, BK=128, TA=False, TB=False,
-                                                          ACC=torch.int32, num_warps=4, split_k=3)
+                                                          ACC=T.int32, num_warps=4, split_k=3)
     torch.cuda.synchronize()
     assert torch.equal(c.long(), a.long() @ b.long())
 
