@@ -173,6 +173,12 @@ def _launchers() -> dict[str, Callable[[], Any] | str]:
             os.environ["TILEJIT_NATIVE_LAUNCH"] = previous
     assert python_path._dispatcher is None and python_path._native_off
     out["tilejit, Python launch path"] = lambda: python_path[grid](x, y, z, w, 1, 0, BLOCK=32, num_warps=1)
+    # The same kernel under @tilejit.autotune (two configs, keyed on n): after the first call tunes, a launch is a
+    # key lookup plus the chosen config's launch.
+    configs = [tilejit.Config({"BLOCK": 32}, num_warps=1), tilejit.Config({"BLOCK": 64}, num_warps=1)]
+    tuned = tilejit.autotune(configs=configs, key=["n"])(tilejit.kernel(kernels.tiny.fn))
+    tuned[grid](x, y, z, w, 1, 0)
+    out["tilejit, autotuned (2 configs)"] = lambda: tuned[grid](x, y, z, w, 1, 0)
     try:
         from benchmarks import triton_kernels
     except Exception as error:  # noqa: BLE001 - report, do not fail

@@ -1,0 +1,47 @@
+"""Launch one kernel a few times with a fixed config, for ``ncu`` to profile (no autotuning, no timing loop).
+
+    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_skinny
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _attention_module():
+    spec = importlib.util.spec_from_file_location("tj_attention_example", ROOT / "examples" / "attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(what: str) -> None:
+    torch.manual_seed(0)
+    if what == "attention":
+        att = _attention_module()
+        q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for _ in range(4):
+            att.attention(q, k, v, causal=False, BM=128, BN=64, num_warps=8)
+    else:
+        from benchmarks import kernels
+
+        m, n, k = (4096, 4096, 4096) if what == "gemm" else (128, 4096, 4096)
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        cfg = dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=4) if what == "gemm" else \
+            dict(BM=128, BN=64, BK=64, num_warps=4, num_stages=4, split_k=2)
+        grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
+        for _ in range(4):
+            kernels.matmul.kernel[grid](a, b, c, **cfg)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
