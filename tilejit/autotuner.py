@@ -92,6 +92,7 @@ class Config:
         self.num_stages = num_stages
         self.split_k = split_k
         self.pre_hook = pre_hook
+        self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
         """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
@@ -128,6 +129,18 @@ class Config:
     def __repr__(self) -> str:
         split = f", split_k={self.split_k}" if self.split_k != 1 else ""
         return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages}{split})"
+
+
+class _TunedLaunch:
+    """What ``tuner[grid]`` returns: the tuner and the grid, called with the kernel's arguments."""
+
+    __slots__ = ("tuner", "grid")
+
+    def __init__(self, tuner: "Autotuner", grid: Any) -> None:
+        self.tuner, self.grid = tuner, grid
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return self.tuner._launch_call(self.grid, args, kwargs)
 
 
 @dataclass
@@ -224,6 +237,7 @@ class Autotuner:
         self._chosen: dict[str, Config] = {}
         # Launch fast path: a cheap tuple of what the key string depends on -> chosen config.
         self._fast_choice: dict[tuple, Config] = {}
+        self._bound: dict[tuple, _TunedLaunch] = {}  # grid -> its bound launch (tuner[grid])
         self._tuned_names = {n for c in self.configs for n in c.kwargs} | set(_LAUNCH_OPTIONS)
         self._lock = threading.Lock()
 
@@ -249,20 +263,29 @@ class Autotuner:
     # -- launching ----------------------------------------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        @entry_point
-        def launch(*args: Any, **kwargs: Any) -> None:
-            fast = self._fast_key(args, kwargs)
-            config = self._fast_choice.get(fast) if fast is not None else None
-            if config is None:
-                self._run(grid, args, kwargs, fast)
-                return
-            self.best_config = config
-            if config.pre_hook is None and not callable(grid):
-                self.kernel[grid](*args, **kwargs, **config.all_kwargs())
-            else:
-                self._launch(config, grid, args, kwargs, self._named_args(args, kwargs))
+        if type(grid) is tuple:  # the common case: one bound launch per grid, made once
+            bound = self._bound.get(grid)
+            if bound is None:
+                if len(self._bound) >= 4096:  # grids that keep changing: do not hold on to every one
+                    self._bound.clear()
+                bound = self._bound[grid] = _TunedLaunch(self, grid)
+            return bound
+        return _TunedLaunch(self, grid)
 
-        return launch
+    @entry_point
+    def _launch_call(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """``tuner[grid](*args, **kwargs)``: a remembered choice launches at once; otherwise tune (or read the
+        stored choice) first."""
+        fast = self._fast_key(args, kwargs)
+        config = self._fast_choice.get(fast) if fast is not None else None
+        if config is None:
+            self._run(grid, args, kwargs, fast)
+            return
+        self.best_config = config
+        if config.pre_hook is None and not callable(grid):
+            self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
+        else:
+            self._launch(config, grid, args, kwargs, self._named_args(args, kwargs))
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
         """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
