@@ -539,7 +539,10 @@ def _meta(*shape):
     return torch.empty(*shape, dtype=torch.float16, device="meta")
 
 
-_LDM = re.compile(r"tj_ldmatrix_(x4|x2|x1)(_trans)?\((.*), (tj_[ab]) \+ (.*)\);$")
+# ldmatrix at the slot's base + a per-thread share set up at the kernel's start (tj_hN, an expression of tid)
+# + an immediate
+_LDM = re.compile(r"tj_ldmatrix_(x4|x2|x1)(_trans)?_at<(\d+)>\((.*), (tj_[ab]) \+ (tj_h\d+)\);$")
+_HOISTED = re.compile(r"const unsigned (tj_h\d+) = tj_opaque\(\(unsigned\)\((.*)\)\);$")
 
 
 def _emitted_gemm(kernel, bm, bn, bk, warps, a_shape, b_shape):
@@ -548,7 +551,10 @@ def _emitted_gemm(kernel, bm, bn, bk, warps, a_shape, b_shape):
     gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
     lay_a, lay_b = gemm.operands[0].type.layout, gemm.operands[1].type.layout
     acc = gemm.result.type.layout
-    lines = [m.groups() for m in map(_LDM.search, kernel_body(source).splitlines()) if m]
+    body = kernel_body(source).splitlines()
+    hoisted = {m.group(1): m.group(2) for m in map(_HOISTED.search, body) if m}
+    lines = [(width, trans, regs, base, f"(({hoisted[share]}) + {imm})")
+             for width, trans, imm, regs, base, share in (m.groups() for m in map(_LDM.search, body) if m)]
     return gemm, lay_a, lay_b, acc, lines
 
 
@@ -581,26 +587,25 @@ def test_emitted_ldmatrix_addresses_match_mma_fragments(variant, bm, bn, bk, war
     a_lines = [ln for ln in lines if ln[3] == "tj_a"]
     b_lines = [ln for ln in lines if ln[3] == "tj_b"]
     steps = bk // 16
-    assert len(a_lines) == steps
-    assert len(b_lines) == steps * ((tn // 2 > 0) + (tn % 2))
+    assert len(a_lines) == steps * tm  # one per k16 step and m16 atom
+    assert len(b_lines) == steps * (tn // 2 + tn % 2)  # one per k16 step and pair of n8 atoms (or odd one)
     assert all(ln[0] == "x4" for ln in a_lines)
     assert all((ln[1] == "_trans") == (variant == "tn") for ln in a_lines)
     assert all((ln[1] == "_trans") == (variant != "nt") for ln in b_lines)
 
-    def check(line, kk, expected_rows):
-        """expected_rows(lane, wmi, wni, loopvar) -> (stored row, first stored col) of that lane's address."""
+    def check(line, kk, expected_rows, index):
+        """expected_rows(lane, wmi, wni, index) -> (stored row, first stored col) of that lane's address; ``index``
+        is the atom (A) or atom pair (B) of the line."""
         width, _, _, base, expr = line
         code = compile(c_to_python(expr), "<c>", "eval")
         lay = lays[base]
-        loop_n = tm if base == "tj_a" else tn // 2
-        loop_vals = range(loop_n) if ("tj_am" in expr or "tj_p" in expr) else [None]
         lanes = 32 if width == "x4" else 16  # x2 uses the addresses of lanes 0..15
         for wmi in range(wm):
             for wni in range(wn):
-                for lv in loop_vals:
+                for lv in [index]:
                     offs = []
                     for lane in range(lanes):
-                        env = {"tj_lane": lane, "tj_wm": wmi, "tj_wn": wni, "tj_am": lv, "tj_p": lv}
+                        env = {"tid": (wmi * wn + wni) * 32 + lane}
                         off = eval(code, {}, env)  # noqa: S307
                         assert off % 16 == 0
                         offs.append(off)
@@ -612,14 +617,16 @@ def test_emitted_ldmatrix_addresses_match_mma_fragments(variant, bm, bn, bk, war
                         for j in range(lanes // 8):
                             assert len({bank_group(o) for o in offs[8 * j:8 * j + 8]}) == 8, (line, j)
 
-    for kk, line in enumerate(a_lines):
+    for idx, line in enumerate(a_lines):
+        kk = idx // tm
+
         def a_rows(lane, wmi, wni, am, kk=kk):
             j, r = divmod(lane, 8)
             m = wmi * wtm + am * 16 + 8 * (j & 1)
             k = kk * 16 + 8 * (j >> 1)
             return (k + r, m) if variant == "tn" else (m + r, k)
-        check(line, kk, a_rows)
-    per_step = (tn // 2 > 0) + (tn % 2)
+        check(line, kk, a_rows, idx % tm)
+    per_step = tn // 2 + tn % 2
     for idx, line in enumerate(b_lines):
         kk = idx // per_step
         odd = line[0] == "x2"
@@ -630,7 +637,7 @@ def test_emitted_ldmatrix_addresses_match_mma_fragments(variant, bm, bn, bk, war
             n = wni * wtn + atom * 8
             k = kk * 16 + 8 * (j & 1)
             return (n + r, k) if variant == "nt" else (k + r, n)
-        check(line, kk, b_rows)
+        check(line, kk, b_rows, idx % per_step)
 
 
 _DST0 = re.compile(r"const unsigned (tj_c\d+_)dst0 = \1dst \+ (.*);$")
@@ -744,30 +751,28 @@ def test_emitted_ldmatrix_addresses_match_m16n8k8_fragments(variant, bm, bn, bk,
     a_lines = [ln for ln in lines if ln[3] == "tj_a"]
     b_lines = [ln for ln in lines if ln[3] == "tj_b"]
     steps = bk // 8
-    assert len(a_lines) == steps and all(ln[0] == "x2" for ln in a_lines)
-    per_step = (tn // 2 > 0) + (tn % 2)
+    assert len(a_lines) == steps * tm and all(ln[0] == "x2" for ln in a_lines)
+    per_step = tn // 2 + tn % 2
     assert len(b_lines) == steps * per_step
 
-    def check(line, expected):
+    def check(line, expected, index):
         width, _, _, base, expr = line
         code = compile(c_to_python(expr), "<c>", "eval")
         lanes = {"x4": 32, "x2": 16, "x1": 8}[width]
-        loop_n = tm if base == "tj_a" else tn // 2
-        loop_vals = range(loop_n) if ("tj_am" in expr or "tj_p" in expr) else [None]
         for wmi in range(wm):
             for wni in range(wn):
-                for lv in loop_vals:
-                    for lane in range(lanes):
-                        env = {"tj_lane": lane, "tj_wm": wmi, "tj_wn": wni, "tj_am": lv, "tj_p": lv}
-                        got = inv[base][eval(code, {}, env)]  # noqa: S307
-                        assert got == expected(lane, wmi, wni, lv), (line, lane, wmi, wni, lv)
+                for lane in range(lanes):
+                    got = inv[base][eval(code, {}, {"tid": (wmi * wn + wni) * 32 + lane})]  # noqa: S307
+                    assert got == expected(lane, wmi, wni, index), (line, lane, wmi, wni, index)
 
-    for kk, line in enumerate(a_lines):
+    for idx, line in enumerate(a_lines):
+        kk = idx // tm
+
         def a_rows(lane, wmi, wni, am, kk=kk):
             j, r = divmod(lane, 8)
             m, k = wmi * wtm + am * 16 + 8 * j, kk * 8
             return (k + r, m) if variant == "tn" else (m + r, k)
-        check(line, a_rows)
+        check(line, a_rows, idx % tm)
     for idx, line in enumerate(b_lines):
         kk = idx // per_step
         odd = line[0] == "x1"
@@ -777,4 +782,4 @@ def test_emitted_ldmatrix_addresses_match_m16n8k8_fragments(variant, bm, bn, bk,
             atom = tn - 1 if odd else 2 * p + j
             n, k = wni * wtn + atom * 8, kk * 8
             return (n + r, k) if variant == "nt" else (k + r, n)
-        check(line, b_rows)
+        check(line, b_rows, idx % per_step)

@@ -289,16 +289,19 @@ def test_design_matmul_sm80_cuda_and_ptx(compiled):
         CHECK-NEXT: tj_cp_async_wait<1>();
         CHECK: __syncthreads();
         CHECK: gemm 128x128x32 on mma.sync.m16n8k16 (2x2 warps, 4x8 atoms per warp)
-        CHECK: tj_ldmatrix_x4(tj_af[0]
-        CHECK: tj_ldmatrix_x4_trans(tj_bf[0]
+        CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[0]
+        CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[0]
         CHECK: prefetch iteration +2
-        CHECK: tj_cp_async_16_zfill_if(
-        CHECK: tj_cp_async_commit();
-        CHECK: tj_ldmatrix_x4(tj_af[1]
-        CHECK: tj_ldmatrix_x4_trans(tj_bf[1]
+        CHECK: tj_cp_async_16x4_if<
+        CHECK: tj_cp_async_16x4_if<
+        CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[1]
+        CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[1]
         CHECK: tj_mma_m16n8k16_f16({{.*}}tj_af[0]
         CHECK: tj_mma_m16n8k16_f16({{.*}}tj_af[1]
         CHECK-NOT: tj_mma_m16n8k16
+        CHECK: if (tj_prefetch && !tj_inner) {
+        CHECK: tj_cp_async_16_zfill_if(
+        CHECK: tj_cp_async_commit();
         CHECK: tj_cp_async_wait<0>();
         CHECK: store into
     """)
@@ -409,8 +412,8 @@ def test_nt_folds_the_transpose_into_transpose_b(compiled, case):
     filecheck(c.asm["ir"], checks.replace("@BM@", str(bm)).replace("@BN@", str(bn)))
     body = kernel_body(c.asm["cuda"])
     # B stored N x K: its rows already hold k-pairs, so ldmatrix without .trans; A as in NN
-    assert "tj_ldmatrix_x4(tj_bf" in body and "tj_ldmatrix_x4_trans(" not in body
-    assert "tj_ldmatrix_x4(tj_af" in body
+    assert re.search(r"tj_ldmatrix_x4_at<\d+>\(tj_bf", body) and "tj_ldmatrix_x4_trans" not in body
+    assert re.search(r"tj_ldmatrix_x4_at<\d+>\(tj_af", body)
 
 
 def test_nt_frontend_ir_has_the_transpose_the_pass_removes():
@@ -431,8 +434,8 @@ def test_tn_folds_the_transpose_into_transpose_a(compiled):
     """)
     body = kernel_body(c.asm["cuda"])
     # A stored K x M: transposed while loading; B stored K x N as in NN
-    assert "tj_ldmatrix_x4_trans(tj_af" in body and "tj_ldmatrix_x4(tj_af" not in body
-    assert "tj_ldmatrix_x4_trans(tj_bf" in body
+    assert re.search(r"tj_ldmatrix_x4_trans_at<\d+>\(tj_af", body) and "tj_ldmatrix_x4_at<" not in body
+    assert re.search(r"tj_ldmatrix_x4_trans_at<\d+>\(tj_bf", body)
 
 
 # -- register tiles: blocked loads, reductions, broadcasts ---------------------------------------------------------
@@ -584,9 +587,11 @@ def test_windows_computed_from_the_induction_variable_are_prefetched(compiled):
         CHECK-NEXT: for (int tj_s = 0; tj_s < 3; ++tj_s) {
         CHECK: tj_cp_async_commit();
         CHECK-NOT: tj_cp_async_commit();
+        CHECK: unsigned [[RD:tj_rd[0-9]+]] = tj_smem_u32 + 0, [[WR:tj_wr[0-9]+]] = tj_smem_u32 + 12288;
         CHECK: for (
         CHECK-NEXT: tj_cp_async_wait<2>();
-        CHECK: const int tj_slot_next = (tj_it + 3) % 4;
+        CHECK: tj_cp_async_commit();
+        CHECK: [[WR]] = [[RD]]; [[RD]] = [[RD]] == tj_smem_u32 + 12288 ? tj_smem_u32 + 0 : [[RD]] + 4096;
     """)
 
 
@@ -717,84 +722,58 @@ def test_small_store_fallbacks_stay_unrolled(compiled):
     assert "tj_tmp" not in body
 
 
-_SLOW_COPY_PARAMS = ("int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t sr, int64_t sc, bool dropped_ok")
-
-
-def test_element_wise_shared_copies_are_noinline_functions_called_from_each_site():
-    """The copy of A (and of B) is defined once ahead of the kernel, with `#pragma unroll 4`, and called from
-    the prologue (a rolled loop over the prefetched stages) and from the loop body."""
+def test_element_wise_shared_copies_are_in_line():
+    """The element-wise copy of a window cp.async cannot take is a rolled loop in line (`#pragma unroll 4`) in
+    the prologue and, for the loop's own prefetch, in the branch taken by windows not wholly inside: no device
+    function and no call (a call in the main loop costs the whole loop its scheduling)."""
     _, source = lowered("mm80_lowered")
     head, body = source.split('extern "C" __global__')
-    filecheck(head, rf"""
-        CHECK: static __device__ __noinline__ void [[A:tj_copy_slow[0-9]+]](const tj_half* p, unsigned dst, {_SLOW_COPY_PARAMS}) {{
-        CHECK-NEXT: extern __shared__ __align__(1024) unsigned char tj_smem_fn[];
-        CHECK-NEXT: #pragma unroll 4
-        CHECK-NEXT: for (int tj_j = 0; tj_j < 32; ++tj_j) {{
-        CHECK-NEXT: const int tj_e = (int)threadIdx.x + tj_j * 128;
-        CHECK-NEXT: const int tj_r = (tj_e >> 5), tj_k = (tj_e & 31);
-        CHECK-NEXT: const bool tj_ok = dropped_ok && (uint64_t)(r0 + tj_r) < (uint64_t)nr && (uint64_t)(c0 + tj_k) < (uint64_t)nc;
-        CHECK-NEXT: *reinterpret_cast<tj_half*>(tj_smem_fn + dst + {{{{.*}}}}) = tj_ok ? p[(int64_t)(tj_r) * sr + (int64_t)(tj_k) * sc] : tj_half{{}};
-        CHECK-NEXT: }}
-        CHECK-NEXT: }}
-        CHECK: static __device__ __noinline__ void [[B:tj_copy_slow[0-9]+]](const tj_half* p, unsigned dst, {_SLOW_COPY_PARAMS}) {{
-        CHECK: const int tj_r = (tj_e >> 7), tj_k = (tj_e & 127);
-    """)
-    assert head.count("__noinline__") == 2
+    assert "__noinline__" not in source
     site = r"""
         CHECK: tj_cp_async_16_zfill_if({{.*}}, tj_c[[@X@:[0-9]+]]_fast);
         CHECK: if ({{.*}} && !tj_c[[@X@]]_fast) {
-        CHECK-NEXT: [[@FN@]](tj_c[[@X@]]_p, tj_c[[@X@]]_dst - tj_smem_u32, @ARGS@, tj_c[[@X@]]_dropped_ok);
-        CHECK-NEXT: }
+        CHECK-NEXT: #pragma unroll 4
+        CHECK-NEXT: for (int tj_j = 0; tj_j < 32; ++tj_j) {
+        CHECK-NEXT: const int tj_e = tid + tj_j * 128;
+        CHECK-NEXT: const int tj_r = @RK@;
+        CHECK-NEXT: const bool tj_ok = tj_c[[@X@]]_dropped_ok && {{.*}}_@R@_size0 && {{.*}}_@R@_size1;
+        CHECK-NEXT: *reinterpret_cast<tj_half*>(tj_smem + (tj_c[[@X@]]_dst - tj_smem_u32) + {{.*}}) = tj_ok ? tj_c[[@X@]]_p[(int64_t)(tj_r) * {{v[0-9]+}}_@R@_stride0 + (int64_t)(tj_k) * {{v[0-9]+}}_@R@_stride1] : tj_half{};
     """
-    # (row start, rows, column start, columns, row stride, column stride) of each window
-    a_args = ("{{v[0-9]+}}_m0, {{v[0-9]+}}_A_size0, {{.*}}, {{v[0-9]+}}_A_size1, "
-              "{{v[0-9]+}}_A_stride0, {{v[0-9]+}}_A_stride1")
-    b_args = ("{{.*}}, {{v[0-9]+}}_B_size0, {{v[0-9]+}}_n0, {{v[0-9]+}}_B_size1, "
-              "{{v[0-9]+}}_B_stride0, {{v[0-9]+}}_B_stride1")
-    filecheck(f"{head}{body}", "\n".join([
-        "CHECK: static __device__ __noinline__ void [[A:tj_copy_slow[0-9]+]](",
-        "CHECK: static __device__ __noinline__ void [[B:tj_copy_slow[0-9]+]](",
+    a_site = site.replace("@RK@", "(tj_e >> 5), tj_k = (tj_e & 31)").replace("@R@", "A")
+    b_site = site.replace("@RK@", "(tj_e >> 7), tj_k = (tj_e & 127)").replace("@R@", "B")
+    filecheck(body, "\n".join([
         "CHECK: #pragma unroll 1",
         "CHECK-NEXT: for (int tj_s = 0; tj_s < 2; ++tj_s) {",
-        site.replace("@X@", "PA").replace("@FN@", "A").replace("@ARGS@", a_args),
-        site.replace("@X@", "PB").replace("@FN@", "B").replace("@ARGS@", b_args),
-        # the loop's own copies: cp.async before the math, the element-wise calls after it
-        "CHECK: const bool tj_c[[LA:[0-9]+]]_fast = (tj_prefetch) && ",
-        "CHECK: const bool tj_c[[LB:[0-9]+]]_fast = (tj_prefetch) && ",
-        "CHECK: prefetch iteration +2",
+        a_site.replace("@X@", "PA"), b_site.replace("@X@", "PB"),
         "CHECK: tj_mma_m16n8k16_f16(",
-        "CHECK: if ((tj_prefetch) && !tj_c[[LA]]_fast) {",
-        f"CHECK-NEXT: [[A]](tj_c[[LA]]_p, tj_c[[LA]]_dst - tj_smem_u32, {a_args}, tj_c[[LA]]_dropped_ok);",
-        "CHECK: if ((tj_prefetch) && !tj_c[[LB]]_fast) {",
-        f"CHECK-NEXT: [[B]](tj_c[[LB]]_p, tj_c[[LB]]_dst - tj_smem_u32, {b_args}, tj_c[[LB]]_dropped_ok);",
+        "CHECK: if (tj_prefetch && !tj_inner) {",
+        a_site.replace("@X@", "LA"), b_site.replace("@X@", "LB"),
+        "CHECK: tj_cp_async_commit();",
     ]))
-    assert body.count("tj_copy_slow") == 4
+    assert body.count("#pragma unroll 4") == 4
 
 
-def test_copies_of_the_same_shape_share_one_function_across_loops():
-    """Two pipelined loops over tiles of the same shapes and dtype: 4 windows, 2 functions, 8 calls."""
+def test_copies_across_loops_stay_in_line():
+    """Two pipelined loops over tiles of the same shapes and dtype: 4 windows, each copied element-wise in line
+    in its prologue and its loop (8 sites), no function."""
     _, source = lower(nested_pipelines, meta(256, 256), meta(256, 256), meta(256, 256), meta(256, 256),
                       meta(256, 256), BM=64, BN=64, BK=32, arch="sm_80")
     head, body = source.split('extern "C" __global__')
-    assert head.count("__noinline__") == 2
-    assert len(re.findall(r"\btj_copy_slow[0-9]+\(tj_c[0-9]+_p, ", body)) == 8
+    assert "__noinline__" not in source
+    assert len(re.findall(r"const bool tj_ok = tj_c[0-9]+_dropped_ok", body)) == 8
 
 
-@pytest.mark.parametrize("arch, bk, functions", [("sm_80", 32, 2), ("sm_90a", 32, 1), ("sm_90a", 64, 0),
-                                                 ("sm_100a", 32, 1), ("sm_100a", 64, 0)])
-def test_design_matmul_with_out_of_line_copies_compiles_cleanly(arch, bk, functions):
-    """NVRTC compiles the kernel and its copy functions (one per operand the threads copy, TMA takes the
-    others on sm_90a+) for every target without a warning (a second `extern __shared__ tj_smem` declaration
-    would draw one) or a spill; each function stays out of line."""
+@pytest.mark.parametrize("arch, bk", [("sm_80", 32), ("sm_90a", 32), ("sm_90a", 64), ("sm_100a", 32), ("sm_100a", 64)])
+def test_design_matmul_with_in_line_copies_compiles_cleanly(arch, bk):
+    """NVRTC compiles the kernel for every target without a warning or a spill, and with no function or call."""
     if not nvrtc_supports(arch):
         pytest.skip(f"the installed NVRTC cannot target {arch}")
     _, source = lower(design_matmul, meta(4096, 4096), meta(4096, 4096), meta(4096, 4096), BM=128, BN=128,
                       BK=bk, num_warps=4, arch=arch)
-    assert source.count("__noinline__") == functions
     result = compile_cuda(source, name="tj_matmul", arch=arch, options=["--ptxas-options=-v"])
     assert "warning" not in result.log, result.log
-    assert result.ptx.count("\n.func ") == functions and result.ptx.count("call.uni") == 2 * functions
-    assert result.log.count("0 bytes spill stores, 0 bytes spill loads") == 1 + functions
+    assert "\n.func " not in result.ptx and "call.uni" not in result.ptx
+    assert result.log.count("0 bytes spill stores, 0 bytes spill loads") == 1
     assert result.cubin[:4] == b"\x7fELF"
 
 
@@ -815,7 +794,7 @@ def test_register_gemm_operand_is_converted_to_shared(compiled):
         CHECK: write a register tile to shared memory for the tensor cores
         CHECK-NEXT: __syncthreads();
         CHECK: tj_fence_proxy_async(); __syncthreads();
-        CHECK: tj_ldmatrix_x4(tj_af[0]
+        CHECK: tj_ldmatrix_x4_at<0>(tj_af[0]
     """)
 
 

@@ -54,6 +54,12 @@ template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
 template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
 """
 
+_OPAQUE = r"""
+/// x, through a move the compiler cannot see into: a value set up once stays in its register instead of
+/// being recomputed where it is used (inside a main loop).
+TJ_DEVICE unsigned tj_opaque(unsigned x) { asm("mov.b32 %0, %0;" : "+r"(x)); return x; }
+"""
+
 
 def c_type(dtype: DType) -> str:
     return C_TYPES[dtype]
@@ -147,9 +153,12 @@ class SharedTile:
     offset: int
     layout: SharedLayout
     slot: str = "0"
+    address: str | None = None  # a variable holding the slot's address, when a loop keeps one
 
     def base(self) -> str:
         """32-bit shared address of the slot being read."""
+        if self.address is not None:
+            return self.address
         slot = "" if self.slot == "0" else f" + ({self.slot}) * {self.layout.stage_bytes}"
         return f"(tj_smem_u32 + {self.offset}{slot})"
 
@@ -217,6 +226,8 @@ class Emitter:
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others
         self.functions: dict[tuple[str, str], str] = {}  # (parameters, body) -> name of a device_function
+        self.hoisted: dict[tuple[str, Any], str] = {}  # (C type, key) -> name of a value set up once (hoist)
+        self.hoisted_exprs: dict[str, tuple[str, str]] = {}  # its name -> (C type, expression)
         self.counter = 0
 
     # -- naming and output ----------------------------------------------------------------
@@ -254,6 +265,19 @@ class Emitter:
         if name is None:
             name = self.functions[(params, text)] = f"{base}{len(self.functions)}"
             self.require_support(name, f"static __device__ __noinline__ void {name}({params}) {{\n{text}\n}}\n")
+        return name
+
+    def hoist(self, ctype: str, expr: str, key: Any = None, base: str = "tj_h") -> str:
+        """The name of a ``ctype`` constant computed once, at the kernel's start, from ``expr`` (which reads
+        ``tid`` and the kernel's parameters only: a lane's share of an address, for example); equal
+        expressions (or equal ``key``s, when given) share one. A main loop adds it to a base that moves instead of recomputing it each
+        iteration; an opaque move keeps the compiler from recomputing it inside the loop from ``tid``."""
+        self.require_support("tj_opaque", _OPAQUE)
+        key = (ctype, expr if key is None else key)
+        name = self.hoisted.get(key)
+        if name is None:
+            name = self.hoisted[key] = f"{base}{len(self.hoisted)}"
+            self.hoisted_exprs[name] = (ctype, expr)
         return name
 
     def take_overlap_hook(self) -> Callable[[], None] | None:
@@ -370,8 +394,10 @@ class Emitter:
             f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset};",
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
+        setup = [f"  const {ctype} {name} = tj_opaque(({ctype})({expr}));"
+                 for name, (ctype, expr) in self.hoisted_exprs.items()]
         extra = "".join(self.support.values())
-        source = PRELUDE + SUPPORT + extra + "\n" + "\n".join(head + body + ["}"]) + "\n"
+        source = PRELUDE + SUPPORT + extra + "\n" + "\n".join(head + setup + body + ["}"]) + "\n"
         return source, kinds, shared_bytes
 
 

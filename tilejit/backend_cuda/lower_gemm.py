@@ -109,7 +109,8 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         src = em.name(acc)
         em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
-        em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
+        if self.elem_bytes != 2 and (op.attrs.transpose_a or not op.attrs.transpose_b):  # gathered fragments
+            em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
         # Fragments are double-buffered over the k steps, which are unrolled here: step kk+1's
         # ldmatrix is issued before step kk's mma. Work the enclosing loop hands over (the prefetch of
@@ -160,37 +161,43 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         em.close()
 
     def _load_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb, kk: int, buf: int) -> None:
-        """The A and B fragments of k step ``kk`` into fragment buffer ``buf``."""
+        """The A and B fragments of k step ``kk`` into fragment buffer ``buf``.
+
+        Each ldmatrix reads at the slot's base plus a lane's share of the offset (set up once per kernel,
+        ``_ldmatrix``) plus a constant: no address arithmetic but one add per distinct share in the loop.
+        """
         tm, tn = layout.atoms
         wtm, wtn = layout.warp_tile
-        lane, j = CExpr("tj_lane"), CExpr("(tj_lane >> 3)")
-        half = (lane >> 3) & 1  # which of two matrices lanes 0-15 address (x2 forms)
         k16 = self.k_bytes == 32
         gathered = self.elem_bytes != 2  # ldmatrix.trans moves 16-bit elements only
         # A fragments: one ldmatrix per m16 atom (x4 for a 32-byte k step, x2 for 16 bytes).
-        em.line("#pragma unroll")
-        em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
-        mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
-        regs = ", ".join(f"tj_af[{buf}][tj_am][{r}]" for r in range(self.a_regs))
         width = "x4" if k16 else "x2"
-        if not op.attrs.transpose_a:  # stored m x k: rows m, 16-byte chunks along k
-            row = mbase + (lane & 15)
-            chunk = ((lane >> 4) + kk * 2) if k16 else kk
-            em.line(f"tj_ldmatrix_{width}({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
-        elif gathered:  # stored k x m: register r holds row g + 8 * (r & 1), k bytes 16 * (r >> 1) + 4 * t ..
+        if op.attrs.transpose_a and gathered:  # stored k x m: register r holds row g + 8 * (r & 1), k bytes 16 * (r >> 1) + 4 * t ..
+            lane = CExpr("tj_lane")
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
+            mbase = CExpr(f"(tj_wm * {wtm} + tj_am * 16)")
             for r in range(self.a_regs):
                 m_at = mbase + (lane >> 2) + (r & 1) * 8
                 self._gather(em, sa, f"tj_af[{buf}][tj_am][{r}]", kk * self.k_atom + (r >> 1) * (16 // self.elem_bytes),
                              m_at)
-        else:  # stored k x m: transpose while loading
-            if k16:
-                row, chunk = (lane & 7) + (j >> 1) * 8 + kk * 16, (mbase + (j & 1) * 8) // 8
-            else:
-                row, chunk = (lane & 7) + kk * 8, (mbase + half * 8) // 8
-            em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_a + {c_text(sa.layout.chunk_offset(row, chunk))});")
-        em.close()
+            em.close()
+        else:
+            for am in range(tm):
+                def a_offset(lane, wm, wn, am=am):
+                    mbase = wm * wtm + am * 16
+                    j = lane >> 3
+                    if not op.attrs.transpose_a:  # stored m x k: rows m, 16-byte chunks along k
+                        return sa.layout.chunk_offset(mbase + (lane & 15), ((lane >> 4) + kk * 2) if k16 else kk)
+                    if k16:  # stored k x m: transpose while loading
+                        return sa.layout.chunk_offset((lane & 7) + (j >> 1) * 8 + kk * 16, (mbase + (j & 1) * 8) // 8)
+                    return sa.layout.chunk_offset((lane & 7) + kk * 8, (mbase + (j & 1) * 8) // 8)
+
+                regs = ", ".join(f"tj_af[{buf}][{am}][{r}]" for r in range(self.a_regs))
+                self._ldmatrix(em, layout, "tj_a", width, op.attrs.transpose_a, regs, a_offset)
         # B fragments: one ldmatrix covers two n8 atoms (x4 for k16, x2 for k8); an odd one out takes half.
         if gathered and not op.attrs.transpose_b:  # stored k x n: register r holds column g, k bytes 16 * r + 4 * t ..
+            lane = CExpr("tj_lane")
             em.line("#pragma unroll")
             em.open(f"for (int tj_an = 0; tj_an < {tn}; ++tj_an)")
             n_at = CExpr(f"(tj_wn * {wtn} + tj_an * 8)") + (lane >> 2)
@@ -198,20 +205,32 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
                 self._gather(em, sb, f"tj_bf[{buf}][tj_an][{r}]", kk * self.k_atom + r * (16 // self.elem_bytes), n_at)
             em.close()
         else:
-            pairs = tn // 2
-            if pairs:
-                em.line("#pragma unroll")
-                em.open(f"for (int tj_p = 0; tj_p < {pairs}; ++tj_p)")
-                nbase = CExpr(f"(tj_wn * {wtn} + tj_p * 16)")
-                regs = ", ".join(f"tj_bf[{buf}][2 * tj_p + {p}][{r}]" for p in range(2) for r in range(self.b_regs))
-                self._load_b(em, op, sb, nbase, lane, kk, regs, pair=True)
-                em.close()
+            for p in range(tn // 2):
+                regs = ", ".join(f"tj_bf[{buf}][{2 * p + q}][{r}]" for q in range(2) for r in range(self.b_regs))
+                self._load_b(em, op, layout, sb, wtn, p * 16, kk, regs, pair=True)
             if tn % 2:
-                nbase = CExpr(f"(tj_wn * {wtn} + {(tn - 1) * 8})")
                 regs = ", ".join(f"tj_bf[{buf}][{tn - 1}][{r}]" for r in range(self.b_regs))
-                self._load_b(em, op, sb, nbase, lane, kk, regs, pair=False)
+                self._load_b(em, op, layout, sb, wtn, (tn - 1) * 8, kk, regs, pair=False)
         if self.tf32x3:
             self._split_tf32(em, buf, tm, tn)
+
+    def _ldmatrix(self, em: Emitter, layout: MmaLayout, base: str, width: str, trans: bool, regs: str, offset) -> None:
+        """ldmatrix ``width`` (``.trans`` when ``trans``) into ``regs`` from byte ``offset(lane, wm, wn)`` past
+        shared address ``base`` (``wm``, ``wn``: the warp's place in the grid; ints or CExprs).
+
+        The offset is split into its value at lane 0 of warp 0, a constant that becomes the instruction's
+        immediate, and the rest, a per-thread register set up once (``Emitter.hoist``) and shared by every site
+        whose rest is the same for all lanes and warps (the sites of other atoms and k steps, mostly).
+        """
+        wn = layout.warps_n
+        table = [offset(lane, w // wn, w % wn) for w in range(layout.warps_m * wn) for lane in range(32)]
+        const = table[0]
+        warp = CExpr("(tid >> 5)")
+        expr = c_text(offset(CExpr("(tid & 31)"), warp // wn, warp % wn))
+        share = em.hoist("unsigned", f"{expr} - {const}" if const else expr, key=("ldmatrix", tuple(t - const for t in table)))
+        fn = f"tj_ldmatrix_{width}{'_trans' if trans else ''}_at"
+        em.require_support(fn, _ldmatrix_at(width, trans))
+        em.line(f"{fn}<{const}>({regs}, {base} + {share});")
 
     def _gather(self, em: Emitter, st, reg: str, k_first: int, mn: CExpr) -> None:
         """One fragment register of an MN-major operand (stored K x MN) from ordinary shared loads: the
@@ -237,8 +256,10 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             em.line("tj_x = tj_hi;")
             em.close()
 
-    def _load_b(self, em: Emitter, op: Op, sb, nbase: CExpr, lane: CExpr, kk: int, regs: str, pair: bool) -> None:
-        """B fragments of one n8 atom (``pair``: two adjacent ones) at k step ``kk``.
+    def _load_b(self, em: Emitter, op: Op, layout: MmaLayout, sb, wtn: int, n_first: int, kk: int, regs: str,
+                pair: bool) -> None:
+        """B fragments of the n8 atom at column ``n_first`` of the warp's tile (``pair``: and the next one) at k
+        step ``kk``.
 
         Matrix order in the ldmatrix result is (atom, k half): k16 pairs load 4 matrices (n-atom, k 0-7 |
         8-15), k16 singles and k8 pairs 2, k8 singles 1.
@@ -246,17 +267,33 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         k16 = self.k_bytes == 32
         count = (2 if k16 else 1) * (2 if pair else 1)
         width = {4: "x4", 2: "x2", 1: "x1"}[count]
-        j = CExpr("(tj_lane >> 3)") & (count - 1) if count > 1 else CExpr("0")
-        khalf = (j & 1) if k16 else CExpr("0")          # which 8 of the step's 16 k values
-        atom = ((j >> 1) if k16 else j) if pair else CExpr("0")  # which of the two n8 atoms
-        if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
-            row = (lane & 7) + khalf * 8 + kk * self.k_atom
-            chunk = (nbase + atom * 8) // 8  # 16-bit elements only: 8 per chunk
-            em.line(f"tj_ldmatrix_{width}_trans({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
-        else:  # stored n x k: rows n already hold k-pairs
-            row = nbase + (lane & 7) + atom * 8
-            chunk = khalf + kk * (self.k_bytes // 16)
-            em.line(f"tj_ldmatrix_{width}({regs}, tj_b + {c_text(sb.layout.chunk_offset(row, chunk))});")
+
+        def b_offset(lane, wm, wn):
+            nbase = wn * wtn + n_first
+            j = (lane >> 3) & (count - 1) if count > 1 else 0
+            khalf = (j & 1) if k16 else 0           # which 8 of the step's 16 k values
+            atom = ((j >> 1) if k16 else j) if pair else 0  # which of the two n8 atoms
+            if not op.attrs.transpose_b:  # stored k x n: rows k, transpose to the col-major B fragment
+                # 16-bit elements only: 8 per chunk
+                return sb.layout.chunk_offset((lane & 7) + khalf * 8 + kk * self.k_atom, (nbase + atom * 8) // 8)
+            # stored n x k: rows n already hold k-pairs
+            return sb.layout.chunk_offset(nbase + (lane & 7) + atom * 8, khalf + kk * (self.k_bytes // 16))
+
+        self._ldmatrix(em, layout, "tj_b", width, not op.attrs.transpose_b, regs, b_offset)
+
+
+def _ldmatrix_at(width: str, trans: bool) -> str:
+    """``tj_ldmatrix_<width>[_trans]_at<OFF>(regs..., base)``: ldmatrix at shared address ``base + OFF``, the
+    constant as the instruction's immediate offset (PTX 9.7.14.5.15)."""
+    n = {"x1": 1, "x2": 2, "x4": 4}[width]
+    regs = ", ".join(f"unsigned& r{i}" for i in range(n))
+    outs = ", ".join(f"%{i}" for i in range(n))
+    return f"""
+/// ldmatrix .{width}{' .trans' if trans else ''} at shared address base + OFF (OFF: the immediate).
+template <int OFF> TJ_DEVICE void tj_ldmatrix_{width}{'_trans' if trans else ''}_at({regs}, unsigned base) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.{width}{'.trans' if trans else ''}.shared.b16 {{{outs}}}, [%{n}+%{n + 1}];"
+               : {', '.join(f'"=r"(r{i})' for i in range(n))} : "r"(base), "n"(OFF) : "memory");
+}}"""
 
 
 class FmaFallback:

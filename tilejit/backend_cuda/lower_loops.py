@@ -13,18 +13,38 @@ block-wide barrier; thread 0 waits on it before refilling the slot with iteratio
 """
 from __future__ import annotations
 
-from ..ir import Op, OpKind, Value
+from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
 from ..passes.pipeline import in_flight_gemms
 from .emitter import RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
 from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
-from .lower_memory import SharedCopy, issue_shared_load, stage_shared
+from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
 
 
 def _positive_constant(v: Value) -> bool:
     op = v.owner
     return isinstance(op, Op) and op.kind is OpKind.CONSTANT and op.attrs.value > 0
+
+
+def _iv_coefficient(v: Value, body_ops: dict[int, Op], iv_id: int) -> int | None:
+    """1 when scalar ``v`` is the induction variable plus a loop-invariant value, 0 when it is loop-invariant,
+    None otherwise (a window start a pipelined loop then recomputes each iteration)."""
+    if v.id == iv_id:
+        return 1
+    op = body_ops.get(v.id)
+    if op is None:
+        return 0
+    coefs = [_iv_coefficient(x, body_ops, iv_id) for x in op.operands]
+    if None in coefs:
+        return None
+    if not any(coefs):
+        return 0
+    if op.kind is OpKind.BINARY and op.attrs.op is BinaryOp.ADD and sorted(coefs) == [0, 1]:
+        return 1
+    if op.kind is OpKind.BINARY and op.attrs.op is BinaryOp.SUB and coefs == [1, 0]:
+        return 1
+    return None
 
 
 def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, iv_expr: str) -> str:
@@ -108,6 +128,12 @@ def _for(em: Emitter, op: Op) -> None:
             lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, at), slot, bar, maps[o.result.id])
         em.close()
 
+    # cp.async rings (no TMA in the loop): the shared addresses of each ring's slots read and refilled live in
+    # variables rotated by a constant per iteration, and windows wholly inside their tensor take InteriorCopy
+    ring = bool(piped) and not tma
+    rd: dict[int, str] = {}
+    wr: dict[int, str] = {}
+    interior: list[tuple[Op, InteriorCopy]] = []
     if piped:
         for load in piped:
             stage_shared(em, load.result)
@@ -123,6 +149,23 @@ def _for(em: Emitter, op: Op) -> None:
             issue_shared_load(em, load, starts_at(load, at), "tj_s", guard=in_range(f"({at})"))
         em.line("tj_cp_async_commit();")
         em.close()
+    if ring:
+        for load in piped:
+            tile = em.shared[load.result.id]
+            rd[load.result.id], wr[load.result.id] = em.fresh("tj_rd"), em.fresh("tj_wr")
+            em.line(f"unsigned {rd[load.result.id]} = tj_smem_u32 + {tile.offset}, {wr[load.result.id]} = tj_smem_u32 + "
+                    f"{tile.offset + (stages - 1) * tile.layout.stage_bytes};  // slots read and refilled")
+        first = f"{lo} + ({iv_t}){stages - 1} * {step}"
+        for load in per_thread:
+            coefs = [_iv_coefficient(v, body_ops, iv.id) for v in load.operands[1:]]
+            if positive and None not in coefs:
+                copy = InteriorCopy(em, load, starts_at(load, first), coefs, step)
+                if copy.fits:
+                    interior.append((load, copy))
+        if interior:
+            ok = [term for _, copy in interior for term in copy.setup()]
+            em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
+    if piped:
         em.line("int tj_it = 0;")
     iv_name = em.name(iv)
     incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
@@ -140,20 +183,34 @@ def _for(em: Emitter, op: Op) -> None:
             em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
-        em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
-        for load in piped:
-            em.shared[load.result.id].slot = f"(tj_it % {stages})"
+        if ring:
+            for load in piped:
+                em.shared[load.result.id].address = rd[load.result.id]
+            if interior:
+                inside = [c for load, copy in interior for c in copy.inside(starts_at(load, nxt))]
+                em.line(f"const bool tj_inner = tj_prefetch && tj_inner_ok{''.join(f' && {c}' for c in inside)};"
+                        "  // every window wholly inside")
+        else:
+            em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
+            for load in piped:
+                em.shared[load.result.id].slot = f"(tj_it % {stages})"
+        inner_ids = {load.result.id for load, _ in interior}
         for load in per_thread:
-            copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch"))
+            if load.result.id not in inner_ids:
+                copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
+                                         address=wr.get(load.result.id)))
         for copy in copies:  # the prefetch's scalars, ahead of everything
             copy.begin()
 
         def prefetch() -> None:
             em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
             issue_tma(nxt, "tj_slot_next", "tj_prefetch")
+            for load, copy in interior:
+                copy.issue(wr[load.result.id], "tj_inner")
             for copy in copies:
                 copy.fast()
-            em.line("tj_cp_async_commit();")
+            if not ring:
+                em.line("tj_cp_async_commit();")
 
         def release_and_refill() -> None:
             if tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
@@ -182,8 +239,30 @@ def _for(em: Emitter, op: Op) -> None:
         hook()
     for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
         copy.slow()
+    if interior:  # windows not wholly inside: zero fill past the edges, or element by element
+        em.open("if (tj_prefetch && !tj_inner)")
+        for load, _ in interior:
+            em.open("")
+            edge = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "true", address=wr[load.result.id])
+            edge.begin()
+            edge.fast()
+            edge.slow()
+            em.close()
+        em.close()
+    if ring:
+        # one group per iteration, closed after every copy of the iteration (the edge copies above included)
+        em.line("tj_cp_async_commit();")
+        for copy in (c for _, c in interior):
+            copy.advance()
+        for load in piped:  # the slot read now is refilled next; the next one is read
+            tile, r, w = em.shared[load.result.id], rd[load.result.id], wr[load.result.id]
+            em.line(f"{w} = {r}; {r} = {r} == tj_smem_u32 + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
+                    f"tj_smem_u32 + {tile.offset} : {r} + {tile.layout.stage_bytes};")
     _assign_yields(em, carried, body.terminator.operands)
     em.close()
+    if ring:
+        for load in piped:
+            em.shared[load.result.id].address = None
     em.async_mma = outer_async
     if tmem:  # the accumulators, from tensor memory back into the loop's result registers
         lower_tcgen05.load_accumulators(em, in_flight, carried_names, f"{empty} + 8 * ((tj_it - 1) % {stages})",

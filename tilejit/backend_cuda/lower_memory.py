@@ -234,8 +234,10 @@ class SharedCopy:
     and ``slow`` after it. Names are prefixed so several copies can share one C scope.
     """
 
-    def __init__(self, em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true") -> None:
+    def __init__(self, em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true",
+                 address: str | None = None) -> None:
         self.em = em
+        self.address = address  # the slot's shared address, when the caller keeps it (else from ``slot``)
         self.tile = stage_shared(em, op.result)
         self.lay = self.tile.layout
         self.win = Window(em, op, starts)
@@ -250,7 +252,8 @@ class SharedCopy:
         stage = f"({self.slot}) * {lay.stage_bytes}" if self.slot != "0" else "0"
         em.line(f"const {self.ctype}* {x}p = {win.base_expr()};")
         em.line(f"const bool {x}dropped_ok = {win.dropped_ok()};")
-        em.line(f"const unsigned {x}dst = tj_smem_u32 + {self.tile.offset} + {stage};")
+        dst = self.address or f"tj_smem_u32 + {self.tile.offset} + {stage}"
+        em.line(f"const unsigned {x}dst = {dst};")
         if self.chunked:
             c_start = win.starts[win.tile_dims[1]]
             r_start = win.starts[win.tile_dims[0]]
@@ -319,40 +322,130 @@ class SharedCopy:
         em.close()
 
     def slow(self) -> None:
-        """Element-wise copy for windows the fast path cannot take (unaligned rows, negative starts,
-        a non-unit inner stride). A call: the copies of one tile (each prefetched stage and the loop's
-        own) share one non-inlined function, which NVRTC compiles once."""
-        em, x, win = self.em, self.x, self.win
+        """Element-wise copy for windows the fast path cannot take (unaligned rows, negative starts, a non-unit
+        inner stride), in line: a rolled loop, small enough that its copies in a pipelined loop's prologue and
+        body cost NVRTC little, and no call in the main loop."""
+        em, x, win, lay = self.em, self.x, self.win, self.lay
         rows, cols = win.tile_dims
-        fn = em.device_function(
-            "tj_copy_slow", f"const {self.ctype}* p, unsigned dst, int64_t r0, int64_t nr, int64_t c0, "
-            "int64_t nc, int64_t sr, int64_t sc, bool dropped_ok", self._slow_body)
+        r0, c0 = win.starts[rows], win.starts[cols]
         em.open(f"if (({self.guard}) && !{x}fast)")
-        args = [f"{x}p", f"{x}dst - tj_smem_u32", win.starts[rows], win.size(rows), win.starts[cols],
-                win.size(cols), win.stride(rows), win.stride(cols), f"{x}dropped_ok"]
-        em.line(f"{fn}({', '.join(args)});")
-        em.close()
-
-    def _slow_body(self) -> None:
-        """The body of ``slow``'s function: shared byte offset ``dst`` gets the window at ``p`` (start
-        ``r0, c0`` of extents ``nr, nc``, strides ``sr, sc``), zeros outside it."""
-        em, lay = self.em, self.lay
-        # The kernel's dynamic shared memory (every extern __shared__ array starts there); another name than
-        # the kernel's tj_smem, which NVRTC would warn conflicts with this declaration's linkage.
-        em.line("extern __shared__ __align__(1024) unsigned char tj_smem_fn[];")
         elems, threads = lay.rows * lay.cols, em.target.threads
         # A constant trip count: unrolled by 4 without the remainder loop a count that depends on tid needs.
         em.line("#pragma unroll 4")
         em.open(f"for (int tj_j = 0; tj_j < {-(-elems // threads)}; ++tj_j)")
-        em.line(f"const int tj_e = (int)threadIdx.x + tj_j * {threads};")
+        em.line(f"const int tj_e = tid + tj_j * {threads};")
         if elems % threads:
             em.line(f"if (tj_e >= {elems}) break;")
         em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
-        em.line("const bool tj_ok = dropped_ok && (uint64_t)(r0 + tj_r) < (uint64_t)nr && (uint64_t)(c0 + tj_k) < (uint64_t)nc;")
+        em.line(f"const bool tj_ok = {x}dropped_ok && (uint64_t)((int64_t)({r0}) + tj_r) < (uint64_t){win.size(rows)}"
+                f" && (uint64_t)((int64_t)({c0}) + tj_k) < (uint64_t){win.size(cols)};")
         dst_off = c_text(lay.elem_offset(CExpr("tj_r"), CExpr("tj_k")))
-        em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem_fn + dst + {dst_off}) = "
-                f"tj_ok ? p[(int64_t)(tj_r) * sr + (int64_t)(tj_k) * sc] : {self.ctype}{{}};")
+        em.line(f"*reinterpret_cast<{self.ctype}*>(tj_smem + ({x}dst - tj_smem_u32) + {dst_off}) = "
+                f"tj_ok ? {x}p[(int64_t)(tj_r) * {win.stride(rows)} + (int64_t)(tj_k) * {win.stride(cols)}] : {self.ctype}{{}};")
         em.close()
+        em.close()
+
+
+class InteriorCopy:
+    """The prefetch of one pipelined load for windows wholly inside their tensor, with its address math set
+    up before the loop.
+
+    Thread ``tid`` copies chunk ``tid % chunks_per_row`` of rows ``tid / chunks_per_row + j * rows_per_pass``
+    (as ``SharedCopy.fast``). Before the loop: its source address for the first prefetched window, how far
+    the window moves per iteration (each start is the induction variable plus an invariant, or invariant),
+    the distance between its passes, its swizzled offset in a slot (``Emitter.hoist``) and the conditions
+    that hold for every window (alignment, the invariant dims wholly inside). Per iteration: whether the
+    moving dims are inside (``inside``), one cp.async per pass with no bounds or zero fill under that
+    uniform predicate (``issue``), then the address moves on (``advance``). Windows that are not wholly
+    inside go through ``SharedCopy`` (zero fill, element-wise) instead.
+    """
+
+    def __init__(self, em: Emitter, op: Op, first: list[str], coefs: list[int], step: str) -> None:
+        self.em, self.op, self.coefs, self.step = em, op, coefs, step
+        self.tile = stage_shared(em, op.result)
+        self.lay = self.tile.layout
+        self.win = Window(em, op, first)
+        self.x = em.fresh("tj_i") + "_"
+        lay, threads = self.lay, em.target.threads
+        self.cpr = lay.row_bytes // 16
+        self.rpp = threads // self.cpr if self.cpr and threads % self.cpr == 0 else 0
+        self.passes = lay.rows // self.rpp if self.rpp and lay.rows % self.rpp == 0 else 0
+        self.shifts: list[int] = []
+        if self.passes:
+            base = [lay.chunk_offset(t // self.cpr, t % self.cpr) for t in range(threads)]
+            for j in range(self.passes):
+                at = [lay.chunk_offset(t // self.cpr + j * self.rpp, t % self.cpr) for t in range(threads)]
+                shift = {a - b for a, b in zip(at, base)}
+                self.shifts.append(shift.pop() if len(shift) == 1 else -1)
+
+    @property
+    def fits(self) -> bool:
+        """Unit-stride rows of whole 16-byte chunks, a whole number of passes whose slot offsets differ from the
+        first pass's by constants, and every dropped dim's start invariant."""
+        win, lay = self.win, self.lay
+        dropped_fixed = all(self.coefs[d] == 0 for d in win.dropped)
+        return (win.unit_last and len(win.tile_dims) == 2 and lay.row_bytes % 16 == 0 and self.passes > 0
+                and -1 not in self.shifts and dropped_fixed and all(c in (0, 1) for c in self.coefs))
+
+    def setup(self) -> list[str]:
+        """Declare the copy's loop-invariant values; returns the conditions that hold for every window."""
+        em, x, win, lay = self.em, self.x, self.win, self.lay
+        rows, cols = win.tile_dims
+        per_chunk = 16 // lay.elem_bytes
+        esize = win.esize
+        k, r0 = CExpr("tid") % self.cpr, CExpr("tid") // self.cpr
+        em.line(f"// {win.t}: windows wholly inside take {self.passes} plain cp.async per thread; "
+                "addresses set up here, moved by a constant per iteration")
+        em.line(f"const uint64_t {x}base = (uint64_t)({win.base_expr()});")
+        em.line(f"uint64_t {x}src = {x}base + (uint64_t)((int64_t)({c_text(k)}) * {per_chunk} + "
+                f"(int64_t)({c_text(r0)}) * {win.stride(rows)}) * {esize};")
+        moving = " + ".join(win.stride(d) for d in range(win.rank) if self.coefs[d]) or "0"
+        em.line(f"const int64_t {x}inc = (int64_t)({self.step}) * ({moving}) * {esize};")
+        for j in range(1, self.passes):
+            em.line(f"const int64_t {x}rstep{j} = (int64_t){j * self.rpp} * {win.stride(rows)} * {esize};")
+        self.dst0 = em.hoist("unsigned", c_text(lay.chunk_offset(r0, k)))
+        ok = [f"{x}base % 16 == 0", f"{x}inc % 16 == 0", f"{win.stride(rows)} % {per_chunk} == 0"]
+        extent = {rows: lay.rows, cols: lay.cols}
+        for d in range(win.rank):
+            start = f"(int64_t)({win.starts[d]})"
+            if d in win.dropped:
+                ok.append(f"(uint64_t){start} < (uint64_t){win.size(d)}")
+            elif self.coefs[d]:
+                ok.append(f"{start} >= 0")  # and the start only grows: the step is a positive constant
+            else:
+                ok.append(f"{start} >= 0 && {start} + {extent[d]} <= {win.size(d)}")
+        return ok
+
+    def inside(self, starts: list[str]) -> list[str]:
+        """The per-iteration conditions: each moving dim of the window at ``starts`` ends inside the tensor."""
+        win, lay = self.win, self.lay
+        extent = {win.tile_dims[0]: lay.rows, win.tile_dims[1]: lay.cols}
+        return [f"(int64_t)({starts[d]}) <= {win.size(d)} - {extent[d]}" for d in win.tile_dims if self.coefs[d]]
+
+    def issue(self, slot_address: str, pred: str) -> None:
+        """The window's cp.async into the slot at ``slot_address`` when ``pred`` (uniform) holds."""
+        em, x = self.em, self.x
+        n = self.passes
+        fn = f"tj_cp_async_16x{n}_if"
+        em.require_support(fn, _cp_async_rows(n))
+        srcs = [f"(const void*)({x}src)"] + [f"(const void*)({x}src + {x}rstep{j})" for j in range(1, n)]
+        em.line(f"{fn}<{', '.join(map(str, self.shifts))}>({slot_address} + {self.dst0}, {', '.join(srcs)}, {pred});")
+
+    def advance(self) -> None:
+        self.em.line(f"{self.x}src += {self.x}inc;")
+
+
+def _cp_async_rows(n: int) -> str:
+    """``tj_cp_async_16x<n>_if<O0, ..>(dst, s0, .., pred)``: n 16-byte cp.async, s_j to dst + O_j, under one
+    predicate (PTX 9.7.9.25.3); the offsets are immediates."""
+    srcs = ", ".join(f"const void* s{j}" for j in range(n))
+    copies = " ".join(f"@p cp.async.cg.shared.global [%0+%{n + 2 + j}], [%{1 + j}], 16;" for j in range(n))
+    ins = ", ".join(['"r"(dst)'] + [f'"l"(s{j})' for j in range(n)] + ['"r"((int)pred)'] + [f'"n"(O{j})' for j in range(n)])
+    return f"""
+/// {n} cp.async of 16 bytes, source j to shared address dst + Oj, when pred holds (one predicate for all).
+template <{', '.join(f'int O{j}' for j in range(n))}> TJ_DEVICE void tj_cp_async_16x{n}_if(unsigned dst, {srcs}, bool pred) {{
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n + 1}, 0; {copies} }}" :: {ins} : "memory");
+}}"""
 
 
 def issue_shared_load(em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true") -> None:
