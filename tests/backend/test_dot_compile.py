@@ -36,8 +36,8 @@ def _mma(arch: str, tc: str) -> str:
 CASES = {
     "f16acc_loop_64": (dk.matmul_out_dtype, lambda: (m(200, 300), m(300, 150), m(200, 150)),
                        dict(OUT=T.float16, TRANS_B=False, BM=64, BN=64, BK=64),
-                       {a: ["mma_sync_m16n8k16_f16acc"] if a != "sm_90a" else ["wgmma_m64nNk16_f16acc"]
-                        for a in ARCHS}),
+                       {"sm_80": ["mma_sync_m16n8k16_f16acc"], "sm_90a": ["wgmma_m64nNk16_f16acc"],
+                        "sm_100a": ["tcgen05_mma_f16_f16acc"]}),
     "f16acc_loop_128_kmajor": (dk.matmul_out_dtype, lambda: (m(300, 512), m(200, 512), m(300, 200)),
                                dict(OUT=T.float16, TRANS_B=True, BM=128, BN=128, BK=64, num_warps=8),
                                {"sm_80": ["mma_sync_m16n8k16_f16acc"], "sm_90a": ["wgmma_m64nNk16_f16acc"],
@@ -50,15 +50,15 @@ CASES = {
                        dict(OUT=T.float16, BM=32, BN=32, BK=40), {a: ["fma_fallback"] for a in ARCHS}),
     "f32acc_explicit": (dk.matmul_out_dtype, lambda: (m(200, 300), m(300, 150), m(200, 150, dtype=f32)),
                         dict(OUT=T.float32, TRANS_B=False, BM=64, BN=64, BK=64),
-                        {a: ["mma_sync_m16n8k16"] if a != "sm_90a" else ["wgmma_m64nNk16"] for a in ARCHS}),
+                        {a: [_mma(a, "tcgen05_mma_f16")] for a in ARCHS}),
     "batched_dot_loaded": (dk.batched_dot, lambda: (m(5, 100, 64), m(5, 64, 80), m(5, 100, 80, dtype=f32)),
                            dict(BT=2, BM=64, BN=64, BK=64),
-                           {a: [_mma(a, "mma_sync_m16n8k16")] * 2 for a in ARCHS}),
+                           {a: [_mma(a, "tcgen05_mma_f16")] * 2 for a in ARCHS}),
     "batched_matmul_computed_bf16": (dk.batched_matmul,
                                      lambda: (m(5, 100, 70, dtype=bf16), m(5, 70, 80, dtype=bf16),
                                               m(5, 100, 80, dtype=f32)),
                                      dict(COMPUTED=True, BT=2, BM=64, BN=64, BK=64),
-                                     {a: [_mma(a, "mma_sync_m16n8k16")] * 2 for a in ARCHS}),
+                                     {a: [_mma(a, "tcgen05_mma_f16")] * 2 for a in ARCHS}),
     "batched_matmul_loaded_f32": (dk.batched_matmul, lambda: (m(3, 40, 70, dtype=f32), m(3, 70, 50, dtype=f32),
                                                               m(3, 40, 50, dtype=f32)),
                                   dict(COMPUTED=False, BT=3, BM=32, BN=32, BK=16), {}),
@@ -66,7 +66,7 @@ CASES = {
                                                          m(100, 80, dtype=f32)),
                           dict(BM=32, BN=32, BK=32), {a: ["fma_fallback"] for a in ARCHS}),
     "broadcast_sum_f16": (dk.broadcast_sum_dot, lambda: (m(100, 64), m(64, 80), m(100, 80, dtype=f32)),
-                          dict(BM=64, BN=64, BK=64), {a: [_mma(a, "mma_sync_m16n8k16")] for a in ARCHS}),
+                          dict(BM=64, BN=64, BK=64), {a: [_mma(a, "tcgen05_mma_f16")] for a in ARCHS}),
 }
 
 

@@ -107,6 +107,105 @@ def test_tmem_register_layout_covers_each_element_once(shape, warps):
             assert row % 128 == 32 * ((tid >> 5) % 4) + (tid & 31)
 
 
+# -- M = 64: data-path Layout F, read with .16x32bx2 ------------------------------------------------------------
+
+def _layout_f_lane(row: int) -> int:
+    """PTX ISA 9.7.16.10.5, Layout F (M = 64, cta_group::1; CUTLASS tmem_frg_1sm's M = 64 atom, ((16, 4), N) :
+    ((1, 32 lanes), 1 column)): rows 16 q .. 16 q + 15 in lanes 32 q .. 32 q + 15, column c in column c."""
+    return 32 * (row // 16) + row % 16
+
+
+def _access_16x32bx2(lane_id: int, reg: int, base_lane: int, base_col: int, split: int) -> tuple[int, int]:
+    """tcgen05.ld/st.16x32bx2.xN (PTX ISA 9.7.16.2.3.1, matrix fragment of .16x32bx2; CUTLASS
+    SM100_TMEM_LOAD_16dp32b*): threads 0-15 move lanes base .. base + 15 at the address's columns, threads 16-31
+    the same lanes ``split`` (immHalfSplitoff) columns further; register j is the j-th column."""
+    return base_lane + lane_id % 16, base_col + (split if lane_id >= 16 else 0) + reg
+
+
+@pytest.mark.parametrize("n, warps", [(16, 4), (64, 4), (128, 4), (256, 4), (64, 8), (256, 8), (128, 16)])
+def test_tmem_layout_m64_is_layout_f_read_with_16x32bx2_for_every_lane_and_register(n, warps):
+    """TmemLayout(mma_m=64) against the two PTX tables written out here: every register of every thread is the
+    .16x32bx2 access of its warp (lane quarter 32 (w % 4), column block (w / 4) * C, split C / 2), and holds the
+    element Layout F puts there; the MMA's 64 x N TMEM cells are read exactly once, the tile covered once."""
+    layout = TmemLayout((64, n), warps, mma_m=64)
+    cols = n // (warps // 4)
+    assert layout.access == "16x32bx2" and layout.half_split == cols // 2 and layout.regs == cols // 2
+    row_of_lane = {_layout_f_lane(r): r for r in range(64)}
+    cells = {}
+    for tid in range(32 * warps):
+        w, lane = divmod(tid, 32)
+        for i in range(layout.regs):
+            tmem = _access_16x32bx2(lane, i, 32 * (w % 4), (w // 4) * cols, cols // 2)
+            assert tuple(layout.tmem_coords(tid, i)) == tmem
+            assert layout.coords(tid, i) == [row_of_lane[tmem[0]], tmem[1]]
+            assert layout.tile_coords(*tmem) == layout.coords(tid, i)
+            cells[tmem] = cells.get(tmem, 0) + 1
+    written = {(_layout_f_lane(r), c) for r in range(64) for c in range(n)}
+    assert set(cells) == written and set(cells.values()) == {1}
+    table = coords_table(layout, 32 * warps)
+    assert len(table) == 64 * n and all(len(v) == 1 for v in table.values())
+
+
+@pytest.mark.parametrize("shape, warps", [((128, 256), 8), ((256, 64), 4)])
+def test_tmem_layout_m128_composes_layout_d_and_32x32b(shape, warps):
+    """The same decomposition for M = 128: .32x32b gives lane l of warp w TMEM lane 32 (w % 4) + l, and Layout D
+    puts slab s's row r in lane r, column c in column s * N + c."""
+    layout = TmemLayout(shape, warps)
+    assert layout.access == "32x32b" and layout.half_split == 0
+    for tid in range(32 * warps):
+        for i in range(layout.regs):
+            lane, col = layout.tmem_coords(tid, i)
+            assert lane == 32 * ((tid // 32) % 4) + tid % 32
+            assert layout.coords(tid, i) == [col // shape[1] * 128 + lane, col % shape[1]]
+
+
+def test_tmem_layout_rejects_what_no_access_reads():
+    for shape, warps, m in (((128, 64), 4, 64), ((64, 24), 4, 64), ((64, 64), 6, 64), ((64, 64), 4, 32)):
+        with pytest.raises(ValueError):
+            TmemLayout(shape, warps, mma_m=m)
+
+
+@pytest.mark.parametrize("dtypes, acc", [((torch.float16, torch.float16), T.float32),
+                                         ((E4M3, E4M3), T.float32), ((torch.int8, torch.int8), T.int32)])
+@pytest.mark.parametrize("bn, warps", [(64, 4), (128, 4), (256, 8)])
+def test_m64_instruction_descriptor_in_the_generated_code(dtypes, acc, bn, warps):
+    """A 64-row tile issues M = 64 MMAs: the descriptor the kernel passes has M >> 4 = 4 in bits 24-28, N >> 3 in
+    17-22 (Table 42), one MMA per k step (no 128-row slabs), columns 0..N-1 of TMEM."""
+    cuda = _mm(*dtypes, acc, bm=64, bn=bn, warps=warps).cuda
+    descs = {int(d, 16) for d in re.findall(r'"r"\((0x[0-9a-f]+)u\), "r"\(1\)', cuda)}
+    assert len(descs) == 1, descs
+    desc = descs.pop()
+    assert _field(desc, 24, 28) == 4 and _field(desc, 17, 22) == bn >> 3
+    assert desc == tc.instr_desc(D.int32 if acc == T.int32 else D.float32, D.from_torch(dtypes[0]),
+                                 D.from_torch(dtypes[1]), 64, bn)  # B given N x K: K-major, bit 16 clear
+    assert cuda.count("tcgen05.mma.cta_group::1") == 128 // 32  # BK = 128 bytes: 4 k steps, one slab
+    assert f"(1 slab(s) of 64 rows, TMEM columns 0..{bn - 1})" in cuda
+
+
+def test_design_matmul_bm64_runs_tcgen05_m64_and_its_sass_reads_16_lanes():
+    """The DESIGN matmul with BM = 64: tcgen05.mma (M = 64) in the main loop, no mma.sync; the accumulator goes
+    in and out of TMEM with .16x32bx2 (immHalfSplitoff = half the warp's columns), which ptxas turns into LDTM /
+    STTM over threads 0-15 and 16-31; no spills."""
+    from kernels import matmul
+    from tilejit.backend_cuda.sass import disassemble
+
+    st = matmul.compile(_meta(1000, 512), _meta(512, 1024), _meta(1000, 1024), BM=64, BN=128, BK=64, num_warps=4,
+                        arch="sm_100a")
+    assert re.search(r"tj\.gemm .*impl = tcgen05_mma_f16", st.asm["ir"])
+    assert "#tmem<warps=4, m=64>" in st.asm["ir"]
+    ptx = st.asm["ptx"]
+    assert "mma.sync" not in ptx and "tcgen05.mma.cta_group::1.kind::f16" in ptx
+    assert "tcgen05.ld.sync.aligned.16x32bx2.x16.b32" in ptx and "tcgen05.st.sync.aligned.16x32bx2.x16.b32" in ptx
+    assert ", 64;" in st.asm["cuda"].split("tcgen05.ld.sync.aligned.16x32bx2", 1)[1].split("\n", 1)[0]
+    assert st.meta["spills"] == 0, st.meta
+    sass = disassemble(st.asm["cubin"])
+    if sass is None:
+        pytest.skip("cuobjdump/nvdisasm is not installed (pip install -e '.[sass]')")
+    assert "UTCHMMA" in sass and "UTCBAR" in sass and "UTMALDG" in sass
+    assert re.search(r"LDTM\.16dp32bit_t0_t15", sass) and re.search(r"LDTM\.16dp32bit_t16_t31", sass)
+    assert not re.search(r"\bHMMA\.", sass)
+
+
 # -- dispatch ----------------------------------------------------------------------------------------
 
 def _mm(da, db, acc, tb=True, arch="sm_100a", bm=128, bn=128, bk_bytes=128, warps=8, stop_after="cuda", precision=None):
@@ -139,8 +238,9 @@ def test_each_kind_lowers_to_tcgen05_on_sm_100a(dtypes, acc, kind, tb):
 
 
 def test_what_tcgen05_does_not_take_keeps_mma_sync():
-    # M = 64 (no 128-row slab), fp8 with N-major B, and sm_120a (consumer Blackwell: no tcgen05, no wgmma)
-    assert _impl(_mm(torch.float16, torch.float16, T.float32, bm=64, warps=4, stop_after="passes")).startswith("mma_sync")
+    # M = 32 (tcgen05.mma has M = 64 and 128), fp8 with N-major B, and sm_120a (consumer Blackwell: no tcgen05, no
+    # wgmma)
+    assert _impl(_mm(torch.float16, torch.float16, T.float32, bm=32, warps=4, stop_after="passes")).startswith("mma_sync")
     assert _impl(_mm(E4M3, E4M3, T.float32, tb=False, stop_after="passes")).startswith("mma_sync")
     assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_120a", stop_after="passes")).startswith("mma_sync")
     assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_103a", stop_after="passes")) == "tcgen05_mma_f16"
@@ -181,7 +281,7 @@ def test_main_loop_keeps_the_accumulator_in_tmem():
         body.rstrip().splitlines()[-2].strip() == "if (tid < 32) tj_tmem_dealloc(tj_tmem, 256);"
     # the loop-carried accumulator goes into TMEM once, before the loop
     pre = _between(body, "one mbarrier per ring slot", "for (int64_t")
-    assert "tcgen05.st.sync.aligned.32x32b.x32.b32" in pre and "tj_tc_wait_st();" in pre
+    assert "tcgen05.st.sync.aligned.32x32b.x16.b32" in pre and "tj_tc_wait_st();" in pre
     assert "tj_mbar_init(tj_smem_u32 + " in pre and ", 1); }" in pre  # the empty barriers: one arrival (commit)
     loop = _between(body, "for (int64_t", "// the last iteration's MMAs completed")
     assert "__syncthreads" not in loop and "tcgen05.ld" not in loop and "tcgen05.st" not in loop
@@ -197,7 +297,7 @@ def test_main_loop_keeps_the_accumulator_in_tmem():
     assert re.match(r"if \(tj_it > 0\) tj_mbar_wait\(tj_smem_u32 \+ \d+ \+ 8 \* \(\(tj_it - 1\) % 3\), "
                     r"\(\(tj_it - 1\) / 3\) & 1\);", post), post[:200]
     assert "tj_tc_commit" not in post
-    assert post.index("tj_tc_fence_after();") < post.index("tcgen05.ld.sync.aligned.32x32b.x32.b32") < \
+    assert post.index("tj_tc_fence_after();") < post.index("tcgen05.ld.sync.aligned.32x32b.x16.b32") < \
         post.index("tj_tc_wait_ld();")
 
 

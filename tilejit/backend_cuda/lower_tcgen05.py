@@ -8,12 +8,14 @@ bits 61-63 is the sm_90 value 1 in bits 62-63), so what is new is the MMA issue 
 * TMEM: 128 lanes x 512 columns of 32 bits per CTA. The kernel allocates the columns its accumulators need
   once (warp 0, ``tcgen05.alloc`` + ``relinquish_alloc_permit``) and gives them back at its end; each
   tcgen05 gemm owns a column range (slab ``s`` of 128 rows at columns ``s * N``).
-* The MMA: one thread issues ``tcgen05.mma.cta_group::1.kind::{f16,tf32,f8f6f4,i8}`` per 128-row slab and
-  32-byte k step from shared-memory descriptors, with a 32-bit instruction descriptor (PTX ISA Table 42:
-  D type in bits 4-5, A/B types in 7-9 / 10-12, transpose A/B in 15/16, N >> 3 in 17-22, M >> 4 in 24-28),
-  then ``tcgen05.commit`` arrives on an mbarrier when they complete.
-* Registers <-> TMEM: ``tcgen05.st`` / ``tcgen05.ld`` ``.32x32b`` (layout ``TmemLayout``: warp ``w`` reaches
-  lanes ``32 (w % 4) ..``), each followed by its ``wait``, with the thread-sync fences around barriers.
+* The MMA: one thread issues ``tcgen05.mma.cta_group::1.kind::{f16,tf32,f8f6f4,i8}`` per 128-row slab (M = 128;
+  a 64-row tile: one M = 64 MMA) and 32-byte k step from shared-memory descriptors, with a 32-bit instruction
+  descriptor (PTX ISA Table 42: D type in bits 4-5, A/B types in 7-9 / 10-12, transpose A/B in 15/16, N >> 3 in
+  17-22, M >> 4 in 24-28), then ``tcgen05.commit`` arrives on an mbarrier when they complete.
+* Registers <-> TMEM: ``tcgen05.st`` / ``tcgen05.ld`` (layout ``TmemLayout``: warp ``w`` reaches lanes
+  ``32 (w % 4) ..``): ``.32x32b`` for M = 128 (data-path Layout D, row r in lane r), ``.16x32bx2`` for M = 64
+  (Layout F: 16 rows in the first 16 lanes of each quarter), each followed by its ``wait``, with the thread-sync
+  fences around barriers.
 * A float16 accumulator (``out_dtype=T.float16``): D type F16 (0) in the instruction descriptor; TMEM keeps one
   16-bit element in the low half of each 32-bit word (PTX ISA 9.7.16.10.4.1, not packed), so the same columns
   and ``32x32b`` accesses serve, through 32-bit words the registers' bits are copied to and from.
@@ -78,7 +80,7 @@ _D_TYPE = {D.float16: 0, D.float32: 1, D.int32: 2}
 _AB_TYPE = {D.float16: 0, D.bfloat16: 1, D.float32: 2, D.float8_e4m3fn: 0, D.float8_e5m2: 1, D.int8: 1}
 _KIND = {D.float16: "f16", D.bfloat16: "f16", D.float32: "tf32", D.float8_e4m3fn: "f8f6f4",
          D.float8_e5m2: "f8f6f4", D.int8: "i8"}
-MMA_M = 128  # rows per tcgen05.mma (cta_group::1)
+MMA_M = 128  # rows per tcgen05.mma (cta_group::1) of a tile of 128-row slabs
 TMEM_COLS = 512
 
 
@@ -92,9 +94,15 @@ def _gemms(fn) -> list[Op]:
     return [op for op in fn.walk() if op.kind is OpKind.GEMM and (op.attrs.impl or "").startswith("tcgen05")]
 
 
+def mma_m(op: Op) -> int:
+    """The M of ``op``'s tcgen05.mma instructions: 64 for a 64-row tile (its D in data-path Layout F, half the
+    lanes), else 128 per 128-row slab (Layout D)."""
+    return 64 if _mnk(op)[0] == 64 else MMA_M
+
+
 def _columns(op: Op) -> int:
     m, n, _ = _mnk(op)
-    return (m // MMA_M) * n
+    return (m // mma_m(op)) * n
 
 
 def _kernel_setup(em: Emitter):
@@ -148,12 +156,18 @@ def _lane_base(layout: TmemLayout, col0: int) -> str:
             f"(unsigned)((tid >> 7) * {layout.cols_per_warp})")
 
 
+# Registers per tcgen05.ld / tcgen05.st: with .x32, ptxas 13.0 spills the first access's 32 registers to local
+# memory and back when two of them fill one 64-register array (a 128x64 or 64x128 tile over 4 warps: 124 bytes
+# each way); .x16 moves the same registers with no spill and fewer registers on every bench-space tile.
+ACCESS_REGS = 16
+
+
 def _chunks(layout: TmemLayout):
-    """(first register, TMEM column offset, count) of each 32x32b access, at most 32 columns each."""
-    n, c = layout.shape[1], layout.cols_per_warp
+    """(first register, TMEM column offset, count) of each access (``layout.access``), ``ACCESS_REGS`` at most."""
+    n, per_slab = layout.shape[1], layout.regs // layout.slabs
     for s in range(layout.slabs):
-        for j in range(0, c, 32):
-            yield s * c + j, s * n + j, min(32, c - j)
+        for j in range(0, per_slab, ACCESS_REGS):
+            yield s * per_slab + j, s * n + j, min(ACCESS_REGS, per_slab - j)
 
 
 def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
@@ -164,6 +178,9 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
     con = "r" if op.result.dtype == D.int32 or f16 else "f"
     em.open("")
     em.line(f"const unsigned tj_t = {_lane_base(layout, em.tmem_offsets[id(op)])};")
+    shape = f"{layout.access}"
+    # .16x32bx2: threads 16-31 move the columns immHalfSplitoff further (TmemLayout, M = 64)
+    split = f", {layout.half_split}" if layout.half_split else ""
     for first, col, count in _chunks(layout):
         ops = ", ".join(f"%{r + (0 if load else 1)}" for r in range(count))
         if f16:
@@ -176,10 +193,10 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
         else:
             vals = ", ".join(f'"{"=" if load else ""}{con}"({regs}[{first + r}])' for r in range(count))
         if load:
-            em.line(f'asm volatile("tcgen05.ld.sync.aligned.32x32b.x{count}.b32 {{{ops}}}, [%{count}];" '
+            em.line(f'asm volatile("tcgen05.ld.sync.aligned.{shape}.x{count}.b32 {{{ops}}}, [%{count}]{split};" '
                     f': {vals} : "r"(tj_t + {col}) : "memory");')
         else:
-            em.line(f'asm volatile("tcgen05.st.sync.aligned.32x32b.x{count}.b32 [%0], {{{ops}}};" '
+            em.line(f'asm volatile("tcgen05.st.sync.aligned.{shape}.x{count}.b32 [%0]{split}, {{{ops}}};" '
                     f':: "r"(tj_t + {col}), {vals} : "memory");')
         if f16:
             if load:  # the words are read once the load has completed
@@ -191,11 +208,12 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
 
 
 class Tcgen05:
-    """``tcgen05.mma.cta_group::1`` M = 128 per slab, N = the tile's columns, 32 bytes of K per instruction."""
+    """``tcgen05.mma.cta_group::1`` M = 128 per slab (or M = 64 for a 64-row tile), N = the tile's columns, 32
+    bytes of K per instruction."""
 
     def acc_layout(self, op: Op, target: Target) -> TmemLayout:
         m, n, _ = _mnk(op)
-        return TmemLayout((m, n), target.num_warps)
+        return TmemLayout((m, n), target.num_warps, mma_m=mma_m(op))
 
     def emit(self, em: Emitter, op: Op) -> None:
         a, b, acc = op.operands
@@ -205,7 +223,8 @@ class Tcgen05:
         sa, sb = em.shared[a.id], em.shared[b.id]
         kind = _KIND[a.dtype]
         b_k_major = op.attrs.transpose_b
-        idesc = instr_desc(out.dtype, a.dtype, b.dtype, MMA_M, n, transpose_b=not b_k_major)
+        rows = mma_m(op)
+        idesc = instr_desc(out.dtype, a.dtype, b.dtype, rows, n, transpose_b=not b_k_major)
         col0 = em.tmem_offsets[id(op)]
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
         if ring is not None:  # the accumulator stays in TMEM for the whole loop
@@ -213,7 +232,7 @@ class Tcgen05:
             em.alias(out, name)
         else:
             name = em.declare_tile(out)
-        em.comment(op, f"gemm {m}x{n}x{k} on tcgen05.mma.kind::{kind} ({m // MMA_M} slab(s) of 128 rows, TMEM "
+        em.comment(op, f"gemm {m}x{n}x{k} on tcgen05.mma.kind::{kind} ({m // rows} slab(s) of {rows} rows, TMEM "
                        f"columns {col0}..{col0 + _columns(op) - 1})" + (", accumulator kept in TMEM" if ring else ""))
         em.open("")
         if ring is None:
@@ -224,9 +243,9 @@ class Tcgen05:
         for kk in range(k // k_atom):
             b_off, b_lbo = b_fields(sb.layout, kk, b_k_major)
             b_desc = f"tj_umma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
-            for s in range(m // MMA_M):
+            for s in range(m // rows):
                 a_desc = (f"tj_umma_desc(tj_a + {k_step_offset(sa.layout, kk)} + "
-                          f"{s * MMA_M * sa.layout.row_pitch}, 16, 1024)")
+                          f"{s * rows * sa.layout.row_pitch}, 16, 1024)")
                 em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::{kind} '
                         f'[%0], %1, %2, %3, p; }}" :: "r"(tj_tmem + {col0 + s * n}), "l"({a_desc}), "l"({b_desc}), '
                         f'"r"({idesc:#x}u), "r"(1) : "memory");')
@@ -272,13 +291,16 @@ def load_accumulators(em: Emitter, gemms: list[Op], names: list[str], last_bar: 
 
 def _shapes_fit(op: Op, target: Target) -> bool:
     m, n, k = _mnk(op)
-    if target.num_warps % 4 or m % MMA_M or n % 16 or not 16 <= n <= 256 or (m // MMA_M) * n > TMEM_COLS:
+    rows = mma_m(op)
+    if target.num_warps % 4 or m % rows or n % 16 or not 16 <= n <= 256 or (m // rows) * n > TMEM_COLS:
         return False
     if (k * op.operands[0].dtype.itemsize) % 128:  # K spans whole 128-byte panels (128-byte swizzle)
         return False
     groups = target.num_warps // 4
     cols = n // groups if n % groups == 0 else 0
-    return cols % 8 == 0 and cols > 0 and (m // MMA_M) * cols <= 128  # accumulator registers per thread
+    if rows == 64:  # .16x32bx2: each half-warp takes half of the warp's columns
+        return cols % 16 == 0 and cols > 0 and cols // 2 <= 128
+    return cols % 8 == 0 and cols > 0 and (m // rows) * cols <= 128  # accumulator registers per thread
 
 
 def _a_k_major(op: Op, target: Target) -> bool:
@@ -292,8 +314,8 @@ def _b_layout(sixteen_bit: bool):
     return check
 
 
-_SHAPES = ("num_warps % 4 == 0, M a multiple of 128, N % 16 == 0 and 16 <= N <= 256, (M / 128) x N <= 512 TMEM "
-           "columns, K spans whole 128-byte panels, accumulator <= 128 registers per thread")
+_SHAPES = ("num_warps % 4 == 0, M = 64 or a multiple of 128, N % 16 == 0 and 16 <= N <= 256, (M / 128) x N <= 512 "
+           "TMEM columns, K spans whole 128-byte panels, accumulator <= 128 registers per thread")
 
 for _name, _dtypes, _acc, _extra in (
     ("tcgen05_mma_f16", (D.float16, D.bfloat16), ("accumulator is f32", _acc_f32), {}),

@@ -219,44 +219,93 @@ class WgmmaLayout(RegisterLayout):
 
 @dataclass(frozen=True)
 class TmemLayout(RegisterLayout):
-    """A tcgen05 accumulator (sm_100a) read from tensor memory with ``tcgen05.ld.32x32b``.
+    """A tcgen05 accumulator (sm_100a): where ``tcgen05.mma`` (cta_group::1) leaves it in tensor memory, and the
+    registers of the ``tcgen05.ld`` / ``tcgen05.st`` that move it, over ``warps`` warps (a multiple of 4).
 
-    In TMEM an M x N accumulator of 128-row slabs puts slab ``s``'s row ``r`` in lane ``r`` and its column
-    ``c`` in column ``s * N + c`` (PTX ISA 9.7.16.10, data path layout of M = 128, cta_group::1). Warp ``w``
-    reaches lanes ``32 (w % 4) .. + 31`` only, so warp ``w`` holds rows ``32 (w % 4) + lane`` of every slab,
-    and the ``warps / 4`` warps sharing a lane quarter split the columns: warp ``w`` takes columns
-    ``(w / 4) * C .. + C - 1`` with ``C = N / (warps / 4)``. Register ``s * C + j`` is slab ``s``'s column
-    ``(w / 4) * C + j``: consecutive registers are consecutive columns of one row.
+    Warp ``w`` reaches TMEM lanes ``32 (w % 4) .. + 31`` only; the ``warps / 4`` warps sharing a lane quarter split
+    the columns, warp ``w`` taking ``C = N / (warps / 4)`` of them from ``(w / 4) * C``. Two data-path layouts
+    (PTX ISA 9.7.16.10.5, matrix D of tcgen05.mma), by the M of the instruction (``mma_m``):
+
+    * M = 128 (Layout D): a 128-row slab's row ``r`` in lane ``r``; slab ``s``'s column ``c`` in column
+      ``s * N + c``. Read with ``.32x32b``: lane ``l`` of warp ``w`` gets TMEM lane ``32 (w % 4) + l``, register
+      ``s * C + j`` slab ``s``'s column ``(w / 4) * C + j``.
+    * M = 64 (Layout F, one 64-row tile): row ``r`` in lane ``32 (r / 16) + r % 16`` (the first half of each lane
+      quarter), column ``c`` in column ``c``. Read with ``.16x32bx2`` (16 lanes, two column ranges: threads 0-15
+      from the address, threads 16-31 from ``immHalfSplitoff = C / 2`` columns further): lane ``l`` of warp ``w``
+      gets TMEM lane ``32 (w % 4) + l % 16``, register ``j`` column ``(w / 4) * C + (l / 16) * C / 2 + j``.
+
+    Either way consecutive registers are consecutive columns of one row. ``tmem_coords`` is the (lane, column)
+    a register moves; ``coords`` is that position mapped back through the data-path layout (``tile_coords``).
     """
     shape: tuple[int, int]
     warps: int
     vec: int = 8
+    mma_m: int = 128
 
     def __post_init__(self) -> None:
         m, n = self.shape
-        if m % 128 or self.warps % 4 or n % (self.warps // 4) or self.cols_per_warp % 8:
-            raise ValueError(f"{m}x{n} over {self.warps} warps does not fit the tcgen05 32x32b layout")
+        groups = self.warps // 4
+        ok = self.warps % 4 == 0 and n % groups == 0
+        if self.mma_m == 128:
+            ok = ok and m % 128 == 0 and self.cols_per_warp % 8 == 0
+        elif self.mma_m == 64:
+            ok = ok and m == 64 and self.cols_per_warp % 16 == 0
+        else:
+            ok = False
+        if not ok:
+            raise ValueError(f"{m}x{n} over {self.warps} warps does not fit the tcgen05 M={self.mma_m} TMEM layout")
 
     @property
     def slabs(self) -> int:
-        return self.shape[0] // 128
+        """tcgen05.mma instructions along M (each ``mma_m`` rows, ``N`` columns of TMEM)."""
+        return self.shape[0] // self.mma_m
 
     @property
     def cols_per_warp(self) -> int:
         return self.shape[1] // (self.warps // 4)
 
     @property
-    def regs(self) -> int:  # type: ignore[override]
-        return self.slabs * self.cols_per_warp
+    def access(self) -> str:
+        """The tcgen05.ld / tcgen05.st shape that moves this layout's registers."""
+        return "32x32b" if self.mma_m == 128 else "16x32bx2"
 
-    def coords(self, tid, i):
+    @property
+    def half_split(self) -> int:
+        """``.16x32bx2``'s immHalfSplitoff: the columns between the two half-warps' ranges (0 for ``.32x32b``)."""
+        return 0 if self.mma_m == 128 else self.cols_per_warp // 2
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        return self.slabs * self.cols_per_warp if self.mma_m == 128 else self.cols_per_warp // 2
+
+    def tmem_coords(self, tid, i):
+        """(TMEM lane, column from the accumulator's first) that register ``i`` of thread ``tid`` moves."""
         c = self.cols_per_warp
         warp, lane = tid >> 5, tid & 31
-        s, j = i // c, i % c
-        return [s * 128 + (warp & 3) * 32 + lane, (warp >> 2) * c + j]
+        if self.mma_m == 128:
+            s, j = i // c, i % c
+            return [(warp & 3) * 32 + lane, s * self.shape[1] + (warp >> 2) * c + j]
+        return [(warp & 3) * 32 + (lane & 15), (warp >> 2) * c + (lane >> 4) * (c // 2) + i]
+
+    def tile_coords(self, tmem_lane, tmem_col):
+        """The data-path layout: the (row, col) of the tile held at a TMEM lane and column."""
+        n = self.shape[1]
+        if self.mma_m == 128:
+            s = tmem_col // n
+            return [s * 128 + tmem_lane, tmem_col % n]
+        return [(tmem_lane >> 5) * 16 + (tmem_lane & 15), tmem_col]
+
+    def coords(self, tid, i):
+        # tile_coords(*tmem_coords(tid, i)), written out so that the emitted expressions stay simple
+        c = self.cols_per_warp
+        warp, lane = tid >> 5, tid & 31
+        if self.mma_m == 128:
+            s, j = i // c, i % c
+            return [s * 128 + (warp & 3) * 32 + lane, (warp >> 2) * c + j]
+        return [(warp & 3) * 16 + (lane & 15), (warp >> 2) * c + (lane >> 4) * (c // 2) + i]
 
     def __str__(self) -> str:
-        return f"#tmem<warps={self.warps}>"
+        return f"#tmem<warps={self.warps}>" if self.mma_m == 128 else f"#tmem<warps={self.warps}, m={self.mma_m}>"
 
 
 class _ViewLayout(RegisterLayout):
@@ -471,6 +520,20 @@ def thread_local_permutation(src: RegisterLayout, dst: RegisterLayout, threads: 
     """
     if tuple(src.shape) != tuple(dst.shape):
         return None
+    return _renaming(src, dst, threads, broadcast=())
+
+
+def thread_local_broadcast(src: RegisterLayout, dst: RegisterLayout, threads: int) -> tuple[int, ...] | None:
+    """Like :func:`thread_local_permutation` for a broadcast: ``src`` has extent 1 where ``dst`` is wider, and
+    register ``i`` of ``dst`` takes the element of ``src`` at its coordinates with those dims at 0 (e.g. a row
+    statistic of one accumulator's layout broadcast over the columns of another accumulator with the same rows)."""
+    if len(src.shape) != len(dst.shape) or any(a not in (1, b) for a, b in zip(src.shape, dst.shape)):
+        return None
+    return _renaming(src, dst, threads, broadcast=tuple(d for d, (a, b) in enumerate(zip(src.shape, dst.shape))
+                                                        if a == 1 and b != 1))
+
+
+def _renaming(src: RegisterLayout, dst: RegisterLayout, threads: int, broadcast: tuple[int, ...]):
     perm: list[int | None] = [None] * dst.regs
     for tid in range(threads):
         where: dict[tuple, int] = {}
@@ -480,10 +543,30 @@ def thread_local_permutation(src: RegisterLayout, dst: RegisterLayout, threads: 
         for i in range(dst.regs):
             if dst.valid(tid, i) is not True:
                 continue
-            j = where.get(tuple(int(c) for c in dst.coords(tid, i)))
+            j = where.get(tuple(0 if d in broadcast else int(c) for d, c in enumerate(dst.coords(tid, i))))
             if j is None or perm[i] not in (None, j):
                 return None
             perm[i] = j
     if any(j is None for j in perm):
         return None
     return tuple(perm)
+
+
+@functools.lru_cache(maxsize=256)
+def duplicate_registers(layout: RegisterLayout, threads: int) -> tuple[int, ...] | None:
+    """For each register ``i``, the first register ``j <= i`` that holds the same element on every thread (a
+    row statistic in an accumulator's slice layout keeps one copy per column register); None when no register
+    repeats another. Elementwise code computes the first copies and copies the rest, so values carried around a
+    loop stay provably equal and the compiler keeps one of each (evaluated on integers: exact)."""
+    owner: list[int] | None = None
+    for tid in range(threads):
+        keys = [(layout.valid(tid, i) is True, tuple(int(c) for c in layout.coords(tid, i)))
+                for i in range(layout.regs)]
+        if owner is None:
+            first: dict[tuple, int] = {}
+            owner = [first.setdefault(k, i) for i, k in enumerate(keys)]
+        else:  # a copy that differs on this thread is no copy
+            owner = [j if keys[j] == keys[i] else i for i, j in enumerate(owner)]
+    if owner is None or all(j == i for i, j in enumerate(owner)):
+        return None
+    return tuple(owner)
