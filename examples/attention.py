@@ -37,17 +37,20 @@ LOG2E = 1.4426950408889634
 
 
 @tilejit.func
-def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK_DIAGONAL):
-    """One key/value block: scores, the running max and sum rescaled, the output accumulated."""
+def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK, CAUSAL):
+    """One key/value block: scores, the running max and sum rescaled, the output accumulated. ``MASK``: the
+    block crosses the end of the keys (or, ``CAUSAL``, the diagonal), so its scores are masked first; the
+    blocks before need no mask. The scale goes into the max and the exponent (``s * scale - m``: one FMA)."""
     k = K[b, kv, n0:n0 + BN, 0:D]
     s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
-    cols = n0 + T.arange(0, BN)
-    valid = cols[None, :] < S
-    if MASK_DIAGONAL:
-        valid = valid & (cols[None, :] <= rows[:, None])
-    s = T.where(valid, s * qk_scale, float("-inf"))
-    m_new = T.maximum(m_i, T.max(s, 1))
-    p = T.exp2(s - m_new[:, None])
+    if MASK:
+        cols = n0 + T.arange(0, BN)
+        valid = cols[None, :] < S
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        s = T.where(valid, s, float("-inf"))
+    m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
+    p = T.exp2(s * qk_scale - m_new[:, None])
     alpha = T.exp2(m_i - m_new)
     l_i = l_i * alpha + T.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -73,18 +76,20 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     acc = T.zeros((BM, D), T.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     rows = m0 + T.arange(0, BM)
-    lo = 0
-    if CAUSAL and BM % BN == 0:
-        # Blocks left of the diagonal need no causal mask: run them unmasked, then the diagonal blocks masked.
-        lo = T.minimum(m0, S)
-        for n0 in T.range(0, lo, BN, stages=2):
-            m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
-                                                 False)
+    # Blocks wholly before the end of the keys (and, causal, left of the diagonal) run unmasked; the rest (the
+    # last partial block; the diagonal blocks) run masked.
+    lo = (S // BN) * BN
+    if CAUSAL:
+        lo = T.minimum(m0, lo) if BM % BN == 0 else 0
+    for n0 in T.range(0, lo, BN, stages=2):
+        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, False,
+                                             False)
     hi = S
     if CAUSAL:
         hi = T.minimum(S, m0 + BM)
     for n0 in T.range(lo, hi, BN, stages=2):
-        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, CAUSAL)
+        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, True,
+                                             CAUSAL)
     O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
     if STORE_LSE:
         # base 2: log2 of sum_j 2^(s_ij * sm_scale * log2 e), the natural log-sum-exp times log2 e

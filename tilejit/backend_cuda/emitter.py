@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorType, UnaryOp, Value
-from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text
+from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
+from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
 from .prelude import PRELUDE
 from ..target import Target
 
@@ -464,8 +464,22 @@ def _elementwise(em: Emitter, op: Op) -> None:
                 f"{scalar_expr(em, op, [em.name(v) for v in op.operands])};")
         return
     name = em.declare_tile(out)
-    em.reg_loop(em.layout(out), lambda i: em.line(
-        f"{name}[{i}] = {scalar_expr(em, op, [f'{em.name(v)}[{i}]' for v in op.operands])};"))
+    layout = em.layout(out)
+
+    def compute(i: Any) -> None:
+        em.line(f"{name}[{i}] = {scalar_expr(em, op, [f'{em.name(v)}[{i}]' for v in op.operands])};")
+
+    owner = duplicate_registers(layout, em.target.threads)
+    if owner is None:
+        em.reg_loop(layout, compute)
+        return
+    # Registers that repeat another's element (a row statistic in an accumulator's slice layout): computed
+    # once, copied to the rest, so a value carried around a loop keeps one live copy per element.
+    for i in sorted(set(owner)):
+        compute(i)
+    for i, j in enumerate(owner):
+        if i != j:
+            em.line(f"{name}[{i}] = {name}[{j}];")
 
 
 @emits(OpKind.SPLAT)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 
 from ..ir import Op, OpKind, Scope, Value
-from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_permutation
+from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_broadcast, thread_local_permutation
 from .emitter import Emitter, SharedTile, c_type, emits
 from . import lower_tma
 
@@ -498,6 +498,12 @@ def _broadcast(em: Emitter, op: Op) -> None:
         em.line(f"auto& {em.name(out)} = {em.name(src)};  // broadcast: same registers")
         return
     name = em.declare_tile(out)
+    perm = thread_local_broadcast(src.type.layout, out.type.layout, em.target.threads)
+    if perm is not None:  # each thread already holds what it broadcasts (e.g. row statistics of the same rows)
+        em.comment(op, "broadcast by register renaming, no shared memory")
+        for i, j in enumerate(perm):
+            em.line(f"{name}[{i}] = {em.name(src)}[{j}];")
+        return
     em.comment(op, "broadcast through shared memory")
     through_scratch(em, src, name, out.type.layout, out.type.shape)
 

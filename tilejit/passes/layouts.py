@@ -109,6 +109,8 @@ def _is_flexible(v: Value, inf: _Inference) -> bool:
     if inf.get(v) is not None:
         return False
     op = defining_op(v)
+    if op is not None and op.kind is OpKind.EXPAND_DIMS:  # x[None, :] of a flexible x: x takes the slice
+        return _is_flexible(op.operands[0], inf)
     return op is None or op.kind.has(Trait.ANY_LAYOUT) or op.kind.is_elementwise
 
 
@@ -221,6 +223,18 @@ def _expand_forward(inf: _Inference, op: Op) -> bool:
     return inf.set(op.result, ExpandLayout(src, op.attrs.axis)) if src is not None else False
 
 
+def _expand_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
+    """``x[None, :]`` needed in layout L: a flexible ``x`` is built in L's slice along the new axis, so the
+    expanded value (and a broadcast of it) is the same registers (an index vector compared with a tile's
+    columns, as attention's masks do, stays in the accumulator's threads instead of crossing shared memory)."""
+    want, src = inf.get(op.result), op.operands[0]
+    if want is None or not _is_flexible(src, inf):
+        return False
+    axis = op.attrs.axis
+    base = want.base if isinstance(want, ExpandLayout) and want.axis == axis else SliceLayout(want, axis)
+    return inf.set(src, base)
+
+
 def _transpose_forward(inf: _Inference, op: Op) -> bool:
     src = inf.get(op.operands[0])
     return inf.set(op.result, PermutedLayout(src, op.attrs.perm)) if src is not None else False
@@ -237,6 +251,8 @@ def _broadcast_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
         producer = defining_op(src)
         if producer is not None and producer.kind is OpKind.EXPAND_DIMS and inf.get(producer.operands[0]) is None:
             return inf.set(producer.operands[0], SliceLayout(target, axes[0]))
+        if _is_flexible(src, inf):  # e.g. a mask computed from an expanded index vector, then broadcast
+            return inf.set(src, ExpandLayout(SliceLayout(target, axes[0]), axes[0]))
     return False
 
 
@@ -347,7 +363,7 @@ layout_rule(OpKind.REDUCE, forward=_reduce_forward)
 # a scan goes through shared memory (lower_reduce): its result is read back in its operand's layout
 layout_rule(OpKind.SCAN, forward=lambda inf, op: inf.set(op.result, inf.get(op.operands[0]))
             if inf.get(op.operands[0]) is not None else False)
-layout_rule(OpKind.EXPAND_DIMS, forward=_expand_forward)
+layout_rule(OpKind.EXPAND_DIMS, forward=_expand_forward, backward=_expand_backward)
 layout_rule(OpKind.TRANSPOSE, forward=_transpose_forward)
 layout_rule(OpKind.BROADCAST, backward=_broadcast_backward)
 layout_rule(OpKind.FOR, forward=_for_forward, backward=_for_backward, required=_for_required)
