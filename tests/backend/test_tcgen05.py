@@ -301,6 +301,24 @@ def test_main_loop_keeps_the_accumulator_in_tmem():
         post.index("tj_tc_wait_ld();")
 
 
+def test_the_accumulator_carried_through_the_main_loop_has_scope_tmem():
+    """In the IR the loop-carried accumulator is a TMEM tile inside the body (the gemm's operand and result, in
+    their TmemLayout), a register tile where it enters and leaves; sm_90a's wgmma accumulator stays in registers."""
+    from kernels import matmul
+
+    args = (_meta(1000, 512), _meta(512, 1024), _meta(1000, 1024))
+    for bm, layout in ((128, "#tmem<warps=4>"), (64, "#tmem<warps=4, m=64>")):
+        ir = matmul.compile(*args, BM=bm, BN=128, BK=64, num_warps=4, arch="sm_100a", stop_after="passes").final_ir
+        tmem, reg = f"tile<{bm}x128xf32, tmem, {layout}>", f"tile<{bm}x128xf32, reg, {layout}>"
+        loop = next(line for line in ir.splitlines() if "tj.for" in line)
+        assert f"iter_args(%acc_2: {tmem} = %acc) -> ({reg})" in loop and "async_mma = tcgen05" in loop
+        gemm = next(line for line in ir.splitlines() if "tj.gemm" in line)
+        assert gemm.endswith(f": {tmem}"), gemm
+        assert f"tj.splat %4 {{shape = [{bm}, 128]}} : {reg}" in ir
+    hopper = matmul.compile(*args, BM=128, BN=128, BK=64, num_warps=4, arch="sm_90a", stop_after="passes").final_ir
+    assert "tmem" not in hopper and "async_mma = wgmma" in hopper
+
+
 def test_a_gemm_outside_a_main_loop_round_trips_through_tmem():
     @tilejit.kernel
     def one_product(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):

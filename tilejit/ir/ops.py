@@ -21,6 +21,7 @@ from typing import Any, Callable
 from .. import dtypes as D
 from ..dtypes import DType
 from .types import ScalarType, TensorType, TileType
+from .types import Scope
 
 
 class Family(enum.Enum):
@@ -486,7 +487,12 @@ def _for(op) -> str | None:
     if term is None or len(term.operands) != len(inits):
         return "body must end in a yield of every carried value"
     for init, arg, res, y in zip(inits, body.args[1:], op.results, term.operands):
-        if not (init.type == arg.type == res.type == y.type):
+        inside = arg.type
+        if op.attrs.async_mma == "tcgen05" and isinstance(inside, TileType) and inside.scope is Scope.TMEM:
+            # an accumulator kept in tensor memory through the loop (passes/pipeline.mark_async_mma): a TMEM tile
+            # in the body, registers where it enters and leaves
+            inside = inside.with_scope(Scope.REGISTER)
+        if not (init.type == inside == res.type) or y.type != arg.type:
             return f"carried value types differ: {init.type}, {arg.type}, {res.type}, {y.type}"
     return None
 

@@ -92,7 +92,9 @@ class Printer:
             body = op.regions[0]
             results = ", ".join(n.define(r) for r in op.results)
             iv = n.define(body.args[0])
-            carried = ", ".join(f"{n.define(a)} = {n(i)}" for a, i in zip(body.args[1:], inits))
+            # a carried value held elsewhere inside the body (a tcgen05 accumulator in TMEM) shows its type there
+            carried = ", ".join(f"{n.define(a)}{'' if a.type == i.type else f': {a.type}'} = {n(i)}"
+                                for a, i in zip(body.args[1:], inits))
             text = f"{pad}{results + ' = ' if results else ''}tj.for {iv} = {n(lo)} to {n(hi)} step {n(step)}"
             if inits:
                 text += f" iter_args({carried}) -> ({', '.join(str(r.type) for r in op.results)})"

@@ -62,14 +62,26 @@ def pipeline_loops(fn: Function, target: Target) -> None:
 
 def mark_async_mma(fn: Function, target: Target) -> None:
     """Mark the pipelined loops whose gemms may stay in flight across iterations (``ForAttrs.async_mma``): a
-    plain MMA main loop (``in_flight_gemms``) at least 2 stages deep. Runs after the copies are chosen: the
-    ring must be filled by TMA, whose mbarriers carry the hand-back."""
+    plain MMA main loop (``in_flight_gemms``) at least 2 stages deep; a tcgen05 loop's accumulators take scope
+    tmem in its body. Runs after the copies are chosen: the ring must be filled by TMA, whose mbarriers carry the
+    hand-back."""
     for loop in fn.walk():
         if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED or (loop.attrs.stages or 1) < 2:
             continue
         gemms = in_flight_gemms(loop.regions[0])
         if gemms:
             loop.attrs = replace(loop.attrs, async_mma=mma_family(gemms[0]))
+            if loop.attrs.async_mma == "tcgen05":
+                for gemm in gemms:
+                    _keep_in_tmem(gemm)
+
+
+def _keep_in_tmem(gemm: Op) -> None:
+    """A tcgen05 accumulator stays in tensor memory through the loop: in the body, the carried value the gemm
+    reads and the result it yields are TMEM tiles (still in their TmemLayout: the registers the loop's entry stores
+    into TMEM and its exit loads back); what enters the loop and its result stay registers."""
+    for v in (gemm.operands[2], gemm.result):
+        v.type = v.type.with_scope(Scope.TMEM)
 
 
 def in_flight_gemms(body) -> list[Op]:
