@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
+from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
 from .prelude import PRELUDE
 from ..target import Target
