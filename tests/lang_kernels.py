@@ -287,3 +287,32 @@ def atomic_in_loop(X, Partial, K, BM: T.constexpr, BK: T.constexpr):
     m0 = T.program_id(0) * BM
     for k0 in range(0, K, BK):
         T.atomic_add(Partial[0:BK], T.sum(X[m0:m0 + BM, k0:k0 + BK], 0), sem="relaxed")
+
+
+@tilejit.kernel
+def grouped_matmul_lists(As, Bs, Cs, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Cs[g] = As[g] @ Bs[g] over tensor lists, group g on grid axis 2; tiles past a group's extents skip the K
+    loop (their stores would be masked anyway). Grid z may exceed the list: those programs see empty tensors."""
+    g = T.program_id(2)
+    A, B, C = As[g], Bs[g], Cs[g]
+    M, K = A.shape
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    if (m0 < M) & (n0 < B.shape[1]):
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, K, BK):
+            acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+        C[m0:m0 + BM, n0:n0 + BN] = acc
+
+
+@tilejit.kernel
+def list_lengths(Xs, Out, BLOCK: T.constexpr):
+    """Out[g] = (len(Xs), Xs[g].shape[0], Xs[g].stride(0), sum of Xs[g][0:BLOCK]) for g < Out.shape[0] (an index
+    past the list reads an empty tensor); Xs[g][0] = -1 (a scalar store through an item)."""
+    g = T.program_id(0)
+    X = Xs[g]
+    Out[g, 0] = len(Xs)
+    Out[g, 1] = X.shape[0]
+    Out[g, 2] = X.stride(0)
+    Out[g, 3] = T.sum(X[0:BLOCK], 0)
+    X[0] = -1.0

@@ -40,7 +40,7 @@ from . import knobs
 from .errors import UsageValueError
 from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
-from .frontend.spec import ArgSpec, ConstexprSpec, ScalarSpec, TensorSpec, spec_json
+from .frontend.spec import ArgSpec, ConstexprSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
 from .ir import Function, print_function
 from .target import LaunchOptions, Target
 from .version import __version__
@@ -143,6 +143,8 @@ class Specialization:
             js = spec_json(spec)
             if js[0] == "tensor":
                 parts.append(f"{name}:{js[1]}[{js[2]}d]")
+            elif js[0] == "tensor_list":
+                parts.append(f"{name}:list of {js[1]}[{js[2]}d]")
             elif js[0] == "scalar":
                 parts.append(f"{name}:{js[1]}")
             else:
@@ -151,7 +153,8 @@ class Specialization:
 
     def value_layout(self) -> dict[str, list[int]]:
         """Where each tensor argument's pointer, sizes and strides sit in the packed launch values:
-        name -> [start, rank] (constexprs take no slot, scalars one, tensors 1 + 2 x rank)."""
+        name -> [start, rank] (constexprs take no slot, scalars one, tensors 1 + 2 x rank, tensor lists two:
+        their device table's address and their length)."""
         layout, at = {}, 0
         for name, spec in self.args:
             if isinstance(spec, TensorSpec):
@@ -159,6 +162,8 @@ class Specialization:
                 at += 1 + 2 * spec.rank
             elif isinstance(spec, ScalarSpec):
                 at += 1
+            elif isinstance(spec, TensorListSpec):
+                at += 2
         return layout
 
 

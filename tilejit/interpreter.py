@@ -42,8 +42,8 @@ import torch
 from . import dtypes as D
 from .dtypes import DType
 from .errors import TilejitError
-from .ir import (AtomicOp, BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorType,
-                 UnaryOp)
+from .ir import (AtomicOp, BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorListType,
+                 TensorType, UnaryOp)
 
 
 class InterpreterError(TilejitError):
@@ -167,6 +167,11 @@ def _bind_argument(kernel: str, name: str, ir_type: Any, arg: Any) -> Any:
             raise InterpreterError(f"kernel {kernel}: argument '{name}' is a {arg.dim()}-d {arg.dtype} tensor, "
                                    f"the IR expects {ir_type}")
         return arg
+    if isinstance(ir_type, TensorListType):
+        if not isinstance(arg, (list, tuple)):
+            raise InterpreterError(f"kernel {kernel}: argument '{name}' must be a list or tuple of torch tensors, got "
+                                   f"{type(arg).__name__}")
+        return [_bind_argument(kernel, f"{name}[{i}]", ir_type.element, t) for i, t in enumerate(arg)]
     if isinstance(ir_type, ScalarType):
         if isinstance(arg, torch.Tensor) or not isinstance(arg, (bool, int, float)):
             raise InterpreterError(f"kernel {kernel}: argument '{name}' must be a Python int, float or bool, got "
@@ -234,6 +239,23 @@ def _tensor_dim(op: Op, env: Env, ctx: _Context) -> None:
 @rule(OpKind.TENSOR_STRIDE)
 def _tensor_stride(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = torch.tensor(env[op.operands[0].id].stride(op.attrs.axis), dtype=torch.int64)
+
+
+@rule(OpKind.LIST_ITEM)
+def _list_item(op: Op, env: Env, ctx: _Context) -> None:
+    tensors = env[op.operands[0].id]
+    g = int(env[op.operands[1].id])
+    if 0 <= g < len(tensors):
+        env[op.results[0].id] = tensors[g]
+    else:  # outside the list: an empty tensor, which loads read as 0 and stores skip (as on the GPU)
+        item = op.result.type
+        empty = torch.empty(0, dtype=_TORCH[item.dtype])
+        env[op.results[0].id] = empty.as_strided((0,) * item.rank, (0,) * item.rank)  # extents and strides 0
+
+
+@rule(OpKind.LIST_LEN)
+def _list_len(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = torch.tensor(len(env[op.operands[0].id]), dtype=torch.int64)
 
 
 # -- elementwise arithmetic ------------------------------------------------------------------------

@@ -802,7 +802,66 @@ DOT_CASES = [
     Case(k_batched_acc_shape, _abc(torch.float16, 3), dict(BM=16), TypeCheckError,
          "accumulator shape (2, 16, 32) does not match the batched product 2x16x16", "T.gemm"),
 ]
-CASES += NEW_CASES + DOT_CASES
+
+# -- tensor lists (a list or tuple of tensors given for a parameter) ----------------------------------------------
+
+@tilejit.kernel
+def k_list_sliced(Xs, Y, BN: T.constexpr):
+    Y[0:BN] = Xs[0:BN]  # ERR
+
+
+@tilejit.kernel
+def k_list_stored(Xs, Y, BN: T.constexpr):
+    Xs[0:BN] = Y[0:BN]  # ERR
+
+
+@tilejit.kernel
+def k_tensor_indexed_twice(X, Y, BN: T.constexpr):
+    Y[0:BN] = X[1][0:BN]  # ERR
+
+
+@tilejit.kernel
+def k_len_of_tensor(X, Y, BN: T.constexpr):
+    Y[0:BN] = T.full((BN,), len(X), T.float32)  # ERR
+
+
+@tilejit.kernel
+def k_list_item_full_slice(Xs, Y, BN: T.constexpr):
+    Y[0:BN] = Xs[0][:]  # ERR
+
+
+@tilejit.kernel
+def k_list_float_index(Xs, Y, BN: T.constexpr):
+    Y[0:BN] = Xs[1.5][0:BN]  # ERR
+
+
+@tilejit.kernel
+def k_list_shape(Xs, Y, BN: T.constexpr):
+    Y[0:BN] = T.full((BN,), Xs.shape[0], T.float32)  # ERR
+
+
+def _list_and_tensor():
+    return ([meta(64), meta(32)], meta(64))
+
+
+LIST_CASES = [
+    Case(k_list_sliced, _list_and_tensor, dict(BN=16), TypeCheckError,
+         "'Xs' is a list of tensors: pick one with a single integer index before slicing it", "Xs[0:BN]",
+         hint="Xs[g][m0:m0 + BM"),
+    Case(k_list_stored, _list_and_tensor, dict(BN=16), TypeCheckError,
+         "'Xs' is a list of tensors: pick one with a single integer index", "Xs[0:BN]", hint="Xs[g][m0:m0 + BM"),
+    Case(k_tensor_indexed_twice, lambda: (meta(4, 64), meta(64)), dict(BN=16), TypeCheckError,
+         "tensor 'X' is indexed twice (X[...][...])", "X[1][0:BN]", hint="pass a list or tuple of tensors"),
+    Case(k_len_of_tensor, lambda: (meta(64), meta(64)), dict(BN=16), TypeCheckError,
+         "len() of tensor 'X': use X.shape[0]", "len(X)", hint="tensor list"),
+    Case(k_list_item_full_slice, _list_and_tensor, dict(BN=16), TypeCheckError,
+         "the tensors of list 'Xs' have run-time extents", ":", hint="start:start + BLOCK"),
+    Case(k_list_float_index, _list_and_tensor, dict(BN=16), TypeCheckError,
+         "a tensor list is indexed by an integer scalar, got float 1.5", "1.5"),
+    Case(k_list_shape, _list_and_tensor, dict(BN=16), NameResolutionError,
+         "tensor list 'Xs' has no attribute 'shape'", "Xs.shape", hint="Xs[g].shape"),
+]
+CASES += NEW_CASES + DOT_CASES + LIST_CASES
 for c in CASES:
     c.id = c.kernel.__name__[2:]
 

@@ -546,3 +546,119 @@ def test_layer_norm_autograd_function_gpu():
     torch.testing.assert_close(x.grad.double(), rdx, rtol=1e-2, atol=2e-2)
     torch.testing.assert_close(w.grad.double(), rdw, rtol=1e-2, atol=1e-1)
     torch.testing.assert_close(b.grad.double(), rdb, rtol=1e-2, atol=1e-1)
+
+
+# -- tensor lists (deliverable 6) ---------------------------------------------------------------------------------
+
+from tilejit.runtime.tensor_lists import TABLES  # noqa: E402
+
+GROUPED = lk.load_example("grouped_matmul")
+# ragged groups (M, N, K): one row, a K that is no multiple of BK, N smaller than a tile, a large one
+LIST_GROUPS = [(1000, 700, 512), (1, 4096, 1024), (4097, 256, 333), (256, 1000, 2048), (77, 129, 64)]
+LIST_CONFIGS = [(128, 128, 64, 8), (64, 64, 32, 4)]
+
+
+def _list_groups(shapes, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    As = [torch.randn(m, k, device="cuda", dtype=dtype) for m, n, k in shapes]
+    Bs = [torch.randn(k, n, device="cuda", dtype=dtype) for m, n, k in shapes]
+    Cs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m, n, k in shapes]
+    return As, Bs, Cs
+
+
+def _check_list_groups(As, Bs, Cs):
+    """Each C against float64: float32 sums (K rounding steps of 2^-24 relative to sum |a||b| at most) rounded
+    once to bfloat16 (2^-9 of |ref|; 2^-8 allowed)."""
+    for a, b, c in zip(As, Bs, Cs):
+        ref = a.double() @ b.double()
+        bound = a.shape[1] * 2.0 ** -24 * (a.double().abs() @ b.double().abs()) + 2.0 ** -8 * ref.abs() + 1e-6
+        assert torch.isfinite(c).all(), f"group {tuple(a.shape)} x {tuple(b.shape)}: unwritten (NaN) elements"
+        worst = float(((c.double() - ref).abs() / bound).max())
+        assert worst <= 1.0, f"group {tuple(a.shape)} x {tuple(b.shape)}: error {worst:.3g} x the bound"
+
+
+def _grid_launch(As, Bs, Cs, BM, BN, BK, warps):
+    tiles_m = max(-(-a.shape[0] // BM) for a in As)
+    tiles_n = max(-(-b.shape[1] // BN) for b in Bs)
+    lk.grouped_matmul_lists[(tiles_m, tiles_n, len(As))](As, Bs, Cs, BM=BM, BN=BN, BK=BK, num_warps=warps)
+
+
+@pytest.mark.parametrize("config", LIST_CONFIGS)
+@pytest.mark.parametrize("groups", [3, 5])
+@pytest.mark.parametrize("kernel", ["persistent", "grid"])
+def test_grouped_matmul_over_tensor_lists_gpu(kernel, groups, config):
+    BM, BN, BK, warps = config
+    shapes = LIST_GROUPS[:groups] if groups == 5 else [LIST_GROUPS[1], LIST_GROUPS[4], LIST_GROUPS[2]]
+    As, Bs, Cs = _list_groups(shapes)
+    if kernel == "persistent":
+        GROUPED.grouped_matmul(As, Bs, Cs, BM=BM, BN=BN, BK=BK, num_warps=warps)
+    else:
+        _grid_launch(As, Bs, Cs, BM, BN, BK, warps)
+    _check_list_groups(As, Bs, Cs)
+
+
+def test_tensor_list_relaunch_reuses_the_table_gpu():
+    As, Bs, Cs = _list_groups(LIST_GROUPS[:3], seed=1)
+    GROUPED.grouped_matmul(As, Bs, Cs)
+    builds = TABLES.builds
+    for c in Cs:
+        c.fill_(float("nan"))
+    GROUPED.grouped_matmul(As, Bs, Cs)  # the same tensors: no table written
+    assert TABLES.builds == builds
+    _check_list_groups(As, Bs, Cs)
+    As[1] = torch.randn_like(As[1])  # another tensor (another address): a new table for As only
+    Cs[1].fill_(float("nan"))
+    GROUPED.grouped_matmul(As, Bs, Cs)
+    assert TABLES.builds == builds + 1
+    _check_list_groups(As, Bs, Cs)
+
+
+def test_tensor_list_launch_in_a_cuda_graph_gpu():
+    """Warm up, capture, then change the inputs in place and replay: the graph's kernel reads the cached tables."""
+    As, Bs, Cs = _list_groups(LIST_GROUPS[1:4], seed=2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        GROUPED.grouped_matmul(As, Bs, Cs)  # warm-up: compiles, loads, writes the tables
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    builds = TABLES.builds
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        GROUPED.grouped_matmul(As, Bs, Cs)
+    assert TABLES.builds == builds
+    TABLES.clear()  # an ordinary eviction must not free what the graph reads
+    for a, b, c in zip(As, Bs, Cs):
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        c.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_list_groups(As, Bs, Cs)
+
+
+def test_tensor_list_table_made_during_capture_gpu():
+    """Tensors first seen inside a capture: the table's copy is recorded in the graph; an ordinary launch with
+    the same tensors afterwards writes a table of its own."""
+    As, Bs, Cs = _list_groups(LIST_GROUPS[:2], seed=3)
+    GROUPED.grouped_matmul(*_list_groups(LIST_GROUPS[:2], seed=4))  # compiled and loaded before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        GROUPED.grouped_matmul(As, Bs, Cs)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_list_groups(As, Bs, Cs)
+    for c in Cs:
+        c.fill_(float("nan"))
+    GROUPED.grouped_matmul(As, Bs, Cs)
+    torch.cuda.synchronize()
+    _check_list_groups(As, Bs, Cs)
+
+
+def test_tensor_list_items_len_and_out_of_range_gpu():
+    xs = [torch.arange(5, device="cuda", dtype=torch.float32), torch.arange(12, device="cuda", dtype=torch.float32)[::3]]
+    out = torch.full((3, 4), float("nan"), device="cuda")
+    lk.list_lengths[(3,)](xs, out, BLOCK=8)
+    assert out.tolist() == [[2, 5, 1, 10], [2, 4, 3, 18], [2, 0, 0, 0]]
+    assert xs[0][0].item() == -1 and xs[1][0].item() == -1

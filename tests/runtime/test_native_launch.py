@@ -504,3 +504,15 @@ def test_param_struct_matches_the_c_layout(make):
     _, offsets = param_struct(kinds)
     assert offsets == (0, 8, 16, 64)
     assert struct.calcsize(param_struct(kinds)[0].format) == 192
+
+
+def test_a_tensor_list_takes_the_python_fallback(make):
+    """A list or tuple argument (a tensor list) is not signed here: the Python path signs it and finds its device
+    table (runtime/tensor_lists.py), every time."""
+    d, rec = make(TINY_KINDS)
+    base = tiny_args()
+    for listed in (([base[0], FakeTensor((5,))],) + base[1:], ((base[0],),) + base[1:]):
+        assert d.signature(*listed) is None
+        d.bind((1,))(*listed)
+    assert len(rec.fallback_calls) == 2 and not rec.slow_calls and not rec.launches
+    assert d.stats()["fallbacks"] == 2

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorType, UnaryOp, Value
+from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
 from .prelude import PRELUDE
 from ..target import Target
@@ -362,6 +362,10 @@ class Emitter:
                     for d in range(v.type.rank):
                         decls.append(f"int64_t {name}_{what}{d}")
                         kinds.append("i64")
+            elif isinstance(v.type, TensorListType):  # its device table (lower_lists.py) and its length
+                name = self.name(v)
+                decls += [f"const int64_t* __restrict__ {name}_table", f"int64_t {name}_len"]
+                kinds += ["ptr", "i64"]
             else:
                 dtype = v.dtype
                 ctype = "int32_t" if dtype.is_bool else c_type(dtype)

@@ -202,7 +202,7 @@ def builtin_bounded(gen, node, tensor, extents):
             raise gen.error(node, f"T.bounded extents must be integers, got {describe(e)}")
         values.append(gen.sem.cast(e, D.int64))
     view = gen.b.create1(OpKind.BOUNDED, [tensor.value, *values], tensor.value.type, NoAttrs())
-    view.name = tensor.name  # the argument's specialization (alignment, unit strides) still applies
+    view.name = tensor.value.name  # the argument's specialization (alignment, unit strides) still applies
     return dataclasses.replace(tensor, value=view, shape=tuple(extents))
 
 

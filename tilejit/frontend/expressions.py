@@ -15,7 +15,7 @@ from .. import dtypes as D
 from .. import language as lang
 from ..dtypes import DType
 from ..errors import NameResolutionError, UnsupportedSyntaxError, did_you_mean, docs_link
-from ..ir import BinaryOp, Block, CompareOp, OpKind, UnaryOp, Value
+from ..ir import AxisAttrs, BinaryOp, Block, CompareOp, NoAttrs, OpKind, ScalarType, UnaryOp, Value
 from .semantic import describe, is_const
 from .source import JITFunction
 from .spec import NeedsShape
@@ -29,10 +29,26 @@ class TensorArg:
     value: Value
     shape: tuple[Any, ...]
     strides: tuple[Value, ...]
+    item_of: str | None = None  # the tensor list this tensor is an item of (its extents are never constants)
 
     @property
     def dtype(self) -> DType:
         return self.value.type.dtype
+
+
+@dataclass
+class TensorListArg:
+    """A tensor-list parameter: ``As[g]`` gives the :class:`TensorArg` of its tensor ``g``, ``len(As)`` its length."""
+    name: str
+    value: Value
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.type.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.value.type.rank
 
 
 @dataclass
@@ -83,6 +99,13 @@ def _same_value(a: Any, b: Any, depth: int = 8) -> bool:
 _PY_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
                ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
                ast.NotIn: lambda a, b: a not in b}
+
+
+def _tile_view_index(index: ast.expr) -> bool:
+    """Whether a subscript only adds dims (None) and keeps them (':'), as ``tile[:, None]`` does."""
+    items = index.elts if isinstance(index, ast.Tuple) else [index]
+    return all(isinstance(i, ast.Constant) and i.value is None or isinstance(i, ast.Slice) and i.lower is None
+               and i.upper is None and i.step is None for i in items)
 
 
 def _folded_object(x: Any) -> bool:
@@ -168,6 +191,14 @@ class Expressions:
                 return ("stride", base)
             if attr == "ndim":
                 return len(base.shape)
+        elif isinstance(base, TensorListArg):
+            if attr == "dtype":
+                return base.dtype
+            if attr == "ndim":
+                return base.rank
+            raise self.error(node, f"tensor list '{base.name}' has no attribute '{attr}' in a kernel",
+                             f"pick one of its tensors first: {base.name}[g].{attr}; len({base.name}) is the number "
+                             f"of tensors ({docs_link('tensor-lists')})", NameResolutionError)
         elif isinstance(base, Value) and base.is_tile:
             if attr == "T":
                 return self.sem.transpose(base)
@@ -326,7 +357,12 @@ class Expressions:
         base = self.visit(node.value)
         if isinstance(base, TensorArg):
             return self.load(self.tensor_window(node, base))
+        if isinstance(base, TensorListArg):
+            return self.list_item(node, base)
         index = node.slice
+        twice = self.tensor_indexed_twice(node)
+        if twice is not None and not (isinstance(base, Value) and base.is_tile and _tile_view_index(index)):
+            raise twice
         if isinstance(base, tuple):
             i = self.visit(index)
             if not isinstance(i, int):
@@ -338,6 +374,44 @@ class Expressions:
         if isinstance(base, Value) and base.is_tile:
             return self.tile_view(base, index)
         raise self.error(node, f"cannot index {describe(base)}")
+
+    def list_item(self, node: ast.Subscript, tensors: TensorListArg) -> TensorArg:
+        """``As[g]``: tensor ``g`` of a tensor list, with run-time extents and strides read from the list's table."""
+        name = tensors.name
+        if isinstance(node.slice, (ast.Slice, ast.Tuple)):
+            raise self.error(node, f"'{name}' is a list of tensors: pick one with a single integer index before "
+                                   "slicing it", f"write {name}[g][m0:m0 + BM, k0:k0 + BK] ({docs_link('tensor-lists')})")
+        g = self.visit(node.slice)
+        if isinstance(g, bool) or not (isinstance(g, int) or isinstance(g, Value) and g.is_scalar
+                                       and g.dtype.is_integer):
+            raise self.error(node.slice, f"a tensor list is indexed by an integer scalar, got {describe(g)}",
+                             f"{name}[g] with g an int such as T.program_id(1) ({docs_link('tensor-lists')})")
+        item = self.b.create1(OpKind.LIST_ITEM, [tensors.value, self.sem.cast(g, D.int64)],
+                              tensors.value.type.element, NoAttrs())
+        item.name = name  # the list's specialization (unit strides, alignment) holds for each of its tensors
+        shape = tuple(self.b.create1(OpKind.TENSOR_DIM, [item], ScalarType(D.int64), AxisAttrs(d))
+                      for d in range(tensors.rank))
+        strides = tuple(self.b.create1(OpKind.TENSOR_STRIDE, [item], ScalarType(D.int64), AxisAttrs(d))
+                        for d in range(tensors.rank))
+        for what, values in (("size", shape), ("stride", strides)):
+            for d, v in enumerate(values):
+                v.name = f"{name}_{what}{d}"
+        return TensorArg(name, item, shape, strides, item_of=name)
+
+    def tensor_indexed_twice(self, node: ast.Subscript):
+        """The error for ``X[i][...]`` on a tensor argument ``X`` (a tensor takes its indices in one subscript;
+        perhaps a list of tensors was meant), or None."""
+        inner = node.value
+        if not (isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name)):
+            return None
+        tensor = self.scope.get(inner.value.id)
+        if not isinstance(tensor, TensorArg) or tensor.item_of is not None:
+            return None
+        x = inner.value.id
+        return self.error(node, f"tensor '{x}' is indexed twice ({x}[...][...]): a tensor takes all its indices in "
+                                f"one subscript, {x}[i, j0:j0 + BJ]",
+                          f"if '{x}' is meant to be a list of tensors, pass a list or tuple of tensors for it at "
+                          f"launch ({docs_link('tensor-lists')})")
 
     def tile_view(self, tile: Value, index: ast.expr) -> Value:
         items = index.elts if isinstance(index, ast.Tuple) else [index]
@@ -360,6 +434,10 @@ class Expressions:
         """(tensor, starts, lengths, dropped dims) of ``A[...]``; lengths are compile-time ints."""
         if tensor is None:
             tensor = self.visit(node.value)
+        if isinstance(tensor, TensorListArg):
+            raise self.error(node, f"'{tensor.name}' is a list of tensors: pick one with a single integer index "
+                                   "before slicing it", f"write {tensor.name}[g][m0:m0 + BM, n0:n0 + BN] = tile "
+                                                        f"({docs_link('tensor-lists')})")
         if not isinstance(tensor, TensorArg):
             raise self.error(node.value, f"only tensor arguments can be sliced-assigned, not {describe(tensor)}")
         items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
@@ -378,6 +456,10 @@ class Expressions:
                     if item.lower is not None:
                         raise self.error(item, "a slice needs an end: write start:start + BLOCK")
                     extent = tensor.shape[dim]
+                    if not isinstance(extent, int) and tensor.item_of is not None:
+                        raise self.error(item, f"':' takes a whole extent, which must be a compile-time constant; "
+                                               f"the tensors of list '{tensor.item_of}' have run-time extents",
+                                         "slice a constexpr length instead: start:start + BLOCK")
                     if not isinstance(extent, int):
                         raise NeedsShape(tensor.name, dim)
                     hi = extent
@@ -487,7 +569,14 @@ class Expressions:
         if fn is builtins.len:
             if len(args) == 1 and isinstance(args[0], tuple):
                 return len(args[0])
-            raise self.error(node, "len() works on compile-time tuples only")
+            if len(args) == 1 and isinstance(args[0], TensorListArg):
+                return self.b.create1(OpKind.LIST_LEN, [args[0].value], ScalarType(D.int64), NoAttrs())
+            if len(args) == 1 and isinstance(args[0], TensorArg):
+                t = args[0].name
+                raise self.error(node, f"len() of tensor '{t}': use {t}.shape[0]",
+                                 f"len() counts the tensors of a tensor list (a list or tuple of tensors passed "
+                                 f"at launch) and the items of a compile-time tuple ({docs_link('tensor-lists')})")
+            raise self.error(node, "len() works on compile-time tuples and tensor lists only")
         if getattr(fn, "__module__", None) == "math" and callable(fn):
             if all(is_const(a) for a in args):
                 return fn(*args, **kwargs)

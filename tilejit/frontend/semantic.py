@@ -37,7 +37,7 @@ from ..ir.rewrite import defining_op
 from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
                   BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs,
                   IndexedAttrs, NoAttrs, OpKind, PermAttrs,
-                  ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TileType, UnaryAttrs, UnaryOp, Value)
+                  ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TensorListType, TileType, UnaryAttrs, UnaryOp, Value)
 
 PyConst = (bool, int, float)
 
@@ -58,6 +58,9 @@ def describe(x: Any) -> str:
     if isinstance(x, Value):
         return f"{'tile' if x.is_tile else 'scalar'} of type {x.type}"
     value = getattr(x, "value", None)
+    if isinstance(value, Value) and isinstance(value.type, TensorListType):  # a tensor-list argument
+        name = getattr(x, "name", "?")
+        return f"tensor list '{name}' ({value.type}; pick one of its tensors with {name}[g] first)"
     if isinstance(value, Value) and value.is_tensor:  # a tensor argument: load a tile from it first
         return f"tensor '{getattr(x, 'name', '?')}' ({value.type}; load a tile from it with a slice)"
     return f"{type(x).__name__} {x!r}"

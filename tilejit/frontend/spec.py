@@ -18,6 +18,21 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class TensorListSpec:
+    """A list (or tuple) of tensors of one dtype and rank, specialized on the dims whose stride is 1 in every
+    item (vector accesses along the last one); not on the length, nor on the items' pointers, extents and strides,
+    which are run-time values. Alignment is not part of it: it only matters to TMA, which an item never takes
+    (cp.async and vector loads check it at run time)."""
+    dtype: DType
+    rank: int
+    unit_stride_dims: tuple[int, ...] = ()   # dims whose stride is 1 in every item
+
+    def item_spec(self) -> TensorSpec:
+        """The specialization each item's accesses may rely on."""
+        return TensorSpec(self.dtype, self.rank, self.unit_stride_dims)
+
+
+@dataclass(frozen=True)
 class ScalarSpec:
     dtype: DType
     equals_one: bool = False     # an int equal to 1 is folded to the constant 1
@@ -29,7 +44,7 @@ class ConstexprSpec:
     value: Any
 
 
-ArgSpec = TensorSpec | ScalarSpec | ConstexprSpec
+ArgSpec = TensorSpec | TensorListSpec | ScalarSpec | ConstexprSpec
 
 
 class NeedsShape(Exception):
@@ -49,6 +64,8 @@ def spec_json(spec: ArgSpec) -> list:
     if isinstance(spec, TensorSpec):
         return ["tensor", spec.dtype.name, spec.rank, list(spec.unit_stride_dims), spec.aligned16,
                 spec.strides16, [list(p) for p in spec.shape_constants]]
+    if isinstance(spec, TensorListSpec):
+        return ["tensor_list", spec.dtype.name, spec.rank, list(spec.unit_stride_dims)]
     if isinstance(spec, ScalarSpec):
         return ["scalar", spec.dtype.name, spec.equals_one, spec.divisible16]
     value = spec.value

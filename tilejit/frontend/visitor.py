@@ -13,11 +13,11 @@ from typing import Any
 
 from .. import dtypes as D
 from ..errors import CompilationError, TypeCheckError, UnsupportedSyntaxError
-from ..ir import AxisAttrs, Block, Builder, Function, Loc, OpKind, Param, ScalarType, TensorType, Value
-from .expressions import Expressions, TensorArg
+from ..ir import AxisAttrs, Block, Builder, Function, Loc, OpKind, Param, ScalarType, TensorListType, TensorType, Value
+from .expressions import Expressions, TensorArg, TensorListArg
 from .semantic import Semantic, SemanticError
 from .source import ParsedSource
-from .spec import ArgSpec, ConstexprSpec, TensorSpec
+from .spec import ArgSpec, ConstexprSpec, TensorListSpec, TensorSpec
 from .constructs import check_constructs, construct_words
 from .statements import Statements
 
@@ -103,6 +103,10 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
             for d, s in enumerate(strides):
                 s.name = f"{arg.arg}_stride{d}"
             gen.scope[arg.arg] = TensorArg(arg.arg, value, shape, strides)
+        elif isinstance(spec, TensorListSpec):
+            value = Value(TensorListType(spec.dtype, spec.rank), arg.arg)
+            params.append(Param(arg.arg, "tensor_list", value))
+            gen.scope[arg.arg] = TensorListArg(arg.arg, value)
         else:
             value = Value(ScalarType(spec.dtype), arg.arg)
             params.append(Param(arg.arg, "scalar", value))
@@ -110,4 +114,7 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
     gen.visit_body(tree.body, top=True)
     fn = Function(tree.name, params, body, parsed.filename)
     fn.attrs["tensor_specs"] = {name: spec for name, spec in specs.items() if isinstance(spec, TensorSpec)}
+    # the items of a tensor list are named after it (As[g] is a value named As): what all of them share
+    fn.attrs["tensor_specs"].update({name: spec.item_spec() for name, spec in specs.items()
+                                     if isinstance(spec, TensorListSpec)})
     return fn

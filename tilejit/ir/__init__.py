@@ -6,5 +6,5 @@ from .ops import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAt
                   ForAttrs, GemmAttrs, IndexedAttrs, LoopKind, NoAttrs, OpKind,
                   PermAttrs, ReduceAttrs, ReduceKind, ShapeAttrs, SplitAttrs, UnaryAttrs, UnaryOp)
 from .printer import print_function
-from .types import Scope, ScalarType, TensorType, TileType
+from .types import Scope, ScalarType, TensorListType, TensorType, TileType
 from .verifier import IRVerificationError, verify

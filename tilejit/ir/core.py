@@ -105,7 +105,7 @@ class Op:
 class Param:
     """A kernel parameter as the IR sees it after specialization."""
     name: str
-    kind: str            # "tensor", "scalar" or "constexpr"
+    kind: str            # "tensor", "tensor_list", "scalar" or "constexpr"
     value: Value | None  # None for constexpr params (folded away)
     constant: Any = None  # the constexpr value
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..dtypes import DType
-from .types import ScalarType, TensorType, TileType
+from .types import ScalarType, TensorListType, TensorType, TileType
 from .types import Scope
 
 
@@ -478,6 +478,21 @@ def _bounded(op) -> str | None:
     return None
 
 
+def _list_item(op) -> str | None:
+    tensors, index = op.operands
+    if not isinstance(tensors.type, TensorListType) or op.result.type != tensors.type.element:
+        return "a tensor-list item is a tensor of the list's dtype and rank"
+    if not isinstance(index.type, ScalarType) or not index.dtype.is_integer:
+        return "a tensor-list item is picked by an integer scalar"
+    return None
+
+
+def _list_len(op) -> str | None:
+    if not isinstance(op.operands[0].type, TensorListType) or op.result.type != ScalarType(D.int64):
+        return "the length of a tensor list is an int64 scalar"
+    return None
+
+
 def _for(op) -> str | None:
     body = op.regions[0]
     inits = op.operands[3:]
@@ -566,6 +581,11 @@ class OpKind(enum.Enum):
     ATOMIC = OpDecl("atomic", Family.MEMORY, AtomicAttrs, READS | WRITES, _atomic)
     # T.bounded(C, (M, N)): the same tensor with its extents cut to min(extent, bound) (>= 0); no memory access
     BOUNDED = OpDecl("bounded", Family.MEMORY, NoAttrs, PURE, _bounded)
+    # As[g] of a tensor-list argument: tensor g's pointer, sizes and strides, read from the list's device table
+    # (written once per launch and never by the kernel, hence pure); an index outside the list gives an empty
+    # tensor (every extent 0), which loads read as 0 and stores skip
+    LIST_ITEM = OpDecl("list_item", Family.MEMORY, NoAttrs, PURE, _list_item)
+    LIST_LEN = OpDecl("list_len", Family.SCALAR, NoAttrs, PURE, _list_len)  # len(As), a run-time int64
     # control flow
     FOR = OpDecl("for", Family.CONTROL, ForAttrs, REGIONS, _for)
     IF = OpDecl("if", Family.CONTROL, NoAttrs, REGIONS, _if)

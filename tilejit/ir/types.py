@@ -1,4 +1,4 @@
-"""Types of IR values: scalars, tiles and tensors.
+"""Types of IR values: scalars, tiles, tensors and tensor lists.
 
 Tiles carry two optional attributes that later passes fill in: the memory ``scope`` they live in and
 the ``layout`` that spreads their elements over threads (register tiles) or bytes (shared tiles).
@@ -78,4 +78,19 @@ class TensorType:
         return f"tensor<{self.rank}d x {self.dtype}>"
 
 
-IRType = ScalarType | TileType | TensorType
+@dataclass(frozen=True)
+class TensorListType:
+    """A list of global-memory tensors of one dtype and rank (a tensor-list argument); its length and each
+    tensor's pointer, sizes and strides are read at run time from a table the launch builds on the device."""
+    dtype: DType
+    rank: int
+
+    @property
+    def element(self) -> TensorType:
+        return TensorType(self.dtype, self.rank)
+
+    def __str__(self) -> str:
+        return f"tensor_list<{self.rank}d x {self.dtype}>"
+
+
+IRType = ScalarType | TileType | TensorType | TensorListType

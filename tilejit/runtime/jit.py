@@ -22,7 +22,7 @@ from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
-from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorSpec
+from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorListSpec, TensorSpec
 from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
 
@@ -31,6 +31,7 @@ _PARAMETER_MAY_SHADOW = frozenset({"split_k"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch
+from .tensor_lists import TABLES, capturing, is_tensor_list, tensor_list_spec
 # Roles of parameters on the launch fast path: folded at compile time, passed at run time, or a tensor
 # whose extents are compile-time constants (its shape is then part of the call signature).
 _CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
@@ -196,6 +197,8 @@ class Kernel:
                 specs[name] = ConstexprSpec(value)
             elif _is_tensor(value):
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
+            elif is_tensor_list(value):
+                specs[name] = tensor_list_spec(name, value, _torch_tensor())
             else:
                 specs[name] = _scalar_spec(name, value)
         spec = Specialization(self.__name__, self.parsed, self.source_hash(),
@@ -321,7 +324,10 @@ class Kernel:
             if launcher is not None:
                 grid3 = self._fast_grid(grid, args, kwargs)
                 if grid3 is not None:
-                    launcher(grid3, _raw_stream(fast[2]), fast[1])
+                    values = fast[1]
+                    if _LIST in fast[0]:
+                        values = _with_tables(values, fast[2])
+                    launcher(grid3, _raw_stream(fast[2]), values)
                     if self._dispatcher is None and not self._native_off and native.ready() is not None:
                         # the compiled launcher finished building in the background
                         self._dispatcher = self._make_dispatcher()
@@ -370,6 +376,19 @@ class Kernel:
             elif type(a) is float:
                 sig.append(1.5)
                 values.append(a)
+            elif type(a) is list or type(a) is tuple:  # a tensor list: its table's address is found on a hit
+                signed = _list_signature(a, tensor_type) if a and role is not _SHAPED else None
+                if signed is None:
+                    return None
+                where = signed[-1]
+                if device is None:
+                    device = where
+                elif where != device:
+                    return None
+                sig.append(_LIST)
+                sig.append(signed)
+                values.append(a)
+                values.append(len(a))
             elif type(a) is bool:
                 sig.append(a is True and 2 or 3)
                 values.append(int(a))
@@ -440,6 +459,8 @@ class Kernel:
         grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
                                     "num_stages": call.options.num_stages}, self.__name__)
         tensors = {n: v for n, v in call.values.items() if _is_tensor(v)}
+        # a tensor list's items share a device (checked when binding): its first stands for it
+        tensors.update({f"{n}[0]": v[0] for n, v in call.values.items() if isinstance(call.specs[n], TensorListSpec)})
         devices = {str(t.device) for t in tensors.values()}
         if len(devices) > 1:
             listing = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
@@ -538,6 +559,38 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tilejit.kernel {self.__name__}>"
+
+
+_LIST = object()  # marks a tensor list in a fast-path signature
+
+
+def _list_signature(items: Sequence[Any], tensor_type: type):
+    """What the specialization of a tensor list depends on (dtype, rank, the dims unit-stride in every item)
+    followed by the items' device; None when the list is not one the fast path can sign (not all tensors of
+    one dtype, rank and device: the slow path says what is wrong)."""
+    first = items[0]
+    if not isinstance(first, tensor_type):
+        return None
+    dtype, device, rank = first.dtype, first.get_device(), first.dim()
+    if rank == 0:
+        return None
+    unit = (1 << rank) - 1  # bit d: stride d is 1 in every item
+    for t in items:
+        if not isinstance(t, tensor_type) or t.dtype is not dtype or t.get_device() != device:
+            return None
+        st = t.stride()
+        if len(st) != rank:
+            return None
+        for d, x in enumerate(st):
+            if x != 1:
+                unit &= ~(1 << d)
+    return dtype, rank, unit, device
+
+
+def _with_tables(values: list[Any], device: int) -> list[Any]:
+    """``values`` with each tensor list replaced by its device table's address."""
+    now = capturing()
+    return [TABLES.address(v, device, now) if type(v) is list or type(v) is tuple else v for v in values]
 
 
 def _constexpr_hint(name: str, value: Any) -> str:

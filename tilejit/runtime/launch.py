@@ -66,8 +66,10 @@ class TensorMapLauncher:
 
 
 def pack_values(call) -> list[Any]:
-    """A bound call's run-time parameter values in launch order: per tensor its pointer, sizes and strides."""
-    from ..frontend.spec import ConstexprSpec, TensorSpec
+    """A bound call's run-time parameter values in launch order: per tensor its pointer, sizes and strides, per
+    tensor list its table's address and length."""
+    from ..frontend.spec import ConstexprSpec, TensorListSpec, TensorSpec
+    from .tensor_lists import TABLES, capturing
 
     values: list[Any] = []
     specs = call.specs
@@ -79,6 +81,9 @@ def pack_values(call) -> list[Any]:
             values.append(value.data_ptr())
             values.extend(int(s) for s in value.shape)
             values.extend(int(s) for s in value.stride())
+        elif isinstance(spec, TensorListSpec):  # the address of its table on the device, and its length
+            values.append(TABLES.address(value, value[0].get_device(), capturing()))
+            values.append(len(value))
         elif isinstance(value, bool):
             values.append(int(value))
         else:
