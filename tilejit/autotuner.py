@@ -139,6 +139,7 @@ class _TunedLaunch:
     def __init__(self, tuner: "Autotuner", grid: Any) -> None:
         self.tuner, self.grid = tuner, grid
 
+    @entry_point  # the user's call: an error shows their line, not tilejit's frames
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return self.tuner._launch_call(self.grid, args, kwargs)
 
@@ -272,7 +273,6 @@ class Autotuner:
             return bound
         return _TunedLaunch(self, grid)
 
-    @entry_point
     def _launch_call(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """``tuner[grid](*args, **kwargs)``: a remembered choice launches at once; otherwise tune (or read the
         stored choice) first."""
