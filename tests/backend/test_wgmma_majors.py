@@ -39,12 +39,13 @@ def test_m_major_a_is_a_transposed_descriptor(dtype, tile, tb):
     # imm-trans-a = 1 on every instruction; imm-trans-b = 1 for N-major B (TN), 0 for K-major B (TT)
     immediates = set(re.findall(r"p, 1, 1, (\d), (\d);", body))
     assert immediates == {("1", "0" if tb else "1")}
-    # A's tile is BK x BM (64 rows): a k16 step moves 16 rows of 128 bytes, a 64-row slab moves one panel
+    # A's tile is BK x BM (64 rows): a k16 step moves 16 rows of 128 bytes, a 64-row slab moves one panel; the
+    # warpgroup's descriptor starts at its slab (LBO = the panel) and each instruction adds offset >> 4
     panel = 64 * 128
-    a_descs = re.findall(r"tj_wgmma_desc\(tj_a \+ (\d+) \+ \((\d+) \+ tj_wg\) \* (\d+), (\d+), 1024\)", body)
-    assert a_descs, "no shared-memory descriptor of A"
-    assert {int(off) for off, _, _, _ in a_descs} == {0, 2048, 4096, 6144}
-    assert {int(step) for _, _, step, _ in a_descs} == {panel} and {int(lbo) for *_, lbo in a_descs} == {panel}
+    assert f"tj_adesc = tj_wgmma_desc(tj_a + tj_wg * {panel}, {panel}, 1024);" in body
+    added = {int(x) * 16 for x in re.findall(r"\(tj_adesc \+ (\d+)ull\)", body)} | {0}
+    slabs = bm // (64 * (warps // 4))
+    assert added == {kk * 2048 + s * (warps // 4) * panel for kk in range(4) for s in range(slabs)}
 
 
 def test_k_major_a_is_unchanged():
@@ -67,3 +68,19 @@ def test_tn_compiles_without_spills():
     compiled = matmul_any.compile(*_operands(True, False), BM=128, BN=256, BK=64, TA=True, TB=False,
                                   ACC=T.float32, num_warps=8, arch="sm_90a")
     assert compiled.meta["spills"] == 0 and compiled.meta["registers"] <= 255
+
+
+def _desc(addr: int, lbo: int, sbo: int) -> int:
+    """tj_wgmma_desc as the prelude writes it (PTX ISA 9.7.15.5.1.2.2)."""
+    return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32) | (1 << 62)
+
+
+def test_adding_an_offset_to_a_descriptor_equals_encoding_the_moved_address():
+    """The lowering encodes one descriptor per operand and adds ``offset >> 4`` per instruction: the same bits
+    as encoding ``addr + offset`` for every 16-byte-aligned address and offset within 227 KB of shared memory."""
+    limit = 227 * 1024
+    for addr in range(0, limit, 1040):
+        addr -= addr % 16
+        for off in (0, 16, 32, 96, 2048, 6144, 8192, 16384 + 96, 65536):
+            if addr + off < limit:
+                assert _desc(addr, 8192, 1024) + (off >> 4) == _desc(addr + off, 8192, 1024)

@@ -48,6 +48,12 @@ def wait_group(em: Emitter, pending: int, name: str, regs: int, integer: bool) -
         em.line(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" : {operands} :: "memory");')
 
 
+def desc_plus(desc: str, offset: int) -> str:
+    """The descriptor ``desc`` moved ``offset`` bytes (a multiple of 16) further in shared memory."""
+    assert offset % 16 == 0, offset
+    return f"({desc} + {offset >> 4}ull)" if offset else desc
+
+
 def k_step_offset(lay: SharedLayout, kk: int) -> int:
     """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile (128-byte panels along K)."""
     return (kk // 4) * lay.panel_bytes + (kk % 4) * 32
@@ -136,8 +142,11 @@ class Wgmma:
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
         a_mn_major = op.attrs.transpose_a
-        self.setup_a(em, a)
+        self.setup_a(em, a, layout, a_mn_major)
         em.line(f"const unsigned tj_b = {sb.base()};")
+        # One descriptor per operand; each k step adds its offset >> 4 to the start-address field (the field
+        # cannot carry: shared addresses stay below 2^18), instead of encoding a descriptor per instruction.
+        em.line(f"const uint64_t tj_bdesc = tj_wgmma_desc(tj_b, {b_fields(sb.layout, 0, _b_k_major(op))[1]}, 1024);")
         d_name, d_regs = name, layout.regs
         if f16_acc:  # the accumulator as f16x2 registers, packed before the fence and unpacked after the wait
             d_name, d_regs = "tj_h", layout.regs // 2
@@ -148,8 +157,7 @@ class Wgmma:
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
         half = n // 4 if f16_acc else n // 2  # accumulator registers per slab
         for kk in range(k // k_atom):
-            b_off, b_lbo = b_fields(sb.layout, kk, _b_k_major(op))
-            b_desc = f"tj_wgmma_desc(tj_b + {b_off}, {b_lbo}, 1024)"
+            b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, _b_k_major(op))[0])
             for s in range(layout.slabs):
                 a_ins = self.a_operands(em, a, kk, s, layout, a_mn_major)
                 a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
@@ -195,21 +203,27 @@ class Wgmma:
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""
 
-    def setup_a(self, em: Emitter, a) -> None:
+    def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
+        """The descriptor of this warpgroup's first slab of A (``tj_adesc``); slabs and k steps add to it."""
+        sa = em.shared[a.id]
         em.line("const int tj_wg = tid >> 7;")
-        em.line(f"const unsigned tj_a = {em.shared[a.id].base()};")
+        em.line(f"const unsigned tj_a = {sa.base()};")
+        lbo = b_fields(sa.layout, 0, k_major=False)[1] if mn_major else 16
+        em.line(f"const uint64_t tj_adesc = tj_wgmma_desc(tj_a + tj_wg * {self._slab_bytes(sa.layout, mn_major)}, "
+                f"{lbo}, 1024);")
+
+    @staticmethod
+    def _slab_bytes(lay: SharedLayout, mn_major: bool) -> int:
+        """Bytes from one 64-row slab of A to the next: a 64-column panel (M-major), or 64 rows (K-major)."""
+        return lay.panel_bytes if mn_major else 64 * lay.row_pitch
 
     def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
         K x M, each 64-row slab one 64-column panel)."""
         sa = em.shared[a.id]
-        slab = f"({s * layout.groups} + tj_wg)"
-        if mn_major:
-            off, lbo = b_fields(sa.layout, kk, k_major=False)
-            return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {sa.layout.panel_bytes}, {lbo}, 1024)")]
-        off = k_step_offset(sa.layout, kk)
-        return [("l", f"tj_wgmma_desc(tj_a + {off} + {slab} * {64 * sa.layout.row_pitch}, 16, 1024)")]
+        off = b_fields(sa.layout, kk, k_major=False)[0] if mn_major else k_step_offset(sa.layout, kk)
+        return [("l", desc_plus("tj_adesc", off + s * layout.groups * self._slab_bytes(sa.layout, mn_major)))]
 
 
 _SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte "

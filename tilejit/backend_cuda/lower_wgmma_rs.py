@@ -27,7 +27,7 @@ class WgmmaRegisterA(Wgmma):
     register_a = True  # the layout pass may hand this lowering a register operand A
     a_note = ", A from registers"
 
-    def setup_a(self, em: Emitter, a) -> None:
+    def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
         # Packed before the fence: a register written between two wgmma that read it makes ptxas insert a
         # fence of its own before each of them (C7519).
         x, words = em.name(a), a.type.layout.regs // 2
