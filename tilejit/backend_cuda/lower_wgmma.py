@@ -206,7 +206,9 @@ class Wgmma:
     def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
         """The descriptor of this warpgroup's first slab of A (``tj_adesc``); slabs and k steps add to it."""
         sa = em.shared[a.id]
-        em.line("const int tj_wg = tid >> 7;")
+        # warp-uniform by construction; through a shuffle ptxas can prove it and keep the descriptors in uniform
+        # registers (no per-instruction R2UR moves)
+        em.line("const int tj_wg = __shfl_sync(0xffffffffu, tid >> 7, 0);")
         em.line(f"const unsigned tj_a = {sa.base()};")
         lbo = b_fields(sa.layout, 0, k_major=False)[1] if mn_major else 16
         em.line(f"const uint64_t tj_adesc = tj_wgmma_desc(tj_a + tj_wg * {self._slab_bytes(sa.layout, mn_major)}, "
