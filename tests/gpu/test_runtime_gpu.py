@@ -241,6 +241,7 @@ def test_concurrent_launches_from_two_threads_keep_their_arguments():
     launch_axpb(kernel, x, torch.empty_like(x), 1.0, 0.0)  # compile and load once, before the race
     torch.cuda.synchronize(dev)
     outs = [torch.full((launches, n), NAN, device=dev) for _ in range(2)]
+    torch.cuda.synchronize(dev)  # the NaN fill (default stream) is done before the workers' streams write
     start = threading.Barrier(2)
     errors: list[BaseException] = []
 
