@@ -67,6 +67,8 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     h = pid_bh % H
     kv = h // GROUP
     m0 = T.program_id(0) * BM
+    if CAUSAL:  # the last query blocks attend to the most keys: start them first, so no long block runs alone at the end
+        m0 = (T.num_programs(0) - 1 - T.program_id(0)) * BM
     S = Q.shape[2]
     if VARLEN:
         S = T.max(Lens[b:b + 1], 0)
