@@ -122,7 +122,10 @@ def _access_16x32bx2(lane_id: int, reg: int, base_lane: int, base_col: int, spli
     return base_lane + lane_id % 16, base_col + (split if lane_id >= 16 else 0) + reg
 
 
-@pytest.mark.parametrize("n, warps", [(16, 4), (64, 4), (128, 4), (256, 4), (64, 8), (256, 8), (128, 16)])
+@pytest.mark.parametrize("n, warps", [(16, 4), (64, 4), (128, 4), (256, 4), (64, 8), (256, 8), (128, 16),
+                                      # N % 16 == 8: C / 2 odd or not a multiple of 8
+                                      (8, 4), (24, 4), (40, 4), (72, 4), (136, 4), (200, 4), (248, 4), (24, 8),
+                                      (8, 16), (72, 16)])
 def test_tmem_layout_m64_is_layout_f_read_with_16x32bx2_for_every_lane_and_register(n, warps):
     """TmemLayout(mma_m=64) against the two PTX tables written out here: every register of every thread is the
     .16x32bx2 access of its warp (lane quarter 32 (w % 4), column block (w / 4) * C, split C / 2), and holds the
@@ -160,14 +163,29 @@ def test_tmem_layout_m128_composes_layout_d_and_32x32b(shape, warps):
 
 
 def test_tmem_layout_rejects_what_no_access_reads():
-    for shape, warps, m in (((128, 64), 4, 64), ((64, 24), 4, 64), ((64, 64), 6, 64), ((64, 64), 4, 32)):
+    # a 128-row M = 64 tile, an odd column count per warp (no even .16x32bx2 split), 6 warps, M = 32
+    for shape, warps, m in (((128, 64), 4, 64), ((64, 24), 32, 64), ((64, 6), 8, 64), ((64, 64), 6, 64),
+                            ((64, 64), 4, 32)):
         with pytest.raises(ValueError):
             TmemLayout(shape, warps, mma_m=m)
 
 
+@pytest.mark.parametrize("n, warps, vec", [(128, 4, 8), (24, 4, 4), (40, 4, 4), (8, 4, 4), (24, 8, 2), (72, 16, 1)])
+def test_tmem_layout_m64_vector_width_divides_each_half_warp_run(n, warps, vec):
+    """The epilogue moves ``vec`` registers per vector access: they must be consecutive columns starting at a
+    multiple of ``vec``, in a half-warp's run of C / 2 columns."""
+    layout = TmemLayout((64, n), warps, mma_m=64)
+    assert layout.vec == vec
+    for tid in range(32 * warps):
+        for i in range(0, layout.regs, vec):
+            row, col = layout.coords(tid, i)
+            assert col % vec == 0
+            assert [layout.coords(tid, i + j) for j in range(vec)] == [[row, col + j] for j in range(vec)]
+
+
 @pytest.mark.parametrize("dtypes, acc", [((torch.float16, torch.float16), T.float32),
                                          ((E4M3, E4M3), T.float32), ((torch.int8, torch.int8), T.int32)])
-@pytest.mark.parametrize("bn, warps", [(64, 4), (128, 4), (256, 8)])
+@pytest.mark.parametrize("bn, warps", [(64, 4), (128, 4), (256, 8), (24, 4), (200, 8)])
 def test_m64_instruction_descriptor_in_the_generated_code(dtypes, acc, bn, warps):
     """A 64-row tile issues M = 64 MMAs: the descriptor the kernel passes has M >> 4 = 4 in bits 24-28, N >> 3 in
     17-22 (Table 42), one MMA per k step (no 128-row slabs), columns 0..N-1 of TMEM."""
@@ -180,6 +198,120 @@ def test_m64_instruction_descriptor_in_the_generated_code(dtypes, acc, bn, warps
                                  D.from_torch(dtypes[1]), 64, bn)  # B given N x K: K-major, bit 16 clear
     assert cuda.count("tcgen05.mma.cta_group::1") == 128 // 32  # BK = 128 bytes: 4 k steps, one slab
     assert f"(1 slab(s) of 64 rows, TMEM columns 0..{bn - 1})" in cuda
+
+
+_ACCESS = re.compile(r'tcgen05\.(ld|st)\.sync\.aligned\.16x32bx2\.x(\d+)\.b32 [^"]*?(\d+)(?:, \{[^}]*\})?;" '
+                     r'([^\n]*)')
+
+
+def _accesses(cuda: str):
+    """(ld or st, .num, immHalfSplitoff, TMEM column offset, accumulator register of each value) of every
+    .16x32bx2 access in the generated code."""
+    out = []
+    for kind, num, split, rest in _ACCESS.findall(cuda):
+        col = int(re.search(r'"r"\(tj_t \+ (\d+)\)', rest).group(1))
+        regs = [int(r) for r in re.findall(r'"=?f"\(\w+\[(\d+)\]\)', rest)]
+        out.append((kind, int(num), int(split), col, regs))
+    return out
+
+
+@pytest.mark.parametrize("n, warps", [(8, 4), (24, 4), (40, 4), (72, 4), (136, 4), (200, 4), (248, 4), (24, 8),
+                                      (8, 16), (128, 4)])
+def test_m64_tmem_accesses_of_the_generated_code_for_every_lane_and_register(n, warps):
+    """The tcgen05.st before and tcgen05.ld after the main loop, read from the generated CUDA and run through the
+    .16x32bx2 semantics written out here (``_access_16x32bx2``, from each warp's base: lane quarter 32 (w % 4),
+    column block (w / 4) * C): .num a power of 2 (.x1 .. .x128), every register of every thread moved exactly
+    once, to the TMEM cell TmemLayout names and Layout F puts its element in; the 64 x N cells each moved once,
+    none at a column >= N. The instruction descriptor is Table 42 written out: D = F32 (1 in bits 4-5), A = B =
+    F16 (0), both K-major (bits 15, 16 clear), N >> 3 in bits 17-22, M >> 4 = 4 in bits 24-28."""
+    cuda = _mm(torch.float16, torch.float16, T.float32, bm=64, bn=n, warps=warps).cuda
+    layout = TmemLayout((64, n), warps, mma_m=64)
+    cols = n // (warps // 4)
+    assert f"(unsigned)((tid >> 7) * {cols})" in cuda  # each warp's column block
+    descs = {int(d, 16) for d in re.findall(r'"r"\((0x[0-9a-f]+)u\), "r"\(1\)', cuda)}
+    assert descs == {(1 << 4) | (0 << 7) | (0 << 10) | ((n >> 3) << 17) | ((64 >> 4) << 24)}, [hex(d) for d in descs]
+    accesses = _accesses(cuda)
+    assert {a[0] for a in accesses} == {"ld", "st"}
+    row_of_lane = {_layout_f_lane(r): r for r in range(64)}
+    for kind in ("ld", "st"):
+        mine = [a for a in accesses if a[0] == kind]
+        cells = {}
+        for tid in range(32 * warps):
+            w, lane = divmod(tid, 32)
+            moved = {}
+            for _, num, split, col, regs in mine:
+                assert num in (1, 2, 4, 8, 16, 32, 64, 128) and len(regs) == num and split == cols // 2
+                for j, reg in enumerate(regs):
+                    tmem = _access_16x32bx2(lane, j, 32 * (w % 4), (w // 4) * cols + col, split)
+                    assert reg not in moved
+                    moved[reg] = tmem
+                    cells[tmem] = cells.get(tmem, 0) + 1
+            assert sorted(moved) == list(range(layout.regs))
+            for reg, tmem in moved.items():
+                assert tuple(layout.tmem_coords(tid, reg)) == tmem
+                assert layout.coords(tid, reg) == [row_of_lane[tmem[0]], tmem[1]]
+        assert set(cells) == {(_layout_f_lane(r), c) for r in range(64) for c in range(n)}
+        assert set(cells.values()) == {1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, E4M3])
+@pytest.mark.parametrize("bn", [8, 24, 40, 72])
+def test_bm64_matmul_with_n_an_odd_multiple_of_8_builds_on_tcgen05(dtype, bn):
+    """M = 64 takes N in steps of 8: the DESIGN matmul's loop with B given N x K (K-major; the DESIGN matmul
+    itself gives B K x N, see below), BK = 128 bytes, 4 warps, to cubin: tcgen05.mma of N = BN in the PTX, no
+    mma.sync, no spills; the SASS has UTCHMMA (UTCQMMA for fp8) and moves the tail of each half-warp's run with
+    a narrower LDTM/STTM, and no HMMA."""
+    from tilejit.backend_cuda.sass import disassemble
+
+    st = matmul_any.compile(_meta(1000, 512, dtype=dtype), _meta(1024, 512, dtype=dtype),
+                            _meta(1000, 1024, dtype=torch.float32), BM=64, BN=bn, BK=128 // dtype.itemsize, TA=False,
+                            TB=True, ACC=T.float32, num_warps=4, arch="sm_100a")
+    ptx = st.asm["ptx"]
+    kind = "f8f6f4" if dtype == E4M3 else "f16"
+    assert f"tcgen05.mma.cta_group::1.kind::{kind}" in ptx and "mma.sync" not in ptx
+    assert f"TMEM columns 0..{bn - 1})" in st.asm["cuda"]
+    assert st.meta["spills"] == 0, st.meta
+    sass = disassemble(st.asm["cubin"])
+    if sass is None:
+        pytest.skip("cuobjdump/nvdisasm is not installed (pip install -e '.[sass]')")
+    assert ("UTCQMMA" if dtype == E4M3 else "UTCHMMA") in sass and "UTCBAR" in sass and "UTMALDG" in sass
+    assert re.search(r"LDTM\.16dp32bit_t16_t31\.x4\b", sass) and re.search(r"STTM\.16dp32bit_t0_t15\.x4\b", sass)
+    assert not re.search(r"\b[HQ]MMA\.", sass)
+
+
+def test_bm64_bn24_ragged_shapes_build_on_tcgen05():
+    """Ragged M, N and K with BN = 24: K = 777 (rows not 16-byte aligned: cp.async, no TMA) and K = 776 (TMA)."""
+    for k, copy in ((777, "cp_async"), (776, "tma_bulk_tensor")):
+        st = matmul_any.compile(_meta(1000, k), _meta(3000, k), _meta(1000, 3000, dtype=torch.float32), BM=64, BN=24,
+                                BK=64, TA=False, TB=True, ACC=T.float32, num_warps=4, arch="sm_100a")
+        assert f"copy = {copy}" in st.asm["ir"] and "impl = tcgen05_mma_f16" in st.asm["ir"]
+        assert "tcgen05.mma.cta_group::1.kind::f16" in st.asm["ptx"] and "mma.sync" not in st.asm["ptx"]
+        assert st.meta["spills"] == 0, st.meta
+
+
+def test_n_tcgen05_cannot_take_falls_back_to_mma_sync_and_says_why(monkeypatch):
+    """M = 128 with N % 16 == 8 and M = 64 with N % 8 != 0 are no tcgen05.mma shape; the DESIGN matmul's B (K x N,
+    N-major) needs N % 64 == 0 (the 128-byte-swizzle N-major atom); each keeps mma.sync (or FMA) with the
+    registry's reason, and pinning tcgen05 is a DispatchError listing it."""
+    from kernels import matmul
+    from tilejit.target import REGISTRY, Target
+
+    impl = REGISTRY.get("gemm", "tcgen05_mma_f16")
+    for bm, bn, warps in ((128, 24, 4), (128, 40, 8), (64, 20, 4)):
+        st = _mm(torch.float16, torch.float16, T.float32, bm=bm, bn=bn, warps=warps, stop_after="passes")
+        assert not _impl(st).startswith("tcgen05")
+        gemm = next(op for op in st.fn.walk() if op.kind.name == "GEMM")
+        assert impl.rejection(gemm, Target.of("sm_100a", num_warps=warps)) == tc._MMA_SHAPE
+    assert "M = 64 with N % 8 == 0" in tc._MMA_SHAPE and "M a multiple of 128 with N % 16 == 0" in tc._MMA_SHAPE
+    st = matmul.compile(_meta(1000, 512), _meta(512, 1024), _meta(1000, 1024), BM=64, BN=24, BK=64, num_warps=4,
+                        arch="sm_100a", stop_after="passes")
+    assert _impl(st) == "mma_sync_m16n8k16"
+    gemm = next(op for op in st.fn.walk() if op.kind.name == "GEMM")
+    assert impl.rejection(gemm, Target.of("sm_100a", num_warps=4)) == "B is K-major, or N-major with N % 64 == 0"
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "tcgen05_mma_f16")
+    with pytest.raises(tilejit.DispatchError) as info:
+        _mm(torch.float16, torch.float16, T.float32, bm=128, bn=24, warps=4, stop_after="passes")
+    assert re.search(r"tcgen05_mma_f16 +rejected: " + re.escape(tc._MMA_SHAPE), str(info.value)), str(info.value)
 
 
 def test_design_matmul_bm64_runs_tcgen05_m64_and_its_sass_reads_16_lanes():

@@ -11,7 +11,9 @@ bits 61-63 is the sm_90 value 1 in bits 62-63), so what is new is the MMA issue 
 * The MMA: one thread issues ``tcgen05.mma.cta_group::1.kind::{f16,tf32,f8f6f4,i8}`` per 128-row slab (M = 128;
   a 64-row tile: one M = 64 MMA) and 32-byte k step from shared-memory descriptors, with a 32-bit instruction
   descriptor (PTX ISA Table 42: D type in bits 4-5, A/B types in 7-9 / 10-12, transpose A/B in 15/16, N >> 3 in
-  17-22, M >> 4 in 24-28), then ``tcgen05.commit`` arrives on an mbarrier when they complete.
+  17-22, M >> 4 in 24-28), then ``tcgen05.commit`` arrives on an mbarrier when they complete. Shapes: M = 64
+  takes N = 8..256 in steps of 8, M = 128 N = 16..256 in steps of 16 (CUTLASS's SM100_MMA_* shape asserts;
+  PTX ISA 9.7.16.2.1 lists steps of 8 for both in its newer editions, which is not relied on here).
 * Registers <-> TMEM: ``tcgen05.st`` / ``tcgen05.ld`` (layout ``TmemLayout``: warp ``w`` reaches lanes
   ``32 (w % 4) ..``): ``.32x32b`` for M = 128 (data-path Layout D, row r in lane r), ``.16x32bx2`` for M = 64
   (Layout F: 16 rows in the first 16 lanes of each quarter), each followed by its ``wait``, with the thread-sync
@@ -163,11 +165,19 @@ ACCESS_REGS = 16
 
 
 def _chunks(layout: TmemLayout):
-    """(first register, TMEM column offset, count) of each access (``layout.access``), ``ACCESS_REGS`` at most."""
+    """(first register, TMEM column offset, count) of each access (``layout.access``): ``ACCESS_REGS`` at a
+    time, then the rest in falling powers of 2 (tcgen05.ld/st take ``.num`` = .x1, .x2, .. .x128), so a
+    thread's run of 12 registers (M = 64, N = 24 over 4 warps) is an .x8 and an .x4 and no access reaches a
+    column past its run."""
     n, per_slab = layout.shape[1], layout.regs // layout.slabs
     for s in range(layout.slabs):
-        for j in range(0, per_slab, ACCESS_REGS):
-            yield s * per_slab + j, s * n + j, min(ACCESS_REGS, per_slab - j)
+        j = 0
+        while j < per_slab:
+            count = ACCESS_REGS
+            while count > per_slab - j:
+                count //= 2
+            yield s * per_slab + j, s * n + j, count
+            j += count
 
 
 def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
@@ -289,17 +299,26 @@ def load_accumulators(em: Emitter, gemms: list[Op], names: list[str], last_bar: 
     em.line("tj_tc_sync();")
 
 
-def _shapes_fit(op: Op, target: Target) -> bool:
+def _mma_shape(op: Op, target: Target) -> bool:
+    """The tcgen05.mma cta_group::1 dense shapes (all four kinds): M = 64 with N % 8 == 0, 8 <= N <= 256; M = 128
+    (per slab) with N % 16 == 0, 16 <= N <= 256."""
+    m, n, _ = _mnk(op)
+    if mma_m(op) == 64:
+        return n % 8 == 0 and 8 <= n <= 256
+    return m % MMA_M == 0 and n % 16 == 0 and 16 <= n <= 256
+
+
+def _resources_fit(op: Op, target: Target) -> bool:
     m, n, k = _mnk(op)
     rows = mma_m(op)
-    if target.num_warps % 4 or m % rows or n % 16 or not 16 <= n <= 256 or (m // rows) * n > TMEM_COLS:
+    if target.num_warps % 4 or (m // rows) * n > TMEM_COLS:
         return False
     if (k * op.operands[0].dtype.itemsize) % 128:  # K spans whole 128-byte panels (128-byte swizzle)
         return False
     groups = target.num_warps // 4
     cols = n // groups if n % groups == 0 else 0
     if rows == 64:  # .16x32bx2: each half-warp takes half of the warp's columns
-        return cols % 16 == 0 and cols > 0 and cols // 2 <= 128
+        return cols % 2 == 0 and cols > 0 and cols // 2 <= 128
     return cols % 8 == 0 and cols > 0 and (m // rows) * cols <= 128  # accumulator registers per thread
 
 
@@ -314,8 +333,11 @@ def _b_layout(sixteen_bit: bool):
     return check
 
 
-_SHAPES = ("num_warps % 4 == 0, M = 64 or a multiple of 128, N % 16 == 0 and 16 <= N <= 256, (M / 128) x N <= 512 "
-           "TMEM columns, K spans whole 128-byte panels, accumulator <= 128 registers per thread")
+_MMA_SHAPE = ("a tcgen05.mma cta_group::1 shape: M = 64 with N % 8 == 0 and 8 <= N <= 256, or M a multiple of 128 "
+              "with N % 16 == 0 and 16 <= N <= 256")
+_RESOURCES = ("num_warps % 4 == 0, (M / 128) x N <= 512 TMEM columns, K spans whole 128-byte panels, N splits "
+              "evenly over the warps sharing a lane quarter (into an even count for M = 64), accumulator <= 128 "
+              "registers per thread")
 
 for _name, _dtypes, _acc, _extra in (
     ("tcgen05_mma_f16", (D.float16, D.bfloat16), ("accumulator is f32", _acc_f32), {}),
@@ -328,7 +350,8 @@ for _name, _dtypes, _acc, _extra in (
         f"operands are {' or '.join(str(d) for d in _dtypes)}": _operand_dtypes(*_dtypes),
         _acc[0]: _acc[1],
         **_extra,
-        _SHAPES: _shapes_fit,
+        _MMA_SHAPE: _mma_shape,
+        _RESOURCES: _resources_fit,
         "A is K-major (not transposed)": _a_k_major,
         ("B is K-major, or N-major with N % 64 == 0" if _name.startswith("tcgen05_mma_f16") else
          "B is K-major (given N x K, transpose_b)"): _b_layout(_name.startswith("tcgen05_mma_f16")),

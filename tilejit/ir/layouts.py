@@ -232,14 +232,14 @@ class TmemLayout(RegisterLayout):
     * M = 64 (Layout F, one 64-row tile): row ``r`` in lane ``32 (r / 16) + r % 16`` (the first half of each lane
       quarter), column ``c`` in column ``c``. Read with ``.16x32bx2`` (16 lanes, two column ranges: threads 0-15
       from the address, threads 16-31 from ``immHalfSplitoff = C / 2`` columns further): lane ``l`` of warp ``w``
-      gets TMEM lane ``32 (w % 4) + l % 16``, register ``j`` column ``(w / 4) * C + (l / 16) * C / 2 + j``.
+      gets TMEM lane ``32 (w % 4) + l % 16``, register ``j`` column ``(w / 4) * C + (l / 16) * C / 2 + j``. Any
+      even ``C`` splits so (N = 24 over 4 warps: C / 2 = 12 registers), and no access reaches past column N.
 
     Either way consecutive registers are consecutive columns of one row. ``tmem_coords`` is the (lane, column)
     a register moves; ``coords`` is that position mapped back through the data-path layout (``tile_coords``).
     """
     shape: tuple[int, int]
     warps: int
-    vec: int = 8
     mma_m: int = 128
 
     def __post_init__(self) -> None:
@@ -249,7 +249,7 @@ class TmemLayout(RegisterLayout):
         if self.mma_m == 128:
             ok = ok and m % 128 == 0 and self.cols_per_warp % 8 == 0
         elif self.mma_m == 64:
-            ok = ok and m == 64 and self.cols_per_warp % 16 == 0
+            ok = ok and m == 64 and self.cols_per_warp > 0 and self.cols_per_warp % 2 == 0
         else:
             ok = False
         if not ok:
@@ -263,6 +263,16 @@ class TmemLayout(RegisterLayout):
     @property
     def cols_per_warp(self) -> int:
         return self.shape[1] // (self.warps // 4)
+
+    @property
+    def vec(self) -> int:  # type: ignore[override]
+        """Registers per aligned run of consecutive columns, 8 at most: a thread's run is its ``C`` columns
+        (M = 128) or its half-warp's ``C / 2`` (M = 64), so any power of 2 dividing it starts runs aligned."""
+        run = self.cols_per_warp if self.mma_m == 128 else self.cols_per_warp // 2
+        vec = 8
+        while run % vec:
+            vec //= 2
+        return vec
 
     @property
     def access(self) -> str:
