@@ -255,3 +255,18 @@ def test_the_python_launcher_scales_grid_z_and_names_the_limit(monkeypatch):
     with pytest.raises(LaunchError, match="grid z 20000 x split_k 4 exceeds CUDA's 65535"):
         launcher((1, 1, 20000), 0, [1])
     assert len(launched) == 1
+
+
+@tilejit.kernel
+def partial_sum_stored(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc = acc + A[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN]
+        D[0:BM, 0:BN] = (acc + 1.0).to(D.dtype)  # reads the running sum: each program would see only its share
+    C[0:BM, 0:BN] = acc.to(C.dtype)
+
+
+def test_a_running_sum_read_inside_the_loop_is_refused():
+    args = mm_args(64, 64, 256) + (meta(64, 64),)
+    _raises(partial_sum_stored, args, "carried value 'acc' is read by binary inside the loop", BM=64, BN=64, BK=64)

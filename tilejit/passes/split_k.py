@@ -83,6 +83,7 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
     if not _is_zero(init):
         return "does not start at zero"
     chain = {arg.id}  # the values that hold the running sum within one iteration
+    chain_ops: list[Op] = []  # the additions that carry it from one value to the next
     v = body.terminator.operands[i]
     while v is not arg:
         op = defining_op(v)
@@ -98,20 +99,18 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
         if any(_depends_on(t, arg, body) for t in terms):
             return "is added to a term computed from itself"
         chain.add(v.id)
+        chain_ops.append(op)
         v = prev
     for op in body.walk():
         for index, operand in enumerate(op.operands):
-            if operand.id in chain and not _chain_use(op, index, body.terminator, i):
-                return f"is read by {op.kind.mnemonic} inside the loop"
+            if operand.id not in chain:
+                continue
+            if op is body.terminator and index == i:
+                continue
+            if any(op is c for c in chain_ops) and (op.kind is not OpKind.GEMM or index == 2):
+                continue
+            return f"is read by {op.kind.mnemonic} inside the loop"
     return None
-
-
-def _chain_use(op: Op, index: int, term: Op, i: int) -> bool:
-    if op is term:
-        return index == i
-    if op.kind is OpKind.GEMM:
-        return index == 2
-    return op.kind is OpKind.BINARY and op.attrs.op is BinaryOp.ADD
 
 
 def _depends_on(v: Value, root: Value, body: Block) -> bool:
