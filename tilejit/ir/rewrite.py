@@ -5,6 +5,7 @@ from collections import Counter
 from typing import Iterator
 
 from .core import Block, Function, Op, Value
+from .ops import OpKind
 
 
 def use_counts(fn: Function) -> Counter:
@@ -30,3 +31,10 @@ def blocks(block: Block) -> Iterator[Block]:
 def defining_op(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None
 
+
+def is_zero(v: Value) -> bool:
+    """Whether ``v`` is the constant 0, or a tile splat of it (``T.zeros``)."""
+    op = defining_op(v)
+    if op is not None and op.kind is OpKind.SPLAT:
+        op = defining_op(op.operands[0])
+    return op is not None and op.kind is OpKind.CONSTANT and op.attrs.value == 0

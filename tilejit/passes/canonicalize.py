@@ -10,15 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import BinaryOp, Function, OpKind
-from ..ir.rewrite import blocks, defining_op, replace_uses, use_counts
-
-
-def _is_zero_splat(v) -> bool:
-    op = defining_op(v)
-    if op is None or op.kind is not OpKind.SPLAT:
-        return False
-    c = defining_op(op.operands[0])
-    return c is not None and c.kind is OpKind.CONSTANT and c.attrs.value == 0
+from ..ir.rewrite import blocks, defining_op, is_zero, replace_uses, use_counts
 
 
 def canonicalize(fn: Function) -> None:
@@ -46,7 +38,7 @@ def _fuse_accumulate(fn: Function) -> None:
             for acc, product in (add.operands, add.operands[::-1]):
                 gemm = defining_op(product)
                 if (gemm is None or gemm.kind is not OpKind.GEMM or counts[product.id] != 1
-                        or gemm not in block.ops or not _is_zero_splat(gemm.operands[2])
+                        or gemm not in block.ops or not is_zero(gemm.operands[2])
                         or acc.type != product.type):
                     continue
                 # Move the gemm to the add's position: its operands are all defined before the add.

@@ -25,7 +25,7 @@ from ..errors import CompilationError
 from .. import dtypes as D
 from ..ir import (BinaryAttrs, BinaryOp, Block, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, Function,
                   NoAttrs, Op, OpKind, ScalarType, SplitAttrs, Value)
-from ..ir.rewrite import defining_op
+from ..ir.rewrite import defining_op, is_zero
 from ..target import Target
 
 
@@ -60,7 +60,7 @@ def _the_k_loop(fn: Function) -> Op:
                      "launch with split_k=1")
     loop = loops[0]
     body = loop.regions[0]
-    for i, (arg, init) in enumerate(zip(body.args[1:], loop.operands[3:])):
+    for i, arg in enumerate(body.args[1:]):
         why = _not_a_sum(loop, i)
         if why:
             raise _error(fn, loop, f"split_k cannot cut this loop: its carried value '{arg.name or i}' {why}",
@@ -80,7 +80,7 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
     """Why carried value ``i`` of ``loop`` is not a sum of per-iteration terms (None when it is one)."""
     body = loop.regions[0]
     arg, init = body.args[1 + i], loop.operands[3 + i]
-    if not _is_zero(init):
+    if not is_zero(init):
         return "does not start at zero"
     chain = {arg.id}  # the values that hold the running sum within one iteration
     chain_ops: list[Op] = []  # the additions that carry it from one value to the next
@@ -127,13 +127,6 @@ def _depends_on(v: Value, root: Value, body: Block) -> bool:
         if op is not None and op in body.ops:
             stack.extend(op.operands)
     return False
-
-
-def _is_zero(v: Value) -> bool:
-    op = defining_op(v)
-    if op is not None and op.kind is OpKind.SPLAT:
-        op = defining_op(op.operands[0])
-    return op is not None and op.kind is OpKind.CONSTANT and op.attrs.value == 0
 
 
 def _check_prologue(fn: Function, loop: Op) -> None:
