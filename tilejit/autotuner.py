@@ -79,34 +79,39 @@ class Config:
         num_stages: int = 3,
         pre_hook: Callable[[dict[str, Any]], None] | None = None,
         split_k: int = 1,
+        warp_specialize: bool = False,
     ) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
         try:
-            self.options = LaunchOptions(num_warps, num_stages, split_k)
+            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize)
         except ValueError as e:
             raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
         self.num_warps = num_warps
         self.num_stages = num_stages
         self.split_k = split_k
+        self.warp_specialize = warp_specialize
         self.pre_hook = pre_hook
         self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
         """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
-        when it is not 1)."""
-        split = {"split_k": self.split_k} if self.split_k != 1 else {}
-        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **split}
+        and warp_specialize when they are not off)."""
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **self._extra()}
+
+    def _extra(self) -> dict[str, Any]:
+        """The launch options that are left out when off (so records stored before they existed keep their keys)."""
+        return {**({"split_k": self.split_k} if self.split_k != 1 else {}),
+                **({"warp_specialize": True} if self.warp_specialize else {})}
 
     @property
     def identity(self) -> str:
         """Canonical text of the content (sorted constexprs, then launch options): the key of stored timings."""
         parts = [f"{name}={value!r}" for name, value in sorted(self.kwargs.items())]
         parts += [f"num_warps={self.num_warps}", f"num_stages={self.num_stages}"]
-        if self.split_k != 1:  # absent when off, so records stored before split_k existed keep their keys
-            parts.append(f"split_k={self.split_k}")
+        parts += [f"{name}={value}" for name, value in self._extra().items()]
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -114,7 +119,7 @@ class Config:
             "kwargs": {name: _jsonable(value) for name, value in sorted(self.kwargs.items())},
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
-            **({"split_k": self.split_k} if self.split_k != 1 else {}),
+            **self._extra(),
         }
 
     def __eq__(self, other: object) -> bool:
@@ -127,8 +132,8 @@ class Config:
         return self.identity
 
     def __repr__(self) -> str:
-        split = f", split_k={self.split_k}" if self.split_k != 1 else ""
-        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages}{split})"
+        extra = "".join(f", {name}={value!r}" for name, value in self._extra().items())
+        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages}{extra})"
 
 
 class _TunedLaunch:

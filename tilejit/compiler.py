@@ -127,7 +127,8 @@ class Specialization:
             "globals": dict(self.constants),
             "args": [[name, spec_json(spec)] for name, spec in self.args],
             "options": [self.options.num_warps, self.options.num_stages]
-                       + ([self.options.split_k] if self.options.split_k != 1 else []),
+                       + ([self.options.split_k] if self.options.split_k != 1 else [])
+                       + (["warp_specialize"] if self.options.warp_specialize else []),
             "target": target,
         }
 
@@ -429,7 +430,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
     registers, spills = ptxas_resources(st.nvrtc_log)
     meta = {
         "kernel": spec.name, "kernel_symbol": spec.symbol,
-        "signature": spec.signature(), "arch": target.arch.name, "threads": target.threads,
+        "signature": spec.signature(), "arch": target.arch.name, "threads": _threads(st),
         "shared_bytes": st.shared_bytes, "param_kinds": st.param_kinds,
         "registers": registers, "spills": spills,
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
@@ -438,6 +439,11 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
     }
     return files, meta
+
+
+def _threads(st: Stages) -> int:
+    """Threads per block: the launch's warps, and a warp-specialized loop's producer warpgroup."""
+    return st.target.threads + int(st.fn.attrs.get("producer_threads", 0))
 
 
 def compile(spec: Specialization, target: Target | None, *, stop_after: str | None = None,

@@ -123,10 +123,13 @@ class LaunchOptions:
     """The reserved launch keywords: ``num_warps`` (threads = 32 x num_warps), ``num_stages`` (the pipeline
     depth of ``T.range`` loops that do not give ``stages=``) and ``split_k`` (the K loop of a GEMM-like kernel
     cut over that many programs of one thread-block cluster, their partial accumulators summed before the
-    epilogue; 1 = off; sm_90+, see ``passes/split_k.py``)."""
+    epilogue; 1 = off; sm_90+, see ``passes/split_k.py``) and ``warp_specialize`` (the pipelined main loops that
+    qualify get a producer warpgroup issuing their TMA loads while the ``num_warps`` warps only compute; sm_90a,
+    see ``passes/pipeline.py``; a loop's own ``T.range(..., warp_specialize=)`` overrides it)."""
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    warp_specialize: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
@@ -136,13 +139,16 @@ class LaunchOptions:
         if type(self.split_k) is not int or self.split_k not in VALID_SPLIT_K:
             raise UsageValueError(f"split_k must be one of {VALID_SPLIT_K} (the programs of one thread-block "
                                   f"cluster), got {self.split_k!r}")
+        if type(self.warp_specialize) is not bool:
+            raise UsageValueError(f"warp_specialize must be True or False, got {self.warp_specialize!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k")
+        return ("num_warps", "num_stages", "split_k", "warp_specialize")
 
     def as_dict(self) -> dict[str, int]:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
+                "warp_specialize": self.warp_specialize}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -158,8 +164,9 @@ class Target:
     options: LaunchOptions = LaunchOptions()
 
     @classmethod
-    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1) -> "Target":
-        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k))
+    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
+           warp_specialize: bool = False) -> "Target":
+        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize))
 
     @property
     def sm(self) -> int:
@@ -176,6 +183,10 @@ class Target:
     @property
     def split_k(self) -> int:
         return self.options.split_k
+
+    @property
+    def warp_specialize(self) -> bool:
+        return self.options.warp_specialize
 
     @property
     def threads(self) -> int:

@@ -229,6 +229,7 @@ class Emitter:
         self.hoisted: dict[tuple[str, Any], str] = {}  # (C type, key) -> name of a value set up once (hoist)
         self.hoisted_exprs: dict[str, tuple[str, str]] = {}  # its name -> (C type, expression)
         self.counter = 0
+        self.split_at: int | None = None  # index in lines where a producer warpgroup left (consumers_only)
 
     # -- naming and output ----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -279,6 +280,11 @@ class Emitter:
             name = self.hoisted[key] = f"{base}{len(self.hoisted)}"
             self.hoisted_exprs[name] = (ctype, expr)
         return name
+
+    def consumers_only(self) -> None:
+        """From here on only the ``num_warps`` warps run (a warp-specialized loop's producer warpgroup has left):
+        the block-wide barriers emitted after this point count those warps alone (named barrier 1)."""
+        self.split_at = len(self.lines)
 
     def take_overlap_hook(self) -> Callable[[], None] | None:
         """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""
@@ -383,14 +389,21 @@ class Emitter:
             decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
             kinds.append("tmap")
         body = self.lines
+        launched = self.target.threads
+        if self.split_at is not None:
+            from ..passes.pipeline import PRODUCER_THREADS
+
+            launched += PRODUCER_THREADS
+            sync = f'asm volatile("bar.sync 1, {self.target.threads};" ::: "memory");'
+            body = body[:self.split_at] + [line.replace("__syncthreads();", sync) for line in body[self.split_at:]]
         self.smem_top = max(self.smem_top, self.smem_peak)
         scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
         shared_bytes = self.smem_top
-        threads = self.target.threads
         splits = self.fn.attrs.get("split_k", 1)
         cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
+        bounds = f"{launched}, 1" if self.split_at is not None else f"{launched}"
         head = [
-            f'extern "C" __global__ void __launch_bounds__({threads}){cluster} {self.kernel_name}(',
+            f'extern "C" __global__ void __launch_bounds__({bounds}){cluster} {self.kernel_name}(',
             "    " + ",\n    ".join(decls) + ") {" if decls else ") {",
             "  extern __shared__ __align__(1024) unsigned char tj_smem[];",
             "  const int tid = (int)threadIdx.x;",

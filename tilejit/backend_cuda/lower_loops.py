@@ -10,6 +10,13 @@ those gemms accumulate into loop-carried values (a GEMM main loop), the gemms st
 iterations (``wgmma.wait_group`` leaves this iteration's groups pending) and the slot of iteration
 ``k - 1`` is handed back through an "empty" mbarrier (one arrival per warp, after its wait) instead of a
 block-wide barrier; thread 0 waits on it before refilling the slot with iteration ``k + S - 1``.
+
+A warp-specialized loop (``ForAttrs.producer_warpgroup``, sm_90a) moves the refills to a producer warpgroup
+launched beyond the ``num_warps`` warps: after the barriers are set up, its warps give registers back
+(``setmaxnreg.dec``) and its first thread runs the loop's iterations issuing TMA loads, each into a slot once
+the math has released it; then the producer leaves the kernel. The ``num_warps`` warps take the registers
+(``setmaxnreg.inc``) and run the loop waiting only for loaded slots; from there on their block-wide barriers
+count them alone (``Emitter.consumers_only``).
 """
 from __future__ import annotations
 
@@ -87,6 +94,7 @@ def _for(em: Emitter, op: Op) -> None:
     # tcgen05: thread 0 issues the MMAs and commits them to the slot's "empty" barrier (one arrival); the
     # accumulators live in tensor memory for the whole loop
     tmem = op.attrs.async_mma == "tcgen05"
+    producer = bool(op.attrs.producer_warpgroup) and bool(in_flight) and bool(tma) and not per_thread
     yielded = body.terminator.operands
     carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
@@ -117,7 +125,7 @@ def _for(em: Emitter, op: Op) -> None:
         em.line("__syncthreads();")
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
-        if not tma:
+        if not tma or producer:
             return
         em.open(f"if (tid == 0 && ({guard}))")
         if refill:  # the slot's previous iteration (k - 1) must have been released by every warp
@@ -134,7 +142,11 @@ def _for(em: Emitter, op: Op) -> None:
     rd: dict[int, str] = {}
     wr: dict[int, str] = {}
     interior: list[tuple[Op, InteriorCopy]] = []
-    if piped:
+    if producer:
+        for load in piped:
+            stage_shared(em, load.result)
+        _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range)
+    elif piped:
         for load in piped:
             stage_shared(em, load.result)
         em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead"
@@ -182,7 +194,8 @@ def _for(em: Emitter, op: Op) -> None:
         if not in_flight:
             em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
-        em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
+        if not producer:
+            em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
         if ring:
             for load in piped:
                 em.shared[load.result.id].address = rd[load.result.id]
@@ -280,6 +293,56 @@ def _for(em: Emitter, op: Op) -> None:
     em.overlap_hook = outer_hook
     em.smem_peak = max(em.smem_peak, em.smem_top)
     em.smem_top = smem_mark
+
+
+# setmaxnreg (PTX 9.7.17.1): registers per thread after the split, a multiple of 8 in 24..256. The producer keeps
+# few; the math warps take what the register file then holds (65,536 per SM, one block per SM).
+_PRODUCER_REGISTERS = 40
+_REGISTER_FILE = 65536
+
+SETMAXNREG = r"""
+/// Give back or take registers, per thread of the warpgroup (PTX 9.7.17.1, setmaxnreg; sm_90a).
+template <int N> TJ_DEVICE void tj_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> TJ_DEVICE void tj_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+"""
+
+
+def consumer_registers(consumers: int, producers: int) -> int:
+    """Registers per math thread once the producer warpgroup has given its back (a multiple of 8, <= 256)."""
+    return min(256, (_REGISTER_FILE - producers * _PRODUCER_REGISTERS) // consumers // 8 * 8)
+
+
+def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, bars: int, empty: str,
+              maps: dict[int, str], starts_at, in_range) -> None:
+    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant."""
+    from ..passes.pipeline import PRODUCER_THREADS
+
+    lo, step = em.name(op.operands[0]), em.name(op.operands[2])
+    iv_t = c_type(op.regions[0].args[0].dtype)
+    consumers = em.target.threads
+    em.require_support("setmaxnreg", SETMAXNREG)
+    em.line(f"// warp specialization: threads {consumers}..{consumers + PRODUCER_THREADS - 1} (the producer "
+            f"warpgroup) fill the {stages}-slot ring; the {em.target.num_warps} warps before them do the math")
+    em.open(f"if (tid >= {consumers})")
+    em.line(f"tj_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
+    em.open(f"if (tid == {consumers})")
+    em.line("int tj_pit = 0;")
+    em.line("#pragma unroll 1")
+    em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
+    em.line(f"const int tj_pslot = tj_pit % {stages};")
+    em.line(f"if (tj_pit >= {stages}) tj_mbar_wait({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
+            "  // the math released the slot")
+    bar = f"tj_smem_u32 + {bars} + 8 * tj_pslot"
+    em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
+    for o in tma:
+        lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
+                            maps[o.result.id])
+    em.close()
+    em.close()
+    em.line("return;  // the producer's part of the kernel ends with the loop")
+    em.close()
+    em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
+    em.consumers_only()
 
 
 @emits(OpKind.WHILE)

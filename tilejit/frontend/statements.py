@@ -201,12 +201,14 @@ class Statements:
             raise self.error(node.target, "the loop variable must be a single name", cls=UnsupportedSyntaxError)
         args = [self.visit(a) for a in call.args]
         kwargs = {k.arg: self.visit(k.value) for k in call.keywords}
+        given = list(kwargs)
         stages = kwargs.pop("stages", None)
-        if kwargs or stages is not None and kind != "range":
-            bad = next(iter(kwargs), "stages")
-            allowed = ["stages"] if kind == "range" else []
+        specialize = kwargs.pop("warp_specialize", None)
+        if kwargs or given and kind != "range":
+            bad = next(iter(kwargs), given[0] if given else "stages")
+            allowed = ["stages", "warp_specialize"] if kind == "range" else []
             raise self.error(call, f"unexpected keyword '{bad}' for this loop{did_you_mean(bad, allowed)}",
-                             "only T.range takes a keyword: T.range(lo, hi, step, stages=S)")
+                             "only T.range takes keywords: T.range(lo, hi, step, stages=S, warp_specialize=B)")
         if not 1 <= len(args) <= 3:
             raise self.error(call, f"range takes 1 to 3 arguments, got {len(args)}")
         lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
@@ -224,10 +226,13 @@ class Statements:
                 self.scope[node.target.id] = i
                 self.visit_body(node.body)
             return
-        if stages is not None and not (isinstance(stages, int) and stages >= 1):
-            raise self.error(call, f"stages must be a compile-time int >= 1, got {stages!r}")
+        if stages is not None and not (isinstance(stages, int) and not isinstance(stages, bool) and stages >= 1):
+            raise self.error(call, f"stages must be a compile-time int >= 1, got {describe(stages)}")
+        if specialize is not None and not isinstance(specialize, bool):
+            raise self.error(call, f"warp_specialize must be a compile-time True or False, got {describe(specialize)}")
         self._runtime_loop(node, lo, hi, step,
-                           ForAttrs(LoopKind.PIPELINED if kind == "range" else LoopKind.RANGE, stages))
+                           ForAttrs(LoopKind.PIPELINED if kind == "range" else LoopKind.RANGE, stages,
+                                    warp_specialize=specialize))
 
     def _runtime_loop(self, node: ast.For, lo: Any, hi: Any, step: Any, attrs: ForAttrs) -> None:
         iv_dtype = D.int32

@@ -287,6 +287,11 @@ class ForAttrs:
     # set by the backend (passes/pipeline.mark_async_mma): the loop's gemms stay in flight across iterations,
     # "wgmma" (sm_90a) or "tcgen05" (sm_100a, accumulators kept in tensor memory for the whole loop)
     async_mma: str | None = None
+    # the user's T.range(..., warp_specialize=) (None: the launch option decides)
+    warp_specialize: bool | None = None
+    # set by the backend (mark_async_mma): a producer warpgroup issues the ring's TMA loads while the launch's
+    # warps only compute (lower_loops emits both roles; the kernel launches one warpgroup more)
+    producer_warpgroup: bool | None = None  # None when not (so the printer leaves it out)
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:

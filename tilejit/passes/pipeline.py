@@ -9,6 +9,7 @@ only on the induction variable, on values defined before the loop and on scalar 
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import replace
 
 from .. import dtypes as D
@@ -64,7 +65,7 @@ def mark_async_mma(fn: Function, target: Target) -> None:
     """Mark the pipelined loops whose gemms may stay in flight across iterations (``ForAttrs.async_mma``): a
     plain MMA main loop (``in_flight_gemms``) at least 2 stages deep; a tcgen05 loop's accumulators take scope
     tmem in its body. Runs after the copies are chosen: the ring must be filled by TMA, whose mbarriers carry the
-    hand-back."""
+    hand-back. Then the wgmma loops asked to (``warp_specialize``) get a producer warpgroup."""
     for loop in fn.walk():
         if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED or (loop.attrs.stages or 1) < 2:
             continue
@@ -74,8 +75,88 @@ def mark_async_mma(fn: Function, target: Target) -> None:
             if loop.attrs.async_mma == "tcgen05":
                 for gemm in gemms:
                     _keep_in_tmem(gemm)
+    specialize_warps(fn, target)
 
 
+#: The threads of the producer warpgroup a warp-specialized loop adds (setmaxnreg acts on whole warpgroups).
+PRODUCER_THREADS = 128
+
+
+def specialize_warps(fn: Function, target: Target) -> None:
+    """Give the wgmma main loops asked to (``T.range(..., warp_specialize=True)``, or the ``warp_specialize``
+    launch option for loops that do not say) a producer warpgroup: one of its threads issues the ring's TMA
+    loads, waiting only for slots the math has released, while the launch's warps wait only for loaded slots.
+
+    The producer warpgroup is launched beyond the ``num_warps`` warps every layout is made for, runs what
+    precedes the loop and leaves the kernel after it, so a loop qualifies when what precedes it can run on
+    those extra threads: the loop sits in the kernel's top-level block, every op before it computes registers
+    only (no memory writes, no shared memory, no layout conversions), and the kernel is not split-K (its
+    cluster barriers count every thread). A loop that asks and does not qualify is refused with the reason; the
+    launch option passes over it."""
+    if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
+        asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
+        if asked and target.sm == 90:
+            why = "split-K kernels" if fn.attrs.get("split_k", 1) > 1 else "num_warps not a multiple of 4"
+            raise _refusal(asked[0], f"warp specialization is not available for {why}")
+        return  # other archs: the option is about Hopper's TMA/wgmma ring and means nothing there
+    chosen = []
+    for loop in fn.walk():
+        if loop.kind is not OpKind.FOR:
+            continue
+        asked = loop.attrs.warp_specialize
+        if asked is False or asked is None and not target.warp_specialize:
+            continue
+        why = _why_not_specialized(fn, loop)
+        if why is None and chosen:
+            why = "one loop per kernel may be warp-specialized"
+        if why is not None:
+            if asked:
+                raise _refusal(loop, f"this loop cannot be warp-specialized: {why}")
+            continue
+        chosen.append(loop)
+    for loop in chosen:
+        loop.attrs = replace(loop.attrs, producer_warpgroup=True)
+        fn.attrs["producer_threads"] = PRODUCER_THREADS
+
+
+def _why_not_specialized(fn: Function, loop: Op) -> str | None:
+    if loop.attrs.async_mma != "wgmma":
+        return ("its body is not a plain wgmma main loop (ring tiles loaded by TMA and read only by gemms "
+                "accumulating into loop-carried values, scalar math besides)")
+    top = fn.body.ops
+    if not any(o is loop for o in top):
+        return "it is nested in another loop or an if (it must be in the kernel's top-level block)"
+    for o in top[:next(i for i, x in enumerate(top) if x is loop)]:
+        if not _runs_on_extra_threads(o):
+            where = f" ({o.loc})" if o.loc else ""
+            return (f"'{o.kind.mnemonic}' before it{where} reads or writes memory or needs shared memory, which "
+                    "the producer warpgroup (launched beyond num_warps) must not do")
+    return None
+
+
+# Tile ops that compute registers only (no memory, no shared scratch): the producer warpgroup may run them.
+_REGISTER_ONLY = frozenset({OpKind.SPLAT, OpKind.ARANGE, OpKind.BROADCAST, OpKind.EXPAND_DIMS})
+
+
+def _runs_on_extra_threads(op: Op) -> bool:
+    if op.regions or op.kind.writes_memory:
+        return False
+    if all(r.is_scalar for r in op.results):
+        return True  # scalar math and metadata, uniform over the block
+    return op.kind in _REGISTER_ONLY or op.kind.is_elementwise
+
+
+def _refusal(loop: Op, message: str):
+    from ..errors import CompilationError
+
+    loc = loop.loc
+    hint = ("drop warp_specialize=True from this T.range, or write the loop as a plain main loop at the kernel's "
+            "top level")
+    if loc is None:
+        return CompilationError(message, hint=hint)
+    line = linecache.getline(loc.filename, loc.lineno).rstrip("\n") or None
+    return CompilationError(message, filename=loc.filename, lineno=loc.lineno, col=loc.col, source_line=line,
+                            hint=hint)
 def _keep_in_tmem(gemm: Op) -> None:
     """A tcgen05 accumulator stays in tensor memory through the loop: in the body, the carried value the gemm
     reads and the result it yields are TMEM tiles (still in their TmemLayout: the registers the loop's entry stores

@@ -1,0 +1,96 @@
+"""Matmul TFLOP/s per explicit config, each with and without warp specialization, next to cuBLAS, in one run.
+
+    python -m benchmarks.configs [--shapes 4096x4096x4096,...] [--dtype fp16] [--configs 128x256x64w8s4,...]
+
+Where ``benchmarks.matmul`` times the autotuned kernel, this times ``benchmarks.kernels.matmul.kernel`` (the same
+DESIGN.md matmul with grouped tile order) at each given config, with ``warp_specialize`` off and on, so the
+effect of one launch option is read directly; it is how the default config space was chosen. Every output is
+checked against cuBLAS first (poisoned with NaN, as ``benchmarks.matmul`` does). Prints a Markdown table and
+writes ``configs.json`` into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DEFAULT_OUT, machine_stamp, markdown_table, matmul_tflops, write_json
+from benchmarks.matmul import DTYPES, measure, parse_shapes
+
+DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,4096x11008x4096,2048x2048x2048,8192x8192x1024"
+DEFAULT_CONFIGS = "128x256x64w8s3,128x256x64w8s4,256x128x64w8s3,256x128x64w8s4,128x128x64w8s4,128x128x64w4s4"
+_CONFIG = re.compile(r"^(\d+)x(\d+)x(\d+)w(\d+)s(\d+)$")
+
+
+def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
+    out = []
+    for item in text.split(","):
+        match = _CONFIG.match(item.strip())
+        if not match:
+            raise argparse.ArgumentTypeError(f"config {item!r} is not BMxBNxBKwWARPSsSTAGES (e.g. 128x256x64w8s4)")
+        out.append(tuple(int(g) for g in match.groups()))
+    return out
+
+
+def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, ws_modes: list[bool]) -> list[dict[str, Any]]:
+    import torch
+
+    import tilejit
+    from benchmarks.kernels import matmul
+    from tilejit.testing import do_bench
+
+    m, n, k = shape
+    dtype = getattr(torch, DTYPES[dtype_name])
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.empty(m, n, device="cuda", dtype=dtype)
+    ref = a @ b
+    cublas_ms = float(do_bench(lambda: torch.matmul(a, b, out=c)))
+    rows = []
+    for bm, bn, bk, warps, stages in configs:
+        grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
+        for ws in ws_modes:
+            def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, ws=ws):
+                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+                                    warp_specialize=ws)
+            result = measure(run, c, ref, m, n, k)
+            rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "ws": ws,
+                         "cublas_ms": cublas_ms, **result})
+            status = result.get("tflops", result["status"])
+            print(f"{m}x{n}x{k} {bm}x{bn}x{bk} w{warps} s{stages} ws={int(ws)}: {status}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument("--configs", type=parse_configs, default=parse_configs(DEFAULT_CONFIGS))
+    parser.add_argument("--ws", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks.configs needs a CUDA GPU", file=sys.stderr)
+        return 2
+    modes = {"both": [False, True], "on": [True], "off": [False]}[args.ws]
+    rows = []
+    for shape in args.shapes:
+        rows += bench(shape, args.dtype, args.configs, modes)
+    stamp = machine_stamp()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "configs.json", {"machine": stamp, "rows": rows})
+    table = [[r["shape"], r["config"], "on" if r["ws"] else "off", r.get("tflops", r["status"]),
+              matmul_tflops(*map(int, r["shape"].split("x")), r["cublas_ms"]),
+              r["cublas_ms"] / r["ms"] if "ms" in r else None] for r in rows]
+    print(f"\n{stamp['gpu']} (driver {stamp['driver']}), {args.dtype}\n")
+    print(markdown_table(["shape", "config", "warp-specialized", "tilejit TFLOP/s", "cuBLAS TFLOP/s",
+                          "vs cuBLAS"], table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

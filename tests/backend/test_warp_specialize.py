@@ -1,0 +1,212 @@
+"""Warp-specialized wgmma main loops (``T.range(..., warp_specialize=True)`` or the ``warp_specialize`` launch
+option): a producer warpgroup launched beyond ``num_warps`` issues the TMA loads, the math warps wait only for
+loaded slots, registers move by setmaxnreg, and after the split the block-wide barriers count the math warps
+alone. Loops that cannot take it keep the plain form under the launch option and are refused, located, when
+the loop asks for it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from kernels import matmul_any
+from tilejit.autotuner import Config
+from tilejit.backend_cuda import lower_loops
+from tilejit.errors import CompilationError, TilejitError
+
+F16 = torch.float16
+
+
+def _meta(*shape, dtype=F16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@tilejit.kernel
+def mm(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, warp_specialize=WS):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def mm_bias_first(A, B, bias, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
+    """The accumulator starts from a loaded bias: a load before the loop, which the producer must not run."""
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32) + bias[n0:n0 + BN][None, :].to(T.float32)
+    for k0 in T.range(0, K, BK, warp_specialize=WS):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def mm_batched(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
+    """One loop per batch entry, nested in an outer loop: not at the kernel's top level."""
+    M, K = A.shape
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    for rep in range(2):
+        acc = T.zeros((BM, BN), T.float32)
+        for k0 in T.range(0, K, BK, warp_specialize=WS):
+            acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+        C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def _args(m=1000, n=768, k=512):
+    return _meta(m, k), _meta(k, n), _meta(m, n)
+
+
+def _compile(kernel, *args, arch="sm_90a", stop_after="cuda", **kw):
+    kw.setdefault("BM", 128)
+    kw.setdefault("BN", 256)
+    kw.setdefault("BK", 64)
+    kw.setdefault("num_warps", 8)
+    kw.setdefault("num_stages", 4)
+    return kernel.compile(*args, arch=arch, stop_after=stop_after, **kw)
+
+
+def _section(cuda: str, start: str) -> str:
+    """The braced block opened by the first line containing ``start``."""
+    i = cuda.index("{", cuda.index(start))
+    depth = 0
+    for j in range(i, len(cuda)):
+        depth += {"{": 1, "}": -1}.get(cuda[j], 0)
+        if depth == 0:
+            return cuda[i:j + 1]
+    raise AssertionError("unbalanced braces")
+
+
+@pytest.mark.parametrize("how", ["loop", "launch"])
+def test_structure(how):
+    kw = {"WS": True} if how == "loop" else {"warp_specialize": True}
+    st = _compile(mm, *_args(), **kw)
+    cuda = st.cuda
+    assert "producer_warpgroup = true" in st.final_ir
+    assert "__launch_bounds__(384, 1)" in cuda
+    producer = _section(cuda, "if (tid >= 256)")
+    # the producer gives registers back, one thread issues every TMA load, each slot after the math released it
+    assert producer.index("tj_setmaxnreg_dec<40>()") < producer.index("if (tid == 256)")
+    assert "tj_mbar_wait(" in producer and "tj_mbar_expect_tx(" in producer
+    assert producer.count("tj_tma_load_2d(") == 1 + 4  # A: one 128-byte panel; B: four
+    assert re.search(r"return;", producer)
+    after = cuda[cuda.index(producer) + len(producer):]
+    assert after.lstrip().startswith("tj_setmaxnreg_inc<232>();")
+    loop = _section(after, "for (int64_t")
+    # the math warps never issue TMA nor wait on "empty" slots; they arrive on them, once per warp
+    assert "tj_tma_load" not in loop and "tj_mbar_expect_tx" not in loop
+    assert "tj_mbar_arrive(" in loop and "wgmma.wait_group.sync.aligned 1;" in loop
+    # after the split, block-wide barriers count the 256 math threads alone
+    assert "__syncthreads" not in after
+    assert 'bar.sync 1, 256;' in after
+    before = cuda[:cuda.index(producer)]
+    assert "__syncthreads();" in before  # the barrier setup still waits for every thread
+    assert "tj_tma_load" not in before.split("__global__")[1]  # no prologue prefetch by the math warps
+
+
+def test_cubin_reports_the_producer_threads():
+    compiled = _compile(mm, *_args(), stop_after=None, warp_specialize=True)
+    assert compiled.threads == 384 and compiled.meta["threads"] == 384
+    plain = _compile(mm, *_args(), stop_after=None)
+    assert plain.threads == 256
+    assert compiled.meta["spills"] == 0, compiled.meta
+
+
+@pytest.mark.parametrize("warps,bm,bn", [(4, 128, 128), (8, 128, 256), (8, 256, 128), (4, 64, 256)])
+def test_register_split(warps, bm, bn):
+    compiled = _compile(mm, *_args(), stop_after=None, BM=bm, BN=bn, num_warps=warps, warp_specialize=True)
+    regs = lower_loops.consumer_registers(32 * warps, 128)
+    assert regs % 8 == 0 and 24 <= regs <= 256
+    assert 32 * warps * regs + 128 * 40 <= 65536
+    assert f"tj_setmaxnreg_inc<{regs}>" in compiled.asm["cuda"]
+    assert compiled.meta["spills"] == 0, compiled.meta
+
+
+def test_launch_option_passes_over_loops_that_do_not_qualify():
+    bias = _meta(768)
+    st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], warp_specialize=True)
+    assert "producer_warpgroup" not in st.final_ir and "tj_setmaxnreg" not in st.cuda
+    st = _compile(mm_batched, *_args(), warp_specialize=True)
+    assert "producer_warpgroup" not in st.final_ir
+    # other archs: the option is about Hopper's ring, and means nothing there
+    st = _compile(mm, *_args(), arch="sm_80", BK=32, warp_specialize=True)
+    assert "tj_setmaxnreg" not in st.cuda and "__launch_bounds__(256)" in st.cuda
+    st = _compile(mm, *_args(), arch="sm_100a", warp_specialize=True)
+    assert "tj_setmaxnreg" not in st.cuda
+
+
+def test_loop_that_asks_and_cannot_is_refused_with_its_location():
+    bias = _meta(768)
+    with pytest.raises(CompilationError) as info:
+        _compile(mm_bias_first, *_args()[:2], bias, _args()[2], WS=True)
+    text = str(info.value)
+    assert "cannot be warp-specialized" in text and "load" in text and "test_warp_specialize.py" in text
+    assert "^" in text  # the caret under the loop
+    with pytest.raises(CompilationError, match="nested in another loop"):
+        _compile(mm_batched, *_args(), WS=True)
+    with pytest.raises(CompilationError, match="split-K"):
+        _compile(mm, *_args(), WS=True, split_k=2)
+
+
+def test_loop_option_false_overrides_the_launch_option():
+    st = _compile(mm, *_args(), WS=False, warp_specialize=True)
+    assert "producer_warpgroup" not in st.final_ir
+
+
+@pytest.mark.parametrize("dtype,bk,acc,out", [(torch.float8_e4m3fn, 128, T.float32, torch.float32),
+                                              (torch.int8, 128, T.int32, torch.int32),
+                                              (torch.float32, 32, T.float32, torch.float32)])
+def test_other_dtypes(dtype, bk, acc, out):
+    a, b, c = _meta(1000, 1024, dtype=dtype), _meta(900, 1024, dtype=dtype), _meta(1000, 900, dtype=out)
+    compiled = matmul_any.compile(a, b, c, BM=128, BN=128, BK=bk, TA=False, TB=True, ACC=acc, num_warps=8,
+                                  warp_specialize=True, arch="sm_90a")
+    assert compiled.threads == 384 and compiled.meta["spills"] == 0
+
+
+def test_bad_keyword_values_are_located():
+    @tilejit.kernel
+    def bad(A, B: T.constexpr):
+        for i in T.range(0, 4, warp_specialize=B):
+            A[i] = 1.0
+
+    with pytest.raises(CompilationError, match="warp_specialize must be a compile-time True or False"):
+        bad.compile(_meta(8, dtype=torch.float32), 3, arch="sm_90a", stop_after="ir")
+
+    @tilejit.kernel
+    def static(A):
+        for i in T.static_range(0, 4, warp_specialize=True):
+            A[i] = 1.0
+
+    with pytest.raises(CompilationError, match="unexpected keyword 'warp_specialize'"):
+        static.compile(_meta(8, dtype=torch.float32), arch="sm_90a", stop_after="ir")
+
+
+def test_launch_option_validation_and_config():
+    with pytest.raises(TilejitError, match="warp_specialize must be True or False"):
+        mm.compile(*_args(), BM=128, BN=128, BK=64, warp_specialize=1, arch="sm_90a", stop_after="ir")
+    on = Config({"BM": 128}, num_warps=8, warp_specialize=True)
+    off = Config({"BM": 128}, num_warps=8)
+    assert on != off and "warp_specialize=True" in on.identity and "warp_specialize" not in off.identity
+    assert on.launch_kwargs["warp_specialize"] is True and "warp_specialize" not in off.launch_kwargs
+    assert "warp_specialize=True" in repr(on) and on.to_json()["warp_specialize"] is True
+
+
+def test_cache_key_differs():
+    from tilejit.compiler import cache_key
+    from tilejit.target import Target
+
+    call_on = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64, "warp_specialize": True})
+    call_off = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64})
+    on = cache_key(call_on.spec, Target.of("sm_90a", 4, 3, 1, True))
+    off = cache_key(call_off.spec, Target.of("sm_90a"))
+    assert on != off

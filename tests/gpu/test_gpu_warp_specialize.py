@@ -1,0 +1,162 @@
+"""Warp-specialized wgmma main loops (a producer warpgroup fills the TMA ring) on sm_90a: every operand
+major-ness and dtype family, fused epilogues, the grouped-order benchmark kernel, trip counts below the ring
+depth, against float64 references on ragged shapes with NaN-poisoned outputs.
+
+Run on an sm_90 GPU: ``python -m pytest -q -m gpu tests/gpu/test_gpu_warp_specialize.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilejit
+import tilejit.language as T
+from kernels import matmul_any
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = {"nn": (False, False), "nt": (False, True), "tn": (True, False), "tt": (True, True)}
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warp specialization runs on sm_90a")
+
+
+def _specialized(compiled) -> None:
+    assert "producer_warpgroup = true" in compiled.asm["ir"]
+    assert compiled.threads == 32 * compiled.meta["num_warps"] + 128
+    assert "setmaxnreg.inc" in compiled.asm["cuda"] or "tj_setmaxnreg_inc" in compiled.asm["cuda"]
+
+
+@pytest.mark.parametrize("tile", [(64, 64, 4, 4), (128, 128, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3)],
+                         ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("shape", [(1000, 300, 777), (256, 512, 4096), (7, 129, 64), (130, 200, 40)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_majors(dtype, layout, shape, tile):
+    m, n, k = shape
+    bm, bn, warps, stages = tile
+    ta, tb = LAYOUTS[layout]
+    torch.manual_seed(m + n + k + 3 * ta + tb)
+    a = torch.randn(k, m, device="cuda", dtype=dtype) if ta else torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype) if tb else torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    kw = dict(BM=bm, BN=bn, BK=64, TA=ta, TB=tb, ACC=T.float32, num_warps=warps, num_stages=stages,
+              warp_specialize=True)
+    _specialized(matmul_any.compile(a, b, c, **kw))
+    matmul_any[(tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))](a, b, c, **kw)
+    torch.cuda.synchronize()
+    ref = (a.double().T if ta else a.double()) @ (b.double().T if tb else b.double())
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 1e-5 * k ** 0.5 * ref.abs().max().item() + 1e-3, err
+
+
+@pytest.mark.parametrize("shape", [(1000, 300, 777), (256, 512, 1024)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
+def test_other_dtypes(kind, shape):
+    m, n, k = shape
+    torch.manual_seed(m + k)
+    if kind == "fp8":
+        a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+        b = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+        acc, bk, out_dtype, tol = T.float32, 128, torch.float32, 1e-5
+    elif kind == "int8":
+        a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+        b = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+        acc, bk, out_dtype, tol = T.int32, 128, torch.int32, 0.0
+    else:
+        a = torch.randn(m, k, device="cuda")
+        b = torch.randn(n, k, device="cuda")
+        acc, bk, out_dtype, tol = T.float32, 32, torch.float32, 3e-3
+    c = torch.full((m, n), -(2 ** 31) if out_dtype == torch.int32 else float("nan"), device="cuda",
+                   dtype=out_dtype)
+    kw = dict(BM=128, BN=128, BK=bk, TA=False, TB=True, ACC=acc, num_warps=8, num_stages=4, warp_specialize=True)
+    _specialized(matmul_any.compile(a, b, c, **kw))
+    matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
+    torch.cuda.synchronize()
+    if kind == "int8":
+        assert torch.equal(c.long().cpu(), (a.long().cpu() @ b.long().cpu().T))
+        return
+    ref = a.double() @ b.double().T
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= tol * k ** 0.5 * ref.abs().max().item() + 1e-3, err
+
+
+@tilejit.kernel
+def linear_relu(X, W, bias, Y, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Y = relu(X @ W + bias), the epilogue fused after a warp-specialized main loop."""
+    M, K = X.shape
+    N = W.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, warp_specialize=True):
+        acc += X[m0:m0 + BM, k0:k0 + BK] @ W[k0:k0 + BK, n0:n0 + BN]
+    y = T.maximum(acc + bias[n0:n0 + BN][None, :].to(T.float32), 0.0)
+    Y[m0:m0 + BM, n0:n0 + BN] = y.to(Y.dtype)
+
+
+@pytest.mark.parametrize("shape", [(333, 500, 1000), (4096, 1024, 512), (64, 64, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_fused_epilogue(shape):
+    m, n, k = shape
+    torch.manual_seed(k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kw = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=4)
+    _specialized(linear_relu.compile(x, w, bias, y, **kw))
+    linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
+    torch.cuda.synchronize()
+    ref = torch.relu(x.double() @ w.double() + bias.double())
+    assert not torch.isnan(y).any()
+    err = (y.double() - ref).abs().max().item()
+    assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 3000, 777), (128, 11008, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("config", [(128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_benchmark_kernel(shape, config):
+    """The grouped-order kernel the benchmarks time (scalar tile-order math before the loop runs on the producer
+    warpgroup too), with the launch option."""
+    from benchmarks.kernels import matmul
+
+    m, n, k = shape
+    bm, bn, bk, warps, stages = config
+    torch.manual_seed(m ^ n)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, warp_specialize=True)
+    _specialized(matmul.kernel.compile(a, b, c, **kw))
+    matmul.kernel[(tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)](a, b, c, **kw)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 2e-3 * ref.abs().max().item() + 1e-2, err
+
+
+def test_autotuned_config():
+    """A Config with warp_specialize=True reaches the compile (and its record key)."""
+    from benchmarks.kernels import matmul
+
+    cfgs = [tilejit.Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=8, num_stages=4, warp_specialize=True),
+            tilejit.Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=8, num_stages=4)]
+    tuner = tilejit.autotune(configs=cfgs, key=["A", "B"])(matmul.kernel)
+    m, n, k = 1024, 768, 512
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    tuner[lambda meta: (tilejit.cdiv(m, meta["BM"]) * tilejit.cdiv(n, meta["BN"]),)](a, b, c)
+    torch.cuda.synchronize()
+    assert len(tuner.stats.timed) == 2
+    err = (c.double() - a.double() @ b.double()).abs().max().item()
+    assert err <= 2e-3 * 64 + 1e-2, err
