@@ -3,7 +3,8 @@
 ``matmul_configs()`` is a small hand-picked set: BM=64 tiles for skinny problems (LLM decode shapes), 128x128
 for the middle, 128x256 / 256x128 on 8 warps for large squares. BK=64 tiles with 4 or 8 warps are the ones
 the sm_90a wgmma lowering takes (BK=32 ones run on mma.sync everywhere); split-K variants (``split_k=2/4``,
-sm_90+) serve problems with fewer output tiles than SMs. Every config's multi-buffered operand tiles fit the
+sm_90+) serve problems with fewer output tiles than SMs; warp-specialized variants of the wgmma tiles
+(``warp_specialize=True``, sm_90a) take most large problems. Every config's multi-buffered operand tiles fit the
 shared-memory budget below. ``matmul_prune`` is an ``early_config_prune`` that drops tiles much
 larger than the problem before anything is compiled.
 
@@ -19,7 +20,8 @@ from typing import Any, Sequence
 
 from .autotuner import Config
 
-__all__ = ["SMEM_BUDGET_BYTES", "cluster_sm_count", "matmul_configs", "matmul_prune", "matmul_shared_bytes"]
+__all__ = ["SMEM_BUDGET_BYTES", "cluster_sm_count", "is_sm90", "matmul_configs", "matmul_prune",
+           "matmul_shared_bytes"]
 
 # H100/H200 allow 227 KB of dynamic shared memory per block; stay under 200 KB to leave room for scratch
 # (layout conversions, reductions) that a fused epilogue may add.
@@ -48,6 +50,18 @@ _SPLIT_K_TILES = [
 ]
 
 
+# (BM, BN, BK, num_warps, num_stages) run with ``warp_specialize=True`` (sm_90a: a producer warpgroup fills the TMA
+# ring). Measured on an H100 against the same tiles without it (benchmarks/configs.py, RESULTS.md): 128x128 +10-20%,
+# 256x128 +1-11%, 128x256 3 stages +2-7%, 128x256 4 stages within +-1.5% (so both stay). ``matmul_prune`` keeps
+# them on sm_90 GPUs only (elsewhere the option means nothing and they would repeat the plain configs).
+_WARP_SPECIALIZED_TILES = [
+    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+    (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
+    (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+    (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
+]
+
+
 def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0) -> int:
     """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch."""
     k = config.kwargs
@@ -67,6 +81,8 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) ->
                for bm, bn, bk, w, s in _MATMUL_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s, split_k=sk)
                 for bm, bn, bk, w, s, sk in _SPLIT_K_TILES]
+    configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
+                       warp_specialize=True) for bm, bn, bk, w, s in _WARP_SPECIALIZED_TILES]
     return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 
@@ -89,14 +105,18 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
       only cost tuning time: drop tiles below 128x128;
     - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
       SMs idle: fewer output tiles than SMs, at most two programs per SM once split, and at least 4 K steps per
-      program.
+      program;
+    - warp-specialized configs run only on sm_90 GPUs (the only arch where the option changes the kernel).
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
     sms = cluster_sm_count(named_args["A"])
+    hopper = is_sm90(named_args["A"])
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
+        if c.warp_specialize and not hopper:
+            return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
         if c.split_k > 1:
@@ -107,7 +127,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    plain = [c for c in configs if c.split_k == 1] or configs
+    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize] or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
 
 
@@ -118,6 +138,21 @@ def cluster_sm_count(tensor: Any) -> int:
     if getattr(device, "type", None) != "cuda":
         return 0
     return _cluster_sms(device.index if device.index is not None else _current_device())
+
+
+def is_sm90(tensor: Any) -> bool:
+    """Whether ``tensor`` lives on an sm_90 GPU (H100/H200), where warp-specialized configs mean something."""
+    device = getattr(tensor, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else _current_device()) == (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def _current_device() -> int:

@@ -210,3 +210,30 @@ def test_cache_key_differs():
     on = cache_key(call_on.spec, Target.of("sm_90a", 4, 3, 1, True))
     off = cache_key(call_off.spec, Target.of("sm_90a"))
     assert on != off
+
+
+@pytest.mark.parametrize("elem", [1, 2, 4])
+def test_every_default_warp_specialized_config_compiles_without_spills(elem):
+    """The autotune space's warp-specialized configs on the benchmarks' grouped-order kernels, for sm_90a: the
+    matmul for 16-bit operands; for fp8 and tf32, the kernels taking B given N x K (K-major, as wgmma wants it)."""
+    from benchmarks import kernels
+    from tilejit.configs import matmul_configs
+
+    n = 2048
+    configs = [c for c in matmul_configs(elem_bytes=elem) if c.warp_specialize]
+    assert configs
+    for config in configs:
+        if elem == 1:
+            e4m3 = torch.float8_e4m3fn
+            args = (_meta(n, n, dtype=e4m3), _meta(n, n, dtype=e4m3), _meta(n, dtype=torch.float32),
+                    _meta(n, dtype=torch.float32), _meta(n, n, dtype=torch.bfloat16))
+            kernel = kernels.scaled_mm.kernel
+        elif elem == 4:  # tf32 wgmma takes K-major operands only
+            args = (_meta(n, n, dtype=torch.float32), _meta(n, n, dtype=torch.float32), _meta(n, n, dtype=torch.float32))
+            kernel = kernels.tf32_mm_nt.kernel
+        else:
+            args = (_meta(n, n), _meta(n, n), _meta(n, n))
+            kernel = kernels.matmul.kernel
+        compiled = kernel.compile(*args, **config.all_kwargs(), arch="sm_90a")
+        assert compiled.threads == 32 * config.num_warps + 128, config
+        assert compiled.meta["spills"] == 0, (config, compiled.meta)

@@ -32,8 +32,10 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs()
-    plain = [c for c in configs if c.split_k == 1]
-    assert 12 <= len(plain) <= 16 and 4 <= len(configs) - len(plain) <= 8
+    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize]
+    specialized = [c for c in configs if c.warp_specialize]
+    assert 12 <= len(plain) <= 16 and 4 <= len([c for c in configs if c.split_k > 1]) <= 8
+    assert 4 <= len(specialized) <= 8 and all(c.split_k == 1 and c.kwargs["BK"] == 64 for c in specialized)
     assert len({c.identity for c in configs}) == len(configs)
     for c in configs:
         assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
@@ -76,7 +78,18 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     assert all(c.kwargs["BM"] * c.kwargs["BN"] >= 128 * 128 for c in kept)
     assert (128, 256) in _tiles(kept)
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
-    assert everything == [c for c in matmul_configs() if c.split_k == 1]  # meta tensors: no clusters
+    # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
+    assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize]
+
+
+def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
+    from tilejit import configs as cfg
+
+    monkeypatch.setattr(cfg, "is_sm90", lambda tensor: True)
+    kept = matmul_prune(matmul_configs(), _named(4096, 4096, 4096))
+    assert {(128, 256), (256, 128), (128, 128)} <= _tiles([c for c in kept if c.warp_specialize])
+    monkeypatch.setattr(cfg, "is_sm90", lambda tensor: False)
+    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096)) if c.warp_specialize]
 
 
 def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch):
