@@ -68,7 +68,7 @@ def test_other_dtypes(kind, shape):
     if kind == "fp8":
         a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
         b = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        acc, bk, out_dtype, tol = T.float32, 128, torch.float32, 1e-5
+        acc, bk, out_dtype, tol = T.float32, 128, torch.float32, None
     elif kind == "int8":
         a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
         b = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
@@ -90,6 +90,11 @@ def test_other_dtypes(kind, shape):
         return
     ref = a.double() @ b.double().T
     assert not torch.isnan(c).any()
+    if kind == "fp8":
+        # exact products, but Hopper's fp8 tensor-core sums keep fewer bits than float32 (as in test_gpu_dtypes)
+        bound = (a.double().abs() @ b.double().abs().T) * 2.0 ** -7 + 1e-3
+        assert ((c.double() - ref).abs() <= bound).all(), (c.double() - ref).abs().max().item()
+        return
     err = (c.double() - ref).abs().max().item()
     assert err <= tol * k ** 0.5 * ref.abs().max().item() + 1e-3, err
 
