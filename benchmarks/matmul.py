@@ -75,7 +75,8 @@ def _describe(config: Any) -> str:
         return "n/a"
     kw = config.kwargs
     split = f" split-K {config.split_k}" if getattr(config, "split_k", 1) != 1 else ""
-    return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}{split}"
+    ws = " ws" if getattr(config, "warp_specialize", False) else ""
+    return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}{split}{ws}"
 
 
 def measure(run: Callable[[], Any], out, ref, m: int, n: int, k: int) -> dict[str, Any]:

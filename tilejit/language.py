@@ -760,7 +760,7 @@ class _LoopMarker:
 
 
 range = _LoopMarker(  # noqa: A001
-    "range", """range(lo, hi, step=1, stages=None): a software-pipelined runtime loop.
+    "range", """range(lo, hi, step=1, stages=None, warp_specialize=None): a software-pipelined runtime loop.
 
     Used only as the iterable of a ``for`` loop. ``lo``, ``hi`` and ``step`` are integer scalars or constants (one
     argument is ``hi``, as for Python's ``range``). The loads of each iteration are issued ``stages - 1``
@@ -779,6 +779,11 @@ static_range = _LoopMarker(
 
     Used only as the iterable of a ``for`` loop; the bounds are constexprs or constants, and the loop variable is
     a compile-time int in each unrolled copy (usable in tile shapes, tuple indices and constexpr ``if``).
+
+    ``warp_specialize`` (a compile-time bool; None follows the launch option of that name): on sm_90a, True gives
+    the loop a producer warpgroup issuing its TMA loads while the ``num_warps`` warps only compute; a loop that
+    cannot take it (not a plain GEMM main loop at the kernel's top level) fails to
+    compile with the reason. False keeps the loop plain. Other archs ignore it (docs/language.md#launching).
 
     Example::
 
