@@ -1,6 +1,8 @@
 """Launch one kernel a few times with a fixed config, for ``ncu`` to profile (no autotuning, no timing loop).
 
-    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_skinny
+    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny
+
+``gemm_ws`` is ``gemm`` (4096^3 fp16, 128x256x64, 8 warps, 4 stages) with a producer warpgroup (warp_specialize).
 """
 from __future__ import annotations
 
@@ -31,12 +33,12 @@ def main(what: str) -> None:
     else:
         from benchmarks import kernels
 
-        m, n, k = (4096, 4096, 4096) if what == "gemm" else (128, 4096, 4096)
+        m, n, k = (128, 4096, 4096) if what == "gemm_skinny" else (4096, 4096, 4096)
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(k, n, device="cuda", dtype=torch.float16)
         c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-        cfg = dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=4) if what == "gemm" else \
-            dict(BM=128, BN=64, BK=64, num_warps=4, num_stages=4, split_k=2)
+        cfg = dict(BM=128, BN=64, BK=64, num_warps=4, num_stages=4, split_k=2) if what == "gemm_skinny" else \
+            dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=4, warp_specialize=what == "gemm_ws")
         grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
         for _ in range(4):
             kernels.matmul.kernel[grid](a, b, c, **cfg)
