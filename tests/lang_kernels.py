@@ -316,3 +316,47 @@ def list_lengths(Xs, Out, BLOCK: T.constexpr):
     Out[g, 2] = X.stride(0)
     Out[g, 3] = T.sum(X[0:BLOCK], 0)
     X[0] = -1.0
+
+
+# -- T.multiple_of: promises that drop run-time alignment tests ------------------------------------------------
+
+@tilejit.kernel
+def hinted_copy(X, Y, off, BLOCK: T.constexpr, HINT: T.constexpr):
+    """Y[off + i] = 2 * X[off + i] + 1 in BLOCK-element tiles. With HINT, both extents are promised to be
+    multiples of 16: with an ``off`` divisible by 16 (or 0) every alignment test is then known at compile time and
+    only the vector path is generated."""
+    if HINT:
+        T.multiple_of(X.shape[0], 16)
+        T.multiple_of(Y.shape[0], 16)
+    i0 = off + T.program_id(0) * BLOCK
+    Y[i0:i0 + BLOCK] = X[i0:i0 + BLOCK] * 2.0 + 1.0
+
+
+@tilejit.kernel
+def hinted_matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, HINT: T.constexpr):
+    """The DESIGN matmul; with HINT, K (A's columns) and N (B's and C's columns) are promised to be multiples of 8,
+    so the cp.async copies of 16-bit operands need no run-time test and no element-wise fallback, and C's store no
+    alignment test."""
+    M, K = A.shape
+    N = B.shape[1]
+    if HINT:
+        T.multiple_of(K, 8)
+        T.multiple_of(N, 8)
+        T.multiple_of(C.shape[1], 8)
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def hinted_segments(X, Y, Starts, BLOCK: T.constexpr, HINT: T.constexpr):
+    """Program g copies Y[s:s + BLOCK] = X[s:s + BLOCK] + g for s = Starts[g], a start read from memory; with HINT
+    it is promised to be a multiple of 16."""
+    g = T.program_id(0)
+    s = Starts[g]
+    if HINT:
+        s = T.multiple_of(s, 16)
+    Y[s:s + BLOCK] = X[s:s + BLOCK] + g

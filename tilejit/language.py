@@ -484,28 +484,46 @@ def bounded(tensor, extents):
 
 @builtin
 def multiple_of(x, values):
-    """Triton's ``tl.multiple_of(x, 16)``: a promise that integer ``x`` is a multiple of ``values`` (an int, or a
-    tuple per dim of a tile). Accepted so Triton code ports unchanged, and returns ``x``; tilejit does not use it
-    yet: it already specializes on each int argument's divisibility by 16 and checks alignment at run time (one
-    uniform test) before vectorizing a load or store.
+    """Triton's ``tl.multiple_of(x, 16)``: a promise that integer ``x`` is a multiple of ``values``; returns ``x``.
+
+    The promise is about the value ``x`` itself, at every use (not only the returned one), so make it only of a
+    value that always is a multiple. tilejit uses the power-of-two part of it (48 counts as 16) where a load or
+    store asks whether its window is aligned for vector (or 16-byte ``cp.async``) accesses: a window start, a
+    tensor extent (``T.multiple_of(X.shape[1], 16)``: the promise is then about the tensor's extent, which every
+    access of ``X`` reads) or a stride (``X.stride(0)``). When every run-time alignment test of an access is
+    known at compile time, only its vector path is generated, with no per-call test and no element-wise
+    fallback. Known without any hint: constants, program ids times constants, sums, differences and products
+    of known values, loop counters of loops whose start and step are known, each int argument that is a multiple
+    of 16 at the call (the runtime specializes on it: a kernel compiles once for such values and once for others),
+    and the alignment of each tensor argument's data pointer and strides (also part of the specialization).
+
+    A broken promise is your bug, not a checked error: results are undefined (misaligned vector accesses fault or
+    read the wrong elements; a tile past an extent promised whole reads or writes out of bounds), as in Triton.
+    The interpreter (``TILEJIT_INTERPRET=1``) ignores promises. A promise on a compile-time constant is checked
+    (a located error when it is not a multiple). On a tile, ``values`` is one int or one per dim (Triton's
+    per-dim reading); tile promises are recorded in the IR but generate no different code yet.
 
     Args:
         x: an integer scalar or tile.
-        values: the promised divisor (an int, or a tuple per dim).
+        values: the promised divisor (a positive int; for a tile, or a tuple with one per dim).
 
     Returns:
         ``x`` unchanged.
 
     Example::
 
-        k0 = T.multiple_of(k0, 64)
+        N = T.multiple_of(X.shape[1], 16)     # every row of X is a whole number of 16 elements
+        k0 = T.multiple_of(Offsets[g], 64)    # a start read from memory
     """
 
 
 @builtin
 def max_contiguous(x, values):
-    """Triton's ``tl.max_contiguous(x, n)``: accepted and returns ``x`` (no effect in tilejit; see
-    :func:`multiple_of`).
+    """Triton's ``tl.max_contiguous(x, n)``: accepted and checked (a positive int, or one per dim of a tile), and
+    returns ``x`` unchanged; it generates no different code. Slices already tell tilejit which accesses are
+    contiguous (``X[i0:i0 + BLOCK]`` moves with vector accesses where it is aligned), and gathers and scatters
+    through an index tile access element by element, so nothing would read the promise. A broken one changes
+    nothing.
 
     Args:
         x: an integer scalar or tile.
@@ -768,6 +786,11 @@ range = _LoopMarker(  # noqa: A001
     ``stages`` is a compile-time int >= 1, by default the launch's ``num_stages``. Values assigned before the loop
     and updated in it are carried (docs/language.md#loop-carried-values).
 
+    ``warp_specialize`` (a compile-time bool; None follows the launch option of that name): on sm_90a, True gives
+    the loop a producer warpgroup issuing its TMA loads while the ``num_warps`` warps only compute; a loop that
+    cannot take it (not a plain GEMM main loop at the kernel's top level) fails to
+    compile with the reason. False keeps the loop plain. Other archs ignore it (docs/language.md#launching).
+
     Example::
 
         acc = T.zeros((BM, BN), T.float32)
@@ -779,11 +802,6 @@ static_range = _LoopMarker(
 
     Used only as the iterable of a ``for`` loop; the bounds are constexprs or constants, and the loop variable is
     a compile-time int in each unrolled copy (usable in tile shapes, tuple indices and constexpr ``if``).
-
-    ``warp_specialize`` (a compile-time bool; None follows the launch option of that name): on sm_90a, True gives
-    the loop a producer warpgroup issuing its TMA loads while the ``num_warps`` warps only compute; a loop that
-    cannot take it (not a plain GEMM main loop at the kernel's top level) fails to
-    compile with the reason. False keeps the loop plain. Other archs ignore it (docs/language.md#launching).
 
     Example::
 

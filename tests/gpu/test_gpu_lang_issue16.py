@@ -662,3 +662,87 @@ def test_tensor_list_items_len_and_out_of_range_gpu():
     lk.list_lengths[(3,)](xs, out, BLOCK=8)
     assert out.tolist() == [[2, 5, 1, 10], [2, 4, 3, 18], [2, 0, 0, 0]]
     assert xs[0][0].item() == -1 and xs[1][0].item() == -1
+
+
+# -- T.multiple_of: promises (and ints divisible by 16) that drop run-time alignment tests ---------------------------
+# A hinted kernel is launched only where its promise holds (a broken promise is undefined behaviour); the same
+# kernel unhinted, and on shapes, offsets and views that leave the run-time tests in, must agree.
+
+@pytest.mark.parametrize("n, off, hint", [
+    (1008, 0, True), (1008, 16, True), (1008, 5, True), (4096, 32, True), (1008, -16, True),  # n % 16 == 0
+    (1008, 0, False), (1000, 0, False), (1001, 3, False), (1008, 5, False)])
+def test_hinted_copy_gpu(n, off, hint):
+    """Y[off + i] = 2 X[off + i] + 1 for the tiles the grid covers; the rest of Y stays NaN (off may be negative:
+    the elements before 0 are not read or written)."""
+    x = torch.randn(n, device="cuda")
+    y = torch.full((n,), float("nan"), device="cuda")
+    programs = -(-(n - off) // 256)
+    lk.hinted_copy[(programs,)](x, y, off, BLOCK=256, HINT=hint)
+    expected = torch.full((n,), float("nan"), device="cuda", dtype=torch.float64)
+    lo, hi = max(off, 0), min(off + programs * 256, n)
+    expected[lo:hi] = x[lo:hi].double() * 2 + 1
+    torch.testing.assert_close(y.double(), expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("off", [0, 16, 5])
+def test_hinted_copy_on_misaligned_views_gpu(off):
+    """Views 4 bytes into their storage are not 16-byte aligned: the specialization knows, so the hinted kernel
+    tests the pointers at run time and takes its element-wise path; the promised extents (1008) hold."""
+    n = 1008
+    xs = torch.randn(n + 1, device="cuda")
+    ys = torch.full((n + 1,), float("nan"), device="cuda")
+    x, y = xs[1:], ys[1:]
+    assert x.data_ptr() % 16 and y.data_ptr() % 16
+    lk.hinted_copy[(-(-(n - off) // 256),)](x, y, off, BLOCK=256, HINT=True)
+    expected = torch.full((n,), float("nan"), device="cuda", dtype=torch.float64)
+    expected[off:] = x[off:].double() * 2 + 1
+    torch.testing.assert_close(y.double(), expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert ys[0].isnan()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M, K, N, hint", [
+    (200, 776, 328, True), (200, 776, 328, False), (64, 1024, 512, True),  # K, N multiples of 8, not of the tiles
+    (333, 777, 330, False), (129, 8, 8, True)])
+@pytest.mark.parametrize("tiles, warps", [((64, 64, 32), 4), ((128, 128, 32), 8)])
+def test_hinted_matmul_gpu(M, K, N, hint, tiles, warps, dtype):
+    """The DESIGN matmul, hinted (K and N promised multiples of 8: cp.async with no run-time test and no
+    element-wise fallback; on sm_90a the 64-byte-wide A tiles still take cp.async) and not, against float64;
+    C starts as NaN. Where the promise holds, the two variants load the same data and run the same products: they
+    agree bit for bit."""
+    BM, BN, BK = tiles
+    torch.manual_seed(0)
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(K, N, device="cuda").to(dtype)
+    grid = (-(-M // BM), -(-N // BN))
+    c = torch.full((M, N), float("nan"), device="cuda")
+    lk.hinted_matmul[grid](a, b, c, BM=BM, BN=BN, BK=BK, HINT=hint, num_warps=warps)
+    ref = a.double() @ b.double()
+    tol = 1e-5 * K ** 0.5 * float(ref.abs().max()) + 1e-4
+    assert float((c.double() - ref).abs().max()) <= tol
+    if K % 8 == 0 and N % 8 == 0:  # the promise holds: the other variant may run too
+        other = torch.full((M, N), float("nan"), device="cuda")
+        lk.hinted_matmul[grid](a, b, other, BM=BM, BN=BN, BK=BK, HINT=not hint, num_warps=warps)
+        assert torch.equal(c, other)
+
+
+@pytest.mark.parametrize("starts, hint", [
+    ([0, 16, 992, 480, 2048, -16], True),  # multiples of 16 (992 runs past the end, 2048 is wholly outside)
+    ([0, 16, 992, 480, 2048, -16], False),
+    ([5, 101, 999, 430, 2001, -3], False),
+])
+def test_hinted_segments_gpu(starts, hint):
+    """Program g copies X[s:s + 64] + g to Y for its start s = Starts[g] read from memory; elements outside
+    [0, 1000) are neither read nor written; the rest of Y stays NaN."""
+    n, B = 1000, 64
+    x = torch.randn(n, device="cuda")
+    y = torch.full((n,), float("nan"), device="cuda")
+    s = torch.tensor(starts, device="cuda", dtype=torch.int32)
+    lk.hinted_segments[(len(starts),)](x, y, s, BLOCK=B, HINT=hint)
+    expected = torch.full((n,), float("nan"), dtype=torch.float64)
+    xc = x.double().cpu()
+    for g, start in enumerate(starts):
+        lo, hi = max(start, 0), min(start + B, n)
+        if lo < hi:
+            expected[lo:hi] = xc[lo:hi] + g
+    torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=1e-6, equal_nan=True)

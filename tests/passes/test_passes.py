@@ -641,11 +641,12 @@ def test_outer_prefetch_survives_an_inner_pipelined_loop():
 def test_design_matmul_store_fallback_is_a_rolled_loop_over_a_local_copy():
     """The vectorized epilogue store is as before; its element-wise fallback copies the register tile to a
     local array with constant-index 16-byte moves (so the tile stays in registers) and stores from that
-    array in a rolled loop, instead of 128 unrolled predicated stores."""
+    array in a rolled loop, instead of 128 unrolled predicated stores. The run-time test keeps only what the
+    specialization does not tell (C's pointer and row stride are 16-byte aligned, n0 is a multiple of BN)."""
     _, source = lowered("mm80_lowered")
     filecheck(kernel_body(source), r"""
         CHECK: store into
-        CHECK: if (((uint64_t)(tj_p) % 4 == 0) && ({{v[0-9]+}}_C_stride0 % 2 == 0) && {{v[0-9]+}}_C_size1 % 2 == 0 && (int64_t)({{v[0-9]+}}_n0) % 2 == 0) {
+        CHECK: if ({{v[0-9]+}}_C_size1 % 2 == 0) {
         CHECK-NEXT: #pragma unroll
         CHECK-NEXT: for (int tj_g = 0; tj_g < 64; ++tj_g) {
         CHECK-NEXT: const int i = tj_g * 2;

@@ -5,8 +5,11 @@
   element accesses that read 0 out of bounds.
 * global -> shared (gemm operands): ``cp.async`` 16-byte chunks with zero-fill for the out-of-bounds
   part of a row, into the swizzled layout; element-wise copies when the tensor's rows are not 16-byte
-  aligned, out of line (one ``__noinline__`` function per distinct copy, called from each site).
-  Pipelined loads are issued by the loop (``lower_loops``), others synchronously here.
+  aligned (a rolled loop in line). Pipelined loads are issued by the loop (``lower_loops``), others
+  synchronously here.
+* The run-time tests leave out each term that is known at compile time (``passes/divisibility.py``: the
+  specialization's alignment, strides and extents, constants, ``T.multiple_of`` promises); when no term is
+  left, only the vector (or cp.async) variant is emitted.
 * registers -> global: predicated stores, vectorized along the layout's contiguous registers; the
   element-wise fallback of a large tile is a rolled loop over a local copy.
 * conversions between layouts, and broadcasts that are not free, go through the shared scratch buffer.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 
 from ..ir import Op, OpKind, Scope, Value
+from ..passes.divisibility import Divisibility
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_broadcast, thread_local_permutation
 from .emitter import Emitter, SharedTile, c_type, emits
 from . import lower_tma
@@ -30,7 +34,11 @@ _ROLLED_STORE_BEFORE_SM = 90
 
 
 class Window:
-    """A tile-shaped window of a global tensor, as C expressions."""
+    """A tile-shaped window of a global tensor, as C expressions, with what is known of it at compile time.
+
+    ``starts`` are the C expressions of the window's starts (a pipelined loop passes them for a later
+    iteration); the facts are those of the op's start values, which hold for every iteration the loop runs.
+    """
 
     def __init__(self, em: Emitter, op: Op, starts: list[str]) -> None:
         self.em = em
@@ -40,10 +48,13 @@ class Window:
         self.dropped = op.attrs.dropped
         self.tile_dims = [d for d in range(self.rank) if d not in self.dropped]
         self.starts = starts
+        self.start_values = op.operands[len(op.operands) - self.rank:]
         spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
         self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
             and bool(self.tile_dims) and self.tile_dims[-1] == self.rank - 1
         self.esize = self.tensor.dtype.itemsize
+        # nothing is known without the analysis (IR that skipped the pass pipeline)
+        self.known: Divisibility | None = em.fn.attrs.get("divisibility")
 
     def size(self, d: int) -> str:
         return f"{self.t}_size{d}"
@@ -71,12 +82,40 @@ class Window:
         """
         return " + ".join(f"(int64_t)({c}) * {self.stride(d)}" for c, d in zip(coords, self.tile_dims)) or "0"
 
-    def vector_ok(self, vec: int) -> str:
-        """Uniform run-time condition for ``vec``-element accesses along the last dim."""
-        nbytes = vec * self.esize
-        conds = [f"((uint64_t)(tj_p) % {nbytes} == 0)"]
-        conds += [f"({self.stride(d)} % {vec} == 0)" for d in range(self.rank) if d != self.rank - 1]
-        return " && ".join(conds)
+    # -- what is known at compile time (each False when nothing is) -------------------------------------------
+
+    def start_multiple_of(self, d: int, n: int) -> bool:
+        return self.known is not None and self.known.divisor(self.start_values[d]) % n == 0
+
+    def start_nonnegative(self, d: int) -> bool:
+        return self.known is not None and self.known.nonnegative(self.start_values[d])
+
+    def stride_multiple_of(self, d: int, n: int) -> bool:
+        return self.known is not None and self.known.stride_divisor(self.tensor, d) % n == 0
+
+    def extent_multiple_of(self, d: int, n: int) -> bool:
+        return self.known is not None and self.known.extent_divisor(self.tensor, d) % n == 0
+
+    def base_aligned(self, nbytes: int) -> bool:
+        """Whether the window's first element is ``nbytes``-aligned: the data pointer is, and so is each
+        start times its stride (the last dim's stride is 1 where ``unit_last``)."""
+        known = self.known
+        if known is None or known.pointer_alignment(self.tensor) % nbytes:
+            return False
+        for d, v in enumerate(self.start_values):
+            stride = 1 if (d == self.rank - 1 and self.unit_last) else known.stride_divisor(self.tensor, d)
+            if known.divisor(v) * stride * self.esize % nbytes:
+                return False
+        return True
+
+    def vector_terms(self, vec: int, pointer: str = "tj_p") -> list[str]:
+        """The uniform run-time conditions for ``vec``-element accesses along the last dim from ``pointer`` (the
+        window's base), less those known to hold: the base is aligned, and every other dim's stride is a multiple
+        of ``vec``."""
+        terms = [] if self.base_aligned(vec * self.esize) else [f"((uint64_t)({pointer}) % {vec * self.esize} == 0)"]
+        terms += [f"({self.stride(d)} % {vec} == 0)" for d in range(self.rank)
+                  if d != self.rank - 1 and not self.stride_multiple_of(d, vec)]
+        return terms
 
 
 def _start_names(em: Emitter, op: Op, first: int) -> list[str]:
@@ -159,7 +198,17 @@ def _move_window(em: Emitter, win: Window, layout: RegisterLayout, regs: str, ve
     em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
     if vec > 1:
         last = win.tile_dims[-1]
-        whole = [win.vector_ok(vec), f"{win.size(last)} % {vec} == 0", f"(int64_t)({win.starts[last]}) % {vec} == 0"]
+        whole = win.vector_terms(vec)
+        if not win.extent_multiple_of(last, vec):
+            whole.append(f"{win.size(last)} % {vec} == 0")
+        if not win.start_multiple_of(last, vec):
+            whole.append(f"(int64_t)({win.starts[last]}) % {vec} == 0")
+        if not whole:  # known at compile time: the vector variant alone
+            em.line(f"// {win.t}: aligned, whole {vec}-element groups (known at compile time): "
+                    "no element-wise variant")
+            _window_loop(em, win, layout, regs, vec, load)
+            em.close()
+            return
         em.open(f"if ({' && '.join(whole)})")
         _window_loop(em, win, layout, regs, vec, load)
         em.close("} else {")
@@ -228,10 +277,11 @@ class SharedCopy:
     """Copies the window of one shared-scope load into a slot of its ring.
 
     Two parts, so a pipelined loop can put them apart: ``fast`` issues predicated, branch-free
-    16-byte ``cp.async`` copies when the window allows them (unit-stride rows, 16-byte aligned, start
-    column >= 0; a uniform run-time check), and ``slow`` copies element by element when it does not.
-    In a pipelined loop ``fast`` runs before the tensor-core work (the scheduler interleaves the two)
-    and ``slow`` after it. Names are prefixed so several copies can share one C scope.
+    16-byte ``cp.async`` copies when the window allows them (unit-stride rows, 16-byte aligned, starts
+    >= 0, whole chunks; a uniform run-time check of what is not known at compile time), and ``slow``
+    copies element by element when it does not (nothing, when everything is known). In a pipelined loop
+    ``fast`` runs before the tensor-core work (the scheduler interleaves the two) and ``slow`` after it.
+    Names are prefixed so several copies can share one C scope.
     """
 
     def __init__(self, em: Emitter, op: Op, starts: list[str], slot: str, guard: str = "true",
@@ -246,6 +296,20 @@ class SharedCopy:
         self.ctype = c_type(op.result.dtype)
         self.x = em.fresh("tj_c") + "_"
         self.chunked = self.win.unit_last and self.lay.row_bytes % 16 == 0
+        self.terms = self._fast_terms() if self.chunked else []
+        self.always_fast = self.chunked and not self.terms  # under the guard
+
+    def _fast_terms(self) -> list[str]:
+        """What the cp.async path needs that is not known at compile time: the window aligned for 16-byte chunks,
+        its starts >= 0, and the tensor's rows whole chunks long."""
+        win, x = self.win, self.x
+        rows, cols = win.tile_dims
+        per_chunk = 16 // self.lay.elem_bytes
+        terms = win.vector_terms(per_chunk, x + "p")
+        terms += [f"(int64_t)({win.starts[d]}) >= 0" for d in (cols, rows) if not win.start_nonnegative(d)]
+        if not win.extent_multiple_of(cols, per_chunk):
+            terms.append(f"{win.size(cols)} % {per_chunk} == 0")
+        return terms
 
     def begin(self) -> None:
         em, x, win, lay = self.em, self.x, self.win, self.lay
@@ -254,13 +318,10 @@ class SharedCopy:
         em.line(f"const bool {x}dropped_ok = {win.dropped_ok()};")
         dst = self.address or f"tj_smem_u32 + {self.tile.offset} + {stage}"
         em.line(f"const unsigned {x}dst = {dst};")
-        if self.chunked:
-            c_start = win.starts[win.tile_dims[1]]
-            r_start = win.starts[win.tile_dims[0]]
-            per_chunk = 16 // lay.elem_bytes
-            em.line(f"const bool {x}fast = ({self.guard}) && {win.vector_ok(per_chunk).replace('tj_p', x + 'p')}"
-                    f" && (int64_t)({c_start}) >= 0 && (int64_t)({r_start}) >= 0"
-                    f" && {win.size(win.tile_dims[1])} % {per_chunk} == 0;  // whole 16-byte chunks only")
+        if self.always_fast:
+            em.line(f"const bool {x}fast = ({self.guard});  // aligned, whole 16-byte chunks: known at compile time")
+        elif self.chunked:
+            em.line(f"const bool {x}fast = {' && '.join([f'({self.guard})', *self.terms])};  // whole 16-byte chunks only")
         else:
             em.line(f"const bool {x}fast = false;")
 
@@ -326,6 +387,8 @@ class SharedCopy:
         inner stride), in line: a rolled loop, small enough that its copies in a pipelined loop's prologue and
         body cost NVRTC little, and no call in the main loop."""
         em, x, win, lay = self.em, self.x, self.win, self.lay
+        if self.always_fast:
+            return
         rows, cols = win.tile_dims
         r0, c0 = win.starts[rows], win.starts[cols]
         em.open(f"if (({self.guard}) && !{x}fast)")
@@ -404,17 +467,22 @@ class InteriorCopy:
         for j in range(1, self.passes):
             em.line(f"const int64_t {x}rstep{j} = (int64_t){j * self.rpp} * {win.stride(rows)} * {esize};")
         self.dst0 = em.hoist("unsigned", c_text(lay.chunk_offset(r0, k)))
-        ok = [f"{x}base % 16 == 0", f"{x}inc % 16 == 0", f"{win.stride(rows)} % {per_chunk} == 0"]
+        # Known at compile time and left out: a base aligned for every iteration's window (then so is the
+        # increment between two that run), the row stride, starts >= 0.
+        ok = [] if win.base_aligned(16) else [f"{x}base % 16 == 0", f"{x}inc % 16 == 0"]
+        if not win.stride_multiple_of(rows, per_chunk):
+            ok.append(f"{win.stride(rows)} % {per_chunk} == 0")
         extent = {rows: lay.rows, cols: lay.cols}
         for d in range(win.rank):
             start = f"(int64_t)({win.starts[d]})"
+            nonnegative = [] if win.start_nonnegative(d) else [f"{start} >= 0"]
             if d in win.dropped:
                 ok.append(f"(uint64_t){start} < (uint64_t){win.size(d)}")
             elif self.coefs[d]:
-                ok.append(f"{start} >= 0")  # and the start only grows: the step is a positive constant
+                ok += nonnegative  # and the start only grows: the step is a positive constant
             else:
-                ok.append(f"{start} >= 0 && {start} + {extent[d]} <= {win.size(d)}")
-        return ok
+                ok.append(" && ".join(nonnegative + [f"{start} + {extent[d]} <= {win.size(d)}"]))
+        return ok or ["true"]
 
     def inside(self, starts: list[str]) -> list[str]:
         """The per-iteration conditions: each moving dim of the window at ``starts`` ends inside the tensor."""

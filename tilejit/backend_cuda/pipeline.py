@@ -16,6 +16,7 @@ from ..ir import Function, Value, print_function, verify
 from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
+from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
 from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
@@ -48,6 +49,9 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     # plain MMA main loops filled by TMA keep their gemms in flight (wgmma; tcgen05 with TMEM accumulators);
     # after cleanup, which removes the dead values a loop body may still hold
     ("async-mma", mark_async_mma),
+    # what each int scalar is known to be a multiple of (and >= 0), which lets the emitter drop run-time
+    # alignment tests; last, so the facts are of the IR the emitter reads
+    ("divisibility", analyze_divisibility),
 ]
 
 

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 from .. import dtypes as D
-from ..ir import AtomicOp, AxisAttrs, BinaryOp, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from ..ir import AtomicOp, AxisAttrs, BinaryOp, MultipleOf, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
 from .semantic import SemanticError, describe, is_const
 
 Handler = Callable[..., Any]
@@ -206,16 +206,39 @@ def builtin_bounded(gen, node, tensor, extents):
     return dataclasses.replace(tensor, value=view, shape=tuple(extents))
 
 
-@builtin("multiple_of", "max_contiguous")
-def builtin_hint(gen, node, x, values):
-    """Triton's divisibility/contiguity hints: accepted and checked, then ``x`` unchanged. tilejit already
-    specializes on each int argument's divisibility by 16 and checks alignment at run time before vectorizing,
-    so the hint has nothing to add yet."""
+def _hint_values(gen, node, x, values) -> tuple[int, ...]:
+    """The checked arguments of a hint: ``values`` as a tuple of positive ints, for an integer ``x``."""
     vals = values if isinstance(values, tuple) else (values,)
     if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals):
         raise gen.error(node, f"the hint needs a positive compile-time int (or a tuple of them), got {values!r}")
     if not (isinstance(x, Value) and x.dtype.is_integer or isinstance(x, int) and not isinstance(x, bool)):
         raise gen.error(node, f"hints apply to integer scalars or tiles, got {x!r}")
+    rank = x.type.rank if isinstance(x, Value) and x.is_tile else 0
+    if len(vals) != 1 and len(vals) != rank:
+        what = f"a rank-{rank} tile" if rank else "a scalar"
+        raise gen.error(node, f"the hint gives {len(vals)} values for {what}",
+                        f"give one int{f' or {rank}, one per dim' if rank else ''}")
+    return vals * rank if rank and len(vals) == 1 else vals
+
+
+@builtin("multiple_of")
+def builtin_multiple_of(gen, node, x, values):
+    """``T.multiple_of(x, n)``: records the promise on ``x`` itself (``Value.multiple_of``; every use of ``x``
+    sees it) and returns ``x``. A compile-time constant is checked instead."""
+    vals = _hint_values(gen, node, x, values)
+    if not isinstance(x, Value):
+        if x % vals[0]:
+            raise gen.error(node, f"T.multiple_of: {x} is not a multiple of {vals[0]}")
+        return x
+    x.multiple_of = MultipleOf(vals).merged(x.multiple_of)
+    return x
+
+
+@builtin("max_contiguous")
+def builtin_max_contiguous(gen, node, x, values):
+    """``T.max_contiguous(x, n)``: checked, then ``x`` unchanged. Slices already tell the compiler which accesses
+    are contiguous, and gathers and scatters access element by element, so nothing would read the promise."""
+    _hint_values(gen, node, x, values)
     return x
 
 

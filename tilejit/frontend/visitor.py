@@ -13,7 +13,8 @@ from typing import Any
 
 from .. import dtypes as D
 from ..errors import CompilationError, TypeCheckError, UnsupportedSyntaxError
-from ..ir import AxisAttrs, Block, Builder, Function, Loc, OpKind, Param, ScalarType, TensorListType, TensorType, Value
+from ..ir import (AxisAttrs, Block, Builder, Function, Loc, MultipleOf, OpKind, Param, ScalarType, TensorListType,
+                  TensorType, Value)
 from .expressions import Expressions, TensorArg, TensorListArg
 from .semantic import Semantic, SemanticError
 from .source import ParsedSource
@@ -109,6 +110,8 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
             gen.scope[arg.arg] = TensorListArg(arg.arg, value)
         else:
             value = Value(ScalarType(spec.dtype), arg.arg)
+            if spec.divisible16 and not spec.equals_one:  # the specialization's promise (part of the cache key)
+                value.multiple_of = MultipleOf((16,))
             params.append(Param(arg.arg, "scalar", value))
             gen.scope[arg.arg] = 1 if spec.equals_one else value
     gen.visit_body(tree.body, top=True)

@@ -1,6 +1,6 @@
 """The tile IR: types, ops, SSA values, a builder, a printer and a verifier."""
 from .builder import Builder
-from .core import Block, Function, Loc, Op, Param, Value
+from .core import Block, Function, Loc, MultipleOf, Op, Param, Value
 from .ops import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
                   BinaryOp, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, Family, OpDecl, Trait,
                   ForAttrs, GemmAttrs, IndexedAttrs, LoopKind, NoAttrs, OpKind,

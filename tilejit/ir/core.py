@@ -6,6 +6,7 @@ source location it came from. Block arguments carry loop induction variables and
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -26,16 +27,39 @@ class Loc:
         return f"{self.filename}:{self.lineno}:{self.col + 1}"
 
 
+@dataclass(frozen=True)
+class MultipleOf:
+    """A promise that an integer value is a multiple of ``divisors``: one divisor for a scalar, one per dim for a
+    tile (Triton's reading: along dim d, the first element of each contiguous run is a multiple of
+    ``divisors[d]``). Made by ``T.multiple_of`` (the user's promise) and by the specialization of an int argument
+    divisible by 16 (the runtime's); ``passes/divisibility.py`` reads it. A broken promise is the user's bug."""
+    divisors: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.divisors or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                        for n in self.divisors):
+            raise ValueError(f"a promise needs positive int divisors, got {self.divisors!r}")
+
+    def merged(self, other: "MultipleOf | None") -> "MultipleOf":
+        """Both promises at once: per dim, the least common multiple."""
+        if other is None:
+            return self
+        if len(other.divisors) != len(self.divisors):
+            raise ValueError(f"promises of different ranks: {self.divisors} and {other.divisors}")
+        return MultipleOf(tuple(math.lcm(a, b) for a, b in zip(self.divisors, other.divisors)))
+
+
 class Value:
     """An SSA value: the result of an op or an argument of a block (or of the function)."""
 
-    __slots__ = ("type", "name", "id", "owner")
+    __slots__ = ("type", "name", "id", "owner", "multiple_of")
 
     def __init__(self, type: IRType, name: str | None = None, owner: Any = None) -> None:
         self.type = type
         self.name = name
         self.id = next(_ids)
         self.owner = owner  # the defining Op, or the Block whose argument this is
+        self.multiple_of: MultipleOf | None = None  # what the value is promised to be a multiple of
 
     @property
     def is_tile(self) -> bool:

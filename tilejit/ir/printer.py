@@ -48,10 +48,22 @@ class _Namer:
         return "%" + name if name is not None else f"%<undefined {value.id}>"
 
 
+def _promise_text(value: Value) -> str:
+    """`` {multiple_of = 16}`` for a value with a promise (``[16, 1]`` per dim of a tile), else nothing."""
+    if value.multiple_of is None:
+        return ""
+    divisors = value.multiple_of.divisors
+    return f" {{multiple_of = {_attr_text(divisors) if value.is_tile else divisors[0]}}}"
+
+
 class Printer:
     def __init__(self) -> None:
         self.namer = _Namer()
         self.lines: list[str] = []
+
+    def define(self, value: Value) -> str:
+        """The name a value is defined under, with its promise if it has one."""
+        return self.namer.define(value) + _promise_text(value)
 
     def function(self, fn: Function) -> str:
         params = []
@@ -60,7 +72,7 @@ class Printer:
             if p.kind == "constexpr":
                 consts.append(f"{p.name} = {_attr_text(p.constant) if not hasattr(p.constant, 'short') else p.constant}")
             else:
-                params.append(f"{self.namer.define(p.value)}: {p.value.type}")
+                params.append(f"{self.namer.define(p.value)}: {p.value.type}{_promise_text(p.value)}")
         header = f"tj.func @{fn.name}({', '.join(params)})"
         if consts:
             header += " constexprs {" + ", ".join(consts) + "}"
@@ -90,10 +102,10 @@ class Printer:
         if op.kind is OpKind.FOR:
             lo, hi, step, *inits = op.operands
             body = op.regions[0]
-            results = ", ".join(n.define(r) for r in op.results)
-            iv = n.define(body.args[0])
+            results = ", ".join(self.define(r) for r in op.results)
+            iv = self.define(body.args[0])
             # a carried value held elsewhere inside the body (a tcgen05 accumulator in TMEM) shows its type there
-            carried = ", ".join(f"{n.define(a)}{'' if a.type == i.type else f': {a.type}'} = {n(i)}"
+            carried = ", ".join(f"{self.define(a)}{'' if a.type == i.type else f': {a.type}'} = {n(i)}"
                                 for a, i in zip(body.args[1:], inits))
             text = f"{pad}{results + ' = ' if results else ''}tj.for {iv} = {n(lo)} to {n(hi)} step {n(step)}"
             if inits:
@@ -104,18 +116,18 @@ class Printer:
             return
         if op.kind is OpKind.WHILE:
             cond, body = op.regions
-            results = ", ".join(n.define(r) for r in op.results)
-            carried = ", ".join(f"{n.define(a)} = {n(i)}" for a, i in zip(cond.args, op.operands))
+            results = ", ".join(self.define(r) for r in op.results)
+            carried = ", ".join(f"{self.define(a)} = {n(i)}" for a, i in zip(cond.args, op.operands))
             self.lines.append(f"{pad}{results + ' = ' if results else ''}tj.while ({carried}) -> "
                               f"({', '.join(str(r.type) for r in op.results)}) {{")
             self.block(cond, depth + 1)
-            args = ", ".join(n.define(a) for a in body.args)
+            args = ", ".join(self.define(a) for a in body.args)
             self.lines.append(f"{pad}}} do ({args}) {{")
             self.block(body, depth + 1)
             self.lines.append(pad + "}")
             return
         if op.kind is OpKind.IF:
-            results = ", ".join(n.define(r) for r in op.results)
+            results = ", ".join(self.define(r) for r in op.results)
             text = f"{pad}{results + ' = ' if results else ''}tj.if {n(op.operands[0])}"
             if op.results:
                 text += f" -> ({', '.join(str(r.type) for r in op.results)})"
@@ -134,7 +146,7 @@ class Printer:
                 operands = f"{n(value)}, {n(tensor)}[{', '.join(n(v) for v in rest)}]"
             else:
                 operands = f"{n(tensor)}[{', '.join(n(v) for v in rest)}]"
-        results = ", ".join(n.define(r) for r in op.results)
+        results = ", ".join(self.define(r) for r in op.results)
         text = f"{pad}{results + ' = ' if results else ''}tj.{op.kind.mnemonic}"
         if operands:
             text += " " + operands

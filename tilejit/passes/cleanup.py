@@ -1,7 +1,8 @@
 """Dead-code elimination: drops ops whose results nobody uses and that have no side effects.
 
 Runs right after the frontend (which materialises every tensor extent and stride up front) and after
-passes that leave dead values behind.
+passes that leave dead values behind. A result that carries a promise (``T.multiple_of``) counts as used: a
+promise about a tensor's extent or stride informs accesses that read the extent directly, not this value.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def _sweep(block: Block, used: set[int]) -> bool:
     for op in block.ops:
         for region in op.regions:
             changed |= _sweep(region, used)
-        if not op.kind.is_terminator and not _has_effects(op) and not any(r.id in used for r in op.results):
+        if (not op.kind.is_terminator and not _has_effects(op)
+                and not any(r.id in used or r.multiple_of is not None for r in op.results)):
             changed = True
             continue
         kept.append(op)
