@@ -4,7 +4,8 @@
 
 Where ``benchmarks.matmul`` times the autotuned kernel, this times ``benchmarks.kernels.matmul.kernel`` (the same
 DESIGN.md matmul with grouped tile order) at each given config, with ``warp_specialize`` off and on, so the
-effect of one launch option is read directly; it is how the default config space was chosen. Every output is
+effect of one launch option is read directly; it is how the default config space was chosen. The first rows of
+each shape are the autotuned launch and its chosen config launched plainly (the launch paths compared). Every output is
 checked against cuBLAS first (poisoned with NaN, as ``benchmarks.matmul`` does). Prints a Markdown table and
 writes ``configs.json`` into --out.
 """
@@ -38,7 +39,7 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, ws_modes:
     import torch
 
     import tilejit
-    from benchmarks.kernels import matmul
+    from benchmarks.kernels import matmul, matmul_grid
     from tilejit.testing import do_bench
 
     m, n, k = shape
@@ -49,6 +50,14 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, ws_modes:
     ref = a @ b
     cublas_ms = float(do_bench(lambda: torch.matmul(a, b, out=c)))
     rows = []
+    # the autotuned launch path (tuning happens in the first call), to compare with the same config launched plainly
+    tuned = measure(lambda: matmul[matmul_grid](a, b, c), c, ref, m, n, k)
+    best = matmul.best_config
+    rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "ws": best.warp_specialize,
+                 "cublas_ms": cublas_ms, **tuned})
+    print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
+    kw = best.kwargs
+    configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
     for bm, bn, bk, warps, stages in configs:
         grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
         for ws in ws_modes:

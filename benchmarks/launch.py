@@ -179,6 +179,12 @@ def _launchers() -> dict[str, Callable[[], Any] | str]:
     tuned = tilejit.autotune(configs=configs, key=["n"])(tilejit.kernel(kernels.tiny.fn))
     tuned[grid](x, y, z, w, 1, 0)
     out["tilejit, autotuned (2 configs)"] = lambda: tuned[grid](x, y, z, w, 1, 0)
+
+    def grid_fn(meta):  # a grid computed from the chosen config, as matmul launches do
+        return (tilejit.cdiv(meta["X"].shape[0], meta["BLOCK"]),)
+
+    tuned[grid_fn](x, y, z, w, 1, 0)
+    out["tilejit, autotuned, grid function"] = lambda: tuned[grid_fn](x, y, z, w, 1, 0)
     try:
         from benchmarks import triton_kernels
     except Exception as error:  # noqa: BLE001 - report, do not fail

@@ -287,19 +287,31 @@ class Autotuner:
             self._run(grid, args, kwargs, fast)
             return
         self.best_config = config
-        if config.pre_hook is None and not callable(grid):
-            self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
-        else:
+        if config.pre_hook is not None:
             self._launch(config, grid, args, kwargs, self._named_args(args, kwargs))
+            return
+        if callable(grid):  # what _launch does, without its dict copies: this runs on every launch
+            names = self.arg_names
+            meta = dict(zip(names, args)) if len(args) <= len(names) else self._named_args(args, kwargs)
+            meta.update(kwargs)
+            meta.update(config.launch_kwargs)
+            grid = grid(meta)
+        self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
         """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
-        None when a tuned parameter is passed (the slow path raises about it)."""
-        if any(name in self._tuned_names for name in kwargs) or not knobs.autotune_enabled():
+        None when a tuned parameter is passed (the slow path raises about it).
+
+        Every launch of a tuned kernel computes it, so it reads the two environment knobs raw (parsing them
+        cost more than the rest of the key) and tests tensors by type first."""
+        if kwargs and any(name in self._tuned_names for name in kwargs):
+            return None
+        environ = os.environ
+        if environ.get("TILEJIT_AUTOTUNE") is not None and not knobs.autotune_enabled():
             return None
         key: list[Any] = []
-        for value in (*args, *kwargs.values()):
-            if _is_tensor(value):
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if type(value) is _TENSOR_TYPE[0] or _is_tensor(value):
                 key += (value.dtype, value.shape, value.get_device())
             elif isinstance(value, (int, float, bool, str)) or value is None:
                 key.append(value)
@@ -307,7 +319,8 @@ class Autotuner:
                 return None
         if kwargs:
             key.append(tuple(kwargs))
-        key.append(knobs.interpret())  # an interpreter choice never stands in for a GPU one
+        # an interpreter choice never stands in for a GPU one (the raw text: equal meanings may key apart)
+        key.append(environ.get("TILEJIT_INTERPRET"))
         return tuple(key)
 
     def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> None:
@@ -631,6 +644,18 @@ def _device_name(values: Iterable[Any]) -> str | None:
 
             return torch.cuda.get_device_name(device)
     return None
+
+
+def _tensor_type() -> type | None:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency; duck typing still finds tensors
+        return None
+    return torch.Tensor
+
+
+# torch.Tensor, looked up once: an exact type test is cheaper than _is_tensor's two hasattr calls per argument.
+_TENSOR_TYPE: list[type | None] = [_tensor_type()]
 
 
 def _key_value(value: Any) -> str:
