@@ -64,7 +64,8 @@ def arch_override() -> str | None:
 def gemm_lowering() -> str | None:
     """TILEJIT_GEMM_LOWERING=<name>: every gemm must take this lowering of the dispatch registry (e.g.
     ``mma_sync_m16n8k16`` to measure the sm_80 path on an H100, ``tcgen05_mma_f16``); a gemm it does not fit
-    is a DispatchError saying why. Part of the cache key."""
+    is a DispatchError saying why. A lowering's form reading operand A from registers (``register_a_of``: e.g.
+    ``mma_sync_rs_m16n8k16`` of ``mma_sync_m16n8k16``) counts as that lowering. Part of the cache key."""
     value = os.environ.get("TILEJIT_GEMM_LOWERING", "").strip()
     return value or None
 

@@ -6,6 +6,7 @@
   and issues ``atoms_m x atoms_n`` mma.sync instructions.
 * ``mma_sync_m16n8k16_f16acc`` (sm_80+): f16 operands accumulating in f16 (``out_dtype=T.float16``), the
   same fragments with the accumulator packed two elements per register (f16.f16.f16.f16).
+* (``lower_mma_rs``: both of the above with operand A packed from registers instead of ldmatrix.)
 * ``mma_sync_m16n8k32_fp8`` (sm_89+), ``mma_sync_m16n8k32_int8`` (sm_80+), ``mma_sync_m16n8k8_tf32`` and
   ``..._tf32x3`` (sm_80+): the same instruction family and fragments for 8- and 32-bit operands.
 * ``fma_fallback``: any dtype and shape; each thread computes its accumulator elements with scalar FMAs
@@ -55,6 +56,8 @@ class MmaSync:
     and issues three mma per atom.
     """
 
+    register_a = False  # operand A is read from shared memory (lower_mma_rs reads it from registers)
+
     def __init__(self, elem_bytes: int, k_bytes: int = 32, tf32x3: bool = False, f16_acc: bool = False) -> None:
         self.elem_bytes, self.k_bytes, self.tf32x3, self.f16_acc = elem_bytes, k_bytes, tf32x3, f16_acc
         self.k_atom = k_bytes // elem_bytes
@@ -64,6 +67,14 @@ class MmaSync:
         m, n, _ = _mnk(op)
         wm, wn = pick_warp_grid(m, n, target.num_warps)
         return MmaLayout((m, n), wm, wn)
+
+    def rows_acc_layout(self, op: Op, target: Target) -> MmaLayout | None:
+        """The accumulator with the warps along M only (each warp owns whole rows), or None when M does not
+        split so; the layout pass asks for it where the result (after elementwise math) feeds another gemm's
+        operand A from registers (``lower_mma_rs``), which needs whole rows per warp."""
+        m, n, _ = _mnk(op)
+        w = target.num_warps
+        return MmaLayout((m, n), w, 1) if m % (16 * w) == 0 and n % 8 == 0 else None
 
     def _mma_function(self, em: Emitter, op: Op) -> str:
         """The name of the device function issuing one mma of ``op``'s operand types (d += a @ b in place)."""
@@ -101,7 +112,7 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         m, n, k = _mnk(op)
         tm, tn = layout.atoms
         mma = self._mma_function(em, op)
-        sa, sb = em.shared[a.id], em.shared[b.id]
+        sa, sb = (None if self.register_a else em.shared[a.id]), em.shared[b.id]
         name = em.declare_tile(out)
         split = ", tf32x3: three products per atom" if self.tf32x3 else ", f16 accumulator" if self.f16_acc else ""
         em.comment(op, f"gemm {m}x{n}x{k} on mma.sync.m16n8k{self.k_atom} ({layout.warps_m}x{layout.warps_n} warps, "
@@ -111,12 +122,11 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         em.open("")
         if self.elem_bytes != 2 and (op.attrs.transpose_a or not op.attrs.transpose_b):  # gathered fragments
             em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
-        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
         # Fragments are double-buffered over the k steps, which are unrolled here: step kk+1's
         # ldmatrix is issued before step kk's mma. Work the enclosing loop hands over (the prefetch of
         # a later iteration's tiles) goes right after step 0's fragments, so the mma of step 0 can
         # overlap it (ptxas does not move shared-memory loads across the cp.async, but moves mma).
-        em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
+        self._declare_fragments(em, op, layout, sa, sb)
         if self.tf32x3:
             em.line(f"unsigned tj_al[2][{tm}][{self.a_regs}], tj_bl[2][{tn}][{self.b_regs}];")
         steps = k // self.k_atom
@@ -146,7 +156,7 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             if self.tf32x3:  # the small cross terms first, then the main product
                 products = [("tj_al", "tj_bf"), ("tj_af", "tj_bl"), ("tj_af", "tj_bf")]
             for fa, fb in products:
-                frags = [f"{fa}[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
+                frags = self._a_fragment(op, fa, buf, kk)
                 frags += [f"{fb}[{buf}][tj_an][{r}]" for r in range(self.b_regs)]
                 d = "tj_d[0], tj_d[1]" if self.f16_acc else "tj_d[0], tj_d[1], tj_d[2], tj_d[3]"
                 em.line(f"{mma}({d}, {', '.join(frags)});")
@@ -160,12 +170,30 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             em.close()
         em.close()
 
+    def _declare_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb) -> None:
+        """The operands' shared addresses and the double-buffered fragment registers."""
+        tm, tn = layout.atoms
+        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+        em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
+
+    def _a_fragment(self, op: Op, fa: str, buf: int, kk: int) -> list[str]:
+        """The A registers of k step ``kk`` of m16 atom ``tj_am`` (a loop variable of the issuing code)."""
+        return [f"{fa}[{buf}][tj_am][{r}]" for r in range(self.a_regs)]
+
     def _load_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb, kk: int, buf: int) -> None:
         """The A and B fragments of k step ``kk`` into fragment buffer ``buf``.
 
         Each ldmatrix reads at the slot's base plus a lane's share of the offset (set up once per kernel,
         ``_ldmatrix``) plus a constant: no address arithmetic but one add per distinct share in the loop.
         """
+        if not self.register_a:
+            self._load_a(em, op, layout, sa, kk, buf)
+        self._load_b_fragments(em, op, layout, sb, kk, buf)
+        if self.tf32x3:
+            self._split_tf32(em, buf, *layout.atoms)
+
+    def _load_a(self, em: Emitter, op: Op, layout: MmaLayout, sa, kk: int, buf: int) -> None:
+        """A's fragments of k step ``kk``: one ldmatrix per m16 atom, or gathered shared loads."""
         tm, tn = layout.atoms
         wtm, wtn = layout.warp_tile
         k16 = self.k_bytes == 32
@@ -195,7 +223,13 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
 
                 regs = ", ".join(f"tj_af[{buf}][{am}][{r}]" for r in range(self.a_regs))
                 self._ldmatrix(em, layout, "tj_a", width, op.attrs.transpose_a, regs, a_offset)
-        # B fragments: one ldmatrix covers two n8 atoms (x4 for k16, x2 for k8); an odd one out takes half.
+
+    def _load_b_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sb, kk: int, buf: int) -> None:
+        """B's fragments of k step ``kk``: one ldmatrix covers two n8 atoms (x4 for k16, x2 for k8); an odd one
+        out takes half."""
+        tm, tn = layout.atoms
+        wtm, wtn = layout.warp_tile
+        gathered = self.elem_bytes != 2
         if gathered and not op.attrs.transpose_b:  # stored k x n: register r holds column g, k bytes 16 * r + 4 * t ..
             lane = CExpr("tj_lane")
             em.line("#pragma unroll")
@@ -211,8 +245,6 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             if tn % 2:
                 regs = ", ".join(f"tj_bf[{buf}][{tn - 1}][{r}]" for r in range(self.b_regs))
                 self._load_b(em, op, layout, sb, wtn, (tn - 1) * 8, kk, regs, pair=False)
-        if self.tf32x3:
-            self._split_tf32(em, buf, tm, tn)
 
     def _ldmatrix(self, em: Emitter, layout: MmaLayout, base: str, width: str, trans: bool, regs: str, offset) -> None:
         """ldmatrix ``width`` (``.trans`` when ``trans``) into ``regs`` from byte ``offset(lane, wm, wn)`` past

@@ -22,8 +22,8 @@ from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
 from ..passes.split_k import split_k
 from ..target import Target
-from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_reduce,  # noqa: F401
-               lower_split_k, lower_tma, lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
+from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_mma_rs,  # noqa: F401
+               lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .nvrtc import CompileResult, compile_cuda
 

@@ -178,6 +178,53 @@ class MmaLayout(RegisterLayout):
 
 
 @dataclass(frozen=True)
+class MmaOperandALayout(RegisterLayout):
+    """Operand A (M x K, 16-bit elements) of m16n8k16 mma.sync as the instructions read it from registers, over
+    ``warps`` warps along M (warp ``w`` owns rows ``w * M/warps ..``; every warp holds all of K).
+
+    Register ``8 * (am * K/16 + kk) + 2 * r + h`` is half ``h`` of fragment register ``a_r`` of the m16 atom
+    ``am`` at k step ``kk``: row ``16 am + g + 8 (r & 1)``, col ``16 kk + 8 (r >> 1) + 2 t + h`` (g = lane / 4,
+    t = lane % 4; PTX ISA 9.7.14.5.8, "Matrix fragments for mma.m16n8k16" with .f16/.bf16, A). Elements
+    ``2 j, 2 j + 1`` are the low and high halves of the 32-bit operand register ``j``. The f32 accumulator
+    ``MmaLayout((M, K), warps, 1)`` holds the same elements in the same order (two adjacent n8 atoms are one k16
+    step), so a product's result feeds the next product as A after an elementwise cast with no data movement.
+    """
+    shape: tuple[int, int]
+    warps: int
+    vec: int = 2
+
+    def __post_init__(self) -> None:
+        m, k = self.shape
+        if m % (16 * self.warps) or k % 16:
+            raise ValueError(f"{m}x{k} does not split into m16k16 A fragments over {self.warps} warps along M")
+
+    @property
+    def atoms_m(self) -> int:
+        return self.shape[0] // (16 * self.warps)
+
+    @property
+    def k_steps(self) -> int:
+        return self.shape[1] // 16
+
+    @property
+    def regs(self) -> int:  # type: ignore[override]
+        return self.atoms_m * self.k_steps * 8
+
+    def coords(self, tid, i):
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        step, e = i >> 3, i & 7
+        am, kk = step // self.k_steps, step % self.k_steps
+        r, h = e >> 1, e & 1
+        row = warp * (self.shape[0] // self.warps) + am * 16 + g + (r & 1) * 8
+        col = kk * 16 + (r >> 1) * 8 + t * 2 + h
+        return [row, col]
+
+    def __str__(self) -> str:
+        return f"#mma_a<warps={self.warps}>"
+
+
+@dataclass(frozen=True)
 class WgmmaLayout(RegisterLayout):
     """The accumulator of wgmma.m64nNk16 (sm_90a), N = the tile's columns, over warpgroups of 4 warps.
 

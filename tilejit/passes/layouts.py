@@ -1,7 +1,9 @@
 """Fragment (layout) inference: which thread holds which element of every register tile.
 
 Seeds: a gemm's accumulator takes the layout of the instruction the dispatch registry picked (m16n8
-atoms over the warps for mma.sync); a load into registers takes a coalesced blocked layout. Layouts then
+atoms over the warps for mma.sync; with the warps along M only where the result, after elementwise math, is
+another gemm's operand A that mma.sync can then read from registers: ``_rows_per_warp_gemms``); a load into
+registers takes a coalesced blocked layout. Layouts then
 propagate forward through elementwise ops, casts, reductions (a reduction keeps its input's threads:
 ``SliceLayout``), ``x[:, None]`` (``ExpandLayout``) and ``.T`` (``PermutedLayout``), and backward into
 values that can be built in any layout (splats, aranges, broadcasts, loop-carried values initialised
@@ -15,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import knobs
+from ..errors import DispatchError
 from ..target import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Trait, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
@@ -48,6 +51,7 @@ class _Inference:
         self.target = target
         self.lay: dict[int, RegisterLayout] = {}
         self.joins = _joins(fn)
+        self.rows_per_warp = _rows_per_warp_gemms(fn, target)
 
     def get(self, v: Value) -> RegisterLayout | None:
         return self.lay.get(v.id)
@@ -198,7 +202,70 @@ def _elementwise_required(inf: _Inference, op: Op, index: int, parent: Op | None
 def _gemm_seed(inf: _Inference, op: Op) -> None:
     impl = REGISTRY.select("gemm", op, inf.target, op.loc, _source_line(op), only=knobs.gemm_lowering())
     op.attrs = replace(op.attrs, impl=impl.name)
-    inf.set(op.result, impl.payload.acc_layout(op, inf.target))
+    layout = impl.payload.acc_layout(op, inf.target)
+    rows = getattr(impl.payload, "rows_acc_layout", None)
+    if op in inf.rows_per_warp and rows is not None:
+        layout = rows(op, inf.target) or layout
+    inf.set(op.result, layout)
+
+
+def _rows_per_warp_gemms(fn: Function, target: Target) -> set[Op]:
+    """The gemms whose accumulators should give each warp whole rows (``rows_acc_layout``, where the lowering
+    has one): a gemm whose operand A scope inference staged from a register tile computed element by element from
+    other gemms' accumulators (attention's ``P = exp2(S - m).to(bf16)``, ``S = Q K^T``), and those gemms, when a
+    lowering that reads A from registers needs that (``fits_rows``: mma.sync's A fragment holds all of K per warp)
+    and would be preferred to the gemm's own (``keep_register_operands``). Decided before the accumulators' layouts
+    are, since they follow from it; whether A is read from registers is decided after, on the layouts."""
+    pinned = knobs.gemm_lowering()
+    chosen: set[Op] = set()
+    for op in fn.walk():
+        if op.kind is not OpKind.GEMM:
+            continue
+        staged = defining_op(op.operands[0])
+        if staged is None or staged.kind is not OpKind.CONVERT_LAYOUT:
+            continue
+        if staged.operands[0].type.scope is not Scope.REGISTER:
+            continue
+        producers = _gemms_computing(staged.operands[0])
+        if producers and _register_a_needs_rows(op, target, pinned):
+            chosen.add(op)
+            chosen.update(producers)
+    return chosen
+
+
+def _gemms_computing(v: Value) -> list[Op]:
+    """The gemms whose results ``v`` is computed from by elementwise ops on tiles of its shape (casts,
+    arithmetic, selects; a broadcast row statistic or a splat is a side input, not followed)."""
+    found, seen, todo = [], set(), [v]
+    while todo:
+        x = todo.pop()
+        op = defining_op(x)
+        if x.id in seen or op is None:
+            continue
+        seen.add(x.id)
+        if op.kind is OpKind.GEMM:
+            found.append(op)
+        elif op.kind.is_elementwise:
+            todo += [o for o in op.operands if isinstance(o.type, TileType) and o.type.shape == x.type.shape]
+    return found
+
+
+def _register_a_needs_rows(op: Op, target: Target, pinned: str | None) -> bool:
+    try:
+        own = REGISTRY.select("gemm", op, target, only=pinned)
+    except DispatchError:  # the seed reports it, with the source location
+        return False
+    for impl in REGISTRY.candidates("gemm"):
+        fits = getattr(impl.payload, "fits_rows", None)
+        if (fits is not None and _pin_admits(impl, pinned) and impl.min_sm <= target.sm <= impl.max_sm
+                and impl.priority >= own.priority and fits(op, target)):
+            return True
+    return False
+
+
+def _pin_admits(impl, pinned: str | None) -> bool:
+    """A pinned lowering (``TILEJIT_GEMM_LOWERING``) admits itself and its register-A form (``register_a_of``)."""
+    return pinned in (None, impl.name, getattr(impl.payload, "register_a_of", None))
 
 
 def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
@@ -418,7 +485,7 @@ def keep_register_operands(fn: Function, target: Target) -> None:
             continue
         op.operands[0] = staged.operands[0]
         impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
-                     and pinned in (None, i.name)), None)
+                     and _pin_admits(i, pinned)), None)
         if impl is not None and getattr(impl.payload, "register_a", False) and impl.priority >= _priority(op):
             op.attrs = replace(op.attrs, impl=impl.name)
         else:
