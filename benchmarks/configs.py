@@ -1,12 +1,13 @@
-"""Matmul TFLOP/s per explicit config, each with and without warp specialization, next to cuBLAS, in one run.
+"""Matmul TFLOP/s per explicit config in several launch modes, next to cuBLAS, in one run.
 
     python -m benchmarks.configs [--shapes 4096x4096x4096,...] [--dtype fp16] [--configs 128x256x64w8s4,...]
+                                 [--modes off,ws,persistent]
 
 Where ``benchmarks.matmul`` times the autotuned kernel, this times ``benchmarks.kernels.matmul.kernel`` (the same
-DESIGN.md matmul with grouped tile order) at each given config, with ``warp_specialize`` off and on, so the
-effect of one launch option is read directly; it is how the default config space was chosen. The first rows of
-each shape are the autotuned launch and its chosen config launched plainly (the launch paths compared). Every output is
-checked against cuBLAS first (poisoned with NaN, as ``benchmarks.matmul`` does). Prints a Markdown table and
+DESIGN.md matmul with grouped tile order) at each given config in each mode (plain, ``warp_specialize``,
+``persistent``), so the effect of a launch option is read directly; it is how the default config space was chosen.
+The first rows of each shape are the autotuned launch and its chosen config launched plainly (the launch paths
+compared). Every output is checked against cuBLAS first (poisoned with NaN, as ``benchmarks.matmul`` does). Prints a Markdown table and
 writes ``configs.json`` into --out.
 """
 from __future__ import annotations
@@ -35,7 +36,11 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, ws_modes: list[bool]) -> list[dict[str, Any]]:
+# mode -> launch options: plain, a producer warpgroup, one program per SM walking the grid (with the producer)
+MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True}}
+
+
+def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str]) -> list[dict[str, Any]]:
     import torch
 
     import tilejit
@@ -53,22 +58,21 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, ws_modes:
     # the autotuned launch path (tuning happens in the first call), to compare with the same config launched plainly
     tuned = measure(lambda: matmul[matmul_grid](a, b, c), c, ref, m, n, k)
     best = matmul.best_config
-    rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "ws": best.warp_specialize,
+    rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned",
                  "cublas_ms": cublas_ms, **tuned})
     print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
     kw = best.kwargs
     configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
     for bm, bn, bk, warps, stages in configs:
         grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
-        for ws in ws_modes:
-            def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, ws=ws):
-                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
-                                    warp_specialize=ws)
+        for mode in modes:
+            def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, mode=mode):
+                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **MODES[mode])
             result = measure(run, c, ref, m, n, k)
-            rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "ws": ws,
+            rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "mode": mode,
                          "cublas_ms": cublas_ms, **result})
             status = result.get("tflops", result["status"])
-            print(f"{m}x{n}x{k} {bm}x{bn}x{bk} w{warps} s{stages} ws={int(ws)}: {status}", flush=True)
+            print(f"{m}x{n}x{k} {bm}x{bn}x{bk} w{warps} s{stages} {mode}: {status}", flush=True)
     return rows
 
 
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     parser.add_argument("--configs", type=parse_configs, default=parse_configs(DEFAULT_CONFIGS))
-    parser.add_argument("--ws", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--modes", default="off,ws", help=f"comma-separated, among {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     import torch
@@ -85,18 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.configs needs a CUDA GPU", file=sys.stderr)
         return 2
-    modes = {"both": [False, True], "on": [True], "off": [False]}[args.ws]
+    modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+    if not modes or any(x not in MODES for x in modes):
+        parser.error(f"--modes takes {', '.join(MODES)}, not {args.modes!r}")
     rows = []
     for shape in args.shapes:
         rows += bench(shape, args.dtype, args.configs, modes)
     stamp = machine_stamp()
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "configs.json", {"machine": stamp, "rows": rows})
-    table = [[r["shape"], r["config"], "on" if r["ws"] else "off", r.get("tflops", r["status"]),
+    table = [[r["shape"], r["config"], r["mode"], r.get("tflops", r["status"]),
               matmul_tflops(*map(int, r["shape"].split("x")), r["cublas_ms"]),
               r["cublas_ms"] / r["ms"] if "ms" in r else None] for r in rows]
     print(f"\n{stamp['gpu']} (driver {stamp['driver']}), {args.dtype}\n")
-    print(markdown_table(["shape", "config", "warp-specialized", "tilejit TFLOP/s", "cuBLAS TFLOP/s",
+    print(markdown_table(["shape", "config", "mode", "tilejit TFLOP/s", "cuBLAS TFLOP/s",
                           "vs cuBLAS"], table))
     return 0
 

@@ -128,7 +128,8 @@ class Specialization:
             "args": [[name, spec_json(spec)] for name, spec in self.args],
             "options": [self.options.num_warps, self.options.num_stages]
                        + ([self.options.split_k] if self.options.split_k != 1 else [])
-                       + (["warp_specialize"] if self.options.warp_specialize else []),
+                       + (["warp_specialize"] if self.options.warp_specialize else [])
+                       + (["persistent"] if self.options.persistent else []),
             "target": target,
         }
 
@@ -174,7 +175,8 @@ def target_text(target: Target) -> str:
 
     major, minor = nvrtc_version()
     pinned = knobs.gemm_lowering()
-    return f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + (f":gemm={pinned}" if pinned else "")
+    return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + (f":gemm={pinned}" if pinned else "")
+            + (f":sms={target.sm_count}" if target.persistent else ""))
 
 
 def cache_key(spec: Specialization, target: Target) -> str:

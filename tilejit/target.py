@@ -125,11 +125,14 @@ class LaunchOptions:
     cut over that many programs of one thread-block cluster, their partial accumulators summed before the
     epilogue; 1 = off; sm_90+, see ``passes/split_k.py``) and ``warp_specialize`` (the pipelined main loops that
     qualify get a producer warpgroup issuing their TMA loads while the ``num_warps`` warps only compute; sm_90a,
-    see ``passes/pipeline.py``; a loop's own ``T.range(..., warp_specialize=)`` overrides it)."""
+    see ``passes/pipeline.py``; a loop's own ``T.range(..., warp_specialize=)`` overrides it) and ``persistent``
+    (a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads the
+    next tile while the math warps finish this one; implies ``warp_specialize`` for loops that do not say)."""
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
     warp_specialize: bool = False
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
@@ -141,14 +144,16 @@ class LaunchOptions:
                                   f"cluster), got {self.split_k!r}")
         if type(self.warp_specialize) is not bool:
             raise UsageValueError(f"warp_specialize must be True or False, got {self.warp_specialize!r}")
+        if type(self.persistent) is not bool:
+            raise UsageValueError(f"persistent must be True or False, got {self.persistent!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k", "warp_specialize")
+        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent")
 
     def as_dict(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
-                "warp_specialize": self.warp_specialize}
+                "warp_specialize": self.warp_specialize, "persistent": self.persistent}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -162,11 +167,14 @@ class Target:
     """What a lowering may depend on: the arch and the launch options."""
     arch: Arch
     options: LaunchOptions = LaunchOptions()
+    # SMs of the GPU a persistent kernel is compiled for (its program count); 0: not known (no GPU at compile time)
+    sm_count: int = 0
 
     @classmethod
     def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
-           warp_specialize: bool = False) -> "Target":
-        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize))
+           warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0) -> "Target":
+        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent),
+                   sm_count)
 
     @property
     def sm(self) -> int:
@@ -187,6 +195,10 @@ class Target:
     @property
     def warp_specialize(self) -> bool:
         return self.options.warp_specialize
+
+    @property
+    def persistent(self) -> bool:
+        return self.options.persistent
 
     @property
     def threads(self) -> int:

@@ -237,3 +237,62 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
         compiled = kernel.compile(*args, **config.all_kwargs(), arch="sm_90a")
         assert compiled.threads == 32 * config.num_warps + 128, config
         assert compiled.meta["spills"] == 0, (config, compiled.meta)
+
+
+# -- persistent kernels ------------------------------------------------------------------------------------------
+
+def test_persistent_structure():
+    st = _compile(mm, *_args(), persistent=True, BN=128)
+    cuda = st.cuda
+    assert "producer_warpgroup = true" in st.final_ir  # persistent implies warp specialization
+    head = cuda[cuda.index("__global__"):]
+    # programs past one per SM leave at once; the ring's barriers are set up once, before any walk
+    assert head.index("if (tj_first >= 132) return;") < head.index("tj_mbar_init(")
+    assert head.count("tj_mbar_init(") == 2 and "tj_mbar_inval" not in head
+    producer = _section(head, "if (tid >= 256)")
+    walk = _section(producer, "for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += 132)")
+    assert "tj_tma_load_2d(" in walk and "const int32_t tj_pid0 = " in walk
+    after = head[head.index(producer) + len(producer):]
+    assert after.index("int tj_it = 0;") < after.index("for (long long tj_prog")
+    consumer = _section(after, "for (long long tj_prog")
+    assert "tj_tma_load" not in consumer and "tj_mbar_arrive(" in consumer
+    assert "blockIdx" not in consumer  # T.program_id reads the program being run
+    assert consumer.rstrip("}").rstrip().endswith('asm volatile("bar.sync 1, 256;" ::: "memory");  '
+                                                  "// this program's shared memory (the epilogue's) is free for "
+                                                  "the next one")
+
+
+def test_persistent_program_count_and_cache_key():
+    from tilejit.compiler import cache_key
+    from tilejit.target import Target
+
+    st = mm.compile(*_args(), BM=128, BN=128, BK=64, num_warps=8, persistent=True, arch="sm_90a", stop_after="cuda")
+    assert "tj_prog += 132" in st.cuda  # no GPU here: an H100 SXM's SM count
+    call = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "persistent": True})
+    keys = {cache_key(call.spec, Target.of("sm_90a", 4, 3, 1, False, True, sms)) for sms in (0, 114, 132)}
+    assert len(keys) == 3
+    from tilejit import compiler
+
+    stages = compiler.run_stages(call.spec, Target.of("sm_90a", 4, 3, 1, False, True, 114), "passes")
+    assert stages.fn.attrs["persistent"] == 114
+
+
+def test_persistent_passes_over_kernels_without_a_specialized_loop():
+    bias = _meta(768)
+    st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], persistent=True)
+    assert "tj_first" not in st.cuda and "producer_warpgroup" not in st.final_ir
+    st = _compile(mm, *_args(), WS=False, persistent=True)
+    assert "tj_first" not in st.cuda
+    st = _compile(mm, *_args(), arch="sm_80", BK=32, persistent=True)
+    assert "tj_first" not in st.cuda
+
+
+@pytest.mark.parametrize("bm,bn,warps", [(128, 256, 8), (256, 128, 8), (128, 128, 4)])
+def test_persistent_compiles_without_spills(bm, bn, warps):
+    from benchmarks.kernels import matmul
+
+    a, b, c = _meta(4096, 4096), _meta(4096, 4096), _meta(4096, 4096)
+    compiled = matmul.kernel.compile(a, b, c, BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=4, persistent=True,
+                                     arch="sm_90a")
+    assert "tj_first" in compiled.asm["cuda"]
+    assert compiled.meta["spills"] == 0 and compiled.shared_bytes <= 232448, compiled.meta

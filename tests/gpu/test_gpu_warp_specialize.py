@@ -172,3 +172,80 @@ def test_autotuned_config():
     assert len(tuner.stats.timed) == 2
     err = (c.double() - a.double() @ b.double()).abs().max().item()
     assert err <= 2e-3 * 64 + 1e-2, err
+
+
+# -- persistent kernels: one program per SM walking the grid ---------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 3000, 776), (128, 11008, 4096), (8192, 8192, 1024),
+                                   (64, 64, 64), (3000, 200, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("config", [(128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_persistent_benchmark_kernel(shape, config):
+    """More programs than SMs (each persistent one runs several), fewer, and one; the grouped order's scalar math
+    runs per program in both the producer's walk and the math warps'."""
+    from benchmarks.kernels import matmul
+
+    m, n, k = shape
+    bm, bn, bk, warps, stages = config
+    torch.manual_seed(m + 3 * n + k)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, persistent=True)
+    compiled = matmul.kernel.compile(a, b, c, **kw)
+    _specialized(compiled)
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    assert f"tj_prog += {programs})" in compiled.asm["cuda"]
+    matmul.kernel[(tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)](a, b, c, **kw)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
+
+
+@tilejit.kernel
+def bmm_grid3(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C[z] = A[z] @ B[z] on a 3-D grid (x: N tiles, y: M tiles, z: batch), T.num_programs read too."""
+    K = A.shape[2]
+    z = T.program_id(2)
+    m0 = T.program_id(1) * BM
+    n0 = (T.num_programs(0) - 1 - T.program_id(0)) * BN  # the x order reversed: num_programs must be the grid's
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc += A[z, m0:m0 + BM, k0:k0 + BK] @ B[z, k0:k0 + BK, n0:n0 + BN]
+    C[z, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@pytest.mark.parametrize("batch,m,n,k", [(3, 1000, 520, 264), (40, 256, 256, 128)])
+def test_persistent_3d_grid(batch, m, n, k):
+    torch.manual_seed(batch + m)
+    a = torch.randn(batch, m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(batch, k, n, device="cuda", dtype=torch.float16)
+    c = torch.full((batch, m, n), float("nan"), device="cuda", dtype=torch.float16)
+    kw = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=3, persistent=True)
+    compiled = bmm_grid3.compile(a, b, c, **kw)
+    assert "tj_first" in compiled.asm["cuda"]
+    bmm_grid3[(tilejit.cdiv(n, 128), tilejit.cdiv(m, 128), batch)](a, b, c, **kw)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 2e-3 * ref.abs().max().item() + 1e-2, err
+
+
+def test_persistent_fused_epilogue_and_repeated_launches():
+    """The same persistent kernel launched many times back to back (the ring's barriers start afresh each launch)."""
+    m, n, k = 2000, 1000, 1000
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.relu(x.double() @ w.double() + bias.double())
+    kw = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=4, persistent=True)
+    for _ in range(20):
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
+    torch.cuda.synchronize()
+    assert not torch.isnan(y).any()
+    assert (y.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item() + 1e-2

@@ -230,6 +230,11 @@ class Emitter:
         self.hoisted_exprs: dict[str, tuple[str, str]] = {}  # its name -> (C type, expression)
         self.counter = 0
         self.split_at: int | None = None  # index in lines where a producer warpgroup left (consumers_only)
+        # a persistent kernel emits its warp-specialized loop in two parts (lower_loops.emit_persistent): the
+        # ring and the producer ("prelude") before the walk over the programs, the math ("consumer") inside it
+        self.ring_phase: str | None = None
+        self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
+        self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
 
     # -- naming and output ----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -382,7 +387,12 @@ class Emitter:
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
-        self.emit_block(self.fn.body)
+        if self.fn.attrs.get("persistent"):
+            from .lower_loops import emit_persistent
+
+            emit_persistent(self)
+        else:
+            self.emit_block(self.fn.body)
         for f in reversed(finish):
             f()
         for n, _ in enumerate(self.tensor_maps):  # encoded by the host per launch, passed by value
@@ -440,6 +450,8 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         return f"({c_type(dtype)}){value}{suffix}"
     if op.kind in (OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS):
         builtin = f"{'blockIdx' if op.kind is OpKind.PROGRAM_ID else 'gridDim'}.{'xyz'[op.attrs.axis]}"
+        if op.kind is OpKind.PROGRAM_ID and em.fn.attrs.get("persistent"):
+            return f"tj_pid{op.attrs.axis}"  # the program this persistent one is running now (emit_persistent)
         splits = em.fn.attrs.get("split_k", 1)
         if op.attrs.axis == 2 and splits > 1:  # z holds the user's programs times the split-K cluster
             return f"(int32_t)({builtin} / {splits}u)"

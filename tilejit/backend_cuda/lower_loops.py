@@ -20,6 +20,8 @@ count them alone (``Emitter.consumers_only``).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
 from ..passes.pipeline import in_flight_gemms
@@ -71,8 +73,10 @@ def _for(em: Emitter, op: Op) -> None:
     body = op.regions[0]
     iv, carried = body.args[0], body.args[1:]
     iv_t = c_type(iv.dtype)
+    # a persistent kernel's specialized loop comes here twice (emit_persistent): "prelude", "consumer"
+    phase = em.ring_phase if op.attrs.producer_warpgroup and em.fn.attrs.get("persistent") else None
     # Loop-carried values live in variables declared before the loop; the results are those variables.
-    for arg, init, res in zip(carried, op.operands[3:], op.results):
+    for arg, init, res in zip(carried, op.operands[3:], op.results) if phase != "prelude" else ():
         name = declare_var(em, arg)
         assign_value(em, name, init)
         em.alias(res, name)
@@ -102,8 +106,11 @@ def _for(em: Emitter, op: Op) -> None:
     outer_async, em.async_mma = em.async_mma, None
     # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
     smem_mark = em.smem_top
-    em.open("")
-    if tma:
+    if phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
+        em.open("")
+    if phase == "consumer":
+        bars, empty, tma_bytes, maps = em.rings[id(op)]
+    elif tma:
         em.require_support("tma", lower_tma.SUPPORT)
         nbars = 2 * stages if in_flight else stages
         bars = em.allocate_shared(8 * nbars, 8)
@@ -123,6 +130,7 @@ def _for(em: Emitter, op: Op) -> None:
                 lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
         em.line("__syncthreads();")
+        em.rings[id(op)] = (bars, empty, tma_bytes, maps)
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
         if not tma or producer:
@@ -142,10 +150,16 @@ def _for(em: Emitter, op: Op) -> None:
     rd: dict[int, str] = {}
     wr: dict[int, str] = {}
     interior: list[tuple[Op, InteriorCopy]] = []
-    if producer:
+    if producer and phase != "consumer":
         for load in piped:
             stage_shared(em, load.result)
-        _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range)
+        _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range, em.per_program)
+        if phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
+            em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
+            em.async_mma, em.overlap_hook = outer_async, outer_hook
+            return
+    elif producer:
+        pass  # the consumer part of a persistent loop: the prelude set up the ring and the producer
     elif piped:
         for load in piped:
             stage_shared(em, load.result)
@@ -177,7 +191,7 @@ def _for(em: Emitter, op: Op) -> None:
         if interior:
             ok = [term for _, copy in interior for term in copy.setup()]
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
-    if piped:
+    if piped and phase is None:
         em.line("int tj_it = 0;")
     iv_name = em.name(iv)
     incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
@@ -286,13 +300,14 @@ def _for(em: Emitter, op: Op) -> None:
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")
-    if tma:
+    if tma and phase is None:
         em.line(f"if (tid == 0) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
                 "  // before the memory is reused")
     em.close()
     em.overlap_hook = outer_hook
     em.smem_peak = max(em.smem_peak, em.smem_top)
-    em.smem_top = smem_mark
+    if phase is None:  # a persistent kernel's ring stays: the next program's loads land while this one finishes
+        em.smem_top = smem_mark
 
 
 # setmaxnreg (PTX 9.7.17.1): registers per thread after the split, a multiple of 8 in 24..256. The producer keeps
@@ -313,8 +328,10 @@ def consumer_registers(consumers: int, producers: int) -> int:
 
 
 def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, bars: int, empty: str,
-              maps: dict[int, str], starts_at, in_range) -> None:
-    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant."""
+              maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None) -> None:
+    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. In a
+    persistent kernel (``per_program`` given) the producer walks the same programs as the math warps, emitting
+    each program's ids and scalars (``per_program``) before its loop."""
     from ..passes.pipeline import PRODUCER_THREADS
 
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
@@ -327,6 +344,9 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
     em.line(f"tj_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
     em.open(f"if (tid == {consumers})")
     em.line("int tj_pit = 0;")
+    if per_program is not None:
+        em.open(_program_walk(em))
+        per_program()
     em.line("#pragma unroll 1")
     em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
     em.line(f"const int tj_pslot = tj_pit % {stages};")
@@ -338,11 +358,65 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
         lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
                             maps[o.result.id])
     em.close()
+    if per_program is not None:
+        em.close()
     em.close()
     em.line("return;  // the producer's part of the kernel ends with the loop")
     em.close()
     em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
     em.consumers_only()
+
+
+def _program_walk(em: Emitter) -> str:
+    """The header of a persistent program's loop over the grid's programs (``tj_pid0..2`` are set inside by
+    ``_program_ids``): program p < P runs programs p, p + P, p + 2P, ... in the grid's linear order."""
+    return f"for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += {em.fn.attrs['persistent']})"
+
+
+def _program_ids(em: Emitter) -> None:
+    em.line("const int32_t tj_pid0 = (int32_t)(tj_prog % gridDim.x);")
+    em.line("const int32_t tj_pid1 = (int32_t)((tj_prog / gridDim.x) % gridDim.y);")
+    em.line("const int32_t tj_pid2 = (int32_t)(tj_prog / ((long long)gridDim.x * gridDim.y));")
+    em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
+
+
+def emit_persistent(em: Emitter) -> None:
+    """The body of a persistent kernel (``fn.attrs["persistent"]`` = P programs, one per SM; passes/pipeline).
+
+    The grid is launched as the user gave it; programs P and above leave at once (the hardware starts them once
+    the first P finish, so they cost a moment at the end), and program p < P runs the grid's programs p, p + P,
+    ... in turn, with ``T.program_id`` / ``T.num_programs`` meaning what they mean in a normal launch. The
+    warp-specialized loop's ring and producer are set up once, before the walk: the producer runs every program's
+    K loop back to back, so it fills the ring for the next program while the math warps run this one's epilogue.
+    The ring's slot count runs on across programs. What precedes the loop is emitted twice (it computes scalars
+    and registers only): in the producer's walk and in the math warps'."""
+    ops = em.fn.body.ops
+    at = next(i for i, o in enumerate(ops) if o.kind is OpKind.FOR and o.attrs.producer_warpgroup)
+    before, loop, after = ops[:at], ops[at], ops[at + 1:]
+    programs = em.fn.attrs["persistent"]
+    em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the others "
+            "leave at once")
+    em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
+    em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * "
+            "blockIdx.z);")
+    em.line(f"if (tj_first >= {programs}) return;")
+
+    def per_program() -> None:
+        _program_ids(em)
+        for o in before:
+            RULES[o.kind](em, o)
+
+    em.per_program, em.ring_phase = per_program, "prelude"
+    RULES[OpKind.FOR](em, loop)
+    em.ring_phase = "consumer"
+    em.open(_program_walk(em))
+    per_program()
+    RULES[OpKind.FOR](em, loop)
+    for o in after:
+        RULES[o.kind](em, o)
+    em.line("__syncthreads();  // this program's shared memory (the epilogue's) is free for the next one")
+    em.close()
+    em.per_program = em.ring_phase = None
 
 
 @emits(OpKind.WHILE)

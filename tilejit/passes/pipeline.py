@@ -92,7 +92,12 @@ def specialize_warps(fn: Function, target: Target) -> None:
     those extra threads: the loop sits in the kernel's top-level block, every op before it computes registers
     only (no memory writes, no shared memory, no layout conversions), and the kernel is not split-K (its
     cluster barriers count every thread). A loop that asks and does not qualify is refused with the reason; the
-    launch option passes over it."""
+    launch option passes over it.
+
+    With the ``persistent`` launch option (which implies ``warp_specialize`` for loops that do not say), a kernel
+    whose loop is specialized runs as one program per SM (``fn.attrs["persistent"]``, the program count): each
+    walks the grid's programs, and the producer loads the next program's tiles while the math warps finish this
+    one's epilogue (``lower_loops.emit_persistent``)."""
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
         asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
         if asked and target.sm == 90:
@@ -104,7 +109,7 @@ def specialize_warps(fn: Function, target: Target) -> None:
         if loop.kind is not OpKind.FOR:
             continue
         asked = loop.attrs.warp_specialize
-        if asked is False or asked is None and not target.warp_specialize:
+        if asked is False or asked is None and not (target.warp_specialize or target.persistent):
             continue
         why = _why_not_specialized(fn, loop)
         if why is None and chosen:
@@ -117,6 +122,12 @@ def specialize_warps(fn: Function, target: Target) -> None:
     for loop in chosen:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
+        if target.persistent:
+            fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
+
+
+#: The program count of a persistent kernel compiled with no GPU to ask (an H100 SXM's SMs).
+DEFAULT_SM_COUNT = 132
 
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:

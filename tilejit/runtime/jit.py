@@ -27,7 +27,7 @@ from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
 
 # Launch options added after kernels were written with parameters of the same name: such a parameter wins.
-_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize"})
+_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch
@@ -278,7 +278,8 @@ class Kernel:
         On a miss the frontend runs first (user errors surface before any lock); an extent it finds it needs
         is added to the specialization and the compile starts again.
         """
-        target = Target(resolve_arch(arch, device_index), call.options)
+        target = Target(resolve_arch(arch, device_index), call.options,
+                        sm_count=_sm_count(device_index) if call.options.persistent else 0)
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
@@ -663,3 +664,13 @@ def kernel(fn: Callable | None = None) -> Kernel:
 def func(fn: Callable) -> JITFunction:
     """Decorator: a helper that kernels may call; it is inlined where it is called."""
     return JITFunction(fn)
+
+
+def _sm_count(device_index: int | None) -> int:
+    """The SM count of the GPU a persistent kernel is compiled for; 0 without one (the compiler's default then)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
