@@ -115,7 +115,7 @@ GPU_CASES = {
 # -- examples/matmul.py and benchmarks/kernels.py -------------------------------------------------------------
 
 _configs = {(c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"], c.num_warps, c.num_stages): c for c in matmul_configs()
-            if c.split_k == 1 and not c.warp_specialize}
+            if c.split_k == 1 and not c.warp_specialize and not c.persistent}
 _BENCH_CONFIGS = [(64, 64, 32, 4, 3), (128, 128, 64, 4, 3), (128, 256, 64, 8, 3)]
 
 

@@ -32,7 +32,7 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs()
-    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize]
+    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize and not c.persistent]
     specialized = [c for c in configs if c.warp_specialize]
     assert 12 <= len(plain) <= 16 and 4 <= len([c for c in configs if c.split_k > 1]) <= 8
     assert 4 <= len(specialized) <= 8 and all(c.split_k == 1 and c.kwargs["BK"] == 64 for c in specialized)
@@ -79,7 +79,8 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     assert (128, 256) in _tiles(kept)
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
     # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
-    assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize]
+    assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize
+                          and not c.persistent]
 
 
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
@@ -89,7 +90,8 @@ def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
     kept = matmul_prune(matmul_configs(), _named(4096, 4096, 4096))
     assert {(128, 256), (256, 128), (128, 128)} <= _tiles([c for c in kept if c.warp_specialize])
     monkeypatch.setattr(cfg, "is_sm90", lambda tensor: False)
-    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096)) if c.warp_specialize]
+    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096))
+                if c.warp_specialize or c.persistent]
 
 
 def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch):

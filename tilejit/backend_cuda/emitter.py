@@ -186,6 +186,8 @@ def emits(*kinds: OpKind):
 #: each hook is called with the emitter before the body is emitted and may return a function that emits the
 #: matching tear-down after it.
 KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
+#: How the body of a persistent kernel is emitted (registered by lower_loops, which owns the ring it is built on).
+PERSISTENT_BODY: list[Callable[["Emitter"], None]] = []
 
 
 @dataclass
@@ -388,9 +390,7 @@ class Emitter:
         decls, kinds = self.params()
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         if self.fn.attrs.get("persistent"):
-            from .lower_loops import emit_persistent
-
-            emit_persistent(self)
+            PERSISTENT_BODY[0](self)
         else:
             self.emit_block(self.fn.body)
         for f in reversed(finish):

@@ -25,7 +25,8 @@ from typing import Callable
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
 from ..passes.pipeline import in_flight_gemms
-from .emitter import RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, scalar_expr
+from .emitter import (PERSISTENT_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
+                      scalar_expr)
 from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
@@ -417,6 +418,9 @@ def emit_persistent(em: Emitter) -> None:
     em.line("__syncthreads();  // this program's shared memory (the epilogue's) is free for the next one")
     em.close()
     em.per_program = em.ring_phase = None
+
+
+PERSISTENT_BODY.append(emit_persistent)
 
 
 @emits(OpKind.WHILE)
