@@ -727,9 +727,11 @@ def test_hinted_matmul_gpu(M, K, N, hint, tiles, warps, dtype):
 
 
 @pytest.mark.parametrize("starts, hint", [
-    ([0, 16, 992, 480, 2048, -16], True),  # multiples of 16 (992 runs past the end, 2048 is wholly outside)
-    ([0, 16, 992, 480, 2048, -16], False),
-    ([5, 101, 999, 430, 2001, -3], False),
+    # multiples of 16 (992 runs past the end, 2048 is wholly outside, -48 starts before it); no two segments
+    # overlap (programs writing the same element would race)
+    ([128, 64, 992, 480, 2048, -48], True),
+    ([128, 64, 992, 480, 2048, -48], False),
+    ([5, 101, 999, 430, 2001, -60], False),
 ])
 def test_hinted_segments_gpu(starts, hint):
     """Program g copies X[s:s + 64] + g to Y for its start s = Starts[g] read from memory; elements outside

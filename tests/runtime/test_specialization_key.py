@@ -453,3 +453,20 @@ def test_fast_signature_takes_run_time_arguments_by_keyword_or_default():
 ])
 def test_calls_the_fast_signature_cannot_describe_go_to_the_slow_path(args, kwargs):
     assert _scaled._fast_args(args, kwargs) is None
+
+
+def test_tma_stride_rule_refuses_unit_strides_outside_the_last_dim():
+    """A contiguous (M, 1) tensor has strides (1, 1): cuTensorMapEncodeTiled refuses the first one (not a multiple
+    of 16 bytes), so the spec must not promise TMA-able strides; the last dim's unit stride is fine."""
+    import torch
+
+    from tilejit.runtime.jit import _tensor_spec
+
+    def spec(t):
+        return _tensor_spec("x", t, ())
+
+    assert not spec(torch.empty(64, 1, dtype=torch.float16, device="meta")).strides16
+    assert spec(torch.empty(64, 8, dtype=torch.float16, device="meta")).strides16
+    assert not spec(torch.empty(8, 64, dtype=torch.float16, device="meta").t()).strides16  # strides (1, 64)
+    assert not spec(torch.empty(64, 7, dtype=torch.float16, device="meta")).strides16      # 14-byte rows
+    assert spec(torch.empty(5, 3, 8, dtype=torch.float32, device="meta")).strides16

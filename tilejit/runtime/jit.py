@@ -71,9 +71,12 @@ def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
     aligned = t.device.type == "meta" or t.data_ptr() % 16 == 0
     # A known extent past this tensor's rank is skipped: the frontend reports the rank mismatch, located.
     extents = tuple((d, int(t.shape[d])) for d in sorted(shape_dims) if d < t.dim())
-    # TMA's rule for the tensor maps of bulk copies: strides other than the unit one are positive
-    # multiples of 16 bytes (and a tensor map cannot describe an empty tensor).
-    strides16 = t.numel() > 0 and all(st == 1 or (st > 0 and st * t.element_size() % 16 == 0) for st in t.stride())
+    # TMA's rule for the tensor maps of bulk copies: every stride but the last dim's is a positive multiple of
+    # 16 bytes, the last may be 1 (and a tensor map cannot describe an empty tensor). A unit stride elsewhere (an
+    # (M, 1) tensor has strides (1, 1)) is not one: cuTensorMapEncodeTiled refuses it.
+    last = t.dim() - 1
+    strides16 = t.numel() > 0 and all((d == last and st == 1) or (st > 0 and st * t.element_size() % 16 == 0)
+                                      for d, st in enumerate(t.stride()))
     return TensorSpec(dtype, t.dim(), unit, aligned, strides16=strides16, shape_constants=extents)
 
 
