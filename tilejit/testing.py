@@ -49,7 +49,13 @@ class _Timing(Protocol):
 
 
 class _CudaTiming:
-    """CUDA events on torch's current device; the L2 flush writes a buffer twice the device's L2 size."""
+    """CUDA events on torch's current device; the L2 flush writes a buffer four times the device's L2 size.
+
+    Four, not two: the flush also gives the host time to enqueue the timed call before the GPU gets to its start
+    event. With twice the L2 (about 33 us of writes on an H100) a launch path costing ~20 us of host time, plus
+    the event records, sometimes came after the flush had finished, and the GPU's idle wait was timed as the
+    kernel's (a 10 us 1024^3 matmul read 22 us in one run and 10.7 in another). Host launch costs are measured on
+    their own (benchmarks/launch.py)."""
 
     def __init__(self) -> None:
         import torch
@@ -59,7 +65,7 @@ class _CudaTiming:
         self._torch = torch
         device = torch.cuda.current_device()
         l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-        flush_bytes = 2 * l2_bytes if l2_bytes > 0 else _FALLBACK_FLUSH_BYTES
+        flush_bytes = 4 * l2_bytes if l2_bytes > 0 else _FALLBACK_FLUSH_BYTES
         self._flush_buffer = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
 
     def event(self) -> _Event:
