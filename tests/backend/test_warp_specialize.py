@@ -296,3 +296,17 @@ def test_persistent_compiles_without_spills(bm, bn, warps):
                                      arch="sm_90a")
     assert "tj_first" in compiled.asm["cuda"]
     assert compiled.meta["spills"] == 0 and compiled.shared_bytes <= 232448, compiled.meta
+
+
+def test_interpreter_runs_kernels_launched_with_the_options(monkeypatch):
+    """The options change how a GPU runs the kernel, never what it computes: the interpreter takes them as is."""
+    from benchmarks.kernels import matmul
+
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    torch.manual_seed(0)
+    a, b = torch.randn(100, 70, dtype=F16), torch.randn(70, 90, dtype=F16)
+    c = torch.full((100, 90), float("nan"), dtype=F16)
+    matmul.kernel[(2 * 2,)](a, b, c, BM=64, BN=64, BK=32, num_warps=4, warp_specialize=True, persistent=True)
+    assert (c.double() - a.double() @ b.double()).abs().max().item() < 0.05
+    with pytest.raises(TilejitError, match="persistent must be True or False"):
+        matmul.kernel[(4,)](a, b, c, BM=64, BN=64, BK=32, persistent=1)
