@@ -218,19 +218,24 @@ def _rows_per_warp_gemms(fn: Function, target: Target) -> set[Op]:
     are, since they follow from it; whether A is read from registers is decided after, on the layouts."""
     pinned = knobs.gemm_lowering()
     chosen: set[Op] = set()
-    for op in fn.walk():
-        if op.kind is not OpKind.GEMM:
-            continue
-        staged = defining_op(op.operands[0])
-        if staged is None or staged.kind is not OpKind.CONVERT_LAYOUT:
-            continue
-        if staged.operands[0].type.scope is not Scope.REGISTER:
-            continue
+    for op, staged in _staged_from_registers(fn):
         producers = _gemms_computing(staged.operands[0])
         if producers and _register_a_needs_rows(op, target, pinned):
             chosen.add(op)
             chosen.update(producers)
     return chosen
+
+
+def _staged_from_registers(fn: Function):
+    """(gemm, staging op) for each gemm whose operand A scope inference staged from a register tile (a
+    convert_layout of a register value)."""
+    for op in fn.walk():
+        if op.kind is not OpKind.GEMM:
+            continue
+        staged = defining_op(op.operands[0])
+        if staged is not None and staged.kind is OpKind.CONVERT_LAYOUT and \
+                staged.operands[0].type.scope is Scope.REGISTER:
+            yield op, staged
 
 
 def _gemms_computing(v: Value) -> list[Op]:
@@ -475,13 +480,8 @@ def keep_register_operands(fn: Function, target: Target) -> None:
     tile when a registered lowering reads A from registers in the tile's layout (e.g. wgmma with A's fragment
     in the accumulator layout of an earlier gemm: attention's P). The staging copy is left dead for cleanup."""
     pinned = knobs.gemm_lowering()
-    for op in fn.walk():
-        if op.kind is not OpKind.GEMM:
-            continue
-        staged = defining_op(op.operands[0])
-        if staged is None or staged.kind is not OpKind.CONVERT_LAYOUT:
-            continue
-        if staged.operands[0].type.scope is not Scope.REGISTER or op.operands[0].type.scope is not Scope.SHARED:
+    for op, staged in _staged_from_registers(fn):
+        if op.operands[0].type.scope is not Scope.SHARED:
             continue
         op.operands[0] = staged.operands[0]
         impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
