@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import linecache
 import os
 import sys
 import sysconfig
@@ -44,6 +45,13 @@ def close_matches(name: str, candidates: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=3, cutoff=0.6)
 
 
+def source_line(loc: Any) -> str | None:
+    """The source line an IR location (``filename``, ``lineno``) points at, or None when it cannot be read."""
+    if loc is None:
+        return None
+    return linecache.getline(loc.filename, loc.lineno).rstrip("\n") or None
+
+
 class TilejitError(Exception):
     """Base class of every error tilejit raises on purpose."""
 
@@ -73,6 +81,15 @@ class CompilationError(TilejitError):
         self.source_line = source_line
         self.hint = hint
         super().__init__(message)
+
+    @classmethod
+    def at(cls, loc: Any, message: str, *, hint: str | None = None):
+        """The error located at ``loc`` (an IR op's location: ``filename``, ``lineno``, ``col``), its source line
+        read back for the caret; without a location, just the message."""
+        if loc is None:
+            return cls(message, hint=hint)
+        return cls(message, filename=loc.filename, lineno=loc.lineno, col=loc.col, source_line=source_line(loc),
+                   hint=hint)
 
     def location(self) -> str:
         """``file:line:col`` with whatever parts are known ("<unknown>" when no file is)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import knobs
-from ..errors import DispatchError
+from ..errors import DispatchError, source_line
 from ..target import REGISTRY, Target
 from ..ir import Block, Function, NoAttrs, Op, OpKind, Scope, TileType, Trait, Value
 from ..ir.layouts import (BlockedLayout, ExpandLayout, MmaLayout, PermutedLayout, RegisterLayout, SharedLayout,
@@ -132,14 +132,6 @@ def _tile_values(fn: Function):
             yield from (r for r in op.results if isinstance(r.type, TileType))
 
 
-def _source_line(op: Op) -> str | None:
-    if op.loc is None:
-        return None
-    import linecache
-
-    return linecache.getline(op.loc.filename, op.loc.lineno).rstrip("\n") or None
-
-
 def _required(op: Op, index: int, parent: Op | None, inf: _Inference) -> RegisterLayout | None:
     """The layout operand ``index`` of ``op`` must have, or None when any layout is accepted."""
     rule = LAYOUT_RULES[op.kind]
@@ -200,7 +192,7 @@ def _elementwise_required(inf: _Inference, op: Op, index: int, parent: Op | None
 
 
 def _gemm_seed(inf: _Inference, op: Op) -> None:
-    impl = REGISTRY.select("gemm", op, inf.target, op.loc, _source_line(op), only=knobs.gemm_lowering())
+    impl = REGISTRY.select("gemm", op, inf.target, op.loc, source_line(op.loc), only=knobs.gemm_lowering())
     op.attrs = replace(op.attrs, impl=impl.name)
     layout = impl.payload.acc_layout(op, inf.target)
     rows = getattr(impl.payload, "rows_acc_layout", None)

@@ -9,10 +9,10 @@ only on the induction variable, on values defined before the loop and on scalar 
 """
 from __future__ import annotations
 
-import linecache
 from dataclasses import replace
 
 from .. import dtypes as D
+from ..errors import CompilationError
 from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
@@ -157,17 +157,11 @@ def _runs_on_extra_threads(op: Op) -> bool:
     return op.kind in _REGISTER_ONLY or op.kind.is_elementwise
 
 
-def _refusal(loop: Op, message: str):
-    from ..errors import CompilationError
+def _refusal(loop: Op, message: str) -> CompilationError:
+    return CompilationError.at(loop.loc, message, hint="drop warp_specialize=True from this T.range, or write the "
+                                                       "loop as a plain main loop at the kernel's top level")
 
-    loc = loop.loc
-    hint = ("drop warp_specialize=True from this T.range, or write the loop as a plain main loop at the kernel's "
-            "top level")
-    if loc is None:
-        return CompilationError(message, hint=hint)
-    line = linecache.getline(loc.filename, loc.lineno).rstrip("\n") or None
-    return CompilationError(message, filename=loc.filename, lineno=loc.lineno, col=loc.col, source_line=line,
-                            hint=hint)
+
 def _keep_in_tmem(gemm: Op) -> None:
     """A tcgen05 accumulator stays in tensor memory through the loop: in the body, the carried value the gemm
     reads and the result it yields are TMEM tiles (still in their TmemLayout: the registers the loop's entry stores

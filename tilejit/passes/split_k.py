@@ -19,8 +19,6 @@ located :class:`~tilejit.errors.CompilationError` saying why:
 """
 from __future__ import annotations
 
-import linecache
-
 from ..errors import CompilationError
 from .. import dtypes as D
 from ..ir import (BinaryAttrs, BinaryOp, Block, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, Function,
@@ -198,5 +196,4 @@ def _error(fn: Function, op: Op | None, message: str, hint: str) -> SplitKError:
     loc = getattr(op, "loc", None)
     if loc is None:
         return SplitKError(f"kernel {fn.name}: {message}", filename=fn.filename, hint=hint)
-    line = linecache.getline(loc.filename, loc.lineno).rstrip("\n") or None
-    return SplitKError(message, filename=loc.filename, lineno=loc.lineno, col=loc.col, source_line=line, hint=hint)
+    return SplitKError.at(loc, message, hint=hint)
