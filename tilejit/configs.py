@@ -145,18 +145,22 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 def cluster_sm_count(tensor: Any) -> int:
     """The SM count of ``tensor``'s GPU when it has thread-block clusters (sm_90+, what split-K needs), else 0
     (CPU and meta tensors, older GPUs)."""
-    device = getattr(tensor, "device", None)
-    if getattr(device, "type", None) != "cuda":
-        return 0
-    return _cluster_sms(device.index if device.index is not None else _current_device())
+    index = _cuda_index(tensor)
+    return 0 if index is None else _cluster_sms(index)
 
 
 def is_sm90(tensor: Any) -> bool:
     """Whether ``tensor`` lives on an sm_90 GPU (H100/H200), where warp-specialized configs mean something."""
+    index = _cuda_index(tensor)
+    return index is not None and _capability(index) == (9, 0)
+
+
+def _cuda_index(tensor: Any) -> int | None:
+    """The index of ``tensor``'s CUDA device, or None when it is not on one (CPU and meta tensors)."""
     device = getattr(tensor, "device", None)
     if getattr(device, "type", None) != "cuda":
-        return False
-    return _capability(device.index if device.index is not None else _current_device()) == (9, 0)
+        return None
+    return device.index if device.index is not None else _current_device()
 
 
 @functools.cache

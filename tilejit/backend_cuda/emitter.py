@@ -354,7 +354,10 @@ class Emitter:
 
     # -- driving -------------------------------------------------------------------------------
     def emit_block(self, block: Block) -> None:
-        for op in block.ops:
+        self.emit_ops(block.ops)
+
+    def emit_ops(self, ops: list[Op]) -> None:
+        for op in ops:
             rule = RULES.get(op.kind)
             if rule is None:
                 raise NotImplementedError(f"no CUDA emission rule for tj.{op.kind.mnemonic}")
@@ -399,11 +402,10 @@ class Emitter:
             decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
             kinds.append("tmap")
         body = self.lines
-        launched = self.target.threads
+        # a warp-specialized loop's producer warpgroup (passes/pipeline.specialize_warps) is launched beyond the
+        # num_warps warps; the compiler's meta counts it the same way
+        launched = self.target.threads + int(self.fn.attrs.get("producer_threads", 0))
         if self.split_at is not None:
-            from ..passes.pipeline import PRODUCER_THREADS
-
-            launched += PRODUCER_THREADS
             sync = f'asm volatile("bar.sync 1, {self.target.threads};" ::: "memory");'
             body = body[:self.split_at] + [line.replace("__syncthreads();", sync) for line in body[self.split_at:]]
         self.smem_top = max(self.smem_top, self.smem_peak)

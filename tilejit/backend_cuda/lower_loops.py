@@ -24,7 +24,7 @@ from typing import Callable
 
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
-from ..passes.pipeline import in_flight_gemms
+from ..passes.pipeline import PRODUCER_THREADS, in_flight_gemms
 from .emitter import (PERSISTENT_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
@@ -151,16 +151,15 @@ def _for(em: Emitter, op: Op) -> None:
     rd: dict[int, str] = {}
     wr: dict[int, str] = {}
     interior: list[tuple[Op, InteriorCopy]] = []
-    if producer and phase != "consumer":
-        for load in piped:
-            stage_shared(em, load.result)
-        _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range, em.per_program)
+    if producer:
+        if phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)
+            for load in piped:
+                stage_shared(em, load.result)
+            _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range, em.per_program)
         if phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
             em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
             em.async_mma, em.overlap_hook = outer_async, outer_hook
             return
-    elif producer:
-        pass  # the consumer part of a persistent loop: the prelude set up the ring and the producer
     elif piped:
         for load in piped:
             stage_shared(em, load.result)
@@ -333,8 +332,6 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
     """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. In a
     persistent kernel (``per_program`` given) the producer walks the same programs as the math warps, emitting
     each program's ids and scalars (``per_program``) before its loop."""
-    from ..passes.pipeline import PRODUCER_THREADS
-
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
     iv_t = c_type(op.regions[0].args[0].dtype)
     consumers = em.target.threads
@@ -404,8 +401,7 @@ def emit_persistent(em: Emitter) -> None:
 
     def per_program() -> None:
         _program_ids(em)
-        for o in before:
-            RULES[o.kind](em, o)
+        em.emit_ops(before)
 
     em.per_program, em.ring_phase = per_program, "prelude"
     RULES[OpKind.FOR](em, loop)
@@ -413,8 +409,7 @@ def emit_persistent(em: Emitter) -> None:
     em.open(_program_walk(em))
     per_program()
     RULES[OpKind.FOR](em, loop)
-    for o in after:
-        RULES[o.kind](em, o)
+    em.emit_ops(after)
     em.line("__syncthreads();  // this program's shared memory (the epilogue's) is free for the next one")
     em.close()
     em.per_program = em.ring_phase = None
