@@ -290,16 +290,7 @@ class Autotuner:
             self._run(grid, args, kwargs, fast)
             return
         self.best_config = config
-        if config.pre_hook is not None:
-            self._launch(config, grid, args, kwargs, self._named_args(args, kwargs))
-            return
-        if callable(grid):  # what _launch does, without its dict copies: this runs on every launch
-            names = self.arg_names
-            meta = dict(zip(names, args)) if len(args) <= len(names) else self._named_args(args, kwargs)
-            meta.update(kwargs)
-            meta.update(config.launch_kwargs)
-            grid = grid(meta)
-        self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
+        self._launch(config, grid, args, kwargs)
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
         """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
@@ -313,8 +304,9 @@ class Autotuner:
         if environ.get("TILEJIT_AUTOTUNE") is not None and not knobs.autotune_enabled():
             return None
         key: list[Any] = []
+        tensor_type = _tensor_type()
         for value in (*args, *kwargs.values()) if kwargs else args:
-            if type(value) is _TENSOR_TYPE[0] or _is_tensor(value):
+            if type(value) is tensor_type or _is_tensor(value):
                 key += (value.dtype, value.shape, value.get_device())
             elif isinstance(value, (int, float, bool, str)) or value is None:
                 key.append(value)
@@ -346,12 +338,18 @@ class Autotuner:
         return {**dict(zip(self.arg_names, args)), **kwargs}
 
     def _launch(self, config: Config, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                named: dict[str, Any]) -> None:
-        meta = {**kwargs, **config.all_kwargs()}
-        if config.pre_hook is not None:
-            config.pre_hook({**named, **config.all_kwargs()})
-        launch_grid = grid({**named, **meta}) if callable(grid) else grid
-        self.kernel[launch_grid](*args, **meta)
+                named: dict[str, Any] | None = None) -> None:
+        """Launch with ``config``: its pre_hook and a callable grid see the named arguments and the config's meta
+        arguments. Every launch of a tuned kernel comes here, so the dicts are built only when something reads
+        them (``named``, when the caller has it)."""
+        if config.pre_hook is not None or callable(grid):
+            meta = dict(named) if named is not None else self._named_args(args, kwargs)
+            meta.update(config.launch_kwargs)
+            if config.pre_hook is not None:
+                config.pre_hook(dict(meta))  # its own copy: what it changes does not reach the grid
+            if callable(grid):
+                grid = grid(meta)
+        self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
 
     # -- choosing -----------------------------------------------------------------------------------------------
 
@@ -650,15 +648,10 @@ def _device_name(values: Iterable[Any]) -> str | None:
 
 
 def _tensor_type() -> type | None:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency; duck typing still finds tensors
-        return None
-    return torch.Tensor
-
-
-# torch.Tensor, looked up once: an exact type test is cheaper than _is_tensor's two hasattr calls per argument.
-_TENSOR_TYPE: list[type | None] = [_tensor_type()]
+    """torch.Tensor when torch is loaded (a launch with tensors means it is), else None; never imports it, so
+    ``tilejit.autotune`` stays importable without torch. An exact type test against it is cheaper than
+    _is_tensor's two hasattr calls per argument."""
+    return getattr(sys.modules.get("torch"), "Tensor", None)
 
 
 def _key_value(value: Any) -> str:
