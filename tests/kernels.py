@@ -91,6 +91,10 @@ def atom(A, B, C):
     C[0:16, 0:8] = A[0:16, 0:16] @ B[0:16, 0:8]
 
 
+# matmul_any's (TA, TB) for each operand major-ness: A given K x M ("t" first), B given N x K ("t" second)
+MAJORS = {"nn": (False, False), "nt": (False, True), "tn": (True, False), "tt": (True, True)}
+
+
 @tilejit.kernel
 def matmul_any(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, TA: T.constexpr, TB: T.constexpr,
                ACC: T.constexpr, PRECISION: T.constexpr = None):

@@ -10,11 +10,9 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from kernels import matmul_any
+from kernels import MAJORS as LAYOUTS, matmul_any
 
 pytestmark = pytest.mark.gpu
-
-LAYOUTS = {"nn": (False, False), "nt": (False, True), "tn": (True, False), "tt": (True, True)}
 
 
 @pytest.fixture(autouse=True)
