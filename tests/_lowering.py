@@ -15,3 +15,14 @@ def lower(kernel, *args, arch: str = "sm_80", **kwargs):
 def kernel_body(source: str) -> str:
     """The generated kernel function, without the prelude and support helpers."""
     return source[source.index('extern "C" __global__'):]
+
+
+def braced_block(text: str, at: int) -> str:
+    """The ``{ ... }`` block of generated code that opens at the first brace at or after position ``at``."""
+    start = text.index("{", at)
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i + 1]
+    raise AssertionError("unbalanced braces")

@@ -12,6 +12,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+from _lowering import braced_block
 from kernels import matmul_any
 from tilejit.autotuner import Config
 from tilejit.backend_cuda import lower_loops
@@ -78,13 +79,7 @@ def _compile(kernel, *args, arch="sm_90a", stop_after="cuda", **kw):
 
 def _section(cuda: str, start: str) -> str:
     """The braced block opened by the first line containing ``start``."""
-    i = cuda.index("{", cuda.index(start))
-    depth = 0
-    for j in range(i, len(cuda)):
-        depth += {"{": 1, "}": -1}.get(cuda[j], 0)
-        if depth == 0:
-            return cuda[i:j + 1]
-    raise AssertionError("unbalanced braces")
+    return braced_block(cuda, cuda.index(start))
 
 
 @pytest.mark.parametrize("how", ["loop", "launch"])

@@ -12,6 +12,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+from _lowering import braced_block
 from kernels import matmul_any
 from tilejit.backend_cuda import nvrtc
 
@@ -24,13 +25,7 @@ def _meta(*shape, dtype):
 
 def _loop(cuda: str) -> str:
     """The text of the pipelined k-loop, from its header to its closing brace."""
-    start = cuda.index("{", cuda.index("for (", cuda.index("int tj_it = 0;")))
-    depth = 0
-    for i in range(start, len(cuda)):
-        depth += {"{": 1, "}": -1}.get(cuda[i], 0)
-        if depth == 0:
-            return cuda[start:i + 1]
-    raise AssertionError("unbalanced braces")
+    return braced_block(cuda, cuda.index("for (", cuda.index("int tj_it = 0;")))
 
 
 def _ptxas_report(cuda: str) -> str:
