@@ -22,6 +22,7 @@ import tilejit
 import tilejit.language as T
 
 import chain_kernels as ck
+from attention_checks import check, check_grad, inputs, reference_grads
 
 pytestmark = pytest.mark.gpu
 
@@ -42,23 +43,6 @@ def _mma_sync_pinned():
         mp.setenv("TILEJIT_GEMM_LOWERING", PIN)
         mp.delenv("TILEJIT_INTERPRET", raising=False)
         yield
-
-
-def _inputs(batch, heads, seq, dim, group, dtype=torch.bfloat16, seed=0):
-    torch.manual_seed(seed)
-    q = torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype)
-    k = torch.randn(batch, heads // group, seq, dim, device="cuda", dtype=dtype)
-    v = torch.randn(batch, heads // group, seq, dim, device="cuda", dtype=dtype)
-    return q, k, v
-
-
-def _check(out, ref, rows=None):
-    assert not torch.isnan(out).any(), "some outputs were never written"
-    if rows is not None:
-        for b, n in enumerate(rows):
-            torch.testing.assert_close(out[b, :, :n].double(), ref[b, :, :n], rtol=2e-2, atol=2e-2)
-        return
-    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
 
 
 def _forward_ir(q, k, v, out, causal, lens=None, **config) -> str:
@@ -85,10 +69,10 @@ CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, 
 @pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
 def test_forward_every_config(dim, bm, bn, warps, causal):
     """1000 rows (no multiple of any block), GQA 2, bf16."""
-    q, k, v = _inputs(2, 4, 1000, dim, 2, seed=dim + bm + bn + causal)
+    q, k, v = inputs(2, 4, 1000, dim, 2, seed=dim + bm + bn + causal)
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, causal=causal, out=out, BM=bm, BN=bn, num_warps=warps)
-    _check(out, attention.reference(q, k, v, causal))
+    check(out, attention.reference(q, k, v, causal))
     _assert_p_from_registers(_forward_ir(q, k, v, out, causal, BM=bm, BN=bn, num_warps=warps))
 
 
@@ -97,47 +81,33 @@ def test_forward_every_config(dim, bm, bn, warps, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim", [64, 128])
 def test_forward_ragged_lengths_and_dtypes(dim, seq, causal, dtype):
-    q, k, v = _inputs(1, 2, seq, dim, 1, dtype=dtype, seed=seq + dim)
+    q, k, v = inputs(1, 2, seq, dim, 1, dtype=dtype, seed=seq + dim)
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, causal=causal, out=out)
-    _check(out, attention.reference(q, k, v, causal))
+    check(out, attention.reference(q, k, v, causal))
     _assert_p_from_registers(_forward_ir(q, k, v, out, causal))
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_variable_lengths(causal):
-    q, k, v = _inputs(3, 4, 300, 64, 4, seed=5)
+    q, k, v = inputs(3, 4, 300, 64, 4, seed=5)
     lens = torch.tensor([300, 1, 129], dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, causal=causal, out=out, lens=lens)
-    _check(out, attention.reference(q, k, v, causal, lens=lens), rows=lens.tolist())
+    check(out, attention.reference(q, k, v, causal, lens=lens), rows=lens.tolist())
     _assert_p_from_registers(_forward_ir(q, k, v, out, causal, lens=lens))
 
 
 def test_scores_with_large_magnitudes_stay_finite():
     """Scores of +-60 after scaling: the online softmax's rescaling with P packed straight from registers."""
-    q, k, v = _inputs(1, 2, 256, 64, 1, seed=9)
+    q, k, v = inputs(1, 2, 256, 64, 1, seed=9)
     q = (q * 30).to(q.dtype)
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, out=out)
-    _check(out, attention.reference(q, k, v, False))
+    check(out, attention.reference(q, k, v, False))
 
 
 # -- backward: P^T @ dO, dS^T @ Q (dK/dV) and dS @ K (dQ) from registers ------------------------------------------
-
-def _reference_grads(q, k, v, do, causal):
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out = attention.reference(q64, k64, v64, causal)
-    out.backward(do.double())
-    return out.detach(), q64.grad, k64.grad, v64.grad
-
-
-def _check_grad(got, want, name):
-    # 16-bit P^T, dS^T and dS before their products, as in tests/gpu/test_gpu_attention.py
-    assert not torch.isnan(got).any(), f"{name}: some gradients were never written"
-    scale = want.abs().max().item()
-    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=1e-2 * scale, msg=lambda m: f"{name}: {m}")
-
 
 BWD_CASES = [(dim, name, c) for dim, spaces in attention.BWD_CONFIGS.items() for name in ("dkdv", "dq")
              for c in spaces[name]]
@@ -149,7 +119,7 @@ BWD_CASES = [(dim, name, c) for dim, spaces in attention.BWD_CONFIGS.items() for
 def test_backward_every_config(dim, kernel, config, causal):
     """Each backward config of one kernel (the other's default), 1000 rows, GQA 2; 16 rows per warp or more take
     the register path (64 rows over 8 warps, head dim 256's, do not: they run staged, as before)."""
-    q, k, v = _inputs(2, 4, 1000, dim, 2, seed=dim + sum(config) + causal)
+    q, k, v = inputs(2, 4, 1000, dim, 2, seed=dim + sum(config) + causal)
     do = torch.randn_like(q)
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), device="cuda")
@@ -159,10 +129,10 @@ def test_backward_every_config(dim, kernel, config, causal):
     attention.attention_backward(do, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1], dv=grads[2],
                                  delta=torch.full(q.shape[:3], float("nan"), device="cuda"),
                                  config={kernel: dict(BM=bm, BN=bn, num_warps=warps)})
-    ref = _reference_grads(q, k, v, do, causal)
-    _check(out, ref[0])
+    ref = reference_grads(attention.reference, q, k, v, do, causal)
+    check(out, ref[0])
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref[1:]):
-        _check_grad(got, want, name)
+        check_grad(got, want, name)
 
 
 # -- the chain kernels ------------------------------------------------------------------------------------------
