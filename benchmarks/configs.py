@@ -1,6 +1,7 @@
 """Matmul TFLOP/s per explicit config in several launch modes, next to cuBLAS, in one run.
 
-    python -m benchmarks.configs [--shapes 4096x4096x4096,...] [--dtype fp16] [--configs 128x256x64w8s4,...]
+    python -m benchmarks.configs [--shapes 4096x4096x4096,...] [--dtype fp16|bf16|fp8|int8|tf32]
+                                 [--configs 128x256x64w8s4,...]
                                  [--modes off,ws,persistent]
 
 Where ``benchmarks.matmul`` times the autotuned kernel, this times ``benchmarks.kernels.matmul.kernel`` (the same
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DEFAULT_OUT, machine_stamp, markdown_table, matmul_tflops, write_json
-from benchmarks.matmul import DTYPES, measure, parse_shapes
+from benchmarks.matmul import DTYPES, LOWP_DTYPES, measure, parse_shapes
 
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,4096x11008x4096,2048x2048x2048,8192x8192x1024"
 DEFAULT_CONFIGS = "128x256x64w8s3,128x256x64w8s4,256x128x64w8s3,256x128x64w8s4,128x128x64w8s4,128x128x64w4s4"
@@ -40,23 +41,58 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
 MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True}}
 
 
-def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str]) -> list[dict[str, Any]]:
+def _problem(dtype_name: str, m: int, n: int, k: int):
+    """Operands of the DESIGN matmul (B given K x N) in ``dtype_name``, its output, a float reference, the baseline
+    (cuBLAS; ``torch._scaled_mm`` / ``torch._int_mm`` for fp8 / int8, given B K-major as they want it; tf32
+    allowed for float32), the autotuned kernel and the launch arguments the dtype adds."""
     import torch
 
+    import tilejit.language as T
+    from benchmarks import kernels
+
+    if dtype_name in DTYPES:
+        dtype = getattr(torch, DTYPES[dtype_name])
+        a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+        c = torch.empty(m, n, device="cuda", dtype=dtype)
+        return a, b, c, a @ b, lambda: torch.matmul(a, b, out=c), kernels.matmul, {}
+    if dtype_name == "fp8":
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(k, n, device="cuda").to(torch.float8_e4m3fn)
+        bt, one = b.T.contiguous(), torch.ones((), device="cuda")
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return (a, b, c, a.float() @ b.float(), lambda: torch._scaled_mm(a, bt.T, scale_a=one, scale_b=one,
+                out_dtype=torch.bfloat16), kernels.lowp_mm_nn, {"ACC": T.float32})
+    if dtype_name == "int8":
+        a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+        b = torch.randint(-128, 128, (k, n), device="cuda", dtype=torch.int8)
+        bt = b.T.contiguous()
+        c = torch.empty(m, n, device="cuda", dtype=torch.int32)
+        return (a, b, c, (a.double() @ b.double()).float(), lambda: torch._int_mm(a, bt.T), kernels.lowp_mm_nn,
+                {"ACC": T.int32})
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.empty(m, n, device="cuda")
+
+    def tf32_matmul():
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            torch.matmul(a, b, out=c)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    return a, b, c, a.double() @ b.double(), tf32_matmul, kernels.tf32_mm_nn, {}
+
+
+def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str]) -> list[dict[str, Any]]:
     import tilejit
-    from benchmarks.kernels import matmul, matmul_grid
+    from benchmarks.kernels import matmul_grid
     from tilejit.testing import do_bench
 
     m, n, k = shape
-    dtype = getattr(torch, DTYPES[dtype_name])
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    c = torch.empty(m, n, device="cuda", dtype=dtype)
-    ref = a @ b
-    cublas_ms = float(do_bench(lambda: torch.matmul(a, b, out=c)))
+    a, b, c, ref, baseline, matmul, extra = _problem(dtype_name, m, n, k)
+    cublas_ms = float(do_bench(baseline))
     rows = []
     # the autotuned launch path (tuning happens in the first call), to compare with the same config launched plainly
-    tuned = measure(lambda: matmul[matmul_grid](a, b, c), c, ref, m, n, k)
+    tuned = measure(lambda: matmul[matmul_grid](a, b, c, **extra), c, ref, m, n, k)
     best = matmul.best_config
     rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned",
                  "cublas_ms": cublas_ms, **tuned})
@@ -67,7 +103,8 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
         grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
         for mode in modes:
             def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, mode=mode):
-                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **MODES[mode])
+                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **extra,
+                                    **MODES[mode])
             result = measure(run, c, ref, m, n, k)
             rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "mode": mode,
                          "cublas_ms": cublas_ms, **result})
@@ -79,7 +116,9 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument("--dtype", choices=sorted([*DTYPES, *LOWP_DTYPES]), default="fp16",
+                        help="fp8 / int8 / tf32: the DESIGN matmul with B given K x N (a transposing copy feeds "
+                             "wgmma), against torch._scaled_mm / torch._int_mm / cuBLAS tf32 given B K-major")
     parser.add_argument("--configs", type=parse_configs, default=parse_configs(DEFAULT_CONFIGS))
     parser.add_argument("--modes", default="off,ws", help=f"comma-separated, among {', '.join(MODES)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

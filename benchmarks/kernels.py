@@ -17,7 +17,8 @@ from tilejit.configs import matmul_configs, matmul_prune
 
 @tilejit.autotune(configs=matmul_configs(), key=["A", "B"], prune_configs_by={"early_config_prune": matmul_prune})
 @tilejit.kernel
-def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: T.constexpr = 8):
+def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: T.constexpr = 8,
+           ACC: T.constexpr = T.float32):
     M, K = A.shape
     N = B.shape[1]
     pid = T.program_id(0)
@@ -28,7 +29,7 @@ def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROUP_M: 
     rows = min(grid_m - first_m, GROUP_M)
     m0 = (first_m + (pid % per_group) % rows) * BM
     n0 = ((pid % per_group) // rows) * BN
-    acc = T.zeros((BM, BN), T.float32)
+    acc = T.zeros((BM, BN), ACC)  # int32 for int8 operands
     for k0 in T.range(0, K, BK):  # pipelined num_stages deep (a launch option, set per config)
         acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
     C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
@@ -120,7 +121,13 @@ def tf32_mm_nt(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROU
 
 tf32_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=4), key=["A", "B"],
                               prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
-"""The DESIGN matmul (B given K x N) on float32 operands: tf32 by default, on mma.sync (B is N-major)."""
+"""The DESIGN matmul (B given K x N) on float32 operands: tf32 by default, on wgmma through a transposing copy of
+B (wgmma reads tf32 K-major only)."""
+
+lowp_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "B"],
+                              prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
+"""The DESIGN matmul on fp8 or int8 operands (``ACC=T.int32`` for int8), B given K x N: on wgmma through a
+transposing copy of B."""
 
 
 def nt_grid(meta):

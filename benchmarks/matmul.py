@@ -129,12 +129,26 @@ def _tuned(row: dict[str, Any], tuner: Any) -> None:
         row["tilejit"]["failed_configs"] = list(stats.failed)
 
 
+def _time_nn(row: dict[str, Any], a, bt, out_dtype, ref, m: int, n: int, k: int) -> None:
+    """``tilejit_nn``: the same product through the DESIGN matmul with B given K x N (fp8 without the scales),
+    which reaches wgmma through a transposing copy of B."""
+    import torch
+
+    import tilejit.language as T
+    from benchmarks import kernels
+    b = bt.T.contiguous()
+    c = torch.empty(m, n, device=a.device, dtype=out_dtype)
+    acc = T.int32 if out_dtype == torch.int32 else T.float32
+    row["tilejit_nn"] = measure(lambda: kernels.lowp_mm_nn[kernels.matmul_grid](a, b, c, ACC=acc), c, ref, m, n, k)
+
+
 def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
     """fp8, int8 or tf32: tilejit's kernel against torch's tensor-core baseline (the "cuBLAS" column) and Triton.
 
     - fp8: e4m3 A (M x K) and B given N x K (the K-major form fp8 tensor cores and ``torch._scaled_mm`` take),
       row and column float32 scales, bfloat16 out; baseline ``torch._scaled_mm`` with the same scales.
     - int8: A (M x K), B given N x K, int32 out; baseline ``torch._int_mm``.
+    - fp8 and int8 rows also time the DESIGN matmul with B given K x N (``tilejit_nn``, fp8 without scales).
     - tf32: float32 A and B given N x K (wgmma wants both K-major; the row also times tilejit's N-major form, the
       DESIGN matmul with B given K x N, under ``tilejit_nn``); baseline ``torch.matmul`` with tf32 allowed.
     """
@@ -154,6 +168,7 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         sa1, sb1 = sa.reshape(m), sb.reshape(n)
         row["tilejit"] = measure(lambda: kernels.scaled_mm[kernels.nt_grid](a, bt, sa1, sb1, c), c, ref, m, n, k)
         _tuned(row, kernels.scaled_mm)
+        _time_nn(row, a, bt, torch.bfloat16, (a.float() @ bt.float().T), m, n, k)
         c_ref = torch.empty(m, n, device=device, dtype=torch.bfloat16)
 
         def baseline():
@@ -168,6 +183,7 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         c = torch.empty(m, n, device=device, dtype=torch.int32)
         row["tilejit"] = measure(lambda: kernels.int8_mm[kernels.nt_grid](a, bt, c), c, ref, m, n, k)
         _tuned(row, kernels.int8_mm)
+        _time_nn(row, a, bt, torch.int32, ref, m, n, k)
         c_ref = torch.empty(m, n, device=device, dtype=torch.int32)
         refusal = baseline_refusal(dtype_name, m, n, k)
         row["cublas"] = ({"status": "n/a", "reason": refusal} if refusal else
@@ -259,7 +275,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     for r in rows:
         ratios = [_ratio(r, "cublas"), _ratio(r, "triton")]
         config = r["tilejit"].get("config", "n/a")
-        if "tilejit_nn" in r:  # tf32: the N-major B form of the same product, for comparison
+        if "tilejit_nn" in r:  # the N-major B form of the same product (a transposing copy), for comparison
             config += f"; B K x N: {_cell(r['tilejit_nn'])}"
         out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(r["tilejit"]), _cell(r["cublas"]),
                     _cell(r["triton"]), *(None if x is None else f"{x:.2f}" for x in ratios), config])

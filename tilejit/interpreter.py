@@ -411,6 +411,11 @@ def _transpose(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = env[op.operands[0].id].permute(op.attrs.perm)
 
 
+@rule(OpKind.TRANSPOSE_COPY)
+def _transpose_copy(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id].permute((1, 0))
+
+
 @rule(OpKind.CONVERT_LAYOUT)
 def _convert_layout(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = env[op.operands[0].id]

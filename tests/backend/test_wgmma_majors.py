@@ -1,7 +1,7 @@
 """wgmma reads every operand major-ness of 16-bit matrices: A given K x M (``transpose_a``) is M-major in shared
 memory and goes in through the descriptor's transpose immediate (``imm-trans-a`` = 1), as N-major B does, so
 TN and TT matmuls stay on wgmma instead of falling back to mma.sync. 8-bit and tf32 operands have no transpose
-immediates: their M-major A is refused by the wgmma predicates (and mma.sync takes it).
+immediates: their MN-major operands reach wgmma through a transposing shared-memory copy.
 """
 from __future__ import annotations
 
@@ -54,14 +54,22 @@ def test_k_major_a_is_unchanged():
     assert set(re.findall(r"p, 1, 1, (\d), (\d);", kernel_body(cuda))) == {("0", "1")}
 
 
+@pytest.mark.parametrize("ta, tb", [(True, True), (True, False), (False, False)], ids=["TT", "TN", "NN"])
 @pytest.mark.parametrize("dtype, acc, bk", [(torch.float8_e4m3fn, T.float32, 128), (torch.int8, T.int32, 128),
                                             (torch.float32, T.float32, 32)], ids=["fp8", "int8", "tf32"])
-def test_m_major_a_of_other_dtypes_stays_off_wgmma(dtype, acc, bk):
+def test_mn_major_operands_of_other_dtypes_reach_wgmma_through_a_transposing_copy(dtype, acc, bk, ta, tb):
+    """8-bit and tf32 operands have no transpose immediates: each MN-major one is copied into a K-major tile
+    (``transpose_copy``) and the gemm reads that one with its transpose flag flipped."""
     kwargs = dict(PRECISION="tf32") if dtype == torch.float32 else {}
-    fn, _ = lower(matmul_any, *_operands(True, True, dtype=dtype), BM=128, BN=128, BK=bk, TA=True, TB=True,
+    fn, _ = lower(matmul_any, *_operands(ta, tb, m=1024, dtype=dtype), BM=128, BN=128, BK=bk, TA=ta, TB=tb,
                   ACC=acc, num_warps=4, arch="sm_90a", **kwargs)
     gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
-    assert not gemm.attrs.impl.startswith("wgmma")
+    assert gemm.attrs.impl.startswith("wgmma")
+    assert (gemm.attrs.transpose_a, gemm.attrs.transpose_b) == (False, True)  # both K-major
+    copies = [op for op in fn.walk() if op.kind.mnemonic == "transpose_copy"]
+    assert len(copies) == int(ta) + int(not tb)
+    for i, flipped in enumerate((ta, not tb)):
+        assert (gemm.operands[i].owner in copies) == flipped
 
 
 def test_tn_compiles_without_spills():

@@ -21,9 +21,11 @@ from ..passes.layouts import infer_layouts
 from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
 from ..passes.split_k import split_k
+from ..passes.transpose_operands import transpose_operands
 from ..target import Target
 from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_mma_rs,  # noqa: F401
-               lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_wgmma, lower_wgmma_rs)  # (register rules)
+               lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_transpose, lower_wgmma,
+               lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .nvrtc import CompileResult, compile_cuda
 
@@ -38,6 +40,9 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     ("split-k", split_k),
     # gemm operands are staged in shared memory; everything else lives in registers
     ("infer-scopes", lambda fn, t: infer_scopes(fn)),
+    # an operand staged in the major-ness its best lowering cannot read (fp8 / int8 / f32 B given K x N on wgmma)
+    # is copied into a transposed shared tile; before the registry fixes the lowerings (the step after)
+    ("transpose-operands", transpose_operands),
     # the dispatch registry picks each gemm's lowering, which fixes the accumulator's fragment layout
     ("infer-layouts", infer_layouts),
     # multi-buffer the shared loads of T.range loops (needs the shared layouts from the step before)

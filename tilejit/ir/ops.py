@@ -377,6 +377,15 @@ def _unary(op) -> str | None:
     return None
 
 
+def _transpose_copy(op) -> str | None:
+    src, dst = op.operands[0].type, op.result.type
+    if len(src.shape) != 2 or dst.shape != src.shape[::-1]:
+        return f"transpose_copy of {src.shape} gives {dst.shape}, not the swapped 2-D shape"
+    if src.dtype != dst.dtype:
+        return f"transpose_copy changes the dtype ({src.dtype} -> {dst.dtype})"
+    return None
+
+
 def _gemm(op) -> str | None:
     a, b, acc = (v.type for v in op.operands)
     m, k = a.shape[::-1] if op.attrs.transpose_a else a.shape
@@ -573,6 +582,9 @@ class OpKind(enum.Enum):
     BROADCAST = OpDecl("broadcast", Family.TILE, ShapeAttrs, PURE | ANY_LAYOUT, no_rule)
     TRANSPOSE = OpDecl("trans", Family.TILE, PermAttrs, PURE, no_rule)
     CONVERT_LAYOUT = OpDecl("convert_layout", Family.TILE, NoAttrs, PURE | ANY_LAYOUT | LOWERED, _unary)
+    # a 2-D shared tile copied into a new shared tile with its dims swapped: a gemm operand given in the
+    # major-ness its tensor-core instruction cannot read (passes/transpose_operands.py)
+    TRANSPOSE_COPY = OpDecl("transpose_copy", Family.TILE, NoAttrs, PURE | LOWERED, _transpose_copy)
     # reductions
     REDUCE = OpDecl("reduce", Family.REDUCE, ReduceAttrs, PURE, no_rule)
     SCAN = OpDecl("cumsum", Family.REDUCE, AxisAttrs, PURE, _scan)  # inclusive prefix sum along axis

@@ -437,7 +437,7 @@ layout_rule(OpKind.YIELD, backward=_yield_backward, required=_yield_required)
 # any layout) and while loops (scalars only) have nothing to add.
 layout_rule(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
             OpKind.SPLIT_INDEX, OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE,
-            OpKind.BOUNDED, OpKind.LIST_ITEM, OpKind.LIST_LEN)
+            OpKind.BOUNDED, OpKind.LIST_ITEM, OpKind.LIST_LEN, OpKind.TRANSPOSE_COPY)
 
 
 def infer_layouts(fn: Function, target: Target) -> None:

@@ -16,6 +16,7 @@ from ..errors import CompilationError
 from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
+from .transpose_operands import IN_FLIGHT_COPIES
 
 
 def _prefetchable_values(body) -> set[int]:
@@ -75,6 +76,9 @@ def mark_async_mma(fn: Function, target: Target) -> None:
             if loop.attrs.async_mma == "tcgen05":
                 for gemm in gemms:
                     _keep_in_tmem(gemm)
+            for copy in (o for o in loop.regions[0].ops if o.kind is OpKind.TRANSPOSE_COPY):
+                t: TileType = copy.result.type
+                copy.result.type = t.with_layout(replace(t.layout, stages=IN_FLIGHT_COPIES))
     specialize_warps(fn, target)
 
 
@@ -179,6 +183,8 @@ def in_flight_gemms(body) -> list[Op]:
     if not piped or any(o.attrs.copy != "tma_bulk_tensor" for o in piped):
         return []
     ring = {o.result.id for o in piped}
+    # a ring tile copied transposed for wgmma (transpose_operands) counts as read from the ring
+    transposed = {o.result.id for o in body.ops if o.kind is OpKind.TRANSPOSE_COPY and o.operands[0].id in ring}
     carried, yields = body.args[1:], body.terminator.operands
     uses: dict[int, int] = {}
     for o in body.ops:
@@ -186,12 +192,13 @@ def in_flight_gemms(body) -> list[Op]:
             uses[v.id] = uses.get(v.id, 0) + 1
     gemms = []
     for o in body.ops[:-1]:
-        if any(o is p for p in piped):
+        if any(o is p for p in piped) or o.result.id in transposed:
             continue
         if o.kind is OpKind.GEMM and mma_family(o) is not None:
             a, b, acc = o.operands
             slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
-            if a.id in ring and b.id in ring and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
+            fed = all(v.id in ring or v.id in transposed and mma_family(o) == "wgmma" for v in (a, b))
+            if fed and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
                 gemms.append(o)
                 continue
             return []

@@ -1,0 +1,92 @@
+"""Transposing copies for gemm operands given in the major-ness their best lowering cannot read.
+
+wgmma and tcgen05 read 8-bit and 32-bit operands K-major only (their transpose bits exist for 16-bit types alone,
+PTX ISA 9.7.15.5.1), and 16-bit B given K x N only in whole 64-column panels. So ``a @ b`` with ``b`` given K x N
+in fp8, int8 or float32 (the DESIGN matmul's own layout) would otherwise fall to mma.sync. This pass runs after
+scope inference and before the dispatch registry fixes each gemm's lowering (``infer_layouts``): where the
+registry would pick a better lowering (a higher priority) with an operand in the other major-ness, the operand's
+staged shared tile is copied into a new shared tile with its dims swapped (``transpose_copy``, lowered by
+``backend_cuda/lower_transpose.py``) and the gemm's transpose flag flips, so the gemm computes the same product:
+``a @ b`` becomes ``gemm(a, b', transpose_b=True)`` with ``b' = b^T`` stored N x K (K-major).
+
+The staged tile keeps its own copy from global memory (TMA in a pipelined loop) and its ring; the transposing copy
+reads a landed slot and writes the tile the tensor cores read, inside the loop body, right before the gemm.
+Only operands loaded from a tensor are transposed (a tile staged from registers would better be stored in the
+right order in the first place). A pinned lowering (``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only
+when the pinned lowering takes the transposed form and not the given one.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import knobs
+from ..errors import DispatchError
+from ..ir import Function, NoAttrs, Op, OpKind, Scope, TileType
+from ..ir.rewrite import blocks, defining_op
+from ..target import REGISTRY, Target
+
+#: Tiles in the destination ring of a transposing copy in a loop whose gemms stay in flight (``mark_async_mma``):
+#: the gemms of the two iterations before may still read theirs (see ``backend_cuda/lower_transpose.py``).
+IN_FLIGHT_COPIES = 3
+
+# Which operands to try in the other major-ness, fewest copies first: (A, B).
+_FLIPS = ((False, True), (True, False), (True, True))
+
+
+def transpose_operands(fn: Function, target: Target) -> None:
+    pinned = knobs.gemm_lowering()
+    for block in blocks(fn.body):
+        for op in list(block.ops):
+            if op.kind is OpKind.GEMM:
+                _maybe_transpose(block, op, target, pinned)
+
+
+def _priority(op: Op, target: Target, pinned: str | None) -> int | None:
+    """The priority of the lowering the registry would give ``op``, or None when none fits."""
+    try:
+        return REGISTRY.select("gemm", op, target, only=pinned).priority
+    except DispatchError:
+        return None
+
+
+def _transposable(v) -> bool:
+    """A 2-D shared tile loaded from a tensor, whose rows pack into 32-bit words after the swap."""
+    if not isinstance(v.type, TileType) or v.type.scope is not Scope.SHARED or len(v.type.shape) != 2:
+        return False
+    src = defining_op(v)
+    per_word = 4 // v.dtype.itemsize if v.dtype.itemsize <= 4 else 0
+    return (src is not None and src.kind is OpKind.LOAD and per_word > 0
+            and all(d % per_word == 0 for d in v.type.shape))
+
+
+def _transpose_copy(v, loc) -> Op:
+    rows, cols = v.type.shape
+    return Op(OpKind.TRANSPOSE_COPY, [v], [TileType((cols, rows), v.dtype, Scope.SHARED)], NoAttrs(), loc=loc)
+
+
+def _maybe_transpose(block, op: Op, target: Target, pinned: str | None) -> None:
+    given = _priority(op, target, pinned)
+    best: tuple[int, tuple[bool, bool], list[Op | None]] | None = None
+    for flips in _FLIPS:
+        if not all(_transposable(op.operands[i]) for i in (0, 1) if flips[i]):
+            continue
+        copies = [_transpose_copy(op.operands[i], op.loc) if flips[i] else None for i in (0, 1)]
+        trial = Op(OpKind.GEMM, [c.result if c else v for c, v in zip(copies, op.operands[:2])] + [op.operands[2]],
+                   [op.result.type], _flipped(op.attrs, flips), loc=op.loc)
+        got = _priority(trial, target, pinned)
+        if got is not None and (given is None or got > given) and (best is None or got > best[0]):
+            best = (got, flips, copies)
+    if best is None:
+        return
+    _, flips, copies = best
+    at = block.ops.index(op)
+    for i, copy in enumerate(copies):
+        if copy is not None:
+            block.ops.insert(at, copy)
+            at += 1
+            op.operands[i] = copy.result
+    op.attrs = _flipped(op.attrs, flips)
+
+
+def _flipped(attrs, flips: tuple[bool, bool]):
+    return replace(attrs, transpose_a=attrs.transpose_a ^ flips[0], transpose_b=attrs.transpose_b ^ flips[1])
