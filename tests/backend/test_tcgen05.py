@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from kernels import matmul_any
 from tilejit import dtypes as D
 from tilejit.backend_cuda import lower_tcgen05 as tc
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from tilejit.ir import Op, OpKind
 from tilejit.ir.layouts import TmemLayout, coords_table
 
 pytestmark = pytest.mark.skipif(not nvrtc_supports("sm_100a"), reason="NVRTC cannot target sm_100a")
@@ -303,11 +305,16 @@ def test_n_tcgen05_cannot_take_falls_back_to_mma_sync_and_says_why(monkeypatch):
         gemm = next(op for op in st.fn.walk() if op.kind.name == "GEMM")
         assert impl.rejection(gemm, Target.of("sm_100a", num_warps=warps)) == tc._MMA_SHAPE
     assert "M = 64 with N % 8 == 0" in tc._MMA_SHAPE and "M a multiple of 128 with N % 16 == 0" in tc._MMA_SHAPE
+    # the DESIGN matmul's N-major B with N = 24 is refused as given, and taken through a transposing copy (K-major)
     st = matmul.compile(_meta(1000, 512), _meta(512, 1024), _meta(1000, 1024), BM=64, BN=24, BK=64, num_warps=4,
                         arch="sm_100a", stop_after="passes")
-    assert _impl(st) == "mma_sync_m16n8k16"
+    assert _impl(st) == "tcgen05_mma_f16"
     gemm = next(op for op in st.fn.walk() if op.kind.name == "GEMM")
-    assert impl.rejection(gemm, Target.of("sm_100a", num_warps=4)) == "B is K-major, or N-major with N % 64 == 0"
+    copy = gemm.operands[1].owner
+    assert copy.kind.name == "TRANSPOSE_COPY" and gemm.attrs.transpose_b
+    given = Op(OpKind.GEMM, [gemm.operands[0], copy.operands[0], gemm.operands[2]], [gemm.result.type],
+               replace(gemm.attrs, transpose_b=False))
+    assert impl.rejection(given, Target.of("sm_100a", num_warps=4)) == "B is K-major, or N-major with N % 64 == 0"
     monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "tcgen05_mma_f16")
     with pytest.raises(tilejit.DispatchError) as info:
         _mm(torch.float16, torch.float16, T.float32, bm=128, bn=24, warps=4, stop_after="passes")
@@ -370,10 +377,9 @@ def test_each_kind_lowers_to_tcgen05_on_sm_100a(dtypes, acc, kind, tb):
 
 
 def test_what_tcgen05_does_not_take_keeps_mma_sync():
-    # M = 32 (tcgen05.mma has M = 64 and 128), fp8 with N-major B, and sm_120a (consumer Blackwell: no tcgen05, no
-    # wgmma)
+    # M = 32 (tcgen05.mma has M = 64 and 128) and sm_120a (consumer Blackwell: no tcgen05, no wgmma)
     assert _impl(_mm(torch.float16, torch.float16, T.float32, bm=32, warps=4, stop_after="passes")).startswith("mma_sync")
-    assert _impl(_mm(E4M3, E4M3, T.float32, tb=False, stop_after="passes")).startswith("mma_sync")
+    # (fp8 with N-major B reaches tcgen05 through a transposing copy: test_transpose_copy / test_gemm_dtypes)
     assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_120a", stop_after="passes")).startswith("mma_sync")
     assert _impl(_mm(torch.float16, torch.float16, T.float32, arch="sm_103a", stop_after="passes")) == "tcgen05_mma_f16"
     # tf32x3 and ieee products are not tcgen05's
