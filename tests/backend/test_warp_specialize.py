@@ -51,6 +51,19 @@ def mm_bias_first(A, B, bias, C, BM: T.constexpr, BN: T.constexpr, BK: T.constex
 
 
 @tilejit.kernel
+def mm_tile_bound(A, B, Ks, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
+    """The loop's bound is the sum of a loaded tile: a value the producer (scalars only) cannot compute."""
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    k_end = T.sum(Ks[0:2], 0)
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, k_end, BK, warp_specialize=WS):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
 def mm_batched(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
     """One loop per batch entry, nested in an outer loop: not at the kernel's top level."""
     M, K = A.shape
@@ -109,6 +122,54 @@ def test_structure(how):
     assert "tj_tma_load" not in before.split("__global__")[1]  # no prologue prefetch by the math warps
 
 
+def test_producer_splits_off_first_when_something_before_the_loop_needs_memory():
+    """A bias loaded before the loop: the producer leaves at the kernel's start with only the scalars its loads
+    need (program ids, sizes); the math warps load the bias behind the math warps' named barrier."""
+    bias = _meta(768)
+    st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], WS=True)
+    assert "producer_warpgroup = true" in st.final_ir
+    cuda = st.cuda
+    body = cuda[cuda.index(") {", cuda.index("__global__")):]  # after the parameters
+    producer = _section(body, "if (tid >= 256)")
+    assert "blockIdx.y" in producer and "tj_tma_load_2d(" in producer
+    assert "v2_bias" not in producer  # the bias is the math warps' business
+    before, after = body[:body.index(producer)], body[body.index(producer) + len(producer):]
+    assert "v2_bias" not in before and "v2_bias" in after
+    assert "__syncthreads" not in after and "bar.sync 1, 256;" in after
+    assert st.fn.attrs.get("producer_first") and not st.fn.attrs.get("persistent")
+
+
+def test_attention_main_loop_is_warp_specialized():
+    """Attention's key/value loop (softmax between its gemms, not left in flight): the producer fills the ring
+    from the kernel's start; the math warps wait for each slot, release it at the end of their iteration (one
+    arrival per warp), and never meet at a block barrier inside the loop. The masked loop after it stays plain."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "examples" / "attention.py"
+    spec = importlib.util.spec_from_file_location("tilejit_examples_attention_ws", path)
+    attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(attention)
+    q = torch.empty(2, 4, 4096, 128, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(2, 2, 4096, 128, dtype=torch.bfloat16, device="meta")
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    for causal in (False, True):
+        compiled = attention.attn_fwd.compile(q, kv, kv, q, q, lens, 0.125, 4, GROUP=2, BM=128, BN=64, D=128,
+                                              CAUSAL=causal, VARLEN=False, num_warps=8, arch="sm_90a",
+                                              warp_specialize=True)
+        cuda = compiled.asm["cuda"]
+        assert compiled.meta["threads"] == 384 and compiled.meta["spills"] == 0
+        body = cuda[cuda.index("__global__"):]
+        producer = _section(body, "if (tid >= 256)")
+        assert producer.count("tj_tma_load_4d(") == 4 and "wgmma" not in producer
+        assert "stage v0_Q window" not in producer and "stage v0_Q window" in body  # Q: the math warps' load
+        after = body[body.index(producer) + len(producer):]
+        loop = _section(after, "for (int64_t")
+        assert "tj_tma_load" not in loop and "bar.sync" not in loop and "__syncthreads" not in loop
+        assert loop.count("tj_mbar_arrive(") == 1 and "(tj_it % 2)" in loop
+        rest = after[after.index(loop) + len(loop):]
+        assert "tj_tma_load_4d(" in rest  # the masked loop's own ring, filled by thread 0
+
+
 def test_cubin_reports_the_producer_threads():
     compiled = _compile(mm, *_args(), stop_after=None, warp_specialize=True)
     assert compiled.threads == 384 and compiled.meta["threads"] == 384
@@ -128,8 +189,8 @@ def test_register_split(warps, bm, bn):
 
 
 def test_launch_option_passes_over_loops_that_do_not_qualify():
-    bias = _meta(768)
-    st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], warp_specialize=True)
+    ks = _meta(2, dtype=torch.int32)
+    st = _compile(mm_tile_bound, *_args()[:2], ks, _args()[2], warp_specialize=True)
     assert "producer_warpgroup" not in st.final_ir and "tj_setmaxnreg" not in st.cuda
     st = _compile(mm_batched, *_args(), warp_specialize=True)
     assert "producer_warpgroup" not in st.final_ir
@@ -141,11 +202,11 @@ def test_launch_option_passes_over_loops_that_do_not_qualify():
 
 
 def test_loop_that_asks_and_cannot_is_refused_with_its_location():
-    bias = _meta(768)
+    ks = _meta(2, dtype=torch.int32)
     with pytest.raises(CompilationError) as info:
-        _compile(mm_bias_first, *_args()[:2], bias, _args()[2], WS=True)
+        _compile(mm_tile_bound, *_args()[:2], ks, _args()[2], WS=True)
     text = str(info.value)
-    assert "cannot be warp-specialized" in text and "load" in text and "test_warp_specialize.py" in text
+    assert "cannot be warp-specialized" in text and "depend on 'load'" in text and "test_warp_specialize.py" in text
     assert "^" in text  # the caret under the loop
     with pytest.raises(CompilationError, match="nested in another loop"):
         _compile(mm_batched, *_args(), WS=True)
@@ -274,7 +335,11 @@ def test_persistent_program_count_and_cache_key():
 
 def test_persistent_passes_over_kernels_without_a_specialized_loop():
     bias = _meta(768)
+    # a load before the loop: the loop is still specialized (producer first), but the kernel is not persistent
     st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], persistent=True)
+    assert "tj_first" not in st.cuda and "producer_warpgroup = true" in st.final_ir
+    ks = _meta(2, dtype=torch.int32)
+    st = _compile(mm_tile_bound, *_args()[:2], ks, _args()[2], persistent=True)
     assert "tj_first" not in st.cuda and "producer_warpgroup" not in st.final_ir
     st = _compile(mm, *_args(), WS=False, persistent=True)
     assert "tj_first" not in st.cuda

@@ -186,7 +186,8 @@ def emits(*kinds: OpKind):
 #: each hook is called with the emitter before the body is emitted and may return a function that emits the
 #: matching tear-down after it.
 KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
-#: How the body of a persistent kernel is emitted (registered by lower_loops, which owns the ring it is built on).
+#: How the body of a kernel whose warp-specialized loop is set up at its start (persistent, or producer first) is
+#: emitted (registered by lower_loops, which owns the ring it is built on).
 PERSISTENT_BODY: list[Callable[["Emitter"], None]] = []
 
 
@@ -392,7 +393,7 @@ class Emitter:
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
-        if self.fn.attrs.get("persistent"):
+        if self.fn.attrs.get("persistent") or self.fn.attrs.get("producer_first"):
             PERSISTENT_BODY[0](self)
         else:
             self.emit_block(self.fn.body)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
-from ..passes.pipeline import PRODUCER_THREADS, in_flight_gemms
+from ..passes.pipeline import PRODUCER_THREADS, in_flight_gemms, producer_slice
 from .emitter import (PERSISTENT_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
@@ -74,8 +74,8 @@ def _for(em: Emitter, op: Op) -> None:
     body = op.regions[0]
     iv, carried = body.args[0], body.args[1:]
     iv_t = c_type(iv.dtype)
-    # a persistent kernel's specialized loop comes here twice (emit_persistent): "prelude", "consumer"
-    phase = em.ring_phase if op.attrs.producer_warpgroup and em.fn.attrs.get("persistent") else None
+    # a specialized loop set up at the kernel's start comes here twice (emit_specialized): "prelude", "consumer"
+    phase = em.ring_phase if op.attrs.producer_warpgroup else None
     # Loop-carried values live in variables declared before the loop; the results are those variables.
     for arg, init, res in zip(carried, op.operands[3:], op.results) if phase != "prelude" else ():
         name = declare_var(em, arg)
@@ -99,7 +99,7 @@ def _for(em: Emitter, op: Op) -> None:
     # tcgen05: thread 0 issues the MMAs and commits them to the slot's "empty" barrier (one arrival); the
     # accumulators live in tensor memory for the whole loop
     tmem = op.attrs.async_mma == "tcgen05"
-    producer = bool(op.attrs.producer_warpgroup) and bool(in_flight) and bool(tma) and not per_thread
+    producer = bool(op.attrs.producer_warpgroup) and bool(tma) and not per_thread
     yielded = body.terminator.operands
     carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
@@ -113,7 +113,8 @@ def _for(em: Emitter, op: Op) -> None:
         bars, empty, tma_bytes, maps = em.rings[id(op)]
     elif tma:
         em.require_support("tma", lower_tma.SUPPORT)
-        nbars = 2 * stages if in_flight else stages
+        released = bool(in_flight) or producer  # the math warps hand slots back on "empty" mbarriers
+        nbars = 2 * stages if released else stages
         bars = em.allocate_shared(8 * nbars, 8)
         empty = f"tj_smem_u32 + {bars + 8 * stages}"
         tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
@@ -122,7 +123,7 @@ def _for(em: Emitter, op: Op) -> None:
             for o in tma}
         em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
         em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init(tj_smem_u32 + {bars} + 8 * s, 1); }}")
-        if in_flight:
+        if released:
             arrivals = 1 if tmem else em.target.num_warps
             em.line(f"// and one per slot that {'the MMA commit' if tmem else 'every warp'} arrives on once the MMAs "
                     f"have read the slot ({arrivals} arrival(s))")
@@ -205,7 +206,7 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(("if (tid == 0) " if tmem else "")
                     + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                     + "  // TMA tiles landed")
-        if not in_flight:
+        if not in_flight and not producer:
             em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         if not producer:
@@ -276,6 +277,9 @@ def _for(em: Emitter, op: Op) -> None:
             edge.slow()
             em.close()
         em.close()
+    if producer and not in_flight:
+        em.line("__syncwarp();  // this warp is done with the iteration's slot: hand it back to the producer")
+        em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_it % {stages}));")
     if ring:
         # one group per iteration, closed after every copy of the iteration (the edge copies above included)
         em.line("tj_cp_async_commit();")
@@ -329,9 +333,9 @@ def consumer_registers(consumers: int, producers: int) -> int:
 
 def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, bars: int, empty: str,
               maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None) -> None:
-    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. In a
-    persistent kernel (``per_program`` given) the producer walks the same programs as the math warps, emitting
-    each program's ids and scalars (``per_program``) before its loop."""
+    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. Set up at
+    the kernel's start (``per_program`` given), the producer first computes what its loop needs (``per_program``);
+    in a persistent kernel it walks the same programs as the math warps, doing so for each program."""
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
     iv_t = c_type(op.regions[0].args[0].dtype)
     consumers = em.target.threads
@@ -342,8 +346,10 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
     em.line(f"tj_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
     em.open(f"if (tid == {consumers})")
     em.line("int tj_pit = 0;")
-    if per_program is not None:
+    walk = per_program is not None and em.fn.attrs.get("persistent")
+    if walk:
         em.open(_program_walk(em))
+    if per_program is not None:
         per_program()
     em.line("#pragma unroll 1")
     em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
@@ -356,7 +362,7 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
         lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
                             maps[o.result.id])
     em.close()
-    if per_program is not None:
+    if walk:
         em.close()
     em.close()
     em.line("return;  // the producer's part of the kernel ends with the loop")
@@ -378,20 +384,36 @@ def _program_ids(em: Emitter) -> None:
     em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
 
 
-def emit_persistent(em: Emitter) -> None:
-    """The body of a persistent kernel (``fn.attrs["persistent"]`` = P programs, one per SM; passes/pipeline).
+def emit_specialized(em: Emitter) -> None:
+    """The body of a kernel whose warp-specialized loop is set up at the kernel's start: a persistent kernel
+    (``fn.attrs["persistent"]`` = P programs, one per SM), or one whose producer splits off first
+    (``fn.attrs["producer_first"]``: something before the loop needs memory; passes/pipeline.specialize_warps).
 
-    The grid is launched as the user gave it; programs P and above leave at once (the hardware starts them once
-    the first P finish, so they cost a moment at the end), and program p < P runs the grid's programs p, p + P,
-    ... in turn, with ``T.program_id`` / ``T.num_programs`` meaning what they mean in a normal launch. The
-    warp-specialized loop's ring and producer are set up once, before the walk: the producer runs every program's
-    K loop back to back, so it fills the ring for the next program while the math warps run this one's epilogue.
-    The ring's slot count runs on across programs. What precedes the loop is emitted twice (it computes scalars
-    and registers only): in the producer's walk and in the math warps'."""
+    Persistent: the grid is launched as the user gave it; programs P and above leave at once (the hardware starts
+    them once the first P finish, so they cost a moment at the end), and program p < P runs the grid's programs
+    p, p + P, ... in turn, with ``T.program_id`` / ``T.num_programs`` meaning what they mean in a normal launch.
+    The loop's ring and producer are set up once, before the walk: the producer runs every program's K loop back
+    to back, so it fills the ring for the next program while the math warps run this one's epilogue. The ring's
+    slot count runs on across programs. What precedes the loop is emitted twice (it computes scalars and
+    registers only): in the producer's walk and in the math warps'.
+
+    Producer first: the ring is set up and the producer leaves with only the scalars its loop needs
+    (``producer_slice``, emitted in its branch); the math warps then run everything before the loop (with the
+    named barrier of the math warps), the loop's math part and the rest."""
     ops = em.fn.body.ops
     at = next(i for i, o in enumerate(ops) if o.kind is OpKind.FOR and o.attrs.producer_warpgroup)
     before, loop, after = ops[:at], ops[at], ops[at + 1:]
-    programs = em.fn.attrs["persistent"]
+    programs = em.fn.attrs.get("persistent")
+    if not programs:
+        needed = producer_slice(em.fn, loop)
+        em.per_program, em.ring_phase = (lambda: em.emit_ops(needed)), "prelude"
+        RULES[OpKind.FOR](em, loop)
+        em.ring_phase = "consumer"
+        em.emit_ops(before)
+        RULES[OpKind.FOR](em, loop)
+        em.emit_ops(after)
+        em.per_program = em.ring_phase = None
+        return
     em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the others "
             "leave at once")
     em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
@@ -415,7 +437,7 @@ def emit_persistent(em: Emitter) -> None:
     em.per_program = em.ring_phase = None
 
 
-PERSISTENT_BODY.append(emit_persistent)
+PERSISTENT_BODY.append(emit_specialized)
 
 
 @emits(OpKind.WHILE)

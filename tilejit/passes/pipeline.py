@@ -91,17 +91,21 @@ def specialize_warps(fn: Function, target: Target) -> None:
     launch option for loops that do not say) a producer warpgroup: one of its threads issues the ring's TMA
     loads, waiting only for slots the math has released, while the launch's warps wait only for loaded slots.
 
-    The producer warpgroup is launched beyond the ``num_warps`` warps every layout is made for, runs what
-    precedes the loop and leaves the kernel after it, so a loop qualifies when what precedes it can run on
-    those extra threads: the loop sits in the kernel's top-level block, every op before it computes registers
-    only (no memory writes, no shared memory, no layout conversions), and the kernel is not split-K (its
-    cluster barriers count every thread). A loop that asks and does not qualify is refused with the reason; the
-    launch option passes over it.
+    The loop is a wgmma loop whose pipelined tiles are all loaded by TMA: a plain main loop whose gemms stay in
+    flight (the math warps release a slot once the next iteration's wait shows its gemms done), or one with
+    other math between its gemms, like attention's (released at the end of each iteration). It sits in the
+    kernel's top-level block, and the kernel is not split-K (its cluster barriers count every thread). The
+    producer warpgroup is launched beyond the ``num_warps`` warps every layout is made for and leaves the kernel
+    after the loop. When every op before the loop computes registers or scalars only, the producer runs them too
+    and splits off at the loop; otherwise (a tile loaded before the loop, attention's Q) it splits off at the
+    kernel's start and computes only the scalars its loads and bounds need (``producer_slice``, which must be
+    scalar math or scalar reads: ``fn.attrs["producer_first"]``, ``lower_loops.emit_specialized``). A loop that
+    asks and does not qualify is refused with the reason; the launch option passes over it.
 
     With the ``persistent`` launch option (which implies ``warp_specialize`` for loops that do not say), a kernel
-    whose loop is specialized runs as one program per SM (``fn.attrs["persistent"]``, the program count): each
-    walks the grid's programs, and the producer loads the next program's tiles while the math warps finish this
-    one's epilogue (``lower_loops.emit_persistent``)."""
+    whose loop is specialized and split off at the loop runs as one program per SM (``fn.attrs["persistent"]``,
+    the program count): each walks the grid's programs, and the producer loads the next program's tiles while
+    the math warps finish this one's epilogue (``lower_loops.emit_specialized``)."""
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
         asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
         if asked and target.sm == 90:
@@ -126,7 +130,10 @@ def specialize_warps(fn: Function, target: Target) -> None:
     for loop in chosen:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
-        if target.persistent:
+        if not _prelude_on_extra_threads(fn, loop):
+            # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
+            fn.attrs["producer_first"] = True
+        elif target.persistent:
             fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
 
 
@@ -135,18 +142,71 @@ DEFAULT_SM_COUNT = 132
 
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:
-    if loop.attrs.async_mma != "wgmma":
-        return ("its body is not a plain wgmma main loop (ring tiles loaded by TMA and read only by gemms "
-                "accumulating into loop-carried values, scalar math besides)")
+    if loop.attrs.async_mma != "wgmma" and not _tma_fed_wgmma_loop(loop):
+        return ("its body is not a wgmma loop whose pipelined tiles are all loaded by TMA (a plain main loop, or "
+                "one with more math between its gemms, like attention's)")
     top = fn.body.ops
     if not any(o is loop for o in top):
         return "it is nested in another loop or an if (it must be in the kernel's top-level block)"
-    for o in top[:next(i for i, x in enumerate(top) if x is loop)]:
-        if not _runs_on_extra_threads(o):
-            where = f" ({o.loc})" if o.loc else ""
-            return (f"'{o.kind.mnemonic}' before it{where} reads or writes memory or needs shared memory, which "
-                    "the producer warpgroup (launched beyond num_warps) must not do")
+    if not _prelude_on_extra_threads(fn, loop):
+        for o in producer_slice(fn, loop):
+            if not _scalar_only(o):
+                where = f" ({o.loc})" if o.loc else ""
+                return (f"its loads' coordinates or its bounds depend on '{o.kind.mnemonic}'{where}, which computes "
+                        "tiles or writes memory (the producer warpgroup computes scalars only)")
     return None
+
+
+def _tma_fed_wgmma_loop(loop: Op) -> bool:
+    """A pipelined loop (not left in flight) whose ring is filled by TMA alone and whose body has a wgmma gemm:
+    its math warps can wait for loaded slots and release them at the end of each iteration."""
+    body = loop.regions[0]
+    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
+    return (bool(piped) and all(o.attrs.copy == "tma_bulk_tensor" for o in piped)
+            and any(o.kind is OpKind.GEMM and (o.attrs.impl or "").startswith("wgmma") for o in body.walk()))
+
+
+def _prelude_on_extra_threads(fn: Function, loop: Op) -> bool:
+    """Whether every op before ``loop`` may run on the producer warpgroup too (registers and scalars only)."""
+    top = fn.body.ops
+    return all(_runs_on_extra_threads(o) for o in top[:next(i for i, x in enumerate(top) if x is loop)])
+
+
+def producer_slice(fn: Function, loop: Op) -> list[Op]:
+    """The ops before ``loop`` (in order) that its bounds and its TMA loads' tensors and window starts depend on:
+    what a producer warpgroup leaving at the kernel's start must compute itself."""
+    top = fn.body.ops
+    before = top[:next(i for i, x in enumerate(top) if x is loop)]
+    defined = {r.id: o for o in before for r in o.results}
+    body = loop.regions[0]
+    roots = list(loop.operands[:3])
+    inside = {r.id: o for o in body.ops for r in o.results}
+    stack = [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands]
+    seen: set[int] = set()
+    while stack:  # through the body's scalar math (the window starts) to the values defined before the loop
+        v = stack.pop()
+        if v.id in seen:
+            continue
+        seen.add(v.id)
+        if v.id in inside:
+            stack.extend(inside[v.id].operands)
+        else:
+            roots.append(v)
+    needed: set[int] = set()
+    stack = [defined[v.id] for v in roots if v.id in defined]
+    while stack:
+        o = stack.pop()
+        if id(o) in needed:
+            continue
+        needed.add(id(o))
+        stack.extend(defined[v.id] for v in o.operands if v.id in defined)
+    return [o for o in before if id(o) in needed]
+
+
+def _scalar_only(op: Op) -> bool:
+    """Computes scalars (or reads them) without regions or memory writes: safe to repeat on the producer."""
+    return not op.regions and not op.kind.writes_memory and all(r.is_scalar for r in op.results) and \
+        all(v.is_scalar or v.is_tensor for v in op.operands)
 
 
 # Tile ops that compute registers only (no memory, no shared scratch): the producer warpgroup may run them.

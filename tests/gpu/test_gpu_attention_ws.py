@@ -1,0 +1,73 @@
+"""The attention forward with its main key/value loop warp-specialized (the ``warp_specialize`` launch option,
+sm_90a): a producer warpgroup, split off at the kernel's start with the scalars its loads need, fills the TMA ring;
+the math warps release each slot at the end of their iteration. Every forward config, causal and not, ragged and
+variable lengths, GQA, NaN-poisoned outputs, against the float64 SDPA reference; each test checks that the kernel
+it ran really has the producer warpgroup (or, for variable lengths, why it does not)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_checks import check, inputs
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_ws_gpu", ROOT / "examples" / "attention.py")
+attention = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(attention)
+
+CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
+
+
+def _sm90():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warp specialization is an sm_90a feature")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
+def test_every_config_warp_specialized(dim, bm, bn, warps, causal):
+    _sm90()
+    q, k, v = inputs(2, 4, 1000, dim, 2, seed=dim + bm + bn + causal)
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, causal=causal, out=out, BM=bm, BN=bn, num_warps=warps, warp_specialize=True)
+    check(out, attention.reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seq", [1, 17, 64, 4097])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_lengths_warp_specialized(seq, causal, dtype):
+    _sm90()
+    q, k, v = inputs(1, 2, seq, 128, 1, dtype=dtype, seed=seq)
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, causal=causal, out=out, warp_specialize=True)
+    check(out, attention.reference(q, k, v, causal))
+
+
+def test_the_kernel_run_is_specialized():
+    _sm90()
+    q, k, v = inputs(1, 2, 512, 128, 1, seed=1)
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, out=out, warp_specialize=True)
+    compiled = attention.attn_fwd.compile(q, k, v, out, out, torch.zeros(1, dtype=torch.int32, device="cuda"),
+                                          0.125, 2, GROUP=1, D=128, CAUSAL=False, VARLEN=False, STORE_LSE=False,
+                                          warp_specialize=True, **attention.default_config(128))
+    assert compiled.meta["threads"] == 8 * 32 + 128
+    check(out, attention.reference(q, k, v, False))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_variable_lengths_keep_the_plain_loop(causal):
+    """The key count is read from a tile (T.max over Lens) that the producer cannot compute: the launch option
+    passes over the loop and the result is still right."""
+    _sm90()
+    q, k, v = inputs(3, 4, 300, 64, 4, seed=5)
+    lens = torch.tensor([300, 1, 129], dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, causal=causal, out=out, lens=lens, warp_specialize=True)
+    check(out, attention.reference(q, k, v, causal, lens=lens), rows=lens.tolist())
