@@ -9,7 +9,7 @@ Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU
 checked against float64 (a slice of the batch) before it is timed.
 
 - ``fwd``: the forward. FLOPs 4 * B * H * S^2 * D (halved when causal). tilejit takes the fastest config of
-  ``examples/attention.CONFIGS`` for the head dim.
+  ``examples/attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws").
 - ``bwd``: the backward alone (the forward runs once beforehand and is not timed): tilejit's three kernels
   (``attention_backward``), SDPA's backward node (``torch.autograd.grad`` of one forward's output, graph
   retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
@@ -107,15 +107,18 @@ def _forward(q, k, v, causal, baselines, tflops):
 
     ref = attention.reference(q[:1, :2], k[:1, :2], v[:1, :2], causal)
     best = None
-    for bm, bn, warps in attention.CONFIGS[q.shape[3]]:
-        cfg = dict(BM=bm, BN=bn, num_warps=warps)
+    import torch
+    # on sm_90 each config also runs with its key/value loop warp-specialized (a producer warpgroup fills the ring)
+    modes = (False, True) if torch.cuda.get_device_capability()[0] == 9 else (False,)
+    for (bm, bn, warps), ws in ((c, ws) for c in attention.CONFIGS[q.shape[3]] for ws in modes):
+        cfg = dict(BM=bm, BN=bn, num_warps=warps, **({"warp_specialize": True} if ws else {}))
         out = attention.attention(q, k, v, causal=causal, **cfg)
         err = (out[:1, :2].double() - ref).abs().max().item()
         if err > 3e-2:
             raise AssertionError(f"tilejit attention {cfg} is wrong: max |err| {err}")
         ms = do_bench(lambda: attention.attention(q, k, v, causal=causal, out=out, **cfg))
         if best is None or ms < best[0]:
-            best = (ms, f"{bm}x{bn} w{warps}")
+            best = (ms, f"{bm}x{bn} w{warps}" + (" ws" if ws else ""))
     results = {}
     for name, fn in baselines.items():
         try:
