@@ -117,6 +117,7 @@ def _forward(q, k, v, causal, baselines, tflops):
         if err > 3e-2:
             raise AssertionError(f"tilejit attention {cfg} is wrong: max |err| {err}")
         ms = do_bench(lambda: attention.attention(q, k, v, causal=causal, out=out, **cfg))
+        print(f"  fwd {tuple(q.shape)} causal={causal} {cfg}: {tflops(ms):.1f} TFLOP/s", flush=True)
         if best is None or ms < best[0]:
             best = (ms, f"{bm}x{bn} w{warps}" + (" ws" if ws else ""))
     results = {}
