@@ -61,7 +61,8 @@ def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, B
 
 @tilejit.kernel
 def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
-             D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False):
+             D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False,
+             STAGES: T.constexpr = 2):
     pid_bh = T.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -83,7 +84,9 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     lo = (S // BN) * BN
     if CAUSAL:
         lo = T.minimum(m0, lo) if BM % BN == 0 else 0
-    for n0 in T.range(0, lo, BN, stages=2):
+    # STAGES: the key/value ring's depth (a deeper ring pays off when a producer warpgroup fills it:
+    # warp_specialize=True; the compiler lowers it where shared memory does not hold it)
+    for n0 in T.range(0, lo, BN, stages=STAGES):
         m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, False,
                                              False)
     hi = S

@@ -168,6 +168,13 @@ def test_attention_main_loop_is_warp_specialized():
         assert loop.count("tj_mbar_arrive(") == 1 and "(tj_it % 2)" in loop
         rest = after[after.index(loop) + len(loop):]
         assert "tj_tma_load_4d(" in rest  # the masked loop's own ring, filled by thread 0
+    # the specialized loop's ring is given back after it: the masked loop's ring reuses the memory, so 128 x 128
+    # tiles keep both rings 2 deep (they did not fit together, and both fell to one stage, not pipelined)
+    compiled = attention.attn_fwd.compile(q, kv, kv, q, q, lens, 0.125, 4, GROUP=2, BM=128, BN=128, D=128,
+                                          CAUSAL=True, VARLEN=False, num_warps=8, arch="sm_90a",
+                                          warp_specialize=True)
+    assert compiled.meta["threads"] == 384 and compiled.asm["ir"].count("kind = pipelined, stages = 2") == 2
+    assert "tj_mbar_inval" in compiled.asm["cuda"]
 
 
 def test_cubin_reports_the_producer_threads():

@@ -110,7 +110,7 @@ def _for(em: Emitter, op: Op) -> None:
     if phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
         em.open("")
     if phase == "consumer":
-        bars, empty, tma_bytes, maps = em.rings[id(op)]
+        bars, empty, tma_bytes, maps, nbars, smem_mark = em.rings[id(op)]
     elif tma:
         em.require_support("tma", lower_tma.SUPPORT)
         released = bool(in_flight) or producer  # the math warps hand slots back on "empty" mbarriers
@@ -132,7 +132,7 @@ def _for(em: Emitter, op: Op) -> None:
                 lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
         em.line("__syncthreads();")
-        em.rings[id(op)] = (bars, empty, tma_bytes, maps)
+        em.rings[id(op)] = (bars, empty, tma_bytes, maps, nbars, smem_mark)
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
         if not tma or producer:
@@ -304,13 +304,16 @@ def _for(em: Emitter, op: Op) -> None:
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.line("__syncthreads();")
-    if tma and phase is None:
+    # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the ring
+    # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
+    done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
+    if tma and done:
         em.line(f"if (tid == 0) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
                 "  // before the memory is reused")
     em.close()
     em.overlap_hook = outer_hook
     em.smem_peak = max(em.smem_peak, em.smem_top)
-    if phase is None:  # a persistent kernel's ring stays: the next program's loads land while this one finishes
+    if done:
         em.smem_top = smem_mark
 
 
