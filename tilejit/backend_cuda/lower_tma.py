@@ -1,10 +1,12 @@
 """Global -> shared copies: the ``copy`` table of the dispatch registry, and the TMA lowering.
 
-* ``tma_bulk_tensor`` (sm_90+): one thread issues ``cp.async.bulk.tensor`` per 128-byte panel of the tile
-  (PTX 9.7.9.25.5.2), described by a CUtensorMap the host encodes per launch with 128-byte swizzle, which
-  writes exactly the swizzled panel layout of :class:`~tilejit.ir.layouts.SharedLayout`; completion is
-  counted in bytes on an mbarrier per ring slot (PTX 9.7.13.15), and out-of-bounds parts of the box are
-  zero-filled by the hardware. Needs a 16-byte aligned tensor with 16-byte multiple strides.
+* ``tma_bulk_tensor`` (sm_90+): one thread issues ``cp.async.bulk.tensor`` per 128-byte panel of the tile, or one
+  for a tile of 64- or 32-byte rows (PTX 9.7.9.25.5.2), described by a CUtensorMap the host encodes per launch
+  with the swizzle mode of the tile's row (128-, 64- or 32-byte: the box's inner extent is one row of the panel,
+  and the runtime takes the mode from it), which writes exactly the swizzled layout of
+  :class:`~tilejit.ir.layouts.SharedLayout` into a tile starting on the pattern's repeat; completion is counted
+  in bytes on an mbarrier per ring slot (PTX 9.7.13.15), and out-of-bounds parts of the box are zero-filled by
+  the hardware. Needs a 16-byte aligned tensor with 16-byte multiple strides.
 * ``cp_async`` (sm_80+): per-thread 16-byte cp.async with an element-wise fallback chosen at run time
   (``lower_memory.SharedCopy``).
 """
@@ -19,6 +21,7 @@ from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..ir.rewrite import defining_op
 from ..target import REGISTRY, Target
 from .emitter import c_type
+from .lower_wgmma import swizzled_rows
 
 SUPPORT = r"""
 /// mbarrier with an expected arrival count (PTX 9.7.13.15.11).
@@ -64,7 +67,7 @@ TJ_DEVICE void tj_tma_load_5d(unsigned dst, const CUtensorMap* map, int c0, int 
 }
 """
 
-# The box's inner extent: one 128-byte swizzle span (TMA requires inner box bytes <= the swizzle span).
+# The widest box inner extent: one 128-byte swizzle span (TMA requires inner box bytes <= the swizzle span).
 SPAN_BYTES = 128
 
 
@@ -82,22 +85,29 @@ class CopyQuery:
 
 @dataclass(frozen=True)
 class TensorMapSpec:
-    """One CUtensorMap kernel parameter: which tensor argument, and the box it copies."""
+    """One CUtensorMap kernel parameter: which tensor argument, and the box it copies. The box's inner extent is
+    one swizzle span (``swizzle_bytes``: 128, 64 or 32), and the runtime encodes the map with that swizzle mode
+    (``runtime.tma.encode``)."""
     tensor: str                 # parameter name
     box: tuple[int, ...]        # box extents, innermost (the tensor's last dim) first
     elem_bytes: int
+
+    @property
+    def swizzle_bytes(self) -> int:
+        return self.box[0] * self.elem_bytes
 
     def to_json(self) -> dict:
         return {"tensor": self.tensor, "box": list(self.box), "elem_bytes": self.elem_bytes}
 
 
 def box_of(op: Op, lay: SharedLayout) -> tuple[int, ...]:
-    """Box extents, innermost first: one 128-byte panel of the tile's columns, its rows, 1 for dropped dims."""
+    """Box extents, innermost first: one row of the tile's 128-byte panels (or its whole 64- or 32-byte row), its
+    rows, 1 for dropped dims."""
     rank = op.operands[0].type.rank
     extents = []
     for d in reversed(range(rank)):
         if d == rank - 1:
-            extents.append(SPAN_BYTES // lay.elem_bytes)
+            extents.append(lay.row_pitch // lay.elem_bytes)
         else:
             extents.append(1 if d in op.attrs.dropped else op.attrs.shape[d])
     return tuple(extents)
@@ -117,13 +127,20 @@ def _tile_ok(q: CopyQuery, target: Target) -> bool:
         return False
     rows, cols = q.op.attrs.shape[dims[0]], q.op.attrs.shape[dims[1]]
     elem = q.op.result.dtype.itemsize
-    return (cols * elem) % SPAN_BYTES == 0 and rows <= 256 and rows % 8 == 0 and elem in (1, 2, 4)
+    # the ring (all its stages) decides the tile's alignment, which a 64- or 32-byte swizzle needs to be 1024
+    lay = getattr(q.op.result.type, "layout", None)
+    ring = lay.bytes if isinstance(lay, SharedLayout) else rows * cols * elem
+    # 64- and 32-byte rows: run on an H100 only; sm_100a keeps cp.async for them until a Blackwell GPU runs them
+    short = (cols * elem) % SPAN_BYTES != 0
+    return (swizzled_rows(cols * elem, ring) and not (short and target.sm >= 100) and rows <= 256 and rows % 8 == 0
+            and elem in (1, 2, 4))
 
 
 REGISTRY.register("copy", "tma_bulk_tensor", min_sm=90, priority=10, predicates={
     "the load is prefetched by a pipelined loop": lambda q, t: q.pipelined,
     "tensor is 16-byte aligned, unit-stride in its last dim, other strides 16-byte multiples, rank 2..5": _tensor_ok,
-    "tile is 2-D along the tensor's last dim, rows of 128-byte multiples, <= 256 rows, a multiple of 8": _tile_ok,
+    "tile is 2-D along the tensor's last dim, rows of 128-byte multiples (or, on sm_90, of 64 or 32 bytes in a "
+    "ring of >= 1024 bytes), <= 256 rows, a multiple of 8": _tile_ok,
 })(object())
 
 REGISTRY.register("copy", "cp_async", min_sm=80, priority=5)(object())
@@ -131,10 +148,11 @@ REGISTRY.register("copy", "cp_async", min_sm=80, priority=5)(object())
 
 def _panel_boxes(lay: SharedLayout, starts: list[str]):
     """(panel index, box coordinates innermost first as C text) of each 128-byte panel of a tile whose window
-    starts at ``starts`` (one per tensor dim): panel ``p`` starts ``p * 128`` bytes further along the last dim."""
+    starts at ``starts`` (one per tensor dim): panel ``p`` starts ``p * 128`` bytes further along the last dim. A
+    tile of 64- or 32-byte rows is one panel."""
     rank = len(starts)
-    panel_cols = SPAN_BYTES // lay.elem_bytes
-    for p in range(lay.row_bytes // SPAN_BYTES):
+    panel_cols = lay.row_pitch // lay.elem_bytes
+    for p in range(lay.row_bytes // lay.row_pitch):
         coords = []
         for d in reversed(range(rank)):
             start = f"(int)({starts[d]})"
@@ -143,7 +161,7 @@ def _panel_boxes(lay: SharedLayout, starts: list[str]):
 
 
 def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str) -> None:
-    """The calling thread issues one bulk tensor copy per 128-byte panel of ``op``'s tile into ``slot``."""
+    """The calling thread issues one bulk tensor copy per panel of ``op``'s tile into ``slot``."""
     lay: SharedLayout = tile.layout
     rank = op.operands[0].type.rank
     for p, coords in _panel_boxes(lay, starts):

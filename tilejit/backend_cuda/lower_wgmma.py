@@ -1,17 +1,27 @@
 """``gemm`` on sm_90a warpgroup MMA: ``wgmma.mma_async`` reading both operands from shared memory.
 
-The operands are the same swizzled shared tiles the mma.sync path uses (a 128-byte panel of 8 rows with
-chunk ^ (row % 8) is wgmma's 128-byte-swizzle atom), described by 64-bit matrix descriptors (PTX ISA
-9.7.15.5.1.2.2: start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset
->> 4 in 32-45, swizzle mode in 62-63 with 1 = 128B; HARDWARE.md checked bit 62 on an H100):
+The operands are the same swizzled shared tiles the mma.sync path uses (:class:`~tilejit.ir.layouts.SharedLayout`:
+8 rows of 128, 64 or 32 bytes with 16-byte chunks XOR-swizzled are wgmma's 128-, 64- and 32-byte swizzle atoms),
+described by 64-bit matrix descriptors (PTX ISA 9.7.15.5.1.2.2: start address >> 4 in bits 0-13, leading byte
+offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, layout type in 62-63 with 1 = 128B, 2 = 64B, 3 = 32B
+swizzle; HARDWARE.md checked bit 62 on an H100). The tile's row (of a 128-byte panel when wider) is the swizzle
+span; the stride byte offset is always 8 rows (``SharedLayout.atom_bytes``: 1024, 512 or 256 bytes), the
+distance between 8-row groups of the canonical layouts (PTX 9.7.15.5.1.2.1.3):
 
-* K-major operand (A, or B given N x K): 128-byte rows along K, so SBO = 1024 (8 rows) and LBO is unused;
-  a k16 step moves 32 bytes inside the panel, the next 64 k-elements are the next panel.
-* N-major B (given K x N, ``imm-trans-b`` = 1): 128-byte rows along N, 8 k-rows per atom (SBO = 1024),
-  LBO = the distance between 64-column panels; a k16 step moves 16 rows (2048 bytes).
+* K-major operand (A, or B given N x K): rows along K of 128-byte panels, or a single row of 64 or 32 bytes
+  (fp16 BK = 32 or 16, fp8 / int8 BK = 64 or 32, tf32 BK = 16 or 8); LBO is unused (16); a k step (32 bytes of
+  K) moves 32 bytes inside the row, the next 128 bytes of K are the next panel.
+* N-major B (given K x N, ``imm-trans-b`` = 1): rows along N, 128-byte panels or one 64- or 32-byte row (N = 32
+  or 16 for 16-bit types); 8 k-rows per atom; LBO = the distance between panels (unused when N is one row); a
+  k16 step moves 16 rows.
 * M-major A (given K x M, ``transpose_a``, ``imm-trans-a`` = 1): the same form as N-major B, read as A; a
-  64-row slab of A is one 64-column panel of the K x M tile, so the slab moves by whole panels.
+  64-row slab of A is one 64-column panel of the K x M tile (always 128-byte panels: M >= 64), so the slab
+  moves by whole panels.
   Only 16-bit operands have the transpose immediates.
+
+A 64- or 32-byte swizzled tile must start on its pattern's repeat (512 or 256 bytes; base offset 0): tiles of
+1024 bytes or more are allocated 1024-byte aligned (``lower_memory.stage_shared``), so those are what the
+predicates admit.
 
 Each warpgroup issues one ``m64nNk16`` per 64-row slab it owns and k16 step, commits the group, lets the
 enclosing pipelined loop issue its prefetch while the tensor cores work, then waits for the group.
@@ -28,11 +38,15 @@ from .emitter import Emitter
 from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from ..target import REGISTRY, Target
 
+#: The descriptor's layout type (bits 62-63) for each swizzle span in bytes (PTX 9.7.15.5.1.2.2).
+LAYOUT_TYPES = {128: 1, 64: 2, 32: 3}
+
 SUPPORT = r"""
-/// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX 9.7.15.5.1.2.2).
-TJ_DEVICE uint64_t tj_wgmma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo) {
+/// wgmma shared-memory matrix descriptor (PTX 9.7.15.5.1.2.2); LAYOUT is the swizzle mode in bits 62-63:
+/// 1 = 128-byte, 2 = 64-byte, 3 = 32-byte.
+TJ_DEVICE uint64_t tj_wgmma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo, unsigned layout = 1) {
   return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16)
-       | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+       | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)layout << 62);
 }
 TJ_DEVICE void tj_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 TJ_DEVICE void tj_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -48,6 +62,19 @@ def wait_group(em: Emitter, pending: int, name: str, regs: int, integer: bool) -
         em.line(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" : {operands} :: "memory");')
 
 
+def encode_descriptor(addr: int, lbo: int, sbo: int, swizzle_bytes: int) -> int:
+    """The 64 bits ``tj_wgmma_desc`` computes (PTX 9.7.15.5.1.2.2), for tests and tools."""
+    return (((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32)
+            | (LAYOUT_TYPES[swizzle_bytes] << 62))
+
+
+def descriptor_call(addr: str, lay: SharedLayout, lbo: int) -> str:
+    """C expression of the descriptor of ``lay``'s tile at shared address ``addr``: its swizzle mode, and 8 rows as
+    the stride byte offset (the layout type is left to the helper's default for the 128-byte swizzle)."""
+    layout = LAYOUT_TYPES[lay.swizzle_bytes]
+    return f"tj_wgmma_desc({addr}, {lbo}, {lay.atom_bytes}" + (f", {layout})" if layout != 1 else ")")
+
+
 def desc_plus(desc: str, offset: int) -> str:
     """The descriptor ``desc`` moved ``offset`` bytes (a multiple of 16) further in shared memory."""
     assert offset % 16 == 0, offset
@@ -55,14 +82,17 @@ def desc_plus(desc: str, offset: int) -> str:
 
 
 def k_step_offset(lay: SharedLayout, kk: int) -> int:
-    """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile (128-byte panels along K)."""
-    return (kk // 4) * lay.panel_bytes + (kk % 4) * 32
+    """Byte offset of k step ``kk`` (32 bytes of K) in a K-major tile: 128-byte panels along K, or one row of 64
+    or 32 bytes (then ``kk`` < 2 or 1, inside the row)."""
+    steps = lay.row_pitch // 32
+    return (kk // steps) * lay.panel_bytes + (kk % steps) * 32
 
 
 def b_fields(lay: SharedLayout, kk: int, k_major: bool) -> tuple[int, int]:
     """(byte offset, leading byte offset) of operand B's descriptor for k step ``kk``: K-major, 32 bytes along
-    the panel (LBO unused: 16); N-major, 16 k-rows further (LBO = the distance between 64-column panels). The
-    stride byte offset is 1024 (8 rows of 128 bytes) either way; sm_90 and sm_100 descriptors agree on all three."""
+    the row (LBO unused: 16); N-major, 16 k-rows further (LBO = the distance between 128-byte panels). The
+    stride byte offset is 8 rows (``lay.atom_bytes``) either way; sm_90 and sm_100 descriptors agree on all
+    three."""
     return (k_step_offset(lay, kk), 16) if k_major else (kk * 16 * lay.row_pitch, lay.panel_bytes)
 
 
@@ -70,16 +100,39 @@ def _b_k_major(op: Op) -> bool:
     return op.attrs.transpose_b
 
 
-def _shapes_fit(op: Op, target: Target) -> bool:
+def _tile_shapes_fit(op: Op, target: Target) -> bool:
     m, n, k = _mnk(op)
     if target.num_warps % 4:
         return False
     groups = target.num_warps // 4
-    # K spans whole 128-byte panels: the descriptors use the 128-byte swizzle.
-    if m % (64 * groups) or n % 8 or n > 256 or (k * op.operands[0].dtype.itemsize) % 128:
+    # K in whole instructions: each covers 32 bytes of K
+    if m % (64 * groups) or n % 8 or n > 256 or (k * op.operands[0].dtype.itemsize) % 32:
         return False
     slabs = m // (64 * groups)
     return slabs * n // 2 <= 128
+
+
+def _shapes_fit(op: Op, target: Target) -> bool:
+    """The shape rule with K in whole 128-byte panels, as ``wgmma_rs_m64nNk16`` registers it."""
+    k = _mnk(op)[2]
+    return _tile_shapes_fit(op, target) and (k * op.operands[0].dtype.itemsize) % 128 == 0
+
+
+def swizzled_rows(row_bytes: int, tile_bytes: int) -> bool:
+    """Whether a shared tile of ``row_bytes`` rows (``tile_bytes`` a stage) is in a wgmma swizzle mode from a start
+    its allocation guarantees: 128-byte panels (the tile has 8 rows or more, 1024 bytes, allocated 1024-byte
+    aligned), or a 64- or 32-byte row when the tile holds 1024 bytes (1024-byte aligned too: a multiple of the 512-
+    or 256-byte repeat; ``lower_memory.stage_shared`` aligns smaller tiles to 128 bytes only)."""
+    return row_bytes % 128 == 0 or (row_bytes in (32, 64) and tile_bytes >= 1024)
+
+
+def _rows_fit(op: Op, target: Target) -> bool:
+    """Each operand's shared rows: along K when K-major, along M / N when MN-major."""
+    m, n, k = _mnk(op)
+    size = op.operands[0].dtype.itemsize
+    a_row = (m if op.attrs.transpose_a else k) * size
+    b_row = (k if _b_k_major(op) else n) * size
+    return swizzled_rows(a_row, m * k * size) and swizzled_rows(b_row, n * k * size)
 
 
 def _a_k_major(op: Op, target: Target) -> bool:
@@ -93,6 +146,7 @@ def _a_layout_fits(op: Op, target: Target) -> bool:
 
 
 def _b_layout_fits(op: Op, target: Target) -> bool:
+    """B K-major, or N-major in 64-column panels, as ``wgmma_rs_m64nNk16`` registers it."""
     _, n, _ = _mnk(op)
     return _b_k_major(op) or n % 64 == 0
 
@@ -146,7 +200,7 @@ class Wgmma:
         em.line(f"const unsigned tj_b = {sb.base()};")
         # One descriptor per operand; each k step adds its offset >> 4 to the start-address field (the field
         # cannot carry: shared addresses stay below 2^18), instead of encoding a descriptor per instruction.
-        em.line(f"const uint64_t tj_bdesc = tj_wgmma_desc(tj_b, {b_fields(sb.layout, 0, _b_k_major(op))[1]}, 1024);")
+        em.line(f"const uint64_t tj_bdesc = {descriptor_call('tj_b', sb.layout, b_fields(sb.layout, 0, _b_k_major(op))[1])};")
         d_name, d_regs = name, layout.regs
         if f16_acc:  # the accumulator as f16x2 registers, packed before the fence and unpacked after the wait
             d_name, d_regs = "tj_h", layout.regs // 2
@@ -211,8 +265,8 @@ class Wgmma:
         em.line("const int tj_wg = __shfl_sync(0xffffffffu, tid >> 7, 0);")
         em.line(f"const unsigned tj_a = {sa.base()};")
         lbo = b_fields(sa.layout, 0, k_major=False)[1] if mn_major else 16
-        em.line(f"const uint64_t tj_adesc = tj_wgmma_desc(tj_a + tj_wg * {self._slab_bytes(sa.layout, mn_major)}, "
-                f"{lbo}, 1024);")
+        em.line(f"const uint64_t tj_adesc = "
+                f"{descriptor_call(f'tj_a + tj_wg * {self._slab_bytes(sa.layout, mn_major)}', sa.layout, lbo)};")
 
     @staticmethod
     def _slab_bytes(lay: SharedLayout, mn_major: bool) -> int:
@@ -228,46 +282,51 @@ class Wgmma:
         return [("l", desc_plus("tj_adesc", off + s * layout.groups * self._slab_bytes(sa.layout, mn_major)))]
 
 
-_SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte "
-           "panels, accumulator <= 128 registers")
+_SHAPES = ("num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K in whole 32-byte steps, "
+           "accumulator <= 128 registers")
+_ROWS = ("each operand's shared rows (along K when K-major, M or N when MN-major) are 128-byte panels, or one 64- or "
+         "32-byte row in a tile of >= 1024 bytes: a wgmma swizzle mode")
 
 REGISTRY.register("gemm", "wgmma_m64nNk16", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
-    _SHAPES: _shapes_fit,
+    _SHAPES: _tile_shapes_fit,
     "A is K-major or M-major (16-bit)": _a_layout_fits,
-    "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
+    _ROWS: _rows_fit,
 })(Wgmma())
 
 REGISTRY.register("gemm", "wgmma_m64nNk16_f16acc", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f16": _operand_dtypes(D.float16),
     "accumulator is f16": _acc_f16,
-    _SHAPES: _shapes_fit,
+    _SHAPES: _tile_shapes_fit,
     "A is K-major or M-major (16-bit)": _a_layout_fits,
-    "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
+    _ROWS: _rows_fit,
 })(Wgmma())
 
 REGISTRY.register("gemm", "wgmma_m64nNk32_fp8", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are float8 (e4m3fn, e5m2)": _operand_dtypes(D.float8_e4m3fn, D.float8_e5m2),
     "accumulator is f32": _acc_f32,
-    _SHAPES: _shapes_fit,
+    _SHAPES: _tile_shapes_fit,
     "A is K-major (not transposed)": _a_k_major,
     "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+    _ROWS: _rows_fit,
 })(Wgmma())
 
 REGISTRY.register("gemm", "wgmma_m64nNk32_int8", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are int8": _operand_dtypes(D.int8),
     "accumulator is i32": _acc_i32,
-    _SHAPES: _shapes_fit,
+    _SHAPES: _tile_shapes_fit,
     "N % 16 == 0 or N in (8, 24)": _int8_n,
     "A is K-major (not transposed)": _a_k_major,
     "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+    _ROWS: _rows_fit,
 })(Wgmma())
 
 REGISTRY.register("gemm", "wgmma_m64nNk8_tf32", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f32": _operand_dtypes(D.float32),
     "precision is tf32": _precision("tf32"),
-    _SHAPES: _shapes_fit,
+    _SHAPES: _tile_shapes_fit,
     "A is K-major (not transposed)": _a_k_major,
     "B is K-major (given N x K, transpose_b)": _b_k_major_pred,
+    _ROWS: _rows_fit,
 })(Wgmma())

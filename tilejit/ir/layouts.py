@@ -470,13 +470,18 @@ class SharedLayout:
     """A 2-D shared-memory tile of ``rows x cols`` elements, in ``stages`` copies (a ring).
 
     Rows are stored contiguously up to 128 bytes; a wider tile is split into column panels of 128 bytes,
-    each panel holding all rows (``rows x 128 B``) before the next. Inside a 128-byte row the 16-byte
-    chunks are XOR-swizzled so that 8 consecutive rows at one logical chunk fall in 8 different bank
-    groups, which makes the cp.async writes (row-wise) and the ldmatrix reads (8 rows at a time)
-    conflict-free: 128-byte rows use chunk ^ (row % 8); 64-byte rows chunk ^ ((row / 2) % 4); 32-byte rows
-    chunk ^ ((row / 4) % 2) (CUTLASS Swizzle<3,4,3>, <2,4,3>, <1,4,3>). A panel of 8 rows x 128 bytes
-    with chunk ^ (row % 8) is exactly the 128-byte-swizzle atom that wgmma and TMA use, in both the
-    K-major and the MN-major orientation (PTX 9.7.15.5.1, shared memory matrix layouts).
+    each panel holding all rows (``rows x 128 B``) before the next. Inside a row the 16-byte chunks are
+    XOR-swizzled so that 8 consecutive rows at one logical chunk fall in 8 different bank groups, which
+    makes the cp.async writes (row-wise) and the ldmatrix reads (8 rows at a time) conflict-free: 128-byte
+    rows use chunk ^ (row % 8); 64-byte rows chunk ^ ((row / 2) % 4); 32-byte rows chunk ^ ((row / 4) % 2)
+    (CUTLASS Swizzle<3,4,3>, <2,4,3>, <1,4,3>).
+
+    These are exactly the 128-, 64- and 32-byte swizzle modes of wgmma and TMA (PTX 9.7.15.5.1.2.1.3, the
+    canonical layouts Swizzle<3,4,3>, <2,4,3>, <1,4,3>: byte-address bits [4, 4 + b) XOR bits [7, 7 + b),
+    b = 3, 2, 1), in both the K-major and the MN-major orientation, once the tile starts on a multiple of the
+    pattern's repeat (``atom_bytes``: 8 rows, 1024 / 512 / 256 bytes; PTX 9.7.15.5.1.2.2, base offset 0):
+    with ``row_pitch`` P = 16 * 2^b, chunk c of row r sits at byte r * P + 16 c, whose bits [4, 4 + b) are c
+    and bits [7, 7 + b) are (r * P / 128) % 2^b = (r / 2^(3 - b)) % 2^b, the row phase above.
     """
     rows: int
     cols: int
@@ -507,6 +512,17 @@ class SharedLayout:
     @property
     def bytes(self) -> int:
         return self.stage_bytes * self.stages
+
+    @property
+    def swizzle_bytes(self) -> int:
+        """The wgmma / TMA swizzle mode this layout is, by its span in bytes (128, 64 or 32), or 0 (none)."""
+        return 16 << self.swizzle_bits if self.swizzle_bits else 0
+
+    @property
+    def atom_bytes(self) -> int:
+        """Bytes of 8 rows (of one panel): the swizzle pattern's repeat, which a tile's start must be a multiple
+        of, and the stride byte offset of its wgmma descriptors."""
+        return 8 * self.row_pitch
 
     @property
     def swizzle_bits(self) -> int:

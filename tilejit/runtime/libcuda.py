@@ -26,7 +26,7 @@ DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 # CUtensorMapDataType (by element size: a TMA copy moves bytes), interleave, swizzle, L2 promotion, OOB fill
 TENSOR_MAP_UINT_TYPES = {1: 0, 2: 1, 4: 2}
 TENSOR_MAP_INTERLEAVE_NONE = 0
-TENSOR_MAP_SWIZZLE_128B = 3
+TENSOR_MAP_SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B, by the span in bytes
 TENSOR_MAP_L2_PROMOTION_256B = 3
 TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
 
@@ -143,17 +143,18 @@ def current_device_attribute(attribute: int) -> int:
 
 
 def encode_tensor_map_tiled(data_type: int, address: int, dims: list[int], byte_strides: list[int],
-                            box: list[int]) -> bytes:
-    """cuTensorMapEncodeTiled with dense element strides, no interleave, 128-byte swizzle, 256-byte L2 promotion
-    and no float OOB fill (out-of-bounds parts of a box read zeros); ``dims``/``box`` innermost first and
-    ``byte_strides`` for dims 1..rank-1. Returns the 128 bytes of the CUtensorMap; raises LaunchError."""
+                            box: list[int], swizzle_bytes: int) -> bytes:
+    """cuTensorMapEncodeTiled with dense element strides, no interleave, the 128-, 64- or 32-byte swizzle
+    (``swizzle_bytes``), 256-byte L2 promotion and no float OOB fill (out-of-bounds parts of a box read zeros);
+    ``dims``/``box`` innermost first and ``byte_strides`` for dims 1..rank-1. Returns the 128 bytes of the
+    CUtensorMap; raises LaunchError."""
     rank = len(dims)
     aligned = ctypes.create_string_buffer(128 + 64)  # a CUtensorMap is 128 bytes, 64-byte aligned
     at = (ctypes.addressof(aligned) + 63) // 64 * 64
     err = function("cuTensorMapEncodeTiled")(
         at, data_type, rank, address, (ctypes.c_uint64 * rank)(*dims),
         (ctypes.c_uint64 * max(rank - 1, 1))(*byte_strides), (ctypes.c_uint32 * rank)(*box),
-        (ctypes.c_uint32 * rank)(*([1] * rank)), TENSOR_MAP_INTERLEAVE_NONE, TENSOR_MAP_SWIZZLE_128B,
+        (ctypes.c_uint32 * rank)(*([1] * rank)), TENSOR_MAP_INTERLEAVE_NONE, TENSOR_MAP_SWIZZLES[swizzle_bytes],
         TENSOR_MAP_L2_PROMOTION_256B, TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err:
         raise LaunchError(f"cuTensorMapEncodeTiled failed: {error_name(err)}")

@@ -3,7 +3,9 @@
 A map describes one tensor argument (its address, extents and strides) and the box a kernel copies.
 Launches reuse maps through a small cache keyed by everything the encoding depends on, so a repeated
 launch on the same tensors costs a dict lookup. Encoding follows HARDWARE.md ("TMA from Python"), through
-ctypes (``backend_cuda/libcuda.py``): 128-byte swizzle, out-of-bounds parts of a box zero-filled.
+ctypes (``runtime/libcuda.py``): out-of-bounds parts of a box zero-filled, and the swizzle mode whose span is
+the box's inner extent in bytes (128, 64 or 32: the backend makes each box one row of a swizzled shared tile's
+128-byte panel, or its whole 64- or 32-byte row; ``backend_cuda.lower_tma.TensorMapSpec``).
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ _cache: OrderedDict[tuple, Any] = OrderedDict()
 
 def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: int, box: Sequence[int]) -> bytes:
     """The 128 bytes of a CUtensorMap for a tensor at ``ptr`` with ``sizes``/``strides`` (elements, outermost
-    first) and a ``box`` given innermost first. The element type only matters by size: a copy moves bytes."""
+    first) and a ``box`` given innermost first, swizzled over the box's inner extent. The element type only
+    matters by size: a copy moves bytes."""
     key = (ptr, tuple(sizes), tuple(strides), elem_bytes, tuple(box))
     found = _cache.get(key)
     if found is not None:
@@ -30,7 +33,7 @@ def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: i
     try:
         tensor_map = libcuda.encode_tensor_map_tiled(libcuda.TENSOR_MAP_UINT_TYPES[elem_bytes], ptr,
                                                      [int(n) for n in reversed(sizes)], byte_strides,
-                                                     [int(b) for b in box])
+                                                     [int(b) for b in box], swizzle_bytes(box, elem_bytes))
     except LaunchError as error:
         raise LaunchError(f"{error} for a tensor of sizes {list(sizes)}, strides {list(strides)} and box "
                           f"{list(box)}") from None
@@ -38,6 +41,14 @@ def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: i
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return tensor_map
+
+
+def swizzle_bytes(box: Sequence[int], elem_bytes: int) -> int:
+    """The swizzle span of a box: its inner extent in bytes, which must be 128, 64 or 32."""
+    span = int(box[0]) * elem_bytes
+    if span not in (32, 64, 128):
+        raise LaunchError(f"a TMA box of {span}-byte rows has no swizzle mode (128, 64 or 32 bytes)")
+    return span
 
 
 class TensorMapPacker:
