@@ -90,23 +90,23 @@ WG_ON_90 = {"sm_80": MMA, "sm_90a": WGMMA}
 # -- tests/gpu/test_gpu_kernels.py (kernels from tests/kernels.py) ----------------------------------------------------------------------------------
 
 GPU_CASES = {
-    "matmul-f16-128x128x32": _mm(gk.matmul, 128, 128, 32, expect=BOTH_MMA),
-    "matmul-bf16-128x128x32": _mm(gk.matmul, 128, 128, 32, dtype=bf16, expect=BOTH_MMA),
+    "matmul-f16-128x128x32": _mm(gk.matmul, 128, 128, 32, expect=WG_ON_90),
+    "matmul-bf16-128x128x32": _mm(gk.matmul, 128, 128, 32, dtype=bf16, expect=WG_ON_90),
     "matmul-64x64x32-w1-s1": _mm(gk.matmul, 64, 64, 32, warps=1, stages=1, expect=BOTH_MMA),
     "matmul-64x64x32-w8-s4": _mm(gk.matmul, 64, 64, 32, warps=8, stages=4, expect=BOTH_MMA),
     "matmul-strided-a-colmajor-b-f32-out": _mm(gk.matmul, 64, 64, 32, out=f32, a=m(300, 500)[:, ::2],
-                                               b=m(130, 250).T, expect=BOTH_MMA),
+                                               b=m(130, 250).T, expect=WG_ON_90),
     "matmul-wgmma-128x128x64-w4": _mm(gk.matmul, 128, 128, 64, stages=3, expect=WG_ON_90),
     "matmul-wgmma-128x256x64-w8-bf16": _mm(gk.matmul, 128, 256, 64, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
     "matmul-wgmma-64x128x64-w4": _mm(gk.matmul, 64, 128, 64, stages=3, expect=WG_ON_90),
     "matmul-wgmma-128x64x128-w8-bf16": _mm(gk.matmul, 128, 64, 128, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
     "matmul-wgmma-stages1": _mm(gk.matmul, 128, 128, 64, stages=1, dtype=bf16, expect=WG_ON_90),
     "matmul-wgmma-stages5": _mm(gk.matmul, 128, 128, 64, stages=5, dtype=bf16, expect=WG_ON_90),
-    "matmul_nt-64x128x32": _mm(gk.matmul_nt, 64, 128, 32, expect=BOTH_MMA),
+    "matmul_nt-64x128x32": _mm(gk.matmul_nt, 64, 128, 32, expect=WG_ON_90),
     "matmul_nt-wgmma-128x128x64": _mm(gk.matmul_nt, 128, 128, 64, dtype=bf16, expect=WG_ON_90),
-    "matmul_tn-128x64x32-bf16": _mm(gk.matmul_tn, 128, 64, 32, dtype=bf16, expect=BOTH_MMA),
+    "matmul_tn-128x64x32-bf16": _mm(gk.matmul_tn, 128, 64, 32, dtype=bf16, expect=WG_ON_90),
     "bmm_epilogue": (gk.bmm_epilogue, (m(3, 100, 70, dtype=bf16), m(3, 70, 90, dtype=bf16), m(90, dtype=bf16),
-                                       m(3, 100, 90), 0.5), dict(BM=64, BN=64, BK=32), BOTH_MMA),
+                                       m(3, 100, 90), 0.5), dict(BM=64, BN=64, BK=32), WG_ON_90),
     "softmax_rows-128": (gk.softmax_rows, (m(37, 100), m(37, 100)), dict(BN=128), {}),
     "softmax_rows-1024": (gk.softmax_rows, (m(37, 1000), m(37, 1000)), dict(BN=1024), {}),
     "atom-1-warp": (gk.atom, (m(16, 16), m(16, 8), m(16, 8)), dict(num_warps=1), BOTH_MMA),
@@ -122,11 +122,11 @@ _BENCH_CONFIGS = [(64, 64, 32, 4, 3), (128, 128, 64, 4, 3), (128, 256, 64, 8, 3)
 def _bench_case(key):
     config = _configs[key]
     return (bench_kernels.matmul.kernel, (m(1024, 1024), m(1024, 1024), m(1024, 1024)),
-            dict(config.all_kwargs()), WG_ON_90 if key[2] % 64 == 0 else BOTH_MMA)
+            dict(config.all_kwargs()), WG_ON_90)
 
 
 OTHER_CASES = {
-    "example-matmul-128x128x32": _mm(example_matmul, 128, 128, 32, expect=BOTH_MMA),
+    "example-matmul-128x128x32": _mm(example_matmul, 128, 128, 32, expect=WG_ON_90),
     "example-matmul-128x128x64": _mm(example_matmul, 128, 128, 64, expect=WG_ON_90),
     **{f"bench-matmul-{'x'.join(map(str, k[:3]))}-w{k[3]}-s{k[4]}": _bench_case(k) for k in _BENCH_CONFIGS},
     "bench-tiny": (bench_kernels.tiny, (m(4096, dtype=f32), m(4096, dtype=f32), m(4096, dtype=f32),
@@ -137,7 +137,7 @@ OTHER_CASES = {
 
 INTERPRETER_CASES = {
     "matmul-f16": _mm(ti.matmul, 32, 32, 16, expect=BOTH_MMA),
-    "matmul-bf16": _mm(ti.matmul, 64, 64, 32, dtype=bf16, expect=BOTH_MMA),
+    "matmul-bf16": _mm(ti.matmul, 64, 64, 32, dtype=bf16, expect=WG_ON_90),
     "matmul-f32-tf32": _mm(ti.matmul, 32, 32, 16, dtype=f32,
                            expect={"sm_80": "mma_sync_m16n8k8_tf32", "sm_90a": "mma_sync_m16n8k8_tf32"}),
     "matmul-fp8e4m3": _mm(ti.matmul, 32, 32, 32, dtype=torch.float8_e4m3fn, out=f32,

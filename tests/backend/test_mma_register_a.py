@@ -208,10 +208,10 @@ def test_another_pinned_lowering_does_not_admit_it(monkeypatch):
 
 
 def test_a_wgmma_slab_feeds_mma_sync_from_registers():
-    """sm_90a, unpinned, head dim 256 with 32-key blocks: S = Q K^T runs on wgmma (one 64-row slab per warpgroup)
-    and P V on mma.sync (its 32-wide K is no whole 128-byte panel for wgmma); the wgmma accumulator holds each
-    warp's 16 rows in the m16n8 order, so P is read from registers there too."""
-    ir = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=32, D=256, CAUSAL=True,
+    """sm_90a, unpinned, head dim 256 with 48-key blocks: S = Q K^T runs on wgmma (one 64-row slab per warpgroup)
+    and P V on mma.sync (its 48-wide K, 96-byte rows, is in no wgmma swizzle mode); the wgmma accumulator holds
+    each warp's 16 rows in the m16n8 order, so P is read from registers there too."""
+    ir = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=48, D=256, CAUSAL=True,
                                     VARLEN=False, num_warps=4, arch="sm_90a", stop_after="passes").final_ir
     impls = [g.split("impl = ")[1].split("}")[0] for g in gemm_lines(ir)]
     assert impls == ["wgmma_m64nNk16", "mma_sync_rs_m16n8k16"] * 2

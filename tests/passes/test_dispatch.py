@@ -42,8 +42,8 @@ def test_sm90a_takes_wgmma_when_the_tile_fits():
     assert _impl("sm_90a", 64, 8, bn=256) == "wgmma_m64nNk16"
 
 
-def test_sm90a_falls_back_to_mma_sync_when_k_is_not_a_panel():
-    assert _impl("sm_90a", 32, 4) == "mma_sync_m16n8k16"
+def test_sm90a_takes_wgmma_when_k_is_a_64_byte_row():
+    assert _impl("sm_90a", 32, 4) == "wgmma_m64nNk16"  # the 64-byte swizzle (tests/backend/test_wgmma_swizzle.py)
 
 
 def test_sm80_never_takes_wgmma():

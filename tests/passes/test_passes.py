@@ -389,11 +389,12 @@ def test_sm90a_two_warpgroups(compiled):
     assert body.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 4  # 4 k16 steps x 1 slab
 
 
-def test_sm90a_with_bk32_falls_back_to_mma_sync(compiled):
+def test_sm90a_with_bk32_takes_wgmma_with_the_64_byte_swizzle(compiled):
     ir = compiled("mm90_bk32").asm["ir"]
     filecheck(ir, r"""
-        CHECK: tj.gemm {{.*}}impl = mma_sync_m16n8k16} : tile<128x128xf32, reg, #mma<warps=2x2>>
-        CHECK-NOT: #wgmma
+        CHECK: tj.load %A{{.*}} : tile<128x32xf16, shared, #shared<128x32, swizzle=64B, stages=3>>
+        CHECK: tj.gemm {{.*}}impl = wgmma_m64nNk16} : tile<128x128xf32, reg, #wgmma<warpgroups=1>>
+        CHECK-NOT: #mma<
     """)
 
 
