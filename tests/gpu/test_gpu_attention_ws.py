@@ -5,20 +5,15 @@ variable lengths, GQA, NaN-poisoned outputs, against the float64 SDPA reference;
 it ran really has the producer warpgroup (or, for variable lengths, why it does not)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention_checks import check, inputs
+from lang_kernels import load_example
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_ws_gpu", ROOT / "examples" / "attention.py")
-attention = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(attention)
+attention = load_example("attention")  # this module's own copy (its kernels' launch caches are its own)
 
 CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
 
