@@ -207,14 +207,16 @@ def test_another_pinned_lowering_does_not_admit_it(monkeypatch):
     assert all("impl = mma_sync_m16n8k8}" in g for g in gemm_lines(ir)) and len(staged_operands(ir)) == 1
 
 
-def test_a_wgmma_slab_feeds_mma_sync_from_registers():
-    """sm_90a, unpinned, head dim 256 with 48-key blocks: S = Q K^T runs on wgmma (one 64-row slab per warpgroup)
-    and P V on mma.sync (its 48-wide K, 96-byte rows, is in no wgmma swizzle mode); the wgmma accumulator holds
-    each warp's 16 rows in the m16n8 order, so P is read from registers there too."""
-    ir = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=48, D=256, CAUSAL=True,
+@pytest.mark.parametrize("bn", [32, 48, 64])
+def test_head_dim_256_reads_p_from_registers_on_wgmma(bn):
+    """sm_90a, unpinned, head dim 256 with 32- to 64-key blocks: S = Q K^T runs on wgmma and P V on wgmma with A
+    from registers, whatever K (the key block) is: A has no shared rows, and V's 512-byte rows are 128-byte
+    panels. (Before, K not in whole 128-byte panels sent P V to mma.sync, reading P from the wgmma accumulator's
+    registers, or to shared-memory wgmma with P staged.)"""
+    ir = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=bn, D=256, CAUSAL=True,
                                     VARLEN=False, num_warps=4, arch="sm_90a", stop_after="passes").final_ir
     impls = [g.split("impl = ")[1].split("}")[0] for g in gemm_lines(ir)]
-    assert impls == ["wgmma_m64nNk16", "mma_sync_rs_m16n8k16"] * 2
+    assert impls == ["wgmma_m64nNk16", "wgmma_rs_m64nNk16"] * 2
     assert not staged_operands(ir)
 
 

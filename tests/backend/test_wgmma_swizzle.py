@@ -225,13 +225,16 @@ def _fake_gemm(m, n, k, transpose_b):
     return _gemm(fn)
 
 
-def test_rs_lowering_keeps_its_128_byte_rule():
-    """wgmma_rs_m64nNk16 (A from registers) still registers K in whole 128-byte panels and N-major B in 64-column
-    panels: its shape predicates are unchanged."""
+def test_rs_lowering_takes_any_k_and_b_in_any_swizzle_mode():
+    """wgmma_rs_m64nNk16 (A from registers) has no rule on K beyond whole k16 steps (A has no shared rows), and B
+    may be in any swizzle mode: 128-byte panels, or one 64- or 32-byte row."""
+    from tilejit.backend_cuda import lower_wgmma_rs as rs
     target = Target.of("sm_90a", num_warps=4)
-    assert not wg._shapes_fit(_fake_gemm(128, 128, 32, False), target)
-    assert wg._shapes_fit(_fake_gemm(128, 128, 64, False), target)
-    assert not wg._b_layout_fits(_fake_gemm(128, 32, 64, False), target)
+    assert rs._tile_shapes_fit(_fake_gemm(128, 128, 32, False), target)
+    assert rs._b_rows_fit(_fake_gemm(128, 128, 32, False), target)   # N-major B: 256-byte rows
+    assert rs._b_rows_fit(_fake_gemm(128, 32, 64, False), target)    # N-major B: one 64-byte row
+    assert rs._b_rows_fit(_fake_gemm(128, 64, 32, True), target)     # K-major B: one 64-byte row
+    assert not rs._b_rows_fit(_fake_gemm(128, 24, 64, False), target)  # 48-byte rows: no swizzle mode
 
 
 # -- TMA ------------------------------------------------------------------------------------------------------------

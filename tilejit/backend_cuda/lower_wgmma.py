@@ -112,12 +112,6 @@ def _tile_shapes_fit(op: Op, target: Target) -> bool:
     return slabs * n // 2 <= 128
 
 
-def _shapes_fit(op: Op, target: Target) -> bool:
-    """The shape rule with K in whole 128-byte panels, as ``wgmma_rs_m64nNk16`` registers it."""
-    k = _mnk(op)[2]
-    return _tile_shapes_fit(op, target) and (k * op.operands[0].dtype.itemsize) % 128 == 0
-
-
 def swizzled_rows(row_bytes: int, tile_bytes: int) -> bool:
     """Whether a shared tile of ``row_bytes`` rows (``tile_bytes`` a stage) is in a wgmma swizzle mode from a start
     its allocation guarantees: 128-byte panels (the tile has 8 rows or more, 1024 bytes, allocated 1024-byte
@@ -143,12 +137,6 @@ def _a_layout_fits(op: Op, target: Target) -> bool:
     """K-major A, or M-major A (given K x M) of 16-bit operands: M is whole 64-row slabs by the shape rule, and
     each slab is one 64-column panel."""
     return not op.attrs.transpose_a or op.operands[0].dtype in (D.float16, D.bfloat16)
-
-
-def _b_layout_fits(op: Op, target: Target) -> bool:
-    """B K-major, or N-major in 64-column panels, as ``wgmma_rs_m64nNk16`` registers it."""
-    _, n, _ = _mnk(op)
-    return _b_k_major(op) or n % 64 == 0
 
 
 def _b_k_major_pred(op: Op, target: Target) -> bool:

@@ -18,7 +18,7 @@ from ..ir.layouts import WgmmaLayout
 from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _acc_f32, _mnk, _operand_dtypes
-from .lower_wgmma import Wgmma, _b_layout_fits, _shapes_fit
+from .lower_wgmma import _SHAPES, Wgmma, _b_k_major, _tile_shapes_fit, swizzled_rows
 
 
 class WgmmaRegisterA(Wgmma):
@@ -50,11 +50,18 @@ def _a_in_accumulator_layout(op: Op, target: Target) -> bool:
             and tuple(layout.shape) == (m, k) and layout.groups == target.num_warps // 4)
 
 
+def _b_rows_fit(op: Op, target: Target) -> bool:
+    """B's shared rows in a wgmma swizzle mode (A has no shared rows here: any K in whole k16 steps)."""
+    _, n, k = _mnk(op)
+    size = op.operands[1].dtype.itemsize
+    return swizzled_rows((k if _b_k_major(op) else n) * size, n * k * size)
+
+
 REGISTRY.register("gemm", "wgmma_rs_m64nNk16", min_sm=90, max_sm=90, priority=25, predicates={
     "A is a register tile in a wgmma accumulator layout of the same rows (M x K)": _a_in_accumulator_layout,
     "operands are f16 or bf16": _operand_dtypes(D.float16, D.bfloat16),
     "accumulator is f32": _acc_f32,
-    "num_warps % 4 == 0, M splits into 64-row slabs per warpgroup, N <= 256, K spans whole 128-byte panels, "
-    "accumulator <= 128 registers": _shapes_fit,
-    "B is K-major, or N-major with N % 64 == 0": _b_layout_fits,
+    _SHAPES: _tile_shapes_fit,
+    "B's shared rows (along K when K-major, N when N-major) are 128-byte panels, or one 64- or 32-byte row in a "
+    "tile of >= 1024 bytes: a wgmma swizzle mode": _b_rows_fit,
 })(WgmmaRegisterA())
