@@ -228,10 +228,17 @@ CONFIGS = {
 }
 
 
-def default_config(head_dim: int) -> dict:
-    """Tiles that fit the shared memory of every supported GPU for this head dim."""
-    if head_dim <= 64:
-        return dict(BM=128, BN=64, num_warps=8)
+def default_config(head_dim: int, causal: bool = False, hopper: bool = False) -> dict:
+    """Tiles that fit the shared memory of every supported GPU for this head dim; on Hopper (``hopper``: sm_90),
+    the fastest config measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md), the key/value loop
+    warp-specialized where that paid."""
+    if hopper:
+        if head_dim <= 64:
+            return dict(BM=64, BN=64 if causal else 128, num_warps=4)
+        if head_dim <= 128:
+            return dict(BM=128, BN=128, num_warps=8, warp_specialize=True) if causal else \
+                dict(BM=128, BN=64, num_warps=8)
+        return dict(BM=64, BN=64, num_warps=4, warp_specialize=True)
     if head_dim <= 128:
         return dict(BM=128, BN=64, num_warps=8)
     return dict(BM=64, BN=32, num_warps=4)
@@ -268,7 +275,9 @@ def _check_heads(q, k, v):
 def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
-    config = {**default_config(dim), **config}
+    # no config given: the measured-best one for this GPU; else the given keys over the portable default
+    hopper = not config and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+    config = {**default_config(dim, causal, hopper), **config}
     out = torch.empty_like(q) if out is None else out
     lens_arg = lens if lens is not None else torch.zeros(1, dtype=torch.int32, device=q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
