@@ -1,6 +1,6 @@
 """Launch one kernel a few times with a fixed config, for ``ncu`` to profile (no autotuning, no timing loop).
 
-    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny
+    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny|tf32
 
 ``gemm_ws`` is ``gemm`` (4096^3 fp16, 128x256x64, 8 warps, 4 stages) with a producer warpgroup (warp_specialize).
 """
@@ -30,6 +30,14 @@ def main(what: str) -> None:
         q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for _ in range(4):
             att.attention(q, k, v, causal=False, BM=128, BN=64, num_warps=8)
+    elif what == "tf32":  # the K-major tf32 matmul at 4096^3, the autotuner's usual pick (128x256x32 w8 s4)
+        from benchmarks import kernels
+
+        a = torch.randn(4096, 4096, device="cuda")
+        bt = torch.randn(4096, 4096, device="cuda")
+        c = torch.empty(4096, 4096, device="cuda")
+        for _ in range(4):
+            kernels.tf32_mm_nt.kernel[(16 * 32,)](a, bt, c, BM=128, BN=256, BK=32, num_warps=8, num_stages=4)
     else:
         from benchmarks import kernels
 
