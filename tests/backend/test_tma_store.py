@@ -23,22 +23,27 @@ def _design(c_dtype=torch.float16, c_shape=(1000, 904), arch="sm_90a", warps=8, 
                               ACC=T.float32, num_warps=warps, arch=arch, stop_after="cuda")
 
 
-def test_accumulator_store_goes_through_a_swizzled_tile_and_tma():
+def test_accumulator_store_goes_through_swizzled_panels_and_tma():
     st = _design()
     cuda = st.cuda
-    assert "by TMA: registers -> swizzled shared tile -> global" in cuda
-    # one bulk store per 128-byte panel of the 256 half columns, at panel-sized steps of the staging tile
+    assert "by TMA: registers -> swizzled shared panels -> global" in cuda
+    # one bulk store per 128-byte panel of the 256 half columns, from two alternating 16 KB panel buffers
     stores = re.findall(r"tj_tma_store_2d\(&tj_tmap\d+, \(int\)\((\w+)\)(?: \+ (\d+))?, \(int\)\((\w+)\), "
                         r"tj_smem_u32 \+ (\d+)\);", cuda)
     assert [int(s[1] or 0) for s in stores] == [0, 64, 128, 192]
     base = int(stores[0][3])
-    assert base % 1024 == 0 and [int(s[3]) - base for s in stores] == [0, 16384, 32768, 49152]
+    assert base % 1024 == 0 and [int(s[3]) - base for s in stores] == [0, 16384, 0, 16384]
     body = cuda[cuda.index("window by TMA"):]
-    order = ["tj_bulk_wait_read0();", "__syncthreads();", "*reinterpret_cast<unsigned*>(tj_smem", "tj_fence_proxy_async();",
-             "__syncthreads();", "tj_tma_store_2d(", "tj_bulk_commit();", "tj_bulk_wait_read0();"]
+    panel = ["__syncthreads();", "*reinterpret_cast<unsigned*>(tj_smem", "tj_fence_proxy_async();", "__syncthreads();",
+             "tj_tma_store_2d(", "tj_bulk_commit();"]
+    # before panel p > 0: the store that read its buffer two panels ago is done (one group may stay in flight)
+    order = ["tj_bulk_wait_read0();", *panel] + (["tj_bulk_wait_read1();", *panel] * 3) + ["tj_bulk_wait_read0();"]
     at = 0
     for needle in order:
         at = body.index(needle, at) + len(needle)
+    # each panel's threads write only that panel's column pairs: 256 columns / 4 panels over 2 warpgroups
+    writes = re.findall(r"for \(int tj_q = (\d+); tj_q < (\d+); \+\+tj_q\)", body)
+    assert [(int(a), int(b)) for a, b in writes] == [(0, 16), (16, 32), (32, 48), (48, 64)]
     # the C tensor's map: a 64 x 128 box (innermost first) of 2-byte elements
     assert {"tensor": "C", "box": [64, 128], "elem_bytes": 2} in st.tensor_maps
     assert "st.global" not in cuda  # no element-wise fallback remains for this store

@@ -195,7 +195,26 @@ TJ_DEVICE void tj_tma_store_5d(const CUtensorMap* map, int c0, int c1, int c2, i
 TJ_DEVICE void tj_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 /// Wait until every committed bulk store has finished reading shared memory (PTX 9.7.9.25.6.2).
 TJ_DEVICE void tj_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+/// ... every one but the most recent group.
+TJ_DEVICE void tj_bulk_wait_read1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
 """
+
+#: Panel buffers the TMA store epilogue stages through: panel p is written into buffer p % 2 while the store of
+#: panel p - 1 reads the other.
+STORE_BUFFERS = 2
+
+
+def _store_staging(em, rows: int, cols: int, esize: int) -> tuple[SharedLayout, int] | None:
+    """The staging of a TMA-stored tile: one 128-byte panel's layout (or the whole tile, when its rows are not
+    panelled) and how many such buffers the store cycles through (two where the shared memory left holds them,
+    else one); None when not even one fits."""
+    whole = SharedLayout(rows, cols, esize)
+    lay = SharedLayout(rows, SPAN_BYTES // esize, esize) if whole.panelled else whole
+    free = em.target.arch.max_shared_bytes - em.scratch_bytes - 1024 - -(-em.smem_top // 1024) * 1024
+    for buffers in range(min(STORE_BUFFERS, whole.row_bytes // lay.row_bytes), 0, -1):
+        if buffers * lay.stage_bytes <= free:
+            return lay, buffers
+    return None
 
 
 def store_fits(em, op: Op) -> bool:
@@ -216,48 +235,76 @@ def store_fits(em, op: Op) -> bool:
     rows, cols = value.type.shape
     if (cols * esize) % SPAN_BYTES or rows > 256 or rows % 8:
         return False
-    free = em.target.arch.max_shared_bytes - em.scratch_bytes - 1024
-    return -(-em.smem_top // 1024) * 1024 + rows * cols * esize <= free
+    return _store_staging(em, rows, cols, esize) is not None
 
 
 def emit_store(em, op: Op) -> None:
-    """Registers -> a 128-byte-swizzled shared tile (each thread writes its column pairs: 8 rows x 16 bytes per
-    warp access, conflict-free) -> one bulk tensor store per 128-byte panel, issued by thread 0."""
+    """Registers -> 128-byte-swizzled shared panels -> one bulk tensor store per panel, issued by thread 0.
+
+    The tile goes out one 128-byte panel of columns at a time through ``STORE_BUFFERS`` panel buffers: the
+    threads write panel p's column pairs (8 rows x 16 bytes per warp access, conflict-free) into buffer p % 2
+    once the store that last read it has (``cp.async.bulk.wait_group.read 1``), while the store of panel p - 1 is
+    still reading the other (one buffer, waiting for each store, where two do not fit). The staging memory is
+    panels, not the whole tile, so a persistent kernel's ring and the epilogue fit together."""
     tensor, value = op.operands[0], op.operands[1]
     layout: WgmmaLayout = value.type.layout
     rows, cols = value.type.shape
     esize = value.dtype.itemsize
-    lay = SharedLayout(rows, cols, esize)
+    whole = SharedLayout(rows, cols, esize)
+    lay, buffers = _store_staging(em, rows, cols, esize)
+    panel_cols = lay.cols
     em.require_support("tma", SUPPORT)
     em.require_support("tma_store", STORE_SUPPORT)
-    offset = em.allocate_shared(lay.bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
-    param = em.tensor_map_param(TensorMapSpec(tensor.name, box_of(op, lay), esize))
+    offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
+    param = em.tensor_map_param(TensorMapSpec(tensor.name, box_of(op, whole), esize))
     starts = [em.name(v) for v in op.operands[2:]]
     x = em.name(value)
-    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared tile -> global")
+    # the register pairs of each panel (a pair's column does not depend on the thread beyond its 8-column block)
+    pairs: dict[int, list[int]] = {}
+    for q in range(layout.regs // 2):
+        pairs.setdefault(int(layout.coords(0, 2 * q)[1]) // panel_cols, []).append(q)
+    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared panels -> global")
     em.open("")
     em.line("if (tid == 0) tj_bulk_wait_read0();  // an earlier TMA store has finished reading shared memory")
-    em.line("__syncthreads();  // ... and every earlier reader of this memory is done")
-    em.line("#pragma unroll")
-    em.open(f"for (int tj_q = 0; tj_q < {layout.regs // 2}; ++tj_q)")
-    em.line("const int i = 2 * tj_q;")
-    row, col = em.coords(layout, "i")
-    off = c_text(lay.elem_offset(CExpr(f"({row})"), CExpr(f"({col})")))
-    if esize == 2:
-        em.line(f"*reinterpret_cast<unsigned*>(tj_smem + {offset} + {off}) = "
-                f"(unsigned){x}[i].bits | ((unsigned){x}[i + 1].bits << 16);")
-    else:  # 4-byte values (f32, i32) keep their bits
-        ctype = c_type(value.dtype)
-        em.line(f"{ctype}* tj_d = reinterpret_cast<{ctype}*>(tj_smem + {offset} + {off});")
-        em.line(f"tj_d[0] = {x}[i]; tj_d[1] = {x}[i + 1];")
+    for p, coords in _panel_boxes(whole, starts):
+        base = offset + (p % buffers) * lay.stage_bytes
+        if p:
+            em.line(f"if (tid == 0) tj_bulk_wait_read{int(buffers > 1)}();  // the store that last read this "
+                    "buffer is done")
+        em.line("__syncthreads();  // ... and every earlier reader of this memory is done")
+        for first, count in _runs(pairs.get(p, [])):
+            em.line("#pragma unroll")
+            em.open(f"for (int tj_q = {first}; tj_q < {first + count}; ++tj_q)")
+            em.line("const int i = 2 * tj_q;")
+            row, col = em.coords(layout, "i")
+            off = c_text(lay.elem_offset(CExpr(f"({row})"), CExpr(f"(({col}) - {p * panel_cols})")))
+            if esize == 2:
+                em.line(f"*reinterpret_cast<unsigned*>(tj_smem + {base} + {off}) = "
+                        f"(unsigned){x}[i].bits | ((unsigned){x}[i + 1].bits << 16);")
+            else:  # 4-byte values (f32, i32) keep their bits
+                ctype = c_type(value.dtype)
+                em.line(f"{ctype}* tj_d = reinterpret_cast<{ctype}*>(tj_smem + {base} + {off});")
+                em.line(f"tj_d[0] = {x}[i]; tj_d[1] = {x}[i + 1];")
+            em.close()
+        em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
+        em.line("__syncthreads();")
+        rank = tensor.type.rank
+        em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, tj_smem_u32 + {base}); "
+                "tj_bulk_commit(); }")
+    em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
     em.close()
-    em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
-    em.line("__syncthreads();")
-    em.open("if (tid == 0)")
-    rank = tensor.type.rank
-    for p, coords in _panel_boxes(lay, starts):
-        em.line(f"tj_tma_store_{rank}d(&{param}, {coords}, tj_smem_u32 + {offset + p * lay.panel_bytes});")
-    em.line("tj_bulk_commit();")
-    em.line("tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
-    em.close()
-    em.close()
+
+
+def _runs(values: list[int]):
+    """(first, length) of each run of consecutive integers in ``values`` (sorted)."""
+    start = None
+    for v in values:
+        if start is None:
+            start, prev = v, v
+        elif v == prev + 1:
+            prev = v
+        else:
+            yield start, prev - start + 1
+            start, prev = v, v
+    if start is not None:
+        yield start, prev - start + 1
