@@ -117,3 +117,15 @@ def matmul_any(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, TA: T
             b = B[k0:k0 + BK, n0:n0 + BN]
         acc = T.gemm(a, b, acc, transpose_a=TA, transpose_b=TB, precision=PRECISION)
     C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def fixed_b(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """One B tile (K x N, N-major) loaded before a loop over row blocks of A and read by two gemms."""
+    b = B[0:BK, 0:BN]
+    acc = T.zeros((BM, BN), T.float32)
+    acc2 = T.zeros((BM, BN), T.float32)
+    for r in T.range(0, A.shape[0] // BM):
+        acc += A[r * BM:r * BM + BM, 0:BK] @ b
+        acc2 += D[r * BM:r * BM + BM, 0:BK] @ b
+    C[0:BM, 0:BN] = acc + acc2

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _lowering import kernel_body, lower
-from kernels import matmul_any, matmul_staged
+from kernels import fixed_b, matmul_any, matmul_staged
 
 import tilejit.language as T
 from tilejit.ir.layouts import SharedLayout
@@ -158,11 +158,10 @@ def test_generated_copy_moves_every_element_once_without_bank_conflicts(case):
 
 def test_16_bit_words_are_transposed_in_pairs():
     """The 2 x 2 block form (halves), replayed on whichever 16-bit operand the dispatch chooses to transpose:
-    N-major B whose N is not a whole 64-column panel, when wgmma reads it only K-major."""
-    fn, cuda = _lower(torch.float16, False, False, 128, 32, 64, 4)
+    N-major B of 24 columns (48-byte rows: no wgmma swizzle mode), which wgmma then reads K-major."""
+    fn, cuda = _lower(torch.float16, False, False, 128, 24, 64, 4, n=1000)
     copies = _copies(fn)
-    if not copies:
-        pytest.skip("wgmma reads this N-major B directly (no copy to check)")
+    assert len(copies) == 1 and copies[0].result.dtype.itemsize == 2
     _replay(cuda, copies[0])
 
 
@@ -226,3 +225,16 @@ def test_nn_compiles_to_wgmma_without_spills(dtype, bk, warp_specialize):
     assert compiled.meta["spills"] == 0
     assert "transpose_copy" in compiled.asm["ir"] and "wgmma.mma_async" in compiled.asm["cuda"]
     assert "mma.sync.aligned" not in kernel_body(compiled.asm["cuda"])
+
+
+def test_a_tile_loaded_before_a_loop_is_transposed_once_there():
+    """The copy goes right after the load, not before each gemm: outside the loop, one copy for both gemms."""
+    a = _meta(1024, 128, dtype=E4M3)
+    fn, _ = lower(fixed_b, a, _meta(128, 128, dtype=E4M3), _meta(128, 128, dtype=torch.float32), a, BM=128, BN=128,
+                  BK=128, num_warps=8, arch="sm_90a")
+    top = [op.kind.mnemonic for op in fn.body.ops]
+    assert top.count("transpose_copy") == 1 and top.index("transpose_copy") < top.index("for")
+    copy = next(op for op in fn.body.ops if op.kind.mnemonic == "transpose_copy")
+    gemms = [op for op in fn.walk() if op.kind.mnemonic == "gemm"]
+    assert len(gemms) == 2 and all(g.operands[1] is copy.result and g.attrs.transpose_b for g in gemms)
+    assert all(g.attrs.impl == "wgmma_m64nNk32_fp8" for g in gemms)

@@ -12,7 +12,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from kernels import matmul_any, matmul_staged
+from kernels import fixed_b, matmul_any, matmul_staged
 
 pytestmark = pytest.mark.gpu
 
@@ -123,3 +123,18 @@ def test_rows_not_tma_aligned_take_the_per_thread_copy():
     c = torch.full((m, n), float("nan"), device="cuda")
     _launch(matmul_any, a, b, c, m, n, (128, 64, 128, 4), TA=False, TB=False, ACC=T.float32)
     _check(torch.float8_e4m3fn, c, a, b)
+
+
+def test_a_tile_loaded_before_the_loop_is_transposed_once():
+    """B (K x N) loaded once before a loop over row blocks; its transposing copy runs there, before the loop."""
+    _sm90()
+    torch.manual_seed(11)
+    a, d = _fp8(384, 128), _fp8(384, 128)
+    b = _fp8(128, 128)
+    c = torch.full((128, 128), float("nan"), device="cuda")
+    fixed_b[(1,)](a, b, c, d, BM=128, BN=128, BK=128, num_warps=8)
+    torch.cuda.synchronize()
+    ref = sum(a[r:r + 128].double() @ b.double() + d[r:r + 128].double() @ b.double() for r in range(0, 384, 128))
+    bound = sum((a[r:r + 128].double().abs() + d[r:r + 128].double().abs()) @ b.double().abs()
+                for r in range(0, 384, 128)) * 2.0 ** -7 + 1e-3
+    assert not c.isnan().any() and ((c.double() - ref).abs() <= bound).all()

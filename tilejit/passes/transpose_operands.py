@@ -10,7 +10,8 @@ staged shared tile is copied into a new shared tile with its dims swapped (``tra
 ``a @ b`` becomes ``gemm(a, b', transpose_b=True)`` with ``b' = b^T`` stored N x K (K-major).
 
 The staged tile keeps its own copy from global memory (TMA in a pipelined loop) and its ring; the transposing copy
-reads a landed slot and writes the tile the tensor cores read, inside the loop body, right before the gemm.
+reads a landed slot and writes the tile the tensor cores read, right after the load (in a loop body, each
+iteration; a tile loaded before a loop is transposed once there), one copy per tile whatever the gemms reading it.
 Only operands loaded from a tensor are transposed (a tile staged from registers would better be stored in the
 right order in the first place). A pinned lowering (``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only
 when the pinned lowering takes the transposed form and not the given one.
@@ -35,10 +36,10 @@ _FLIPS = ((False, True), (True, False), (True, True))
 
 def transpose_operands(fn: Function, target: Target) -> None:
     pinned = knobs.gemm_lowering()
-    for block in blocks(fn.body):
-        for op in list(block.ops):
-            if op.kind is OpKind.GEMM:
-                _maybe_transpose(block, op, target, pinned)
+    home = {id(op): block for block in blocks(fn.body) for op in block.ops}  # the block of each op
+    copies: dict[int, Op] = {}  # the transposing copy of each staged tile made so far (one per tile)
+    for op in [op for op in fn.walk() if op.kind is OpKind.GEMM]:
+        _maybe_transpose(op, target, pinned, home, copies)
 
 
 def _priority(op: Op, target: Target, pinned: str | None) -> int | None:
@@ -64,27 +65,33 @@ def _transpose_copy(v, loc) -> Op:
     return Op(OpKind.TRANSPOSE_COPY, [v], [TileType((cols, rows), v.dtype, Scope.SHARED)], NoAttrs(), loc=loc)
 
 
-def _maybe_transpose(block, op: Op, target: Target, pinned: str | None) -> None:
+def _maybe_transpose(op: Op, target: Target, pinned: str | None, home: dict, copies: dict) -> None:
     given = _priority(op, target, pinned)
     best: tuple[int, tuple[bool, bool], list[Op | None]] | None = None
     for flips in _FLIPS:
         if not all(_transposable(op.operands[i]) for i in (0, 1) if flips[i]):
             continue
-        copies = [_transpose_copy(op.operands[i], op.loc) if flips[i] else None for i in (0, 1)]
-        trial = Op(OpKind.GEMM, [c.result if c else v for c, v in zip(copies, op.operands[:2])] + [op.operands[2]],
+        made = [_transpose_copy(op.operands[i], op.loc) if flips[i] else None for i in (0, 1)]
+        trial = Op(OpKind.GEMM, [c.result if c else v for c, v in zip(made, op.operands[:2])] + [op.operands[2]],
                    [op.result.type], _flipped(op.attrs, flips), loc=op.loc)
         got = _priority(trial, target, pinned)
         if got is not None and (given is None or got > given) and (best is None or got > best[0]):
-            best = (got, flips, copies)
+            best = (got, flips, made)
     if best is None:
         return
-    _, flips, copies = best
-    at = block.ops.index(op)
-    for i, copy in enumerate(copies):
-        if copy is not None:
-            block.ops.insert(at, copy)
-            at += 1
-            op.operands[i] = copy.result
+    _, flips, trial_copies = best
+    for i, copy in enumerate(trial_copies):
+        if copy is None:
+            continue
+        v = op.operands[i]
+        if v.id not in copies:
+            # right after the load (not before the gemm): a tile loaded outside a loop is transposed once
+            load = defining_op(v)
+            block = home[id(load)]
+            block.ops.insert(block.ops.index(load) + 1, copy)
+            home[id(copy)] = block
+            copies[v.id] = copy
+        op.operands[i] = copies[v.id].result
     op.attrs = _flipped(op.attrs, flips)
 
 
