@@ -11,7 +11,9 @@ memory and in ``<cache dir>/autotune/<kernel>-<source hash>.json``, with the tim
 - editing the kernel (or any of tilejit's own source) changes the source hash and therefore the file.
 
 A config that fails to compile or launch is skipped, its reason logged on the "tilejit.autotune" logger and
-stored, so later processes do not try it again; when every config fails an ``AutotuneError`` lists them all.
+stored, so later processes do not try it again; when every config fails an ``AutotuneError`` lists them all. A
+config whose kernel spills registers is refused the same way when a config that does not spill is there to time;
+the registers and spill bytes of each compiled config are in ``Autotuner.stats``.
 
 The first config is used, with nothing compiled, timed or stored, when there is only one or when
 ``TILEJIT_AUTOTUNE=0``.
@@ -159,6 +161,9 @@ class AutotuneStats:
     compiled: list[str] = field(default_factory=list)  # config identities compiled
     timed: list[str] = field(default_factory=list)  # config identities timed
     failed: list[str] = field(default_factory=list)  # config identities that failed (this run)
+    # per config compiled this run: registers per thread and spill bytes (ptxas -v), None where not reported
+    registers: dict[str, int | None] = field(default_factory=dict)
+    spills: dict[str, int | None] = field(default_factory=dict)
     compile_thread_ids: set[int] = field(default_factory=set)  # distinct worker threads that compiled
     from_disk: bool = False  # the choice came from the persisted record
 
@@ -420,7 +425,8 @@ class Autotuner:
             steps = len(todo) if interpret else 2 * len(todo)
             with _progress(total=steps, desc=f"autotune {self.__name__}") as bar, _tuning(self.kernel):
                 # The interpreter compiles nothing: each config's IR is built on its first (timed) run.
-                compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar)
+                compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar,
+                                                                    timed_before=bool(timings))
                 self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
 
         ranked = [c for c in candidates if c.identity in timings]
@@ -441,26 +447,43 @@ class Autotuner:
         return best
 
     def _compile_all(self, configs: list[Config], args: tuple[Any, ...], kwargs: dict[str, Any],
-                     failures: dict[str, str], stats: AutotuneStats, bar: Any) -> list[Config]:
-        """Compile every config in parallel; return those that compiled, in their original order."""
+                     failures: dict[str, str], stats: AutotuneStats, bar: Any,
+                     timed_before: bool = False) -> list[Config]:
+        """Compile every config in parallel; return those to time, in their original order.
 
-        def compile_one(config: Config) -> None:
+        A config whose kernel spills registers to local memory (ptxas) is refused when one that does not spill is
+        there to time (compiled now, or ``timed_before``): spilled main loops are rarely the fastest and cost a
+        timing run each. When every config spills, they are all timed."""
+
+        def compile_one(config: Config) -> dict:
             stats.compile_thread_ids.add(threading.get_ident())
-            self.kernel.compile(*args, **kwargs, **config.all_kwargs())
+            return getattr(self.kernel.compile(*args, **kwargs, **config.all_kwargs()), "meta", None) or {}
 
         with _compile_executor(min(knobs.compile_workers(), len(configs))) as pool:
             futures = {pool.submit(compile_one, config): config for config in configs}
             for future in concurrent.futures.as_completed(futures):
                 bar.update(1)
-        compiled = []
+        compiled, spilling = [], []
         for future, config in futures.items():
             stats.compiled.append(config.identity)
             error = future.exception()
             if error is not None:
                 self._record_failure(config, "compile", error, failures, stats)
-            else:
-                compiled.append(config)
-        return compiled
+                continue
+            meta = future.result()
+            stats.registers[config.identity] = meta.get("registers")
+            stats.spills[config.identity] = meta.get("spills")
+            (spilling if meta.get("spills") else compiled).append(config)
+        if spilling and (compiled or timed_before):
+            for config in spilling:
+                reason = (f"refused: spills {stats.spills[config.identity]} bytes to local memory "
+                          f"({stats.registers[config.identity]} registers); configs that do not spill are timed")
+                failures[config.identity] = reason
+                stats.failed.append(config.identity)
+                logger.info("%s: skipping config %s: %s", self.__name__, config, reason)
+            spilling = []
+        keep = {c.identity for c in compiled + spilling}
+        return [c for c in configs if c.identity in keep]
 
     def _time_all(self, configs: list[Config], grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   named: dict[str, Any], timings: dict[str, float], failures: dict[str, str],

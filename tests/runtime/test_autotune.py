@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import threading
+import types
 import time
 
 import pytest
@@ -34,7 +35,7 @@ class FakeKernel:
     """Follows the Kernel interface the autotuner wraps; records compiles and launches."""
 
     def __init__(self, source="v1", *, fail_compile=lambda meta: None, fail_launch=lambda meta: None,
-                 compile_seconds=0.0, on_launch=None):
+                 compile_seconds=0.0, on_launch=None, spills=lambda meta: 0):
         def matmul(A, B, M, BM, BN):  # noqa: N803 - mirrors a kernel signature
             pass
 
@@ -44,6 +45,7 @@ class FakeKernel:
         self.source = source
         self.fail_compile = fail_compile
         self.fail_launch = fail_launch
+        self.spills = spills
         self.compile_seconds = compile_seconds
         self.on_launch = on_launch
         self.compiles: list[dict] = []
@@ -62,7 +64,7 @@ class FakeKernel:
         reason = self.fail_compile(meta)
         if reason:
             raise LaunchError(reason)
-        return object()
+        return types.SimpleNamespace(meta={"registers": 100 + meta["BM"], "spills": self.spills(meta)})
 
     def __getitem__(self, grid):
         assert isinstance(grid, tuple), "the autotuner resolves callable grids itself"
@@ -457,6 +459,26 @@ def test_config_failing_to_launch_is_skipped_and_not_retried(cache_dir):
     tuner2, bench2 = make_tuner(again, configs_for(32, 64, 128), TIMES)
     launch(tuner2)
     assert bench2.timed == [] and again.compiles == []
+
+
+def test_config_that_spills_is_refused_when_one_that_does_not_is_there(cache_dir, caplog):
+    kernel = FakeKernel(spills=lambda meta: 96 if meta["BM"] == 128 else 0)
+    tuner, bench = make_tuner(kernel, configs_for(32, 64, 128), {32: 3.0, 64: 2.0, 128: 1.0})
+    with caplog.at_level(logging.INFO, logger="tilejit.autotune"):
+        launch(tuner)
+    assert sorted(bench.timed) == [32, 64] and tuner.best_config.kwargs["BM"] == 64
+    assert "spills 96 bytes to local memory (228 registers)" in caplog.text
+    assert tuner.stats.registers == {c.identity: 100 + c.kwargs["BM"] for c in configs_for(32, 64, 128)}
+    assert tuner.stats.spills[configs_for(128)[0].identity] == 96
+    record = next(iter(json.loads(record_file(cache_dir, kernel).read_text()).values()))
+    assert "refused: spills 96 bytes" in record["failures"]["BM=128, BN=64, num_warps=4, num_stages=2"]
+
+
+def test_configs_that_all_spill_are_all_timed():
+    kernel = FakeKernel(spills=lambda meta: 32)
+    tuner, bench = make_tuner(kernel, configs_for(32, 64), TIMES)
+    launch(tuner)
+    assert sorted(bench.timed) == [32, 64] and tuner.stats.failed == []
 
 
 def test_all_configs_failing_raises_an_error_listing_each(cache_dir):
