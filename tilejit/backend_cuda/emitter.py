@@ -294,6 +294,18 @@ class Emitter:
         the block-wide barriers emitted after this point count those warps alone (named barrier 1)."""
         self.split_at = len(self.lines)
 
+    @property
+    def sync(self) -> str:
+        """The block-wide barrier as a C statement: ``__syncthreads();``, or, once the producer warpgroup has left
+        (``consumers_only``), named barrier 1 over the math warps."""
+        if self.split_at is None:
+            return "__syncthreads();"
+        return f'asm volatile("bar.sync 1, {self.target.threads};" ::: "memory");'
+
+    def barrier(self, why: str = "") -> None:
+        """Emit the block-wide barrier (``sync``), with ``why`` as its comment."""
+        self.line(self.sync + (f"  // {why}" if why else ""))
+
     def take_overlap_hook(self) -> Callable[[], None] | None:
         """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""
         hook, self.overlap_hook = self.overlap_hook, None
@@ -406,9 +418,6 @@ class Emitter:
         # a warp-specialized loop's producer warpgroup (passes/pipeline.specialize_warps) is launched beyond the
         # num_warps warps; the compiler's meta counts it the same way
         launched = self.target.threads + int(self.fn.attrs.get("producer_threads", 0))
-        if self.split_at is not None:
-            sync = f'asm volatile("bar.sync 1, {self.target.threads};" ::: "memory");'
-            body = body[:self.split_at] + [line.replace("__syncthreads();", sync) for line in body[self.split_at:]]
         self.smem_top = max(self.smem_top, self.smem_peak)
         scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
         shared_bytes = self.smem_top

@@ -219,12 +219,12 @@ def _atomic(em: Emitter, op: Op) -> None:
         buf = f"reinterpret_cast<{ctype}*>({em.scratch(8)})"
         em.line(f"{ctype} {name};")
         em.open("")
-        em.line("__syncthreads();  // the program's earlier accesses (and scratch readers) are done")
+        em.barrier("the program's earlier accesses (and scratch readers) are done")
         if returns:
             em.line(f"if (tid == 0) *{buf} = ({ok}) ? {call} : {ctype}{{}};")
         else:
             em.line(f"if (tid == 0 && {ok}) {call};")
-        em.line("__syncthreads();  // thread 0's atomic (and old value) before the program goes on")
+        em.barrier("thread 0's atomic (and old value) before the program goes on")
         em.line(f"{name} = {'*' + buf if returns else ctype + '{}'};")
         em.close()
         return

@@ -131,7 +131,7 @@ def _for(em: Emitter, op: Op) -> None:
             if tmem:
                 lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
-        em.line("__syncthreads();")
+        em.barrier()
         em.rings[id(op)] = (bars, empty, tma_bytes, maps, nbars, smem_mark)
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
@@ -207,7 +207,7 @@ def _for(em: Emitter, op: Op) -> None:
                     + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                     + "  // TMA tiles landed")
         if not in_flight and not producer:
-            em.line("__syncthreads();  // ... for every thread, and everyone is done with the slot refilled next")
+            em.barrier("... for every thread, and everyone is done with the slot refilled next")
         nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
         if not producer:
             em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
@@ -303,7 +303,7 @@ def _for(em: Emitter, op: Op) -> None:
             wait_group(em, 0, name, gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
     if piped:
         em.line("tj_cp_async_wait<0>();")
-        em.line("__syncthreads();")
+        em.barrier()
     # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the ring
     # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
     done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
@@ -435,7 +435,7 @@ def emit_specialized(em: Emitter) -> None:
     per_program()
     RULES[OpKind.FOR](em, loop)
     em.emit_ops(after)
-    em.line("__syncthreads();  // this program's shared memory (the epilogue's) is free for the next one")
+    em.barrier("this program's shared memory (the epilogue's) is free for the next one")
     em.close()
     em.per_program = em.ring_phase = None
 

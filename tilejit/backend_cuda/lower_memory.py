@@ -143,9 +143,9 @@ def _load(em: Emitter, op: Op) -> None:
             return  # issued ahead of time by the enclosing pipelined loop
         stage_shared(em, op.result)
         em.comment(op, f"stage {em.name(op.operands[0])} window in shared memory (synchronous)")
-        em.line("__syncthreads();  // earlier readers of this buffer are done")
+        em.barrier("earlier readers of this buffer are done")
         issue_shared_load(em, op, _start_names(em, op, 1), "0")
-        em.line("tj_cp_async_commit(); tj_cp_async_wait<0>(); tj_fence_proxy_async(); __syncthreads();")
+        em.line(f"tj_cp_async_commit(); tj_cp_async_wait<0>(); tj_fence_proxy_async(); {em.sync}")
         return
     out = op.result
     layout: RegisterLayout = out.type.layout
@@ -542,7 +542,7 @@ def through_scratch(em: Emitter, src: Value, dst_name: str, dst_layout: Register
     ctype = c_type(src.dtype)
     em.scratch(src.type.numel * src.dtype.itemsize)
     buf = f"reinterpret_cast<{ctype}*>(tj_scratch)"
-    em.line("__syncthreads();  // scratch is free")
+    em.barrier("scratch is free")
 
     def write(i: str) -> None:
         valid = em.valid(layout, i)
@@ -550,7 +550,7 @@ def through_scratch(em: Emitter, src: Value, dst_name: str, dst_layout: Register
         em.line(f"if ({valid}) {store}" if valid else store)
 
     em.reg_loop(layout, write)
-    em.line("__syncthreads();")
+    em.barrier()
 
     def read(i: str) -> None:
         coords = [c if n > 1 else "0" for c, n in zip(em.coords(dst_layout, i), src.type.shape)]
@@ -594,7 +594,7 @@ def _convert(em: Emitter, op: Op) -> None:
         layout = src.type.layout
         ctype = c_type(src.dtype)
         em.comment(op, "write a register tile to shared memory for the tensor cores")
-        em.line("__syncthreads();  // earlier readers of this buffer are done")
+        em.barrier("earlier readers of this buffer are done")
 
         def write(i: str) -> None:
             valid = em.valid(layout, i)
@@ -603,7 +603,7 @@ def _convert(em: Emitter, op: Op) -> None:
             em.line(f"if ({valid}) {store}" if valid else store)
 
         em.reg_loop(layout, write)
-        em.line("tj_fence_proxy_async(); __syncthreads();")
+        em.line(f"tj_fence_proxy_async(); {em.sync}")
         return
     if src.type.layout == out.type.layout:
         em.line(f"auto& {em.name(out)} = {em.name(src)};")

@@ -63,7 +63,7 @@ def _reduce(em: Emitter, op: Op) -> None:
     em.scratch((src.type.numel + n_out) * acc_dtype.itemsize)
     buf = f"reinterpret_cast<{acc_t}*>(tj_scratch)"
     res = f"(reinterpret_cast<{acc_t}*>(tj_scratch) + {src.type.numel})"
-    em.line("__syncthreads();  // scratch is free")
+    em.barrier("scratch is free")
 
     def write(i: str) -> None:
         valid = em.valid(layout, i)
@@ -72,7 +72,7 @@ def _reduce(em: Emitter, op: Op) -> None:
         em.line(f"if ({valid}) {store}" if valid else store)
 
     em.reg_loop(layout, write)
-    em.line("__syncthreads();")
+    em.barrier()
     em.open(f"for (int tj_o = tid; tj_o < {n_out}; tj_o += {threads})")
     em.line(f"const int tj_outer = tj_o / {inner}, tj_inner = tj_o % {inner};")
     em.line(f"{acc_t} tj_acc = {_identity(kind, acc_dtype)};")
@@ -82,7 +82,7 @@ def _reduce(em: Emitter, op: Op) -> None:
     em.close()
     em.line(f"{res}[tj_o] = tj_acc;")
     em.close()
-    em.line("__syncthreads();")
+    em.barrier()
     if out.is_scalar:
         em.line(f"const {c_type(dtype)} {em.name(out)} = {convert(f'{res}[0]', acc_dtype, dtype)};")
         return
@@ -151,12 +151,12 @@ def _combine_across_warps(em: Emitter, layout: MmaLayout, kind: ReduceKind, acc_
     buf = f"reinterpret_cast<{acc_t}*>(tj_scratch)"
     wtm = layout.warp_tile[0]
     row = f"(tid >> 5) / {wn} * {wtm} + (tj_s >> 1) * 16 + ((tid & 31) >> 2) + 8 * (tj_s & 1)"
-    em.line("__syncthreads();  // scratch is free")
+    em.barrier("scratch is free")
     em.open("if ((tid & 3) == 0)")
     em.line("#pragma unroll")
     em.line(f"for (int tj_s = 0; tj_s < {slots}; ++tj_s) {buf}[({row}) * {wn} + (tid >> 5) % {wn}] = {r}[tj_s];")
     em.close()
-    em.line("__syncthreads();")
+    em.barrier()
     em.line("#pragma unroll")
     em.open(f"for (int tj_s = 0; tj_s < {slots}; ++tj_s)")
     em.line(f"{acc_t} tj_v = {buf}[({row}) * {wn}];")
@@ -186,7 +186,7 @@ def _scan(em: Emitter, op: Op) -> None:
     buf = f"reinterpret_cast<{ctype}*>(tj_scratch)"
     name = em.declare_tile(out)
     em.comment(op, f"cumsum along axis {axis} through shared memory")
-    em.line("__syncthreads();  // scratch is free")
+    em.barrier("scratch is free")
 
     def write(i: str) -> None:
         valid = em.valid(layout, i)
@@ -194,7 +194,7 @@ def _scan(em: Emitter, op: Op) -> None:
         em.line(f"if ({valid}) {store}" if valid else store)
 
     em.reg_loop(layout, write)
-    em.line("__syncthreads();")
+    em.barrier()
     threads = em.target.threads
     em.open(f"for (int tj_l = tid; tj_l < {lines}; tj_l += {threads})")
     em.line(f"{ctype}* tj_line = {buf} + (tj_l / {inner}) * {n * inner} + (tj_l % {inner});")
@@ -204,5 +204,5 @@ def _scan(em: Emitter, op: Op) -> None:
     em.line(f"tj_line[tj_j * {inner}] = tj_acc;")
     em.close()
     em.close()
-    em.line("__syncthreads();")
+    em.barrier()
     em.reg_loop(out_layout, lambda i: em.line(f"{name}[{i}] = {buf}[{_linear(em.coords(out_layout, i), shape)}];"))

@@ -44,7 +44,7 @@ def _split_reduce(em: Emitter, op: Op) -> None:
     em.comment(op, f"split-K: the partial accumulators of the cluster's {splits} programs summed in program 0")
     em.open("")
     em.line(f"const unsigned tj_rank = blockIdx.z % {splits}u;")
-    em.line("__syncthreads();  // every warp is past the K loop, whose shared memory this reuses")
+    em.barrier("every warp is past the K loop, whose shared memory this reuses")
     em.open("if (tj_rank != 0)")
     if vectors:
         em.line("#pragma unroll")

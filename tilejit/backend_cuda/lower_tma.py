@@ -271,7 +271,7 @@ def emit_store(em, op: Op) -> None:
         if p:
             em.line(f"if (tid == 0) tj_bulk_wait_read{int(buffers > 1)}();  // the store that last read this "
                     "buffer is done")
-        em.line("__syncthreads();  // ... and every earlier reader of this memory is done")
+        em.barrier("... and every earlier reader of this memory is done")
         for first, count in _runs(pairs.get(p, [])):
             em.line("#pragma unroll")
             em.open(f"for (int tj_q = {first}; tj_q < {first + count}; ++tj_q)")
@@ -287,7 +287,7 @@ def emit_store(em, op: Op) -> None:
                 em.line(f"tj_d[0] = {x}[i]; tj_d[1] = {x}[i + 1];")
             em.close()
         em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
-        em.line("__syncthreads();")
+        em.barrier()
         rank = tensor.type.rank
         em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, tj_smem_u32 + {base}); "
                 "tj_bulk_commit(); }")

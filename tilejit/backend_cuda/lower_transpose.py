@@ -69,7 +69,7 @@ def _transpose_copy(em: Emitter, op: Op) -> None:
     em.comment(op, f"transposing copy {rows}x{cols} -> {cols}x{rows} ({op.result.dtype}, {e}x{e}-element blocks"
                    + (f", ring of {dst.layout.stages} tiles" if ring else "") + ")")
     if not ring:
-        em.line("__syncthreads();  // the tile's previous readers are done")
+        em.barrier("the tile's previous readers are done")
     em.open("")
     em.line(f"unsigned char* const tj_src = {src.pointer()};")
     em.line(f"unsigned char* const tj_dst = {dst.pointer()};")
@@ -103,4 +103,4 @@ def _transpose_copy(em: Emitter, op: Op) -> None:
     em.close()
     em.close()
     em.line("tj_fence_proxy_async();  // the copy's writes, visible to the tensor cores' async proxy")
-    em.line("__syncthreads();")
+    em.barrier()
