@@ -62,3 +62,18 @@ def _fresh_compiler_fingerprint():
     from tilejit import compiler
 
     compiler.compiler_fingerprint.cache_clear()
+
+
+#: Knobs that change what a kernel compiles to; a test module with its own kernel cache runs with none of them set.
+_COMPILE_KNOBS = ("TILEJIT_INTERPRET", "TILEJIT_ARCH", "TILEJIT_GEMM_LOWERING")
+
+
+@pytest.fixture(scope="module")
+def fresh_compile_cache(tmp_path_factory):
+    """A kernel cache of the module's own (its compiles start cold and leave the user's cache alone), with the
+    compile-changing knobs unset. Use with ``pytestmark = pytest.mark.usefixtures("fresh_compile_cache")``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
+        for knob in _COMPILE_KNOBS:
+            mp.delenv(knob, raising=False)
+        yield

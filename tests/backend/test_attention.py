@@ -26,12 +26,7 @@ attention = _load_example()
 ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
-        mp.delenv("TILEJIT_INTERPRET", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_compile_cache")  # tests/conftest.py
 
 
 def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):

@@ -122,14 +122,6 @@ def test_forward_only_paths_keep_working(interpret):
 ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
-        mp.delenv("TILEJIT_INTERPRET", raising=False)
-        yield
-
-
 def _meta_args(dim, seq=1000, heads=4, group=2):
     q = torch.empty(2, heads, seq, dim, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(2, heads // group, seq, dim, dtype=torch.bfloat16, device="meta")
@@ -162,7 +154,7 @@ SM90_CASES = [(name, dim, bm, bn, w) for dim, spaces in attention.BWD_CONFIGS.it
 @pytest.mark.skipif("sm_90a" not in ARCHS, reason="NVRTC cannot compile for sm_90a")
 @pytest.mark.parametrize("name, dim, bm, bn, warps", SM90_CASES,
                          ids=[f"{n}-d{d}-{m}x{b}-w{w}" for n, d, m, b, w in SM90_CASES])
-def test_every_backward_config_fits_sm90a(compile_cache, name, dim, bm, bn, warps):
+def test_every_backward_config_fits_sm90a(fresh_compile_cache, name, dim, bm, bn, warps):
     """Within 227 KB of shared memory and 255 registers, with no spills; every product on wgmma, and P^T / dS^T
     (dK/dV) or dS (dQ) read from registers."""
     compiled = _compile(name, dim, bm, bn, warps, "sm_90a")
@@ -179,7 +171,7 @@ def test_every_backward_config_fits_sm90a(compile_cache, name, dim, bm, bn, warp
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_90a"])
 @pytest.mark.parametrize("dim", sorted(attention.BWD_CONFIGS))
-def test_default_backward_configs_compile(compile_cache, arch, dim):
+def test_default_backward_configs_compile(fresh_compile_cache, arch, dim):
     cfg = attention.default_bwd_config(dim)
     for name in ("dkdv", "dq"):
         c = cfg[name]
@@ -187,7 +179,7 @@ def test_default_backward_configs_compile(compile_cache, arch, dim):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_preprocess_and_forward_with_lse_compile(compile_cache, arch):
+def test_preprocess_and_forward_with_lse_compile(fresh_compile_cache, arch):
     q, kv, rows = _meta_args(128)
     _check_compiled(attention.attn_bwd_preprocess.compile(q, q, rows, 4, BM=32, D=128, num_warps=4, arch=arch),
                     arch)

@@ -43,13 +43,7 @@ def m(*shape, dtype=f16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
-        mp.delenv("TILEJIT_INTERPRET", raising=False)
-        mp.delenv("TILEJIT_ARCH", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_compile_cache")  # tests/conftest.py
 
 
 def _cubin_sm(cubin: bytes) -> int | None:

@@ -33,13 +33,7 @@ PIN = "mma_sync_m16n8k16"
 MMA_ARCHS = [a for a in ("sm_80", "sm_86", "sm_89", "sm_90a") if nvrtc_supports(a)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
-        mp.delenv("TILEJIT_INTERPRET", raising=False)
-        mp.delenv("TILEJIT_GEMM_LOWERING", raising=False)
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_compile_cache")  # tests/conftest.py
 
 
 def _pin_on_hopper(monkeypatch, arch: str) -> None:
