@@ -164,8 +164,9 @@ def _store(em: Emitter, op: Op) -> None:
         ptr, ok = _element(em, op, 2)
         em.line(f"if ({ok}) *{ptr} = {em.name(value)};")
         return
-    if lower_tma.store_fits(em, op):
-        lower_tma.emit_store(em, op)
+    staging = lower_tma.store_staging(em, op)
+    if staging is not None:
+        lower_tma.emit_store(em, op, staging)
         return
     layout: RegisterLayout = value.type.layout
     win = Window(em, op, _start_names(em, op, 2))

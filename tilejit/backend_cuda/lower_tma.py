@@ -217,28 +217,29 @@ def _store_staging(em, rows: int, cols: int, esize: int) -> tuple[SharedLayout, 
     return None
 
 
-def store_fits(em, op: Op) -> bool:
-    """Whether a register-tile store takes the TMA epilogue: sm_90+, the tile in a wgmma accumulator layout
-    (pairs of adjacent columns per thread) of 2- or 4-byte elements, a plain tensor argument TMA can describe
-    (not a T.bounded view: TMA clips at the tensor's own extents), a 2-D window along the last dim whose rows
-    are whole 128-byte panels, and the staging tile fits the shared memory left."""
+def store_staging(em, op: Op) -> tuple[SharedLayout, int] | None:
+    """The staging (``_store_staging``) of a register-tile store that takes the TMA epilogue, or None when it does
+    not: sm_90+, the tile in a wgmma accumulator layout (pairs of adjacent columns per thread) of 2- or 4-byte
+    elements, a plain tensor argument TMA can describe (not a T.bounded view: TMA clips at the tensor's own
+    extents), a 2-D window along the last dim whose rows are whole 128-byte panels, and a panel buffer fits the
+    shared memory left."""
     tensor, value = op.operands[0], op.operands[1]
     if em.target.sm < 90 or not value.is_tile or not isinstance(value.type.layout, WgmmaLayout):
-        return False
+        return None
     esize = value.dtype.itemsize
     halves = value.dtype in (D.float16, D.bfloat16)  # 16-bit values are packed through their .bits
     if value.dtype != tensor.dtype or not (halves or esize == 4) or defining_op(tensor) is not None:
-        return False
+        return None
     q = CopyQuery(op, em.fn.attrs.get("tensor_specs", {}).get(tensor.name), True)
     if not _tensor_ok(q, em.target) or len(q.tile_dims) != 2 or q.tile_dims[-1] != tensor.type.rank - 1:
-        return False
+        return None
     rows, cols = value.type.shape
     if (cols * esize) % SPAN_BYTES or rows > 256 or rows % 8:
-        return False
-    return _store_staging(em, rows, cols, esize) is not None
+        return None
+    return _store_staging(em, rows, cols, esize)
 
 
-def emit_store(em, op: Op) -> None:
+def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     """Registers -> 128-byte-swizzled shared panels -> one bulk tensor store per panel, issued by thread 0.
 
     The tile goes out one 128-byte panel of columns at a time through ``STORE_BUFFERS`` panel buffers: the
@@ -251,7 +252,7 @@ def emit_store(em, op: Op) -> None:
     rows, cols = value.type.shape
     esize = value.dtype.itemsize
     whole = SharedLayout(rows, cols, esize)
-    lay, buffers = _store_staging(em, rows, cols, esize)
+    lay, buffers = staging  # from store_staging
     panel_cols = lay.cols
     em.require_support("tma", SUPPORT)
     em.require_support("tma_store", STORE_SUPPORT)
