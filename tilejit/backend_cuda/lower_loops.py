@@ -407,36 +407,36 @@ def emit_specialized(em: Emitter) -> None:
     at = next(i for i, o in enumerate(ops) if o.kind is OpKind.FOR and o.attrs.producer_warpgroup)
     before, loop, after = ops[:at], ops[at], ops[at + 1:]
     programs = em.fn.attrs.get("persistent")
-    if not programs:
-        needed = producer_slice(em.fn, loop)
-        em.per_program, em.ring_phase = (lambda: em.emit_ops(needed)), "prelude"
-        RULES[OpKind.FOR](em, loop)
-        em.ring_phase = "consumer"
-        em.emit_ops(before)
-        RULES[OpKind.FOR](em, loop)
-        em.emit_ops(after)
-        em.per_program = em.ring_phase = None
-        return
-    em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the others "
-            "leave at once")
-    em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
-    em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * "
-            "blockIdx.z);")
-    em.line(f"if (tj_first >= {programs}) return;")
+    if programs:
+        em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the "
+                "others leave at once")
+        em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
+        em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y "
+                "* blockIdx.z);")
+        em.line(f"if (tj_first >= {programs}) return;")
 
-    def per_program() -> None:
-        _program_ids(em)
-        em.emit_ops(before)
+        def per_program() -> None:  # what precedes the loop, for the producer's walk and the math warps' alike
+            _program_ids(em)
+            em.emit_ops(before)
+    else:
+        needed = producer_slice(em.fn, loop)
+
+        def per_program() -> None:  # the producer's scalars (the math warps run all of `before` below)
+            em.emit_ops(needed)
 
     em.per_program, em.ring_phase = per_program, "prelude"
     RULES[OpKind.FOR](em, loop)
     em.ring_phase = "consumer"
-    em.open(_program_walk(em))
-    per_program()
+    if programs:
+        em.open(_program_walk(em))
+        per_program()
+    else:
+        em.emit_ops(before)
     RULES[OpKind.FOR](em, loop)
     em.emit_ops(after)
-    em.barrier("this program's shared memory (the epilogue's) is free for the next one")
-    em.close()
+    if programs:
+        em.barrier("this program's shared memory (the epilogue's) is free for the next one")
+        em.close()
     em.per_program = em.ring_phase = None
 
 
