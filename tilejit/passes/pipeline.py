@@ -145,8 +145,7 @@ def _why_not_specialized(fn: Function, loop: Op) -> str | None:
     if loop.attrs.async_mma != "wgmma" and not _tma_fed_wgmma_loop(loop):
         return ("its body is not a wgmma loop whose pipelined tiles are all loaded by TMA (a plain main loop, or "
                 "one with more math between its gemms, like attention's)")
-    top = fn.body.ops
-    if not any(o is loop for o in top):
+    if not any(o is loop for o in fn.body.ops):
         return "it is nested in another loop or an if (it must be in the kernel's top-level block)"
     if not _prelude_on_extra_threads(fn, loop):
         for o in producer_slice(fn, loop):
@@ -166,41 +165,32 @@ def _tma_fed_wgmma_loop(loop: Op) -> bool:
             and any(o.kind is OpKind.GEMM and (o.attrs.impl or "").startswith("wgmma") for o in body.walk()))
 
 
+def _before(fn: Function, loop: Op) -> list[Op]:
+    """The ops of the kernel's top-level block before ``loop`` (which is in it)."""
+    top = fn.body.ops
+    return top[:next(i for i, x in enumerate(top) if x is loop)]
+
+
 def _prelude_on_extra_threads(fn: Function, loop: Op) -> bool:
     """Whether every op before ``loop`` may run on the producer warpgroup too (registers and scalars only)."""
-    top = fn.body.ops
-    return all(_runs_on_extra_threads(o) for o in top[:next(i for i, x in enumerate(top) if x is loop)])
+    return all(_runs_on_extra_threads(o) for o in _before(fn, loop))
 
 
 def producer_slice(fn: Function, loop: Op) -> list[Op]:
-    """The ops before ``loop`` (in order) that its bounds and its TMA loads' tensors and window starts depend on:
-    what a producer warpgroup leaving at the kernel's start must compute itself."""
-    top = fn.body.ops
-    before = top[:next(i for i, x in enumerate(top) if x is loop)]
-    defined = {r.id: o for o in before for r in o.results}
+    """The ops before ``loop`` (in order) that its bounds and its TMA loads' tensors and window starts depend on,
+    through the body's scalar math: what a producer warpgroup leaving at the kernel's start must compute itself."""
+    before = _before(fn, loop)
     body = loop.regions[0]
-    roots = list(loop.operands[:3])
-    inside = {r.id: o for o in body.ops for r in o.results}
-    stack = [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands]
+    owners = {r.id: o for o in (*before, *body.ops) for r in o.results}
+    stack = list(loop.operands[:3]) + [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline
+                                       for v in o.operands]
     seen: set[int] = set()
-    while stack:  # through the body's scalar math (the window starts) to the values defined before the loop
-        v = stack.pop()
-        if v.id in seen:
-            continue
-        seen.add(v.id)
-        if v.id in inside:
-            stack.extend(inside[v.id].operands)
-        else:
-            roots.append(v)
-    needed: set[int] = set()
-    stack = [defined[v.id] for v in roots if v.id in defined]
     while stack:
-        o = stack.pop()
-        if id(o) in needed:
-            continue
-        needed.add(id(o))
-        stack.extend(defined[v.id] for v in o.operands if v.id in defined)
-    return [o for o in before if id(o) in needed]
+        v = stack.pop()
+        if v.id not in seen and v.id in owners:
+            seen.add(v.id)
+            stack.extend(owners[v.id].operands)
+    return [o for o in before if any(r.id in seen for r in o.results)]
 
 
 def _scalar_only(op: Op) -> bool:
