@@ -188,7 +188,7 @@ def emits(*kinds: OpKind):
 KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
 #: How the body of a kernel whose warp-specialized loop is set up at its start (persistent, or producer first) is
 #: emitted (registered by lower_loops, which owns the ring it is built on).
-PERSISTENT_BODY: list[Callable[["Emitter"], None]] = []
+SPECIALIZED_BODY: list[Callable[["Emitter"], None]] = []
 
 
 @dataclass
@@ -406,7 +406,7 @@ class Emitter:
         decls, kinds = self.params()
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         if self.fn.attrs.get("persistent") or self.fn.attrs.get("producer_first"):
-            PERSISTENT_BODY[0](self)
+            SPECIALIZED_BODY[0](self)
         else:
             self.emit_block(self.fn.body)
         for f in reversed(finish):

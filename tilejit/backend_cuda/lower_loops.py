@@ -25,7 +25,7 @@ from typing import Callable
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
 from ..passes.pipeline import PRODUCER_THREADS, in_flight_gemms, producer_slice
-from .emitter import (PERSISTENT_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
+from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
@@ -440,7 +440,7 @@ def emit_specialized(em: Emitter) -> None:
     em.per_program = em.ring_phase = None
 
 
-PERSISTENT_BODY.append(emit_specialized)
+SPECIALIZED_BODY.append(emit_specialized)
 
 
 @emits(OpKind.WHILE)
