@@ -44,6 +44,11 @@ def _tflops(batch, heads, seq, dim, causal, ms, backward=False):
     return flops / (ms * 1e-3) / 1e12
 
 
+def _tflops_of(q, causal, ms, backward=True):
+    batch, heads, seq, dim = q.shape
+    return _tflops(batch, heads, seq, dim, causal, ms, backward)
+
+
 def _sdpa(backend):
     from torch.nn.attention import sdpa_kernel
 
@@ -156,15 +161,20 @@ def _backward(q, k, v, causal, baselines, tflops):
         return do_bench(run)
 
     def label(c):
-        return f"{c['BM']}x{c['BN']} w{c['num_warps']}"
+        return f"{c['BM']}x{c['BN']} w{c['num_warps']}" + (" ws" if c.get("warp_specialize") else "")
 
     default = attention.default_bwd_config(dim)
     best = None
+    # on sm_90 the dQ configs also run warp-specialized (their dS @ K then issued one iteration late)
+    hopper = torch.cuda.get_device_capability()[0] == 9
     for kernel in ("dkdv", "dq"):
         base = best[1] if best else default
-        for bm, bn, warps in attention.BWD_CONFIGS[dim][kernel]:
-            cfg = {**base, kernel: dict(BM=bm, BN=bn, num_warps=warps)}
+        for (bm, bn, warps), ws in ((c, ws) for c in attention.BWD_CONFIGS[dim][kernel]
+                                    for ws in ((False, True) if hopper and kernel == "dq" else (False,))):
+            cfg = {**base, kernel: dict(BM=bm, BN=bn, num_warps=warps, **({"warp_specialize": True} if ws else {}))}
             ms = timed(cfg)
+            print(f"  bwd {tuple(q.shape)} causal={causal} {kernel} {cfg[kernel]}: "
+                  f"{_tflops_of(q, causal, ms):.1f} TFLOP/s", flush=True)
             if best is None or ms < best[0]:
                 best = (ms, cfg)
     best = (best[0], f"dkdv {label(best[1]['dkdv'])}, dq {label(best[1]['dq'])}")

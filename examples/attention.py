@@ -16,8 +16,9 @@ of the online softmax in registers, and rescales the output accumulator as the m
 Backward (``attention_backward``): ``attn_bwd_preprocess`` (Delta = rowsum(dO * O)), ``attn_bwd_dkdv`` (one
 program per key block and key/value head, looping over the query heads of its group and their query blocks,
 recomputing P^T = exp2(K Q^T * scale * log2 e - LSE)) and ``attn_bwd_dq`` (one program per query block and head,
-looping over key blocks; no atomics). Causal and full, GQA, ragged lengths; head dims 64 and 128 on wgmma on
-sm_90a, 256 too, but its dK/dV runs on mma.sync there (see ``BWD_CONFIGS``). No variable-length backward.
+looping over key blocks; no atomics). Causal and full, GQA, ragged and variable lengths (``lens``: the keys of
+batch ``b`` end at ``Lens[b]``; every query row, padding included, has a gradient, as it has an output); head
+dims 64 and 128 on wgmma on sm_90a, 256 too, but its dK/dV runs on mma.sync there (see ``BWD_CONFIGS``).
 
 ``attention(q, k, v, causal=..., lens=...)`` launches the forward and is differentiable in q, k and v
 (``AttentionFunction``); run this file to check both passes against float64 torch (on a GPU if there is one,
@@ -115,9 +116,10 @@ def attn_bwd_preprocess(O, dO, Delta, H, BM: T.constexpr, D: T.constexpr):
 
 
 @tilejit.func
-def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, MASK_CAUSAL):
+def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, MASK_CAUSAL, MASK_KEYS):
     """One query block against this program's keys, in key-major orientation (BN x BM), so that P^T and dS^T
-    come out of a product in the layout the next product reads as its left operand."""
+    come out of a product in the layout the next product reads as its left operand. ``MASK_KEYS``: keys from
+    ``L`` on (past a variable length) take no part (their P^T, hence dS^T, is 0)."""
     q = Q[b, h, m0:m0 + BM, 0:D]
     do = dO[b, h, m0:m0 + BM, 0:D]
     lse = Lse[b, h, m0:m0 + BM]
@@ -127,6 +129,8 @@ def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D,
     if MASK_CAUSAL:
         rows = m0 + T.arange(0, BM)
         pt = T.where(cols[:, None] <= rows[None, :], pt, 0.0)
+    if MASK_KEYS:
+        pt = T.where(cols[:, None] < L, pt, 0.0)
     dv = T.gemm(pt.to(dO.dtype), do, dv)
     dpt = T.gemm(v, do, T.zeros((k.shape[0], BM), T.float32), transpose_b=True)
     dst = pt * (dpt - delta[None, :])
@@ -135,20 +139,26 @@ def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D,
 
 
 @tilejit.kernel
-def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, sm_scale, HKV, GROUP: T.constexpr, BM: T.constexpr,
-                  BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T.constexpr, BM: T.constexpr,
+                  BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False):
     """dK and dV of BN keys of one (batch, key/value head): loops over the GROUP query heads that read this
     head and over their query blocks, recomputing P^T from Lse. Causal: the loop starts at the first query
     block that reaches these keys; only the BN // BM blocks that straddle the diagonal are masked.
 
     Query rows past the sequence read as zeros (q, dO, Lse and Delta), which makes their terms exactly 0;
-    key rows past it are not stored. So only the causal blocks need a mask."""
+    key rows past it are not stored. So only the causal blocks need a mask. ``VARLEN``: batch ``b``'s keys from
+    ``Lens[b]`` on take no part (masked; a program whose keys all lie past it runs no block and stores zeros),
+    while every query row, padding included, does (as in the forward)."""
     assert BN % BM == 0, "attn_bwd_dkdv needs BN to be a multiple of BM (the diagonal spans whole query blocks)"
     pid_bh = T.program_id(1)
     b = pid_bh // HKV
     kv = pid_bh % HKV
     n0 = T.program_id(0) * BN
     S = Q.shape[2]
+    L = S
+    if VARLEN:
+        L = T.max(Lens[b:b + 1], 0)
+        S = T.minimum(S, T.maximum(L - n0, 0) * S)  # 0 when these keys all lie past the length: no block runs
     k = K[b, kv, n0:n0 + BN, 0:D]
     v = V[b, kv, n0:n0 + BN, 0:D]
     cols = n0 + T.arange(0, BN)
@@ -162,9 +172,10 @@ def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, sm_scale, HKV, GROUP: T.const
             # query blocks [n0, n0 + BN) straddle the diagonal; earlier ones see none of these keys
             lo = T.minimum(n0 + BN, S)
             for m0 in T.range(n0, lo, BM, stages=2):
-                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, True)
+                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, True,
+                                    VARLEN)
         for m0 in T.range(lo, S, BM, stages=2):
-            dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, dk, dv, qk_scale, BM, D, False)
+            dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, False, VARLEN)
     dK[b, kv, n0:n0 + BN, 0:D] = (dk * sm_scale).to(dK.dtype)
     dV[b, kv, n0:n0 + BN, 0:D] = dv.to(dV.dtype)
 
@@ -189,18 +200,21 @@ def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, M
 
 
 @tilejit.kernel
-def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
-                BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
+                BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False):
     """dQ of BM query rows of one (batch, head), looping over key blocks (no atomics: one program owns its
     rows). Unmasked blocks first (whole blocks left of the diagonal, or inside the sequence), then the masked
-    ones (the diagonal blocks, or the ragged last block)."""
+    ones (the diagonal blocks, or the ragged last block). ``VARLEN``: the keys end at ``Lens[b]``, as in the
+    forward."""
     assert BM % BN == 0, "attn_bwd_dq needs BM to be a multiple of BN (the diagonal spans whole key blocks)"
     pid_bh = T.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     kv = h // GROUP
     m0 = T.program_id(0) * BM
-    S = Q.shape[2]
+    S = Q.shape[2]  # the keys this program's rows attend to: all, or (VARLEN) batch b's first Lens[b]
+    if VARLEN:
+        S = T.max(Lens[b:b + 1], 0)
     q = Q[b, h, m0:m0 + BM, 0:D]
     do = dO[b, h, m0:m0 + BM, 0:D]
     lse = Lse[b, h, m0:m0 + BM]
@@ -272,6 +286,15 @@ def _check_heads(q, k, v):
     return heads // k.shape[1]
 
 
+def _lens(lens, batch, device):
+    """The ``Lens`` argument: ``lens`` (int32, one per batch entry, each in 1..S), or a placeholder."""
+    if lens is None:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    if lens.dtype != torch.int32 or lens.shape != (batch,):
+        raise ValueError(f"lens must be an int32 tensor of shape ({batch},), got {lens.dtype} {tuple(lens.shape)}")
+    return lens
+
+
 def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
@@ -279,7 +302,7 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
     hopper = not config and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
     config = {**default_config(dim, causal, hopper), **config}
     out = torch.empty_like(q) if out is None else out
-    lens_arg = lens if lens is not None else torch.zeros(1, dtype=torch.int32, device=q.device)
+    lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
     attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
                    D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **config)
@@ -287,10 +310,12 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
 
 
 def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale: float | None = None,
-                       dq=None, dk=None, dv=None, delta=None, config: dict | None = None):
+                       lens: torch.Tensor | None = None, dq=None, dk=None, dv=None, delta=None,
+                       config: dict | None = None):
     """(dq, dk, dv) of attention given the upstream gradient ``do``, the forward's ``out`` and its base-2
-    log-sum-exp ``lse`` (float32 (B, H, S), from ``attention_forward``). Outputs may be preallocated; ``delta``
-    (float32 (B, H, S)) is scratch. ``config`` overrides ``default_bwd_config``: {"dkdv": {...}, "dq": {...}}."""
+    log-sum-exp ``lse`` (float32 (B, H, S), from ``attention_forward``, with the same ``lens``). Outputs may be
+    preallocated; ``delta`` (float32 (B, H, S)) is scratch. ``config`` overrides ``default_bwd_config``:
+    {"dkdv": {...}, "dq": {...}}. With ``lens``, keys past a batch's length get zero gradients."""
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
@@ -307,41 +332,45 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     attn_bwd_preprocess[(tilejit.cdiv(seq, rows), batch * heads)](out, do, delta, heads, BM=rows, D=dim,
                                                                     num_warps=4)
     kv_heads = k.shape[1]
+    lens_arg = _lens(lens, batch, q.device)
+    varlen = lens is not None
     c = cfg["dkdv"]
     attn_bwd_dkdv[(tilejit.cdiv(seq, c["BN"]), batch * kv_heads)](
-        q, k, v, do, lse, delta, dk, dv, sm_scale, kv_heads, GROUP=group, D=dim, CAUSAL=causal, **c)
+        q, k, v, do, lse, delta, dk, dv, lens_arg, sm_scale, kv_heads, GROUP=group, D=dim, CAUSAL=causal,
+        VARLEN=varlen, **c)
     c = cfg["dq"]
     attn_bwd_dq[(tilejit.cdiv(seq, c["BM"]), batch * heads)](
-        q, k, v, do, lse, delta, dq, sm_scale, heads, GROUP=group, D=dim, CAUSAL=causal, **c)
+        q, k, v, do, lse, delta, dq, lens_arg, sm_scale, heads, GROUP=group, D=dim, CAUSAL=causal, VARLEN=varlen,
+        **c)
     return dq, dk, dv
 
 
-def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None = None, out=None, lse=None,
-                      **config):
+def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None = None, lens=None, out=None,
+                      lse=None, **config):
     """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads."""
     batch, heads, seq, dim = q.shape
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     if lse is None:
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
-    return _forward(q, k, v, causal, sm_scale, None, out, lse, config), lse
+    return _forward(q, k, v, causal, sm_scale, lens, out, lse, config), lse
 
 
 class AttentionFunction(torch.autograd.Function):
     """Differentiable attention: the forward saves (q, k, v, out, lse); the backward runs the three kernels."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, out, config, bwd_config):
-        out, lse = attention_forward(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **config)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, causal, sm_scale, lens, out, config, bwd_config):
+        out, lse = attention_forward(q, k, v, causal=causal, sm_scale=sm_scale, lens=lens, out=out, **config)
+        ctx.save_for_backward(q, k, v, out, lse, *([] if lens is None else [lens]))
         ctx.causal, ctx.sm_scale, ctx.bwd_config = causal, sm_scale, bwd_config
         return out
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *lens = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, out, lse, causal=ctx.causal, sm_scale=ctx.sm_scale,
-                                        config=ctx.bwd_config)
-        return dq, dk, dv, None, None, None, None, None
+                                        lens=lens[0] if lens else None, config=ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -352,33 +381,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Differentiable in q, k and v when one of them requires grad (``AttentionFunction``): the forward then also
     stores the log-sum-exp, and the backward runs ``attention_backward`` (``bwd_config`` overrides its tiles).
     Head dims 64, 128 and 256 have configs (``BWD_CONFIGS``); other dims up to 256 take the next one's.
-    Variable lengths (``lens``) are forward-only: with a gradient required they are a ValueError.
+    Variable lengths (``lens``, int32 (B,)): batch ``b`` attends over its first ``lens[b]`` keys, every query row
+    included (rows past ``lens[b]`` are padding whose output the caller ignores); differentiable too.
     """
     dim = q.shape[3]
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if lens is not None:
-            raise ValueError("attention: variable lengths (lens=...) have no backward; call it under "
-                             "torch.no_grad() or pad the batch to one length")
         if dim > max(BWD_CONFIGS):
             raise ValueError(f"attention: no backward for head dim {dim} (at most {max(BWD_CONFIGS)})")
-        return AttentionFunction.apply(q, k, v, causal, sm_scale, out, config, bwd_config)
+        return AttentionFunction.apply(q, k, v, causal, sm_scale, lens, out, config, bwd_config)
     return _forward(q, k, v, causal, sm_scale, lens, out, None, config)
 
 
 def reference(q, k, v, causal, sm_scale=None, lens=None):
-    """float64 SDPA with the key/value heads repeated for GQA (rows past a varlen length are not compared)."""
+    """float64 SDPA with the key/value heads repeated for GQA. With ``lens``, batch ``b``'s rows (padding rows
+    too) attend over its first ``lens[b]`` keys (causal: key j <= row i, SDPA's top-left aligned mask), as the
+    kernels define them; differentiable like SDPA."""
     group = q.shape[1] // k.shape[1]
     k64 = k.double().repeat_interleave(group, dim=1)
     v64 = v.double().repeat_interleave(group, dim=1)
     q64 = q.double()
     if lens is None:
         return torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=sm_scale)
-    out = torch.zeros_like(q64)
-    for b, n in enumerate(lens.tolist()):
-        out[b, :, :n] = torch.nn.functional.scaled_dot_product_attention(
-            q64[b:b + 1, :, :n], k64[b:b + 1, :, :n], v64[b:b + 1, :, :n], is_causal=causal, scale=sm_scale)[0]
-    return out
+    return torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        q64[b:b + 1], k64[b:b + 1, :, :n], v64[b:b + 1, :, :n], is_causal=causal, scale=sm_scale)
+        for b, n in enumerate(lens.tolist())])
 
 
 def main() -> None:

@@ -176,7 +176,8 @@ def target_text(target: Target) -> str:
     major, minor = nvrtc_version()
     pinned = knobs.gemm_lowering()
     return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + (f":gemm={pinned}" if pinned else "")
-            + (f":sms={target.sm_count}" if target.persistent else ""))
+            + (f":sms={target.sm_count}" if target.persistent else "")
+            + ("" if knobs.mma_overlap() else ":no-mma-overlap"))
 
 
 def cache_key(spec: Specialization, target: Target) -> str:
@@ -423,7 +424,7 @@ def _versions() -> dict[str, str]:
 
 def _entry_files(st: Stages) -> tuple[dict, dict]:
     """The cache entry of a finished compile: its files and its meta.json."""
-    from .backend_cuda.pipeline import ptxas_resources
+    from .backend_cuda.pipeline import ptxas_resources, wgmma_serialized
 
     spec, target = st.spec, st.target
     files = {"kernel.cubin": st.cubin, "kernel.cu": st.cuda, "kernel.ir": st.final_ir}
@@ -434,7 +435,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "kernel": spec.name, "kernel_symbol": spec.symbol,
         "signature": spec.signature(), "arch": target.arch.name, "threads": _threads(st),
         "shared_bytes": st.shared_bytes, "param_kinds": st.param_kinds,
-        "registers": registers, "spills": spills,
+        "registers": registers, "spills": spills, "wgmma_serialized": wgmma_serialized(st.nvrtc_log),
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
         "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
         "split_k": target.split_k,

@@ -70,6 +70,12 @@ def gemm_lowering() -> str | None:
     return value or None
 
 
+def mma_overlap() -> bool:
+    """TILEJIT_MMA_OVERLAP=0: keep each gemm of a warp-specialized loop in its own iteration (no deferred last gemm,
+    ``passes.pipeline.deferred_gemm``); for measuring what the overlap is worth. Part of the cache key."""
+    return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def compile_workers() -> int:
     """TILEJIT_COMPILE_WORKERS: processes used to compile autotune configs (default: all cores)."""
     value = os.environ.get("TILEJIT_COMPILE_WORKERS", "").strip()

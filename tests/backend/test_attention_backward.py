@@ -102,19 +102,33 @@ def test_autograd_function(interpret):
     _close(v.grad, v64.grad)
 
 
-def test_forward_only_paths_keep_working(interpret):
-    """No gradient wanted: the plain forward (no LSE); variable lengths stay forward-only, and with a gradient
-    wanted they are refused before anything runs."""
-    q, k, v, _ = _inputs(2, 2, 40, 32, 1, seed=5)
-    lens = torch.tensor([40, 9], dtype=torch.int32)
-    out = attention.attention(q, k, v, lens=lens, **SMALL_FWD)
-    assert out.grad_fn is None
-    torch.testing.assert_close(out[1, :, :9].double(), attention.reference(q, k, v, False, lens=lens)[1, :, :9],
-                               rtol=2e-2, atol=2e-2)
-    with pytest.raises(ValueError, match="variable lengths"):
-        attention.attention(q.requires_grad_(), k, v, lens=lens, **SMALL_FWD)
+@pytest.mark.parametrize("causal", [False, True])
+def test_variable_lengths_backward(interpret, causal):
+    """Variable lengths through AttentionFunction: batch b's keys end at lens[b] (one length a block multiple,
+    one ragged, one inside the first key block); every query row, padding included, has its output and gradient
+    (the reference attends padding rows over the same keys), and keys past a length get exactly zero."""
+    q, k, v, do = _inputs(3, 4, 70, 32, 2, seed=7 + causal)
+    lens = torch.tensor([64, 37, 9], dtype=torch.int32)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = attention.attention(q, k, v, causal=causal, lens=lens, bwd_config=SMALL_BWD, **SMALL_FWD)
+    out.backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention.reference(q64, k64, v64, causal, lens=lens)
+    ref.backward(do.double())
+    _close(out.detach(), ref.detach())
+    _close(q.grad, q64.grad)
+    _close(k.grad, k64.grad)
+    _close(v.grad, v64.grad)
+    for b, n in enumerate(lens.tolist()):
+        assert (k.grad[b, :, n:] == 0).all() and (v.grad[b, :, n:] == 0).all()
     with torch.no_grad():
         assert attention.attention(q, k, v, lens=lens, **SMALL_FWD).grad_fn is None
+
+
+def test_lens_must_be_one_int32_per_batch_entry(interpret):
+    q, k, v, _ = _inputs(2, 2, 40, 32, 1, seed=5)
+    with pytest.raises(ValueError, match="int32 tensor of shape"):
+        attention.attention(q, k, v, lens=torch.tensor([40, 9]), **SMALL_FWD)
 
 
 # ----------------------------------------------------------------------------------------------- compiling
@@ -129,13 +143,14 @@ def _meta_args(dim, seq=1000, heads=4, group=2):
     return q, kv, rows
 
 
-def _compile(kernel_name, dim, bm, bn, warps, arch):
+def _compile(kernel_name, dim, bm, bn, warps, arch, varlen=False):
     q, kv, rows = _meta_args(dim)
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
     if kernel_name == "dkdv":
-        return attention.attn_bwd_dkdv.compile(q, kv, kv, q, rows, rows, kv, kv, 0.125, 2, GROUP=2, BM=bm, BN=bn,
-                                               D=dim, CAUSAL=True, num_warps=warps, arch=arch)
-    return attention.attn_bwd_dq.compile(q, kv, kv, q, rows, rows, q, 0.125, 4, GROUP=2, BM=bm, BN=bn, D=dim,
-                                         CAUSAL=True, num_warps=warps, arch=arch)
+        return attention.attn_bwd_dkdv.compile(q, kv, kv, q, rows, rows, kv, kv, lens, 0.125, 2, GROUP=2, BM=bm,
+                                               BN=bn, D=dim, CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch)
+    return attention.attn_bwd_dq.compile(q, kv, kv, q, rows, rows, q, lens, 0.125, 4, GROUP=2, BM=bm, BN=bn, D=dim,
+                                         CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch)
 
 
 def _check_compiled(compiled, arch):
@@ -176,6 +191,20 @@ def test_default_backward_configs_compile(fresh_compile_cache, arch, dim):
     for name in ("dkdv", "dq"):
         c = cfg[name]
         _check_compiled(_compile(name, dim, c["BM"], c["BN"], c["num_warps"], arch), arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dim", sorted(attention.BWD_CONFIGS))
+def test_variable_length_backward_compiles(fresh_compile_cache, arch, dim):
+    """The default backward configs with VARLEN (keys masked past Lens[b]); on sm_90a without spills, like the
+    plain ones (on sm_80 both spill some 16-250 bytes: the 8-warp mma.sync configs hold two accumulators)."""
+    cfg = attention.default_bwd_config(dim)
+    for name in ("dkdv", "dq"):
+        c = cfg[name]
+        compiled = _compile(name, dim, c["BM"], c["BN"], c["num_warps"], arch, varlen=True)
+        _check_compiled(compiled, arch)
+        if arch == "sm_90a":
+            assert compiled.meta["spills"] == 0, (name, compiled.meta)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -347,10 +347,11 @@ def test_every_attention_config_compiles_with_p_in_registers(monkeypatch, arch, 
 def _backward(name, dim, bm, bn, warps, arch):
     q, kv = m(2, 4, 1000, dim, dtype=torch.bfloat16), m(2, 2, 1000, dim, dtype=torch.bfloat16)
     rows = m(2, 4, 1000, dtype=torch.float32)
+    lens = m(2, dtype=torch.int32)
     if name == "dkdv":
-        return attention.attn_bwd_dkdv.compile(q, kv, kv, q, rows, rows, kv, kv, 0.125, 2, GROUP=2, BM=bm, BN=bn,
-                                               D=dim, CAUSAL=True, num_warps=warps, arch=arch)
-    return attention.attn_bwd_dq.compile(q, kv, kv, q, rows, rows, q, 0.125, 4, GROUP=2, BM=bm, BN=bn, D=dim,
+        return attention.attn_bwd_dkdv.compile(q, kv, kv, q, rows, rows, kv, kv, lens, 0.125, 2, GROUP=2, BM=bm,
+                                               BN=bn, D=dim, CAUSAL=True, num_warps=warps, arch=arch)
+    return attention.attn_bwd_dq.compile(q, kv, kv, q, rows, rows, q, lens, 0.125, 4, GROUP=2, BM=bm, BN=bn, D=dim,
                                          CAUSAL=True, num_warps=warps, arch=arch)
 
 

@@ -120,3 +120,24 @@ def test_autograd_through_attention(causal):
     check(out.detach(), ref[0])
     for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), ref[1:]):
         check_grad(t.grad, want, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_variable_lengths_backward(dim, causal):
+    """Variable lengths through AttentionFunction (lens: a full one, a ragged one, one inside the first block):
+    outputs and gradients of every row against float64 autograd of the reference (padding rows attend over the
+    same keys); keys past a length get exactly zero gradients."""
+    q, k, v = (t.requires_grad_() for t in inputs(3, 4, 1000, dim, 2, seed=31 + dim + causal))
+    lens = torch.tensor([1000, 731, 5], dtype=torch.int32, device="cuda")
+    do = torch.randn_like(q)
+    out = attention.attention(q, k, v, causal=causal, lens=lens)
+    out.backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention.reference(q64, k64, v64, causal, lens=lens)
+    ref.backward(do.double())
+    check(out.detach(), ref.detach())
+    for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), (q64.grad, k64.grad, v64.grad)):
+        check_grad(t.grad, want, name)
+    for b, n in enumerate(lens.tolist()):
+        assert (k.grad[b, :, n:] == 0).all() and (v.grad[b, :, n:] == 0).all()

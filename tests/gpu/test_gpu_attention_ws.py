@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_checks import check, inputs
+from attention_checks import check, check_grad, inputs, reference_grads
 from lang_kernels import load_example
 
 pytestmark = pytest.mark.gpu
@@ -23,14 +23,45 @@ def _sm90():
         pytest.skip("warp specialization is an sm_90a feature")
 
 
+@pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
-def test_every_config_warp_specialized(dim, bm, bn, warps, causal):
+def test_every_config_warp_specialized(dim, bm, bn, warps, causal, stages):
+    """Each loop also issues its p @ v one iteration late (deferred_gemm), with a 2- and a 3-deep ring."""
     _sm90()
-    q, k, v = inputs(2, 4, 1000, dim, 2, seed=dim + bm + bn + causal)
+    q, k, v = inputs(2, 4, 1000, dim, 2, seed=dim + bm + bn + causal + stages)
     out = torch.full_like(q, float("nan"))
-    attention.attention(q, k, v, causal=causal, out=out, BM=bm, BN=bn, num_warps=warps, warp_specialize=True)
+    attention.attention(q, k, v, causal=causal, out=out, BM=bm, BN=bn, num_warps=warps, warp_specialize=True,
+                        STAGES=stages)
     check(out, attention.reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_gemm_in_its_iteration_when_the_knob_says(monkeypatch, causal):
+    """TILEJIT_MMA_OVERLAP=0 (the loop not rotated) gives the same results."""
+    _sm90()
+    monkeypatch.setenv("TILEJIT_MMA_OVERLAP", "0")
+    q, k, v = inputs(2, 4, 1000, 128, 2, seed=3 + causal)
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, causal=causal, out=out, BM=128, BN=128, num_warps=8, warp_specialize=True,
+                        STAGES=3)
+    check(out, attention.reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_backward_dq_warp_specialized(dim, causal):
+    """dQ's key loop warp-specialized: its last product, dS @ K, issued one iteration late."""
+    _sm90()
+    q, k, v = inputs(2, 4, 1000, dim, 2, seed=40 + dim + causal)
+    do = torch.randn_like(q)
+    out, lse = attention.attention_forward(q, k, v, causal=causal)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention.attention_backward(do, q, k, v, out, lse, causal=causal, dq=dq, dk=dk, dv=dv,
+                                 config={"dq": dict(BM=128, BN=64, num_warps=8, warp_specialize=True)})
+    ref = reference_grads(attention.reference, q, k, v, do, causal)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[1:]):
+        check_grad(got, want, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -204,6 +204,7 @@ class AsyncMma:
     gemms: list[Op]
     release: Callable[[], None]
     empty: str = ""  # C expression of the slot's "empty" mbarrier (an MMA commit may arrive on it)
+    settle: bool = True  # False: the last gemm neither waits nor releases (a deferred gemm: lower_loops waits)
 
     def owns(self, op: Op) -> bool:
         return any(g is op for g in self.gemms)
@@ -223,7 +224,10 @@ class Emitter:
         self.smem_peak = 0  # the most shared memory any point of the kernel holds (loops give theirs back)
         self.scratch_bytes = 0
         self.scratch_users: list[Callable[[int], None]] = []
-        self.overlap_hook: Callable[[], None] | None = None
+        # work an enclosing loop wants issued while the tensor cores run a gemm (taken by the first gemm); it may
+        # return how many wgmma groups it issued that may stay pending behind the gemm's (a deferred gemm)
+        self.overlap_hook: Callable[[], int | None] | None = None
+        self.packed_a: dict[int, str] = {}  # register A tiles already packed into 32-bit words (id -> array name)
         self.async_mma: AsyncMma | None = None  # set by a pipelined loop whose gemms stay in flight
         self.tmem_offsets: dict[int, int] = {}  # first TMEM column of each tcgen05 gemm (by id of the op)
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
@@ -306,7 +310,7 @@ class Emitter:
         """Emit the block-wide barrier (``sync``), with ``why`` as its comment."""
         self.line(self.sync + (f"  // {why}" if why else ""))
 
-    def take_overlap_hook(self) -> Callable[[], None] | None:
+    def take_overlap_hook(self) -> Callable[[], int | None] | None:
         """Work an enclosing loop wants emitted where it can overlap tensor-core math (taken once)."""
         hook, self.overlap_hook = self.overlap_hook, None
         return hook

@@ -24,11 +24,12 @@ from typing import Callable
 
 from ..ir import BinaryOp, Op, OpKind, Value
 from .. import dtypes as D
-from ..passes.pipeline import PRODUCER_THREADS, in_flight_gemms, producer_slice
+from ..passes.pipeline import PRODUCER_THREADS, deferred_gemm, in_flight_gemms, producer_slice
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
+from .lower_wgmma_rs import pack_a
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
 
 
@@ -100,6 +101,7 @@ def _for(em: Emitter, op: Op) -> None:
     # accumulators live in tensor memory for the whole loop
     tmem = op.attrs.async_mma == "tcgen05"
     producer = bool(op.attrs.producer_warpgroup) and bool(tma) and not per_thread
+    late = Deferred(em, body, stages) if op.attrs.defer_mma and producer and not in_flight else None
     yielded = body.terminator.operands
     carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
@@ -194,103 +196,129 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
     if piped and phase is None:
         em.line("int tj_it = 0;")
+    if late is not None:
+        late.declare()
     iv_name = em.name(iv)
     incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
-    em.open(f"for ({iv_t} {iv_name} = {lo}; {in_range(iv_name)}; {incr})")
-    copies = []
-    if piped:
-        if per_thread:
-            em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
-            em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
-        if tma:
-            em.line(("if (tid == 0) " if tmem else "")
-                    + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
-                    + "  // TMA tiles landed")
-        if not in_flight and not producer:
-            em.barrier("... for every thread, and everyone is done with the slot refilled next")
-        nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
-        if not producer:
-            em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
-        if ring:
-            for load in piped:
-                em.shared[load.result.id].address = rd[load.result.id]
-            if interior:
-                inside = [c for load, copy in interior for c in copy.inside(starts_at(load, nxt))]
-                em.line(f"const bool tj_inner = tj_prefetch && tj_inner_ok{''.join(f' && {c}' for c in inside)};"
-                        "  // every window wholly inside")
-        else:
-            em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
-            for load in piped:
-                em.shared[load.result.id].slot = f"(tj_it % {stages})"
-        inner_ids = {load.result.id for load, _ in interior}
-        for load in per_thread:
-            if load.result.id not in inner_ids:
-                copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
-                                         address=wr.get(load.result.id)))
-        for copy in copies:  # the prefetch's scalars, ahead of everything
-            copy.begin()
 
-        def prefetch() -> None:
-            em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
-            issue_tma(nxt, "tj_slot_next", "tj_prefetch")
-            for load, copy in interior:
-                copy.issue(wr[load.result.id], "tj_inner")
-            for copy in copies:
-                copy.fast()
-            if not ring:
-                em.line("tj_cp_async_commit();")
-
-        def release_and_refill() -> None:
-            if tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
-                em.line(f"// refill iteration -1's slot with iteration +{stages - 1} once its MMAs completed")
+    def iteration() -> None:
+        """One iteration's code: wait for its tiles, its ops, hand back or refill, the carried values."""
+        copies: list[SharedCopy] = []
+        if piped:
+            if per_thread:
+                em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
+                em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
+            if tma:
+                em.line(("if (tid == 0) " if tmem else "")
+                        + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
+                        + "  // TMA tiles landed")
+            if not in_flight and not producer:
+                em.barrier("... for every thread, and everyone is done with the slot refilled next")
+            nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
+            if not producer:
+                em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
+            if ring:
+                for load in piped:
+                    em.shared[load.result.id].address = rd[load.result.id]
+                if interior:
+                    inside = [c for load, copy in interior for c in copy.inside(starts_at(load, nxt))]
+                    em.line(f"const bool tj_inner = tj_prefetch && tj_inner_ok{''.join(f' && {c}' for c in inside)};"
+                            "  // every window wholly inside")
             else:
-                em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
-                        f"+{stages - 1}")
-                em.open("if (tj_it > 0)")
-                em.line("__syncwarp();")
-                em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
-                em.close()
-            issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
+                em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
+                for load in piped:
+                    em.shared[load.result.id].slot = f"(tj_it % {stages})"
+            inner_ids = {load.result.id for load, _ in interior}
+            for load in per_thread:
+                if load.result.id not in inner_ids:
+                    copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
+                                             address=wr.get(load.result.id)))
+            for copy in copies:  # the prefetch's scalars, ahead of everything
+                copy.begin()
 
-        if in_flight:
-            em.async_mma = AsyncMma(in_flight, release_and_refill, f"{empty} + 8 * (tj_it % {stages})")
-        else:
-            # The first gemm of the body emits the prefetch after its first fragment loads; without one,
-            # it goes first.
-            em.overlap_hook = prefetch
-            if not any(o.kind is OpKind.GEMM for o in body.ops):
-                em.take_overlap_hook()()
-    for inner in body.ops[:-1]:
-        RULES[inner.kind](em, inner)
-    hook = em.take_overlap_hook()
-    if hook is not None:
-        hook()
-    for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
-        copy.slow()
-    if interior:  # windows not wholly inside: zero fill past the edges, or element by element
-        em.open("if (tj_prefetch && !tj_inner)")
-        for load, _ in interior:
-            em.open("")
-            edge = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "true", address=wr[load.result.id])
-            edge.begin()
-            edge.fast()
-            edge.slow()
+            def prefetch() -> None:
+                em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
+                issue_tma(nxt, "tj_slot_next", "tj_prefetch")
+                for load, copy in interior:
+                    copy.issue(wr[load.result.id], "tj_inner")
+                for copy in copies:
+                    copy.fast()
+                if not ring:
+                    em.line("tj_cp_async_commit();")
+
+            def release_and_refill() -> None:
+                if tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
+                    em.line(f"// refill iteration -1's slot with iteration +{stages - 1} once its MMAs completed")
+                else:
+                    em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
+                            f"+{stages - 1}")
+                    em.open("if (tj_it > 0)")
+                    em.line("__syncwarp();")
+                    em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
+                    em.close()
+                issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
+
+            if in_flight:
+                em.async_mma = AsyncMma(in_flight, release_and_refill, f"{empty} + 8 * (tj_it % {stages})")
+            elif late is not None:
+                late.empty = empty
+                if not late.first:
+                    em.overlap_hook = late.issue_under_first_gemm
+            else:
+                # The first gemm of the body emits the prefetch after its first fragment loads; without one,
+                # it goes first.
+                em.overlap_hook = prefetch
+                if not any(o.kind is OpKind.GEMM for o in body.ops):
+                    em.take_overlap_hook()()
+        for inner in body.ops[:-1]:
+            if late is not None and late.skips(inner):
+                continue
+            RULES[inner.kind](em, inner)
+        hook = em.take_overlap_hook()
+        if hook is not None:
+            hook()
+        if late is not None:
+            late.end_iteration()
+        for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
+            copy.slow()
+        if interior:  # windows not wholly inside: zero fill past the edges, or element by element
+            em.open("if (tj_prefetch && !tj_inner)")
+            for load, _ in interior:
+                em.open("")
+                edge = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "true", address=wr[load.result.id])
+                edge.begin()
+                edge.fast()
+                edge.slow()
+                em.close()
             em.close()
+        if producer and not in_flight and late is None:
+            em.line("__syncwarp();  // this warp is done with the iteration's slot: hand it back to the producer")
+            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_it % {stages}));")
+        if ring:
+            # one group per iteration, closed after every copy of the iteration (the edge copies above included)
+            em.line("tj_cp_async_commit();")
+            for copy in (c for _, c in interior):
+                copy.advance()
+            for load in piped:  # the slot read now is refilled next; the next one is read
+                tile, r, w = em.shared[load.result.id], rd[load.result.id], wr[load.result.id]
+                em.line(f"{w} = {r}; {r} = {r} == tj_smem_u32 + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
+                        f"tj_smem_u32 + {tile.offset} : {r} + {tile.layout.stage_bytes};")
+        _assign_yields(em, carried, late.yielded() if late is not None else body.terminator.operands)
+
+    if late is not None:  # the first iteration on its own: it has no previous one's gemm to issue
+        em.open(f"if ({in_range(lo)})")
+        em.line(f"const {iv_t} {iv_name} = {lo};")
+        late.first = True
+        iteration()
+        late.first = False
+        em.line("++tj_it;")
         em.close()
-    if producer and not in_flight:
-        em.line("__syncwarp();  // this warp is done with the iteration's slot: hand it back to the producer")
-        em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_it % {stages}));")
-    if ring:
-        # one group per iteration, closed after every copy of the iteration (the edge copies above included)
-        em.line("tj_cp_async_commit();")
-        for copy in (c for _, c in interior):
-            copy.advance()
-        for load in piped:  # the slot read now is refilled next; the next one is read
-            tile, r, w = em.shared[load.result.id], rd[load.result.id], wr[load.result.id]
-            em.line(f"{w} = {r}; {r} = {r} == tj_smem_u32 + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
-                    f"tj_smem_u32 + {tile.offset} : {r} + {tile.layout.stage_bytes};")
-    _assign_yields(em, carried, body.terminator.operands)
+    first = f"{lo} + {step}" if late is not None else lo
+    em.open(f"for ({iv_t} {iv_name} = {first}; {in_range(iv_name)}; {incr})")
+    iteration()
     em.close()
+    if late is not None:
+        late.drain()
     if ring:
         for load in piped:
             em.shared[load.result.id].address = None
@@ -315,6 +343,120 @@ def _for(em: Emitter, op: Op) -> None:
     em.smem_peak = max(em.smem_peak, em.smem_top)
     if done:
         em.smem_top = smem_mark
+
+
+class Deferred:
+    """Emits a warp-specialized loop whose last gemm is issued one iteration late (``passes.pipeline.deferred_gemm``,
+    FlashAttention-3's intra-warpgroup overlap). Iteration ``j``: wait for slot ``j``; issue the first gemm; issue
+    iteration ``j - 1``'s last gemm (its ring tiles still in slot ``j - 1``, its A operand packed when ``j - 1``
+    made it); wait for the first gemm alone (one group left); the math up to the first read of the gemm's
+    accumulator runs while it works; then wait for it and hand slot ``j - 1`` back. The body yields what the gemm
+    would have accumulated into (``acc * alpha``): the next iteration's issue adds ``p @ v`` to it in place. After
+    the loop, the last iteration's gemm is issued and waited for, and its slot handed back.
+
+    The first iteration is emitted on its own, before the loop (``first``): it has no gemm of a previous one to
+    issue. Issued under a condition instead, the gemm would reach its accumulator's readers on a path without
+    its wait, and ptxas then serializes every wgmma of the kernel (C7514)."""
+
+    def __init__(self, em: Emitter, body, stages: int) -> None:
+        self.em, self.body, self.stages = em, body, stages
+        self.gemm = deferred_gemm(body)
+        assert self.gemm is not None, "defer_mma set on a loop deferred_gemm does not take"
+        yields = body.terminator.operands
+        self.into = body.args[1:][next(j for j, y in enumerate(yields) if y is self.gemm.result)]
+        a = self.gemm.operands[0]
+        owners = {r.id for o in body.ops for r in o.results if not (o.kind is OpKind.LOAD and o.attrs.pipeline)}
+        self.packed = a if a.id in owners else None  # made in the body: carried packed to the next iteration
+        self.ring = {o.result.id for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline}
+        self.empty = ""
+        self.settled = False
+        self.first = False  # emitting the first iteration (before the loop)
+
+    @property
+    def previous_slot(self) -> str:
+        return f"((tj_it + {self.stages - 1}) % {self.stages})"
+
+    def declare(self) -> None:
+        em = self.em
+        em.line("bool tj_pend = false;  // the previous iteration's last gemm is still to issue (deferred)")
+        if self.packed is not None:
+            em.line(f"unsigned tj_pp[{self.packed.type.layout.regs // 2}];  // its A fragment, packed")
+
+    def skips(self, op: Op) -> bool:
+        """Emit nothing for the deferred gemm in its own iteration; wait for the previous one's before the first
+        op that reads its accumulator."""
+        if op is self.gemm:
+            return True
+        if not self.settled and not self.first and any(v is self.into for x in (op, *(y for r in op.regions for y in r.walk()))
+                                    for v in x.operands):
+            self.settle()
+        return False
+
+    def issue(self) -> None:
+        """The deferred gemm of the previous iteration, accumulating into the loop-carried registers in place."""
+        em, gemm = self.em, self.gemm
+        acc = gemm.operands[2]
+        slots = {v.id: em.shared[v.id].slot for v in gemm.operands[:2] if v.id in self.ring}
+        names = {v.id: em.names.get(v.id) for v in (acc, gemm.result)}
+        for v in gemm.operands[:2]:
+            if v.id in slots:
+                em.shared[v.id].slot = self.previous_slot
+        em.alias(acc, em.name(self.into))
+        if self.packed is not None:
+            em.packed_a[self.packed.id] = "tj_pp"
+        outer, em.async_mma = em.async_mma, AsyncMma([gemm], lambda: None, settle=False)
+        RULES[OpKind.GEMM](em, gemm)
+        em.async_mma = outer
+        em.packed_a.pop(getattr(self.packed, "id", None), None)
+        for vid, name in names.items():
+            if name is None:
+                em.names.pop(vid, None)
+            else:
+                em.names[vid] = name
+        for vid, slot in slots.items():
+            em.shared[vid].slot = slot
+
+    def issue_under_first_gemm(self) -> int:
+        """The overlap hook of the first gemm: returns the groups it leaves pending behind that gemm's (1)."""
+        self.em.line("// the previous iteration's last gemm, issued under this iteration's math")
+        self.issue()
+        return 1
+
+    def _wait_and_release(self) -> None:
+        em = self.em
+        layout = self.into.type.layout
+        wait_group(em, 0, em.name(self.into), layout.regs, self.into.dtype == D.int32)
+        em.line("__syncwarp();  // and this warp is done with its slot: hand it back to the producer")
+        em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({self.empty} + 8 * {self.previous_slot});")
+
+    def settle(self) -> None:
+        em = self.em
+        hook = em.take_overlap_hook()
+        if hook is not None:  # no gemm took it (the first gemm lowered otherwise): issue here, no overlap
+            hook()
+        em.line("// the previous iteration's last gemm is complete: its accumulator is read next")
+        self._wait_and_release()
+        self.settled = True
+
+    def end_iteration(self) -> None:
+        """Settle if nothing read the accumulator; pack this iteration's A operand for the next one's issue."""
+        if not self.settled and not self.first:
+            self.settle()
+        if self.packed is not None:
+            pack_a(self.em, self.packed, "tj_pp")
+        self.em.line("tj_pend = true;")
+        self.settled = False
+
+    def yielded(self) -> list[Value]:
+        return [self.gemm.operands[2] if y is self.gemm.result else y for y in self.body.terminator.operands]
+
+    def drain(self) -> None:
+        em = self.em
+        em.open("if (tj_pend)")
+        em.line("// the last iteration's deferred gemm")
+        self.issue()
+        self._wait_and_release()
+        em.close()
 
 
 # setmaxnreg (PTX 9.7.17.1): registers per thread after the split, a multiple of 8 in 24..256. The producer keeps

@@ -224,16 +224,16 @@ class Wgmma:
                 em.line(f'    : {ins}, "l"({b_desc}), "r"(1));')
         em.line("tj_wgmma_commit();")
         if ring is not None:
-            if op is ring.gemms[-1]:
+            if op is ring.gemms[-1] and ring.settle:
                 # this iteration's groups may stay pending; the previous iteration's are complete
                 wait_group(em, len(ring.gemms), name, layout.regs, integer)
                 ring.release()
             em.close()
             return
         hook = em.take_overlap_hook()
-        if hook is not None:
-            hook()  # e.g. the next tiles' cp.async, while the tensor cores work
-        wait_group(em, 0, d_name, d_regs, integer or f16_acc)
+        # e.g. the next tiles' cp.async while the tensor cores work; a deferred gemm's issue leaves its group pending
+        pending = (hook() if hook is not None else None) or 0
+        wait_group(em, pending, d_name, d_regs, integer or f16_acc)
         if f16_acc:
             em.line("#pragma unroll")
             em.open(f"for (int i = 0; i < {d_regs}; ++i)")

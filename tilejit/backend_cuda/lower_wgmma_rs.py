@@ -30,16 +30,24 @@ class WgmmaRegisterA(Wgmma):
     def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
         # Packed before the fence: a register written between two wgmma that read it makes ptxas insert a
         # fence of its own before each of them (C7519).
-        x, words = em.name(a), a.type.layout.regs // 2
-        em.line(f"unsigned tj_pa[{words}];  // A's fragment, two 16-bit elements per register")
-        em.line("#pragma unroll")
-        em.line(f"for (int i = 0; i < {words}; ++i) "
-                f"tj_pa[i] = (unsigned){x}[2 * i].bits | ((unsigned){x}[2 * i + 1].bits << 16);")
+        if a.id in em.packed_a:
+            return  # packed when it was made (a deferred gemm's A, carried to the next iteration)
+        em.line(f"unsigned tj_pa[{a.type.layout.regs // 2}];  // A's fragment, two 16-bit elements per register")
+        pack_a(em, a, "tj_pa")
 
     def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         base = (s * a.type.layout.regs // a.type.layout.slabs + 8 * kk) // 2
-        return [("r", f"tj_pa[{base + i}]") for i in range(4)]
+        words = em.packed_a.get(a.id, "tj_pa")
+        return [("r", f"{words}[{base + i}]") for i in range(4)]
+
+
+def pack_a(em: Emitter, a, dst: str) -> None:
+    """``dst[i]`` = the 16-bit elements ``2i`` and ``2i + 1`` of register tile ``a``: its A fragment words."""
+    x = em.name(a)
+    em.line("#pragma unroll")
+    em.line(f"for (int i = 0; i < {a.type.layout.regs // 2}; ++i) "
+            f"{dst}[i] = (unsigned){x}[2 * i].bits | ((unsigned){x}[2 * i + 1].bits << 16);")
 
 
 def _a_in_accumulator_layout(op: Op, target: Target) -> bool:

@@ -117,6 +117,13 @@ def ptxas_resources(log: str) -> tuple[int | None, int | None]:
             int(spills.group(1)) + int(spills.group(2)) if spills else None)
 
 
+def wgmma_serialized(log: str) -> bool:
+    """Whether ptxas serialized the kernel's wgmma (C7510-C7519, "wgmma.mma_async instructions are serialized"):
+    each then waits for the previous one, which forfeits every overlap the code was written for."""
+    return _PTXAS_SERIALIZED.search(log) is not None
+
+
+_PTXAS_SERIALIZED = re.compile(r"C751\d\).*serialized")
 # ptxas -v reports, per kernel: "Used 128 registers, ..." and "N bytes spill stores, M bytes spill loads".
 _PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")

@@ -292,6 +292,10 @@ class ForAttrs:
     # set by the backend (mark_async_mma): a producer warpgroup issues the ring's TMA loads while the launch's
     # warps only compute (lower_loops emits both roles; the kernel launches one warpgroup more)
     producer_warpgroup: bool | None = None  # None when not (so the printer leaves it out)
+    # set by the backend (specialize_warps, ``passes.pipeline.deferred_gemm``): the body's last gemm is issued in
+    # the next iteration, after that iteration's first gemm, so it runs under the math between them
+    # (FlashAttention-3's intra-warpgroup overlap; lower_loops emits the rotation)
+    defer_mma: bool | None = None
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:

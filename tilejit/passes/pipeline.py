@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import dtypes as D
+from .. import knobs
 from ..errors import CompilationError
 from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
@@ -129,6 +130,8 @@ def specialize_warps(fn: Function, target: Target) -> None:
         chosen.append(loop)
     for loop in chosen:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
+        if loop.attrs.async_mma is None and knobs.mma_overlap() and deferred_gemm(loop.regions[0]) is not None:
+            loop.attrs = replace(loop.attrs, defer_mma=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
         if not _prelude_on_extra_threads(fn, loop):
             # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
@@ -222,6 +225,55 @@ def _keep_in_tmem(gemm: Op) -> None:
     into TMEM and its exit loads back); what enters the loop and its result stay registers."""
     for v in (gemm.operands[2], gemm.result):
         v.type = v.type.with_scope(Scope.TMEM)
+
+
+def deferred_gemm(body) -> Op | None:
+    """The gemm of a warp-specialized body (not left in flight) that may be issued one iteration late, or None.
+
+    Attention's ``s = q @ k.T; softmax; acc = acc * alpha + p @ v``: iteration ``j`` issues ``q @ k_j.T``, then
+    iteration ``j - 1``'s ``p @ v``, waits for the first only, and runs the softmax while the second works
+    (FlashAttention-3's intra-warpgroup overlap); ``acc`` is read once that one completes. That holds when the
+    body's last gemm (on wgmma, as is its first) accumulates into a loop-carried value (or a value the body makes
+    for it alone, like ``acc * alpha``) and yields its result there only; its operands are ring tiles (kept a
+    slot longer), values from before the loop, or a register tile the body makes for it alone (``p``, carried
+    packed to the next iteration); and nothing up to the first gemm reads that carried value."""
+    gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
+    if len(gemms) < 2 or any(mma_family(g) != "wgmma" for g in gemms):
+        return None
+    first, last = gemms[0], gemms[-1]
+    ops = body.ops
+    if not any(o is first for o in ops) or not any(o is last for o in ops):
+        return None  # both in the body's own block (not under an if)
+    at = {id(o): i for i, o in enumerate(ops)}
+    owners = {r.id: o for o in ops for r in o.results}
+    uses: dict[int, int] = {}
+    for o in body.walk():
+        for v in o.operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
+    a, b, acc = last.operands
+    carried, yields = body.args[1:], body.terminator.operands
+    slots = [j for j, y in enumerate(yields) if y is last.result]
+    if len(slots) != 1 or uses.get(last.result.id) != 1:
+        return None
+    into = carried[slots[0]]
+    if acc is not into and (acc.id not in owners or uses.get(acc.id) != 1):
+        return None
+    for v, register_ok in ((a, True), (b, False)):
+        owner = owners.get(v.id)
+        if owner is None:
+            if any(v is x for x in body.args):
+                return None  # a carried operand has moved on by the next iteration
+            continue  # from before the loop
+        if owner.kind is OpKind.LOAD and owner.attrs.pipeline:
+            continue  # a ring tile: its slot is released a (late) iteration later
+        if not (register_ok and v.type.scope is Scope.REGISTER and uses.get(v.id) == 1
+                and (last.attrs.impl or "").startswith("wgmma_rs")):
+            return None
+    readers = [at[id(o)] for o in ops if any(v is into for x in (o, *(y for r in o.regions for y in r.walk()))
+                                             for v in x.operands)]
+    if readers and min(readers) <= at[id(first)]:
+        return None
+    return last
 
 
 def in_flight_gemms(body) -> list[Op]:
