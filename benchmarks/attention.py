@@ -2,14 +2,15 @@
 backends) and a Triton FlashAttention-2-style baseline.
 
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
-                                   [--out DIR]
+                                   [--tune all|default] [--out DIR]
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
 checked against float64 (a slice of the batch) before it is timed.
 
 - ``fwd``: the forward. FLOPs 4 * B * H * S^2 * D (halved when causal). tilejit takes the fastest config of
-  ``examples/attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws").
+  ``examples/attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws", with a 3-deep
+  ring: " s3"); ``--tune default`` times only the config ``attention()`` takes when given none.
 - ``bwd``: the backward alone (the forward runs once beforehand and is not timed): tilejit's three kernels
   (``attention_backward``), SDPA's backward node (``torch.autograd.grad`` of one forward's output, graph
   retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
@@ -107,18 +108,27 @@ def _table_row(row):
             row["tilejit"] / row["Triton"] if row.get("Triton") else None]
 
 
-def _forward(q, k, v, causal, baselines, tflops):
+def _label(cfg):
+    return (f"{cfg['BM']}x{cfg['BN']} w{cfg['num_warps']}" + (" ws" if cfg.get("warp_specialize") else "")
+            + (f" s{cfg['STAGES']}" if cfg.get("STAGES", 2) != 2 else ""))
+
+
+def _forward(q, k, v, causal, baselines, tflops, tune="all"):
     from tilejit.testing import do_bench
 
     ref = attention.reference(q[:1, :2], k[:1, :2], v[:1, :2], causal)
     best = None
-    import torch
-    # on sm_90 each config also runs with its key/value loop warp-specialized (a producer warpgroup fills the ring)
-    # (with a 3-deep key/value ring too: its producer can run further ahead)
-    modes = (False, True, 3) if torch.cuda.get_device_capability()[0] == 9 else (False,)
-    for (bm, bn, warps), ws in ((c, ws) for c in attention.CONFIGS[q.shape[3]] for ws in modes):
-        cfg = dict(BM=bm, BN=bn, num_warps=warps, **({"warp_specialize": True} if ws else {}),
-                   **({"STAGES": 3} if ws == 3 else {}))
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    if tune == "default":  # what attention() takes when given no config
+        configs = [attention.default_config(q.shape[3], causal, hopper=hopper)]
+    else:
+        # on sm_90 each config also runs with its key/value loop warp-specialized (a producer warpgroup fills the
+        # ring), with a 2- and a 3-deep ring (the deferred p @ v holds two slots)
+        modes = (False, True, 3) if hopper else (False,)
+        configs = [dict(BM=bm, BN=bn, num_warps=warps, **({"warp_specialize": True} if ws else {}),
+                        **({"STAGES": 3} if ws == 3 else {}))
+                   for (bm, bn, warps), ws in ((c, ws) for c in attention.CONFIGS[q.shape[3]] for ws in modes)]
+    for cfg in configs:
         out = attention.attention(q, k, v, causal=causal, **cfg)
         err = (out[:1, :2].double() - ref).abs().max().item()
         if err > 3e-2:
@@ -126,7 +136,7 @@ def _forward(q, k, v, causal, baselines, tflops):
         ms = do_bench(lambda: attention.attention(q, k, v, causal=causal, out=out, **cfg))
         print(f"  fwd {tuple(q.shape)} causal={causal} {cfg}: {tflops(ms):.1f} TFLOP/s", flush=True)
         if best is None or ms < best[0]:
-            best = (ms, f"{bm}x{bn} w{warps}" + (" ws" if ws else "") + (" s3" if ws == 3 else ""))
+            best = (ms, _label(cfg))
     results = {}
     for name, fn in baselines.items():
         try:
@@ -140,7 +150,7 @@ def _forward(q, k, v, causal, baselines, tflops):
     return best, results
 
 
-def _backward(q, k, v, causal, baselines, tflops):
+def _backward(q, k, v, causal, baselines, tflops, tune="all"):
     from tilejit.testing import do_bench
 
     dim = q.shape[3]
@@ -163,11 +173,11 @@ def _backward(q, k, v, causal, baselines, tflops):
     def label(c):
         return f"{c['BM']}x{c['BN']} w{c['num_warps']}" + (" ws" if c.get("warp_specialize") else "")
 
-    default = attention.default_bwd_config(dim)
-    best = None
-    # on sm_90 the dQ configs also run warp-specialized (their dS @ K then issued one iteration late)
     hopper = torch.cuda.get_device_capability()[0] == 9
-    for kernel in ("dkdv", "dq"):
+    default = attention.default_bwd_config(dim, hopper=hopper)
+    best = (timed(default), default) if tune == "default" else None
+    # on sm_90 the dQ configs also run warp-specialized (their dS @ K then issued one iteration late)
+    for kernel in ("dkdv", "dq") if tune == "all" else ():
         base = best[1] if best else default
         for (bm, bn, warps), ws in ((c, ws) for c in attention.BWD_CONFIGS[dim][kernel]
                                     for ws in ((False, True) if hopper and kernel == "dq" else (False,))):
@@ -200,6 +210,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--tune", choices=("all", "default"), default="all",
+                        help="all: the fastest config of the space (each timed); default: the config attention() "
+                             "takes when given none")
     ns = parser.parse_args(argv)
     passes = ns.passes.split(",")
     if not passes or set(passes) - {"fwd", "bwd"}:
@@ -232,15 +245,16 @@ def main(argv=None) -> int:
                             return _tflops(batch, ns.heads, seq, dim, causal, ms, backward)
 
                         run, baselines = (_forward, fwd_baselines) if p == "fwd" else (_backward, bwd_baselines)
-                        best, results = run(q, k, v, causal, baselines, tflops)
+                        best, results = run(q, k, v, causal, baselines, tflops, ns.tune)
                         records[p].append(_row(dim, seq, batch, dtype, causal, best, results, tflops))
                         print(p, _table_row(records[p][-1]), flush=True)
     meta = machine_stamp()
     out = {"meta": meta}
     titles = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
     notes = {
-        "fwd": ["tilejit: examples/attention.py, best config of its space; the FlashAttention-2 structure (no warp "
-                "specialization; on sm_90a P feeds the second wgmma from registers; the causal mask only on "
+        "fwd": [f"tilejit: examples/attention.py, {'the best config of its space' if ns.tune == 'all' else 'its default config'}"
+                " (ws: warp-specialized, the p @ v of one key block issued under the next block's q @ k^T; "
+                "s3: a 3-deep ring; on sm_90a P feeds the second wgmma from registers; the causal mask only on "
                 "diagonal blocks). Triton: benchmarks/triton_kernels.attention, a FlashAttention-2-style kernel "
                 "autotuned over 6 configs."],
         "bwd": ["Backward only: the forward (with its log-sum-exp) runs once before timing. FLOPs 2.5x the "

@@ -73,7 +73,7 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
         m0 = (T.num_programs(0) - 1 - T.program_id(0)) * BM
     S = Q.shape[2]
     if VARLEN:
-        S = T.max(Lens[b:b + 1], 0)
+        S = Lens[b]
     q = Q[b, h, m0:m0 + BM, 0:D]
     m_i = T.full((BM,), float("-inf"), T.float32)
     l_i = T.zeros((BM,), T.float32)
@@ -157,7 +157,7 @@ def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T
     S = Q.shape[2]
     L = S
     if VARLEN:
-        L = T.max(Lens[b:b + 1], 0)
+        L = Lens[b]
         S = T.minimum(S, T.maximum(L - n0, 0) * S)  # 0 when these keys all lie past the length: no block runs
     k = K[b, kv, n0:n0 + BN, 0:D]
     v = V[b, kv, n0:n0 + BN, 0:D]
@@ -214,7 +214,7 @@ def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constex
     m0 = T.program_id(0) * BM
     S = Q.shape[2]  # the keys this program's rows attend to: all, or (VARLEN) batch b's first Lens[b]
     if VARLEN:
-        S = T.max(Lens[b:b + 1], 0)
+        S = Lens[b]
     q = Q[b, h, m0:m0 + BM, 0:D]
     do = dO[b, h, m0:m0 + BM, 0:D]
     lse = Lse[b, h, m0:m0 + BM]
@@ -246,13 +246,12 @@ def default_config(head_dim: int, causal: bool = False, hopper: bool = False) ->
     """Tiles that fit the shared memory of every supported GPU for this head dim; on Hopper (``hopper``: sm_90),
     the fastest config measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md), the key/value loop
     warp-specialized where that paid."""
-    if hopper:
+    if hopper:  # warp-specialized, p @ v then runs under the next block's q @ k^T (3-deep ring: 2 slots held)
         if head_dim <= 64:
             return dict(BM=64, BN=64 if causal else 128, num_warps=4)
         if head_dim <= 128:
-            return dict(BM=128, BN=128, num_warps=8, warp_specialize=True) if causal else \
-                dict(BM=128, BN=64, num_warps=8)
-        return dict(BM=64, BN=64, num_warps=4, warp_specialize=True)
+            return dict(BM=128, BN=128, num_warps=8, warp_specialize=True, STAGES=3)
+        return dict(BM=64, BN=64, num_warps=4, warp_specialize=True, STAGES=3)
     if head_dim <= 128:
         return dict(BM=128, BN=64, num_warps=8)
     return dict(BM=64, BN=32, num_warps=4)
@@ -271,10 +270,17 @@ BWD_CONFIGS = {
 }
 
 
-def default_bwd_config(head_dim: int) -> dict:
-    """{"dkdv": {...}, "dq": {...}}: the first config of BWD_CONFIGS for the smallest listed head dim >= this."""
+def default_bwd_config(head_dim: int, hopper: bool = False) -> dict:
+    """{"dkdv": {...}, "dq": {...}}: the first config of BWD_CONFIGS for the smallest listed head dim >= this; on
+    Hopper (sm_90) at head dim 128, the fastest measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md)."""
     dim = next(d for d in sorted(BWD_CONFIGS) if head_dim <= d)
+    if hopper and dim == 128:
+        return {"dkdv": dict(BM=64, BN=64, num_warps=4), "dq": dict(BM=64, BN=64, num_warps=4)}
     return {name: dict(BM=bm, BN=bn, num_warps=w) for name, ((bm, bn, w), *_) in BWD_CONFIGS[dim].items()}
+
+
+def _hopper(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def _check_heads(q, k, v):
@@ -299,7 +305,7 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
     # no config given: the measured-best one for this GPU; else the given keys over the portable default
-    hopper = not config and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+    hopper = not config and _hopper(q)
     config = {**default_config(dim, causal, hopper), **config}
     out = torch.empty_like(q) if out is None else out
     lens_arg = _lens(lens, batch, q.device)
@@ -319,7 +325,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
-    cfg = default_bwd_config(dim)
+    cfg = default_bwd_config(dim, hopper=_hopper(q))
     for name, over in (config or {}).items():
         cfg[name] = {**cfg[name], **over}
     do = do.contiguous()

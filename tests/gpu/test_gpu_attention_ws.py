@@ -88,12 +88,17 @@ def test_the_kernel_run_is_specialized():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_variable_lengths_keep_the_plain_loop(causal):
-    """The key count is read from a tile (T.max over Lens) that the producer cannot compute: the launch option
-    passes over the loop and the result is still right."""
+def test_variable_lengths_warp_specialized(causal):
+    """The key count is one element of Lens (a scalar read, which the producer warpgroup makes too): the loop is
+    warp-specialized, its p @ v deferred, and the result right on every batch entry's rows."""
     _sm90()
     q, k, v = inputs(3, 4, 300, 64, 4, seed=5)
     lens = torch.tensor([300, 1, 129], dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, causal=causal, out=out, lens=lens, warp_specialize=True)
     check(out, attention.reference(q, k, v, causal, lens=lens), rows=lens.tolist())
+    compiled = attention.attn_fwd.compile(q, k, v, out, out, lens, 0.125, 4, GROUP=4, D=64, CAUSAL=causal,
+                                          VARLEN=True, STORE_LSE=False, warp_specialize=True,
+                                          **attention.default_config(64))
+    assert compiled.meta["threads"] == compiled.meta["num_warps"] * 32 + 128
+    assert "defer_mma = true" in compiled.asm["ir"]
