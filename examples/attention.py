@@ -272,9 +272,9 @@ BWD_CONFIGS = {
 
 def default_bwd_config(head_dim: int, hopper: bool = False) -> dict:
     """{"dkdv": {...}, "dq": {...}}: the first config of BWD_CONFIGS for the smallest listed head dim >= this; on
-    Hopper (sm_90) at head dim 128, the fastest measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md)."""
+    Hopper (sm_90) at head dims 64 and 128, the fastest measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md)."""
     dim = next(d for d in sorted(BWD_CONFIGS) if head_dim <= d)
-    if hopper and dim == 128:
+    if hopper and dim in (64, 128):
         return {"dkdv": dict(BM=64, BN=64, num_warps=4), "dq": dict(BM=64, BN=64, num_warps=4)}
     return {name: dict(BM=bm, BN=bn, num_warps=w) for name, ((bm, bn, w), *_) in BWD_CONFIGS[dim].items()}
 
