@@ -1,8 +1,10 @@
-"""A warp-specialized loop's last gemm issued one iteration late (``passes.pipeline.deferred_gemm``,
+"""A TMA-fed loop's last gemm issued one iteration late (``passes.pipeline.deferred_gemm``,
 ``lower_loops.Deferred``): FlashAttention-3's intra-warpgroup overlap, derived from the ordinary attention loop.
 Iteration j issues q @ k_j^T, then iteration j-1's p @ v, waits for the first alone and runs the softmax while the
 second works; the accumulator is read only after its wait. The first iteration is emitted on its own (no previous
-gemm), so no wgmma is issued under a condition (ptxas would serialize them all, C7514)."""
+gemm), so no wgmma is issued under a condition (ptxas would serialize them all, C7514). With a producer warpgroup
+(warp-specialized) or without one (thread 0 refills a slot once every warp has handed it back); from a 3-deep ring
+on (``DEFER_STAGES``)."""
 from __future__ import annotations
 
 import re
@@ -25,11 +27,11 @@ def _meta(*shape, dtype=BF16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
-def _attention(dim=128, bm=128, bn=128, warps=8, causal=False, **kw):
+def _attention(dim=128, bm=128, bn=128, warps=8, causal=False, ws=True, stages=3, **kw):
     q, kv = _meta(2, 4, 4096, dim), _meta(2, 2, 4096, dim)
     return attention.attn_fwd.compile(q, kv, kv, q, q, _meta(2, dtype=torch.int32), 0.125, 4, GROUP=2, BM=bm, BN=bn,
                                       D=dim, CAUSAL=causal, VARLEN=False, num_warps=warps, arch="sm_90a",
-                                      warp_specialize=True, **kw)
+                                      warp_specialize=ws, STAGES=stages, **kw)
 
 
 @tilejit.kernel
@@ -38,7 +40,7 @@ def rescale_first(Q, K, V, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr):
     m0 = T.program_id(0) * BM
     q = Q[m0:m0 + BM, 0:D]
     acc = T.zeros((BM, D), T.float32)
-    for n0 in T.range(0, K.shape[0], BN, stages=2):
+    for n0 in T.range(0, K.shape[0], BN, stages=3):
         acc = acc * 0.5
         s = T.gemm(q, K[n0:n0 + BN, 0:D], T.zeros((BM, BN), T.float32), transpose_b=True)
         acc += T.exp2(s).to(V.dtype) @ V[n0:n0 + BN, 0:D]
@@ -46,12 +48,12 @@ def rescale_first(Q, K, V, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr):
 
 
 @tilejit.kernel
-def rescale_after(Q, K, V, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr):
-    """The same loop with the accumulator read after the first gemm: deferred."""
+def rescale_after(Q, K, V, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr, STAGES: T.constexpr = 3):
+    """The same loop with the accumulator read after the first gemm: deferred (from 3 stages on)."""
     m0 = T.program_id(0) * BM
     q = Q[m0:m0 + BM, 0:D]
     acc = T.zeros((BM, D), T.float32)
-    for n0 in T.range(0, K.shape[0], BN, stages=2):
+    for n0 in T.range(0, K.shape[0], BN, stages=STAGES):
         s = T.gemm(q, K[n0:n0 + BN, 0:D], T.zeros((BM, BN), T.float32), transpose_b=True)
         acc = acc * 0.5
         acc += T.exp2(s).to(V.dtype) @ V[n0:n0 + BN, 0:D]
@@ -82,13 +84,13 @@ def test_attention_loop_is_rotated():
     issue = loop.index("issued under this iteration's math")
     commits = [m.start() for m in re.finditer(r"tj_wgmma_commit\(\);", loop)]
     assert len(commits) == 2 and commits[0] < issue < commits[1] < loop.index("wait_group.sync.aligned 1;")
-    assert '"r"(tj_pp[0])' in loop and "((tj_it + 1) % 2)) * 32768" in loop
+    assert '"r"(tj_pp[0])' in loop and "((tj_it + 2) % 3)) * 32768" in loop
     # softmax, then the accumulator's wait and the previous slot's hand-back, then the rescale
     settle = loop.index("its accumulator is read next")
     assert loop.index("max over axis 1") < settle
     rest = loop[settle:]
     assert rest.index("wait_group.sync.aligned 0;") < rest.index("tj_mbar_arrive(") < rest.index("] * ")
-    assert "tj_mbar_arrive(tj_smem_u32 + 16 + 8 * ((tj_it + 1) % 2))" in rest and loop.count("tj_mbar_arrive(") == 1
+    assert "tj_mbar_arrive(tj_smem_u32 + 24 + 8 * ((tj_it + 2) % 3))" in rest and loop.count("tj_mbar_arrive(") == 1
     assert "if (tj_pend)" not in loop  # no wgmma under a condition inside the loop
     drain = braced_block(after_first, after_first.index("if (tj_pend)", after_first.index(loop) + len(loop)))
     assert drain.count("wgmma.mma_async") == 8 and "wait_group.sync.aligned 0;" in drain and "tj_mbar_arrive(" in drain
@@ -105,15 +107,39 @@ def test_which_loops_are_deferred():
     assert "defer_mma" not in _small(rescale_first).asm["ir"]  # the accumulator is read before the first gemm
     q, k = _meta(1024, 64), _meta(2048, 64)
     plain = rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a")
-    assert "defer_mma" not in plain.asm["ir"]  # no producer warpgroup: the slots are not handed back one by one
+    assert "defer_mma = true" in plain.asm["ir"]  # no producer warpgroup: thread 0 refills the handed-back slots
+    shallow = rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a", STAGES=2)
+    assert "defer_mma" not in shallow.asm["ir"]  # a 2-deep ring: the deferred gemm would stall the next loads
+    assert "defer_mma" not in rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8,
+                                                    arch="sm_80").asm["ir"]  # mma.sync: nothing in flight
 
 
-@pytest.mark.parametrize("stages", [2, 3])
+def test_loop_without_producer():
+    """No producer warpgroup: no block barrier in the loop; each warp hands slot j-1 back after the deferred gemm's
+    wait, and thread 0 then waits for all of them and refills it with iteration j+2; the first iteration loads
+    iteration 2 (the prologue loaded 0 and 1)."""
+    compiled = _attention(64, 64, 128, 4, ws=False)
+    assert "defer_mma = true" in compiled.asm["ir"] and compiled.meta["threads"] == 128
+    assert compiled.meta["wgmma_serialized"] is False and compiled.meta["spills"] == 0
+    cuda = compiled.asm["cuda"]
+    body = cuda[cuda.index("__global__"):]
+    first = braced_block(body, body.index("if (", body.index("bool tj_pend = false;")))
+    assert first.count("tj_tma_load_4d(") == 2 and "tj_slot_next" in first and "__syncthreads" not in first
+    after_first = body[body.index(first) + len(first):]
+    loop = braced_block(after_first, after_first.index("for (int64_t"))
+    assert "__syncthreads" not in loop and "bar.sync" not in loop
+    rest = loop[loop.index("its accumulator is read next"):]
+    assert rest.index("wait_group.sync.aligned 0;") < rest.index("tj_mbar_arrive(") < rest.index("tj_mbar_wait(") \
+        < rest.index("tj_tma_load_4d(")
+
+
+@pytest.mark.parametrize("ws", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim, bm, bn, warps", [(d, m, n, w) for d, cs in attention.CONFIGS.items() for m, n, w in cs],
                          ids=lambda x: str(x))
-def test_every_config_deferred_without_serialized_wgmma(dim, bm, bn, warps, causal, stages):
-    compiled = _attention(dim, bm, bn, warps, causal, STAGES=stages)
+def test_every_config_deferred_without_serialized_wgmma(dim, bm, bn, warps, causal, ws):
+    compiled = _attention(dim, bm, bn, warps, causal, ws=ws)
     assert "defer_mma = true" in compiled.asm["ir"]
     assert compiled.meta["wgmma_serialized"] is False, "ptxas serialized the wgmma (C7514)"
     assert compiled.meta["spills"] == 0
+    assert "defer_mma" not in _attention(dim, bm, bn, warps, causal, ws=ws, stages=2).asm["ir"]
