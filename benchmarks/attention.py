@@ -176,7 +176,7 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
     hopper = torch.cuda.get_device_capability()[0] == 9
     default = attention.default_bwd_config(dim, hopper=hopper)
     best = (timed(default), default) if tune == "default" else None
-    # on sm_90 the dQ configs also run warp-specialized (their dS @ K then issued one iteration late)
+    # on sm_90 the dQ configs also run warp-specialized
     for kernel in ("dkdv", "dq") if tune == "all" else ():
         base = best[1] if best else default
         for (bm, bn, warps), ws in ((c, ws) for c in attention.BWD_CONFIGS[dim][kernel]

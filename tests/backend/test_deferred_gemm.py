@@ -1,10 +1,8 @@
-"""A TMA-fed loop's last gemm issued one iteration late (``passes.pipeline.deferred_gemm``,
+"""A warp-specialized loop's last gemm issued one iteration late (``passes.pipeline.deferred_gemm``,
 ``lower_loops.Deferred``): FlashAttention-3's intra-warpgroup overlap, derived from the ordinary attention loop.
 Iteration j issues q @ k_j^T, then iteration j-1's p @ v, waits for the first alone and runs the softmax while the
 second works; the accumulator is read only after its wait. The first iteration is emitted on its own (no previous
-gemm), so no wgmma is issued under a condition (ptxas would serialize them all, C7514). With a producer warpgroup
-(warp-specialized) or without one (thread 0 refills a slot once every warp has handed it back); from a 3-deep ring
-on (``DEFER_STAGES``)."""
+gemm), so no wgmma is issued under a condition (ptxas would serialize them all, C7514)."""
 from __future__ import annotations
 
 import re
@@ -27,11 +25,11 @@ def _meta(*shape, dtype=BF16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
-def _attention(dim=128, bm=128, bn=128, warps=8, causal=False, ws=True, stages=3, **kw):
+def _attention(dim=128, bm=128, bn=128, warps=8, causal=False, stages=3, **kw):
     q, kv = _meta(2, 4, 4096, dim), _meta(2, 2, 4096, dim)
     return attention.attn_fwd.compile(q, kv, kv, q, q, _meta(2, dtype=torch.int32), 0.125, 4, GROUP=2, BM=bm, BN=bn,
                                       D=dim, CAUSAL=causal, VARLEN=False, num_warps=warps, arch="sm_90a",
-                                      warp_specialize=ws, STAGES=stages, **kw)
+                                      warp_specialize=True, STAGES=stages, **kw)
 
 
 @tilejit.kernel
@@ -107,39 +105,16 @@ def test_which_loops_are_deferred():
     assert "defer_mma" not in _small(rescale_first).asm["ir"]  # the accumulator is read before the first gemm
     q, k = _meta(1024, 64), _meta(2048, 64)
     plain = rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a")
-    assert "defer_mma = true" in plain.asm["ir"]  # no producer warpgroup: thread 0 refills the handed-back slots
-    shallow = rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a", STAGES=2)
-    assert "defer_mma" not in shallow.asm["ir"]  # a 2-deep ring: the deferred gemm would stall the next loads
-    assert "defer_mma" not in rescale_after.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8,
-                                                    arch="sm_80").asm["ir"]  # mma.sync: nothing in flight
+    assert "defer_mma" not in plain.asm["ir"]  # no producer warpgroup: thread 0's refills would wait on it
+    assert "defer_mma" not in _small(rescale_after, STAGES=2).asm["ir"]  # 2 stages: the next loads would stall
 
 
-def test_loop_without_producer():
-    """No producer warpgroup: no block barrier in the loop; each warp hands slot j-1 back after the deferred gemm's
-    wait, and thread 0 then waits for all of them and refills it with iteration j+2; the first iteration loads
-    iteration 2 (the prologue loaded 0 and 1)."""
-    compiled = _attention(64, 64, 128, 4, ws=False)
-    assert "defer_mma = true" in compiled.asm["ir"] and compiled.meta["threads"] == 128
-    assert compiled.meta["wgmma_serialized"] is False and compiled.meta["spills"] == 0
-    cuda = compiled.asm["cuda"]
-    body = cuda[cuda.index("__global__"):]
-    first = braced_block(body, body.index("if (", body.index("bool tj_pend = false;")))
-    assert first.count("tj_tma_load_4d(") == 2 and "tj_slot_next" in first and "__syncthreads" not in first
-    after_first = body[body.index(first) + len(first):]
-    loop = braced_block(after_first, after_first.index("for (int64_t"))
-    assert "__syncthreads" not in loop and "bar.sync" not in loop
-    rest = loop[loop.index("its accumulator is read next"):]
-    assert rest.index("wait_group.sync.aligned 0;") < rest.index("tj_mbar_arrive(") < rest.index("tj_mbar_wait(") \
-        < rest.index("tj_tma_load_4d(")
-
-
-@pytest.mark.parametrize("ws", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim, bm, bn, warps", [(d, m, n, w) for d, cs in attention.CONFIGS.items() for m, n, w in cs],
                          ids=lambda x: str(x))
-def test_every_config_deferred_without_serialized_wgmma(dim, bm, bn, warps, causal, ws):
-    compiled = _attention(dim, bm, bn, warps, causal, ws=ws)
+def test_every_config_deferred_without_serialized_wgmma(dim, bm, bn, warps, causal):
+    assert "defer_mma" not in _attention(dim, bm, bn, warps, causal, stages=2).asm["ir"]
+    compiled = _attention(dim, bm, bn, warps, causal)
     assert "defer_mma = true" in compiled.asm["ir"]
     assert compiled.meta["wgmma_serialized"] is False, "ptxas serialized the wgmma (C7514)"
     assert compiled.meta["spills"] == 0
-    assert "defer_mma" not in _attention(dim, bm, bn, warps, causal, ws=ws, stages=2).asm["ir"]

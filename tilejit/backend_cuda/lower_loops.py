@@ -101,7 +101,7 @@ def _for(em: Emitter, op: Op) -> None:
     # accumulators live in tensor memory for the whole loop
     tmem = op.attrs.async_mma == "tcgen05"
     producer = bool(op.attrs.producer_warpgroup) and bool(tma) and not per_thread
-    late = Deferred(em, body, stages) if op.attrs.defer_mma and tma and not per_thread and not in_flight else None
+    late = Deferred(em, body, stages) if op.attrs.defer_mma and producer and not in_flight else None
     yielded = body.terminator.operands
     carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
@@ -115,8 +115,7 @@ def _for(em: Emitter, op: Op) -> None:
         bars, empty, tma_bytes, maps, nbars, smem_mark = em.rings[id(op)]
     elif tma:
         em.require_support("tma", lower_tma.SUPPORT)
-        # the math warps hand slots back on "empty" mbarriers
-        released = bool(in_flight) or producer or late is not None
+        released = bool(in_flight) or producer  # the math warps hand slots back on "empty" mbarriers
         nbars = 2 * stages if released else stages
         bars = em.allocate_shared(8 * nbars, 8)
         empty = f"tj_smem_u32 + {bars + 8 * stages}"
@@ -213,7 +212,7 @@ def _for(em: Emitter, op: Op) -> None:
                 em.line(("if (tid == 0) " if tmem else "")
                         + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                         + "  // TMA tiles landed")
-            if not in_flight and not producer and late is None:
+            if not in_flight and not producer:
                 em.barrier("... for every thread, and everyone is done with the slot refilled next")
             nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
             if not producer:
@@ -262,10 +261,7 @@ def _for(em: Emitter, op: Op) -> None:
             if in_flight:
                 em.async_mma = AsyncMma(in_flight, release_and_refill, f"{empty} + 8 * (tj_it % {stages})")
             elif late is not None:
-                # a slot is handed back once the deferred gemm reading it is done: with no producer, thread 0 then
-                # refills it (it has waited for every warp's hand-back) with iteration +stages-1
-                late.release = (lambda: late.hand_back(empty)) if producer else release_and_refill
-                late.refills, late.empty = not producer, empty
+                late.empty = empty
                 if not late.first:
                     em.overlap_hook = late.issue_under_first_gemm
             else:
@@ -350,15 +346,13 @@ def _for(em: Emitter, op: Op) -> None:
 
 
 class Deferred:
-    """Emits a TMA-fed loop whose last gemm is issued one iteration late (``passes.pipeline.deferred_gemm``,
+    """Emits a warp-specialized loop whose last gemm is issued one iteration late (``passes.pipeline.deferred_gemm``,
     FlashAttention-3's intra-warpgroup overlap). Iteration ``j``: wait for slot ``j``; issue the first gemm; issue
     iteration ``j - 1``'s last gemm (its ring tiles still in slot ``j - 1``, its A operand packed when ``j - 1``
     made it); wait for the first gemm alone (one group left); the math up to the first read of the gemm's
-    accumulator runs while it works; then wait for it and hand slot ``j - 1`` back (``release``: every warp
-    arrives on the slot's "empty" mbarrier; with no producer warpgroup, thread 0 then waits for all of them and
-    refills the slot with iteration ``j + stages - 1``, so the ring never needs a block barrier). The body yields
-    what the gemm would have accumulated into (``acc * alpha``): the next iteration's issue adds ``p @ v`` to it
-    in place. After the loop, the last iteration's gemm is issued and waited for.
+    accumulator runs while it works; then wait for it and hand slot ``j - 1`` back. The body yields what the gemm
+    would have accumulated into (``acc * alpha``): the next iteration's issue adds ``p @ v`` to it in place. After
+    the loop, the last iteration's gemm is issued and waited for, and its slot handed back.
 
     The first iteration is emitted on its own, before the loop (``first``): it has no gemm of a previous one to
     issue. Issued under a condition instead, the gemm would reach its accumulator's readers on a path without
@@ -374,9 +368,7 @@ class Deferred:
         owners = {r.id for o in body.ops for r in o.results if not (o.kind is OpKind.LOAD and o.attrs.pipeline)}
         self.packed = a if a.id in owners else None  # made in the body: carried packed to the next iteration
         self.ring = {o.result.id for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline}
-        self.release: Callable[[], None] = lambda: None  # hands slot j - 1 back (set per iteration by the loop)
-        self.empty = ""  # the "empty" mbarriers' C address
-        self.refills = False  # the release also refills the slot (no producer warpgroup)
+        self.empty = ""
         self.settled = False
         self.first = False  # emitting the first iteration (before the loop)
 
@@ -430,14 +422,12 @@ class Deferred:
         self.issue()
         return 1
 
-    def _wait(self) -> None:
+    def _wait_and_release(self) -> None:
+        em = self.em
         layout = self.into.type.layout
-        wait_group(self.em, 0, self.em.name(self.into), layout.regs, self.into.dtype == D.int32)
-
-    def hand_back(self, empty: str) -> None:
-        """The producer's kind of release: each warp arrives on slot ``j - 1``'s "empty" mbarrier."""
-        self.em.line("__syncwarp();  // and this warp is done with its slot: hand it back to the producer")
-        self.em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * {self.previous_slot});")
+        wait_group(em, 0, em.name(self.into), layout.regs, self.into.dtype == D.int32)
+        em.line("__syncwarp();  // and this warp is done with its slot: hand it back to the producer")
+        em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({self.empty} + 8 * {self.previous_slot});")
 
     def settle(self) -> None:
         em = self.em
@@ -445,17 +435,13 @@ class Deferred:
         if hook is not None:  # no gemm took it (the first gemm lowered otherwise): issue here, no overlap
             hook()
         em.line("// the previous iteration's last gemm is complete: its accumulator is read next")
-        self._wait()
-        self.release()
+        self._wait_and_release()
         self.settled = True
 
     def end_iteration(self) -> None:
-        """Settle if nothing read the accumulator; pack this iteration's A operand for the next one's issue. The
-        first iteration has nothing to hand back, but without a producer it loads iteration ``stages - 1``."""
+        """Settle if nothing read the accumulator; pack this iteration's A operand for the next one's issue."""
         if not self.settled and not self.first:
             self.settle()
-        if self.first and self.refills:
-            self.release()
         if self.packed is not None:
             pack_a(self.em, self.packed, "tj_pp")
         self.em.line("tj_pend = true;")
@@ -469,9 +455,7 @@ class Deferred:
         em.open("if (tj_pend)")
         em.line("// the last iteration's deferred gemm")
         self.issue()
-        self._wait()
-        if not self.refills:  # a persistent kernel's producer waits for this slot too
-            self.hand_back(self.empty)
+        self._wait_and_release()
         em.close()
 
 

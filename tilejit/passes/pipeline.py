@@ -66,17 +66,12 @@ def pipeline_loops(fn: Function, target: Target) -> None:
 def mark_async_mma(fn: Function, target: Target) -> None:
     """Mark the pipelined loops whose gemms may stay in flight across iterations (``ForAttrs.async_mma``): a
     plain MMA main loop (``in_flight_gemms``) at least 2 stages deep; a tcgen05 loop's accumulators take scope
-    tmem in its body. A TMA-fed wgmma loop with more math between its gemms (attention's), at least
-    ``DEFER_STAGES`` deep, has its last gemm deferred to the next iteration when ``deferred_gemm`` allows
-    (``ForAttrs.defer_mma``). Runs after the copies are chosen: the ring must be filled by TMA, whose mbarriers carry
-    the hand-back. Then the wgmma loops asked to (``warp_specialize``) get a producer warpgroup."""
+    tmem in its body. Runs after the copies are chosen: the ring must be filled by TMA, whose mbarriers carry the
+    hand-back. Then the wgmma loops asked to (``warp_specialize``) get a producer warpgroup."""
     for loop in fn.walk():
         if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED or (loop.attrs.stages or 1) < 2:
             continue
         gemms = in_flight_gemms(loop.regions[0])
-        if not gemms and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
-                and _tma_fed_wgmma_loop(loop) and deferred_gemm(loop.regions[0]) is not None:
-            loop.attrs = replace(loop.attrs, defer_mma=True)
         if gemms:
             loop.attrs = replace(loop.attrs, async_mma=mma_family(gemms[0]))
             if loop.attrs.async_mma == "tcgen05":
@@ -88,9 +83,11 @@ def mark_async_mma(fn: Function, target: Target) -> None:
     specialize_warps(fn, target)
 
 
-#: The ring depth from which a loop's last gemm is deferred (``deferred_gemm``): it holds a slot one iteration
-#: longer, so a 2-deep ring would leave the next iteration's tiles no time to land (measured on an H100: attention
-#: 128x128 warp-specialized, 500 TFLOP/s deferred against 534 not, 583 deferred with 3 stages).
+#: The ring depth from which a warp-specialized loop's last gemm is deferred (``deferred_gemm``): it holds a slot
+#: one iteration longer, so a 2-deep ring leaves the next iteration's tiles no time to land (measured on an H100:
+#: attention 128x128 warp-specialized, 500 TFLOP/s deferred against 534 not with 2 stages, 583 deferred with 3).
+#: Without a producer warpgroup (thread 0 refilling each slot once every warp has handed it back) deferring lost
+#: 10-25% (attention 64x128 w4 at D = 64: 394 -> 294 TFLOP/s), so only warp-specialized loops defer.
 DEFER_STAGES = 3
 
 #: The threads of the producer warpgroup a warp-specialized loop adds (setmaxnreg acts on whole warpgroups).
@@ -140,6 +137,9 @@ def specialize_warps(fn: Function, target: Target) -> None:
         chosen.append(loop)
     for loop in chosen:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
+        if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
+                and deferred_gemm(loop.regions[0]) is not None:
+            loop.attrs = replace(loop.attrs, defer_mma=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
         if not _prelude_on_extra_threads(fn, loop):
             # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
@@ -236,7 +236,7 @@ def _keep_in_tmem(gemm: Op) -> None:
 
 
 def deferred_gemm(body) -> Op | None:
-    """The gemm of a TMA-fed wgmma body (not left in flight) that may be issued one iteration late, or None.
+    """The gemm of a warp-specialized body (not left in flight) that may be issued one iteration late, or None.
 
     Attention's ``s = q @ k.T; softmax; acc = acc * alpha + p @ v``: iteration ``j`` issues ``q @ k_j.T``, then
     iteration ``j - 1``'s ``p @ v``, waits for the first only, and runs the softmax while the second works
