@@ -10,6 +10,9 @@ of the online softmax in registers, and rescales the output accumulator as the m
   key/value head ``h // GROUP``;
 - variable sequence lengths by masking (``VARLEN``): batch ``b`` attends over its first ``Lens[b]`` keys; its
   query rows past ``Lens[b]`` (padding) get the attention of those padding queries over the same keys;
+- on Hopper, ``default_config`` warp-specializes the key/value loop with a 3-deep ring for head dims 128 and 256,
+  where the compiler defers each block's ``p @ v`` to run under the next block's ``q @ k^T``
+  (``passes.pipeline.deferred_gemm``);
 - ``STORE_LSE``: also the rows' log-sum-exp, in base 2 (``log2 sum_j 2^(s_ij * sm_scale * log2 e)``, the
   natural one times log2 e), float32 (B, H, S), which the backward reads.
 
@@ -86,7 +89,8 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     if CAUSAL:
         lo = T.minimum(m0, lo) if BM % BN == 0 else 0
     # STAGES: the key/value ring's depth (a deeper ring pays off when a producer warpgroup fills it:
-    # warp_specialize=True; the compiler lowers it where shared memory does not hold it)
+    # warp_specialize=True; the compiler lowers it where shared memory does not hold it). Warp-specialized and 3
+    # deep, the compiler issues each block's p @ v under the next block's q @ k^T (FlashAttention-3's overlap).
     for n0 in T.range(0, lo, BN, stages=STAGES):
         m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, False,
                                              False)
