@@ -64,14 +64,17 @@ def test_backward_dq_warp_specialized(dim, causal):
         check_grad(got, want, name)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("seq", [1, 17, 64, 4097])
+@pytest.mark.parametrize("seq", [1, 17, 64, 127, 4097])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ragged_lengths_warp_specialized(seq, causal, dtype):
+def test_ragged_lengths_warp_specialized(seq, causal, dtype, stages):
+    """128x64 tiles: the unmasked loop runs 0, 0, 1, 1 and 64 times (deferred with 3 stages: the first iteration
+    alone, then the drain)."""
     _sm90()
     q, k, v = inputs(1, 2, seq, 128, 1, dtype=dtype, seed=seq)
     out = torch.full_like(q, float("nan"))
-    attention.attention(q, k, v, causal=causal, out=out, warp_specialize=True)
+    attention.attention(q, k, v, causal=causal, out=out, warp_specialize=True, STAGES=stages)
     check(out, attention.reference(q, k, v, causal))
 
 
