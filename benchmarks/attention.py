@@ -3,6 +3,7 @@ backends) and a Triton FlashAttention-2-style baseline.
 
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
                                    [--tune all|default] [--out DIR]
+    python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import textwrap
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import DEFAULT_OUT, append_results, machine_stamp, markdown_table, write_json
+from benchmarks.common import DEFAULT_OUT, append_results, machine_stamp, markdown_table, stamp_line, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("tilejit_examples_attention_bench", ROOT / "examples" / "attention.py")
@@ -202,6 +204,58 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
     return best, results
 
 
+BASELINES = ("SDPA flash", "SDPA cuDNN", "Triton")
+TITLES = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
+
+
+def plot(rows, meta, title, path: Path) -> Path | None:
+    """Grouped bars of TFLOP/s per (D, seq, causal, dtype) row, tilejit and the baselines, and tilejit / cuDNN and
+    tilejit / Triton below; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = [f"D{r['dim']} S{r['seq']}\n{r['dtype']}{' causal' if r['causal'] else ''}" for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(24, max(8, 0.7 * len(rows) + 2)), 8), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    width = 0.2
+    for i, name in enumerate(("tilejit", *BASELINES)):
+        top.bar([x + (i - 1.5) * width for x in range(len(rows))], [r.get(name) or 0.0 for r in rows], width,
+                label=name)
+    top.set_ylabel("TFLOP/s")
+    top.legend(fontsize=8)
+    stamp = "\n".join(textwrap.wrap(stamp_line(meta), 120))
+    top.set_title(f"{title} on {meta['gpu']}\n{stamp}", fontsize=8)
+    for i, name in enumerate(("SDPA cuDNN", "Triton")):
+        bottom.bar([x + (i - 0.5) * 0.35 for x in range(len(rows))],
+                   [r["tilejit"] / r[name] if r.get(name) else 0.0 for r in rows], 0.35, label=f"tilejit / {name}")
+    bottom.axhline(1.0, color="gray", linewidth=0.8)
+    bottom.legend(fontsize=8)
+    bottom.set_xticks(range(len(rows)))
+    bottom.set_xticklabels(labels, rotation=60, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_json(path: Path, out: Path) -> list[Path]:
+    """The PNGs of a stored ``attention.json`` (no GPU needed): ``attention_fwd.png`` / ``attention_bwd.png``."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    written = []
+    for p, key in (("fwd", "results"), ("bwd", "backward")):
+        if data.get(key):
+            png = plot(data[key], data["meta"], TITLES[p], out / f"attention_{p}.png")
+            if png is not None:
+                written.append(png)
+    return written
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
@@ -213,7 +267,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tune", choices=("all", "default"), default="all",
                         help="all: the fastest config of the space (each timed); default: the config attention() "
                              "takes when given none")
+    parser.add_argument("--plot", type=Path, metavar="JSON",
+                        help="only draw the PNGs of a stored attention.json into --out (no GPU needed)")
     ns = parser.parse_args(argv)
+    if ns.plot is not None:
+        ns.out.mkdir(parents=True, exist_ok=True)
+        written = plot_json(ns.plot, ns.out)
+        print("\n".join(f"wrote {p}" for p in written) if written else "no plot (matplotlib is not installed)")
+        return 0
     passes = ns.passes.split(",")
     if not passes or set(passes) - {"fwd", "bwd"}:
         parser.error(f"--passes takes fwd and/or bwd, not {ns.passes!r}")
@@ -250,7 +311,7 @@ def main(argv=None) -> int:
                         print(p, _table_row(records[p][-1]), flush=True)
     meta = machine_stamp()
     out = {"meta": meta}
-    titles = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
+    titles = TITLES
     notes = {
         "fwd": [f"tilejit: examples/attention.py, {'the best config of its space' if ns.tune == 'all' else 'its default config'}"
                 " (ws: warp-specialized, the p @ v of one key block issued under the next block's q @ k^T; "
@@ -271,6 +332,8 @@ def main(argv=None) -> int:
         out["results" if p == "fwd" else "backward"] = records[p]
         append_results(f"{titles[p]}, {'/'.join(dtypes)}, {ns.heads} heads, 16k tokens", table, meta, notes=notes[p])
     write_json(ns.out / "attention.json", out)
+    for path in plot_json(ns.out / "attention.json", ns.out):
+        print(f"wrote {path}")
     return 0
 
 

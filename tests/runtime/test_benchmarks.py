@@ -265,3 +265,21 @@ def test_baseline_refusals_are_named_not_failures(dtype, mnk, refused):
         assert ("_scaled_mm" if dtype == "fp8" else "_int_mm") in reason
     assert bench_matmul.triton_refusal("fp8", 777) and not bench_matmul.triton_refusal("fp8", 4096)
     assert not bench_matmul.triton_refusal("int8", 777)
+
+
+def test_attention_plot_from_stored_results(tmp_path):
+    """``python -m benchmarks.attention --plot JSON`` redraws the PNGs of stored results without a GPU (or says
+    that matplotlib is missing)."""
+    from benchmarks import attention as bench_attention
+    row = {"dim": 128, "seq": 4096, "batch": 4, "dtype": "bf16", "causal": False, "tilejit": 580.0,
+           "config": "128x128 w8 ws s3", "SDPA flash": 340.0, "SDPA cuDNN": 590.0, "Triton": None}
+    stored = tmp_path / "attention.json"
+    stored.write_text(json.dumps({"meta": common.machine_stamp(), "results": [row], "backward": [dict(row)]}))
+    assert bench_attention.main(["--plot", str(stored), "--out", str(tmp_path / "out")]) == 0
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert written == []
+    else:
+        assert written == ["attention_bwd.png", "attention_fwd.png"]
