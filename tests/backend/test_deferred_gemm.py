@@ -109,6 +109,29 @@ def test_which_loops_are_deferred():
     assert "defer_mma" not in _small(rescale_after, STAGES=2).asm["ir"]  # 2 stages: the next loads would stall
 
 
+@tilejit.kernel
+def chained(Q, K, V, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr):
+    """Nothing loaded before the loop (q too is a ring tile): a candidate for the persistent launch option."""
+    m0 = T.program_id(0) * BM
+    acc = T.zeros((BM, D), T.float32)
+    for n0 in T.range(0, K.shape[0], BN, stages=3):
+        s = T.gemm(Q[m0:m0 + BM, 0:D], K[n0:n0 + BN, 0:D], T.zeros((BM, BN), T.float32), transpose_b=True)
+        acc = acc * 0.5
+        acc += T.exp2(s).to(V.dtype) @ V[n0:n0 + BN, 0:D]
+    O[m0:m0 + BM, 0:D] = acc.to(O.dtype)
+
+
+def test_persistent_loops_are_not_deferred():
+    """The deferred form of a persistent kernel has not run on a GPU: the loop stays in the plain specialized form
+    (deferred when launched plainly warp-specialized)."""
+    q, k = _meta(4096, 64), _meta(2048, 64)
+    persistent = chained.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a", persistent=True)
+    assert "tj_prog += " in persistent.asm["cuda"]  # it is persistent: a walk over the grid's programs
+    assert "defer_mma" not in persistent.asm["ir"] and "producer_warpgroup = true" in persistent.asm["ir"]
+    assert "defer_mma = true" in chained.compile(q, k, k, q, BM=128, BN=64, D=64, num_warps=8, arch="sm_90a",
+                                                 warp_specialize=True).asm["ir"]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim, bm, bn, warps", [(d, m, n, w) for d, cs in attention.CONFIGS.items() for m, n, w in cs],
                          ids=lambda x: str(x))

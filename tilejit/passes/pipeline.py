@@ -137,15 +137,16 @@ def specialize_warps(fn: Function, target: Target) -> None:
         chosen.append(loop)
     for loop in chosen:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
-        if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
-                and deferred_gemm(loop.regions[0]) is not None:
-            loop.attrs = replace(loop.attrs, defer_mma=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
         if not _prelude_on_extra_threads(fn, loop):
             # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
             fn.attrs["producer_first"] = True
         elif target.persistent:
             fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
+        # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
+        if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
+                and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
+            loop.attrs = replace(loop.attrs, defer_mma=True)
 
 
 #: The program count of a persistent kernel compiled with no GPU to ask (an H100 SXM's SMs).
