@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..ir import BinaryOp, Op, OpKind, Value
+from ..ir.rewrite import reads
 from .. import dtypes as D
 from ..passes.pipeline import PRODUCER_THREADS, deferred_gemm, in_flight_gemms, producer_slice
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
@@ -387,8 +388,7 @@ class Deferred:
         op that reads its accumulator."""
         if op is self.gemm:
             return True
-        if not self.settled and not self.first and any(v is self.into for x in (op, *(y for r in op.regions for y in r.walk()))
-                                    for v in x.operands):
+        if not self.settled and not self.first and reads(op, self.into):
             self.settle()
         return False
 

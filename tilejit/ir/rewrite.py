@@ -8,11 +8,17 @@ from .core import Block, Function, Op, Value
 from .ops import OpKind
 
 
-def use_counts(fn: Function) -> Counter:
+def use_counts(scope: Function | Block) -> Counter:
+    """How many operands name each value (by id), over every op of ``scope`` and its nested regions."""
     counts: Counter = Counter()
-    for op in fn.walk():
+    for op in scope.walk():
         counts.update(v.id for v in op.operands)
     return counts
+
+
+def reads(op: Op, value: Value) -> bool:
+    """Whether ``op``, or an op nested in its regions, takes ``value`` as an operand."""
+    return any(v is value for x in (op, *(y for r in op.regions for y in r.walk())) for v in x.operands)
 
 
 def replace_uses(fn: Function, old: Value, new: Value) -> None:

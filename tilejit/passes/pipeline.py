@@ -17,6 +17,7 @@ from ..errors import CompilationError
 from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
+from ..ir.rewrite import reads, use_counts
 from .transpose_operands import IN_FLIGHT_COPIES
 
 
@@ -255,10 +256,7 @@ def deferred_gemm(body) -> Op | None:
         return None  # both in the body's own block (not under an if)
     at = {id(o): i for i, o in enumerate(ops)}
     owners = {r.id: o for o in ops for r in o.results}
-    uses: dict[int, int] = {}
-    for o in body.walk():
-        for v in o.operands:
-            uses[v.id] = uses.get(v.id, 0) + 1
+    uses = use_counts(body)
     a, b, acc = last.operands
     carried, yields = body.args[1:], body.terminator.operands
     slots = [j for j, y in enumerate(yields) if y is last.result]
@@ -278,8 +276,7 @@ def deferred_gemm(body) -> Op | None:
         if not (register_ok and v.type.scope is Scope.REGISTER and uses.get(v.id) == 1
                 and (last.attrs.impl or "").startswith("wgmma_rs")):
             return None
-    readers = [at[id(o)] for o in ops if any(v is into for x in (o, *(y for r in o.regions for y in r.walk()))
-                                             for v in x.operands)]
+    readers = [at[id(o)] for o in ops if reads(o, into)]
     if readers and min(readers) <= at[id(first)]:
         return None
     return last
@@ -297,10 +294,7 @@ def in_flight_gemms(body) -> list[Op]:
     # a ring tile copied transposed for wgmma (transpose_operands) counts as read from the ring
     transposed = {o.result.id for o in body.ops if o.kind is OpKind.TRANSPOSE_COPY and o.operands[0].id in ring}
     carried, yields = body.args[1:], body.terminator.operands
-    uses: dict[int, int] = {}
-    for o in body.ops:
-        for v in o.operands:
-            uses[v.id] = uses.get(v.id, 0) + 1
+    uses = use_counts(body)  # (nested regions count too; a body with any is refused below anyway)
     gemms = []
     for o in body.ops[:-1]:
         if any(o is p for p in piped) or o.result.id in transposed:
