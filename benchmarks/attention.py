@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import textwrap
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import DEFAULT_OUT, append_results, machine_stamp, markdown_table, stamp_line, write_json
+from benchmarks.common import DEFAULT_OUT, append_results, bar_chart, machine_stamp, markdown_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("tilejit_examples_attention_bench", ROOT / "examples" / "attention.py")
@@ -211,35 +210,11 @@ TITLES = {"fwd": "Attention forward", "bwd": "Attention backward (forward exclud
 def plot(rows, meta, title, path: Path) -> Path | None:
     """Grouped bars of TFLOP/s per (D, seq, causal, dtype) row, tilejit and the baselines, and tilejit / cuDNN and
     tilejit / Triton below; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
     labels = [f"D{r['dim']} S{r['seq']}\n{r['dtype']}{' causal' if r['causal'] else ''}" for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(24, max(8, 0.7 * len(rows) + 2)), 8), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})
-    width = 0.2
-    for i, name in enumerate(("tilejit", *BASELINES)):
-        top.bar([x + (i - 1.5) * width for x in range(len(rows))], [r.get(name) or 0.0 for r in rows], width,
-                label=name)
-    top.set_ylabel("TFLOP/s")
-    top.legend(fontsize=8)
-    stamp = "\n".join(textwrap.wrap(stamp_line(meta), 120))
-    top.set_title(f"{title} on {meta['gpu']}\n{stamp}", fontsize=8)
-    for i, name in enumerate(("SDPA cuDNN", "Triton")):
-        bottom.bar([x + (i - 0.5) * 0.35 for x in range(len(rows))],
-                   [r["tilejit"] / r[name] if r.get(name) else 0.0 for r in rows], 0.35, label=f"tilejit / {name}")
-    bottom.axhline(1.0, color="gray", linewidth=0.8)
-    bottom.legend(fontsize=8)
-    bottom.set_xticks(range(len(rows)))
-    bottom.set_xticklabels(labels, rotation=60, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    bars = {name: [r.get(name) or 0.0 for r in rows] for name in ("tilejit", *BASELINES)}
+    ratios = {f"tilejit / {name}": [r["tilejit"] / r[name] if r.get(name) else 0.0 for r in rows]
+              for name in ("SDPA cuDNN", "Triton")}
+    return bar_chart(path, title, meta, labels, bars, ratios, width=0.2, ratio_width=0.35, per_label=0.7)
 
 
 def plot_json(path: Path, out: Path) -> list[Path]:

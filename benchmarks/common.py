@@ -7,6 +7,7 @@ import json
 import platform
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -110,6 +111,43 @@ def stamp_line(meta: dict[str, Any]) -> str:
     parts += [f"{name} {value}" for name, value in (meta.get("versions") or {}).items() if value]
     parts.append(meta.get("date", ""))
     return " · ".join(p for p in parts if p)
+
+
+def bar_chart(path: Path, title: str, meta: dict[str, Any], labels: Sequence[str],
+              bars: dict[str, Sequence[float]], ratios: dict[str, Sequence[float]], width: float,
+              ratio_width: float, per_label: float = 0.5) -> Path | None:
+    """Grouped bars of TFLOP/s (``bars``: series name -> one value per label) over ratios against 1.0 (``ratios``;
+    a single series names the y axis, several get a legend), titled with the machine stamp; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(24, max(8, per_label * len(labels) + 2)), 8), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    for i, (name, values) in enumerate(bars.items()):
+        top.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(labels))], values, width, label=name)
+    top.set_ylabel("TFLOP/s")
+    top.legend(fontsize=8)
+    stamp = "\n".join(textwrap.wrap(stamp_line(meta), 120))
+    top.set_title(f"{title} on {meta['gpu']}\n{stamp}", fontsize=8)
+    for i, (name, values) in enumerate(ratios.items()):
+        bottom.bar([x + (i - (len(ratios) - 1) / 2) * ratio_width for x in range(len(labels))], values, ratio_width,
+                   label=name)
+    bottom.axhline(1.0, color="gray", linewidth=0.8)
+    if len(ratios) == 1:
+        bottom.set_ylabel(next(iter(ratios)))
+    else:
+        bottom.legend(fontsize=8)
+    bottom.set_xticks(range(len(labels)))
+    bottom.set_xticklabels(labels, rotation=60, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def matmul_tflops(m: int, n: int, k: int, ms: float) -> float:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, fmt, machine_stamp, markdown_table,
-                               matmul_tflops, stamp_line, write_json)
+from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, bar_chart, fmt, machine_stamp,
+                               markdown_table, matmul_tflops, stamp_line, write_json)
 
 Shape = tuple[int, int, int]
 
@@ -284,33 +284,10 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
 
 def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Path | None:
     """Grouped bars of TFLOP/s per shape and dtype, and tilejit/cuBLAS below; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']}" for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(24, max(8, 0.5 * len(rows) + 2)), 8), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})
-    width = 0.27
-    for i, (impl, name) in enumerate((("tilejit", "tilejit"), ("cublas", "cuBLAS"), ("triton", "Triton"))):
-        values = [r[impl].get("tflops", 0.0) if r[impl]["status"] == "ok" else 0.0 for r in rows]
-        top.bar([x + (i - 1) * width for x in range(len(rows))], values, width, label=name)
-    top.set_ylabel("TFLOP/s")
-    top.legend()
-    top.set_title(f"matmul on {meta['gpu']}\n{stamp_line(meta)}", fontsize=8)
-    ratios = [_ratio(r, "cublas") or 0.0 for r in rows]
-    bottom.bar(range(len(rows)), ratios, 0.5, color="tab:blue")
-    bottom.axhline(1.0, color="gray", linewidth=0.8)
-    bottom.set_ylabel("tilejit / cuBLAS")
-    bottom.set_xticks(range(len(rows)))
-    bottom.set_xticklabels(labels, rotation=60, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    bars = {name: [r[impl].get("tflops", 0.0) if r[impl]["status"] == "ok" else 0.0 for r in rows]
+            for impl, name in (("tilejit", "tilejit"), ("cublas", "cuBLAS"), ("triton", "Triton"))}
+    return bar_chart(path, "matmul", meta, [f"{r['m']}x{r['n']}x{r['k']}\n{r['dtype']}" for r in rows], bars,
+                     {"tilejit / cuBLAS": [_ratio(r, "cublas") or 0.0 for r in rows]}, width=0.27, ratio_width=0.5)
 
 
 def _load_triton() -> tuple[Any, str | None]:
