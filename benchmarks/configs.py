@@ -38,7 +38,8 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
 
 
 # mode -> launch options: plain, a producer warpgroup, one program per SM walking the grid (with the producer)
-MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True}}
+MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True},
+         "pingpong": {"pingpong": True}}
 
 
 def _problem(dtype_name: str, m: int, n: int, k: int):
@@ -71,34 +72,45 @@ def _problem(dtype_name: str, m: int, n: int, k: int):
                 {"ACC": T.int32})
     a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
     c = torch.empty(m, n, device="cuda")
+    if dtype_name == "tf32nt":  # B given N x K (K-major, as wgmma reads tf32): the kernel benchmarks.matmul times
+        b = b.T.contiguous()
+        kernel = kernels.tf32_mm_nt
+        ref = a.double() @ b.double().T
+    else:
+        kernel, ref = kernels.tf32_mm_nn, a.double() @ b.double()
+    bmat = b.T if dtype_name == "tf32nt" else b
 
     def tf32_matmul():
         previous = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = True
         try:
-            torch.matmul(a, b, out=c)
+            torch.matmul(a, bmat, out=c)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = previous
-    return a, b, c, a.double() @ b.double(), tf32_matmul, kernels.tf32_mm_nn, {}
+    return a, b, c, ref, tf32_matmul, kernel, {}
 
 
-def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str]) -> list[dict[str, Any]]:
+def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str],
+          tuned_row: bool = True) -> list[dict[str, Any]]:
     import tilejit
-    from benchmarks.kernels import matmul_grid
+    from benchmarks.kernels import matmul_grid, nt_grid
     from tilejit.testing import do_bench
 
     m, n, k = shape
     a, b, c, ref, baseline, matmul, extra = _problem(dtype_name, m, n, k)
     cublas_ms = float(do_bench(baseline))
     rows = []
-    # the autotuned launch path (tuning happens in the first call), to compare with the same config launched plainly
-    tuned = measure(lambda: matmul[matmul_grid](a, b, c, **extra), c, ref, m, n, k)
-    best = matmul.best_config
-    rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned",
-                 "cublas_ms": cublas_ms, **tuned})
-    print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
-    kw = best.kwargs
-    configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
+    if tuned_row:
+        # the autotuned launch path (tuning happens in the first call), to compare with the same config launched
+        # plainly
+        grid_of = nt_grid if dtype_name == "tf32nt" else matmul_grid
+        tuned = measure(lambda: matmul[grid_of](a, b, c, **extra), c, ref, m, n, k)
+        best = matmul.best_config
+        rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned",
+                     "cublas_ms": cublas_ms, **tuned})
+        print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
+        kw = best.kwargs
+        configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
     for bm, bn, bk, warps, stages in configs:
         grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
         for mode in modes:
@@ -116,11 +128,13 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
-    parser.add_argument("--dtype", choices=sorted([*DTYPES, *LOWP_DTYPES]), default="fp16",
+    parser.add_argument("--dtype", choices=sorted([*DTYPES, *LOWP_DTYPES, "tf32nt"]), default="fp16",
                         help="fp8 / int8 / tf32: the DESIGN matmul with B given K x N (a transposing copy feeds "
-                             "wgmma), against torch._scaled_mm / torch._int_mm / cuBLAS tf32 given B K-major")
+                             "wgmma), against torch._scaled_mm / torch._int_mm / cuBLAS tf32 given B K-major; "
+                             "tf32nt: float32 with B given N x K (benchmarks.matmul's tf32 kernel)")
     parser.add_argument("--configs", type=parse_configs, default=parse_configs(DEFAULT_CONFIGS))
     parser.add_argument("--modes", default="off,ws", help=f"comma-separated, among {', '.join(MODES)}")
+    parser.add_argument("--no-tuned", action="store_true", help="skip the autotuned row (and its tuning time)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     import torch
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes takes {', '.join(MODES)}, not {args.modes!r}")
     rows = []
     for shape in args.shapes:
-        rows += bench(shape, args.dtype, args.configs, modes)
+        rows += bench(shape, args.dtype, args.configs, modes, tuned_row=not args.no_tuned)
     stamp = machine_stamp()
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "configs.json", {"machine": stamp, "rows": rows})

@@ -77,6 +77,7 @@ def _describe(config: Any) -> str:
     split = f" split-K {config.split_k}" if getattr(config, "split_k", 1) != 1 else ""
     ws = " ws" if getattr(config, "warp_specialize", False) else ""
     ws += " persistent" if getattr(config, "persistent", False) else ""
+    ws += " pingpong" if getattr(config, "pingpong", False) else ""
     return f"{kw['BM']}x{kw['BN']}x{kw['BK']} w{config.num_warps} s{config.num_stages}{split}{ws}"
 
 

@@ -10,8 +10,8 @@
 """
 from . import language
 from .errors import (BackendCompileError, CompilationError, DispatchError, InternalError, LaunchError,
-                     NameResolutionError, SharedMemoryError, TilejitError, TypeCheckError, UnsupportedSyntaxError,
-                     UsageError)
+                     NameResolutionError, RegisterError, SharedMemoryError, TilejitError, TypeCheckError,
+                     UnsupportedSyntaxError, UsageError)
 from .language import cdiv
 from .runtime.jit import Kernel, func, kernel
 from .version import __version__
@@ -20,7 +20,8 @@ __all__ = [
     "kernel", "func", "cdiv", "language", "docs", "Kernel", "Config", "autotune", "heuristics", "torch_op", "testing",
     "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
-    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "UsageError", "InternalError",
+    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "RegisterError", "UsageError",
+    "InternalError",
 ]
 
 

@@ -83,12 +83,13 @@ class Config:
         split_k: int = 1,
         warp_specialize: bool = False,
         persistent: bool = False,
+        pingpong: bool = False,
     ) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
         try:
-            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent)
+            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent, pingpong)
         except ValueError as e:
             raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
@@ -97,19 +98,21 @@ class Config:
         self.split_k = split_k
         self.warp_specialize = warp_specialize
         self.persistent = persistent
+        self.pingpong = pingpong
         self.pre_hook = pre_hook
         self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
         """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
-        warp_specialize and persistent when they are not off)."""
+        warp_specialize, persistent and pingpong when they are not off)."""
         return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **self._extra()}
 
     def _extra(self) -> dict[str, Any]:
         """The launch options that are left out when off (so records stored before they existed keep their keys)."""
         return {**({"split_k": self.split_k} if self.split_k != 1 else {}),
                 **({"warp_specialize": True} if self.warp_specialize else {}),
-                **({"persistent": True} if self.persistent else {})}
+                **({"persistent": True} if self.persistent else {}),
+                **({"pingpong": True} if self.pingpong else {})}
 
     @property
     def identity(self) -> str:

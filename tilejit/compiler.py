@@ -129,7 +129,8 @@ class Specialization:
             "options": [self.options.num_warps, self.options.num_stages]
                        + ([self.options.split_k] if self.options.split_k != 1 else [])
                        + (["warp_specialize"] if self.options.warp_specialize else [])
-                       + (["persistent"] if self.options.persistent else []),
+                       + (["persistent"] if self.options.persistent else [])
+                       + (["pingpong"] if self.options.pingpong else []),
             "target": target,
         }
 
@@ -285,10 +286,37 @@ def _cubin_stage(st: Stages) -> None:
 
 
 def _nvrtc(st: Stages, keep_ptx: bool) -> None:
-    from .backend_cuda.pipeline import run_nvrtc
+    from .backend_cuda.pipeline import register_shortage, run_nvrtc
+    from .errors import BackendCompileError
 
-    result = run_nvrtc(st.cuda, st.target, st.spec.symbol, keep_ptx)
+    try:
+        result = run_nvrtc(st.cuda, st.target, st.spec.symbol, keep_ptx)
+    except BackendCompileError as error:
+        shortage = register_shortage(error.log)
+        if shortage is None:
+            raise
+        raise _register_error(st, *shortage) from None
     st.cubin, st.ptx, st.nvrtc_log = result.cubin, result.ptx, result.log
+
+
+def _register_error(st: Stages, have: int, need: int):
+    """ptxas found an instruction (a wide MMA's accumulators) needing ``need`` registers per thread where the
+    block's thread count leaves ``have``: the config is too big for its warps, located at the kernel's ``def``."""
+    from .errors import RegisterError
+
+    parsed = st.spec.parsed
+    node = parsed.tree
+    threads = _threads(st)
+    groups = st.fn.attrs.get("groups", 1)
+    why = (f"{threads} threads per block ({groups} groups of {st.target.num_warps} warps for pingpong, and the "
+           "producer warpgroup)" if groups > 1 else f"{threads} threads per block")
+    return RegisterError(
+        f"kernel {st.spec.name} needs {need} registers per thread for one instruction; {why} leave each thread "
+        f"{have} (a block has 65,536)",
+        filename=parsed.filename, lineno=node.lineno, col=node.col_offset + parsed.col_offset,
+        source_line=parsed.source_line(node.lineno),
+        hint="use smaller tiles (the constexpr block sizes) or fewer warps" + (", or drop pingpong" if groups > 1
+                                                                               else ""))
 
 
 _STAGE_FNS = {"ir": _ir_stage, "passes": _passes_stage, "cuda": _cuda_stage, "ptx": _ptx_stage,
@@ -438,15 +466,18 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "registers": registers, "spills": spills, "wgmma_serialized": wgmma_serialized(st.nvrtc_log),
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
         "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
-        "split_k": target.split_k,
+        "split_k": target.split_k, "groups": st.fn.attrs.get("groups", 1),
         "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
     }
     return files, meta
 
 
 def _threads(st: Stages) -> int:
-    """Threads per block: the launch's warps, and a warp-specialized loop's producer warpgroup."""
-    return st.target.threads + int(st.fn.attrs.get("producer_threads", 0))
+    """Threads per block: the launch's warps (twice over for ``pingpong``), and a warp-specialized loop's producer
+    warpgroup."""
+    from .passes.pipeline import launched_threads
+
+    return launched_threads(st.fn, st.target)
 
 
 def compile(spec: Specialization, target: Target | None, *, stop_after: str | None = None,

@@ -70,6 +70,14 @@ _WARP_SPECIALIZED_TILES = [
 # (648 / 642 / 650); before, they lost 10-15% and were not offered.
 _PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4)]
 
+# (BM, BN, BK, num_warps, num_stages) run with ``pingpong=True`` (persistent, two groups of num_warps math warps
+# taking the walk's programs in turn, one group's epilogue under the other's main loop). Measured on an H100
+# (benchmarks/configs.py, RESULTS.md): where the epilogue weighs, they lead, e.g. 8192x8192x1024 598 (128x128) and
+# 605 (64x256) TFLOP/s against 560 / 569 persistent and 596 for the best persistent tile (256x128 w8); at 4096^3
+# 128x128 pingpong is on par with persistent 128x128 (631-634 vs 614-636) and behind 256x128 w8 persistent (709).
+# Groups of 8 warps do not fit: 640 threads leave 96 registers a thread, under a 128x128 accumulator's need.
+_PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
+
 
 def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0) -> int:
     """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch."""
@@ -94,6 +102,8 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) ->
                        warp_specialize=True) for bm, bn, bk, w, s in _WARP_SPECIALIZED_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        persistent=True) for bm, bn, bk, w, s in _PERSISTENT_TILES]
+    configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
+                       pingpong=True) for bm, bn, bk, w, s in _PINGPONG_TILES]
     return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 
@@ -117,8 +127,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
       SMs idle: fewer output tiles than SMs, at most two programs per SM once split, and at least 4 K steps per
       program;
-    - warp-specialized and persistent configs run only on sm_90 GPUs (the only arch where those options change
-      the kernel).
+    - warp-specialized, persistent and pingpong configs run only on sm_90 GPUs (the only arch where those options
+      change the kernel).
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
@@ -127,7 +137,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
-        if (c.warp_specialize or c.persistent) and not hopper:
+        if (c.warp_specialize or c.persistent or c.pingpong) and not hopper:
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
@@ -139,7 +149,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize and not c.persistent] or configs
+    plain = [c for c in configs if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong)] \
+        or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
 
 

@@ -155,6 +155,11 @@ class SharedMemoryError(CompilationError):
     """A kernel's tiles need more shared memory than one block may have on the target, even unpipelined."""
 
 
+class RegisterError(CompilationError):
+    """A kernel's tiles need more registers per thread than a block of its thread count can give each thread
+    (65,536 per block: many warps, or pingpong's two groups, leave each fewer)."""
+
+
 class BackendCompileError(TilejitError):
     """NVRTC rejected the generated CUDA source: a tilejit bug or an unsupported arch/feature combination.
 

@@ -127,12 +127,16 @@ class LaunchOptions:
     qualify get a producer warpgroup issuing their TMA loads while the ``num_warps`` warps only compute; sm_90a,
     see ``passes/pipeline.py``; a loop's own ``T.range(..., warp_specialize=)`` overrides it) and ``persistent``
     (a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads the
-    next tile while the math warps finish this one; implies ``warp_specialize`` for loops that do not say)."""
+    next tile while the math warps finish this one; implies ``warp_specialize`` for loops that do not say) and
+    ``pingpong`` (a persistent kernel whose block holds two groups of ``num_warps`` warps, each running its own
+    programs from one shared ring: one group's epilogue runs while the other's main loop uses the tensor cores;
+    implies ``persistent``)."""
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
     warp_specialize: bool = False
     persistent: bool = False
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
@@ -146,14 +150,16 @@ class LaunchOptions:
             raise UsageValueError(f"warp_specialize must be True or False, got {self.warp_specialize!r}")
         if type(self.persistent) is not bool:
             raise UsageValueError(f"persistent must be True or False, got {self.persistent!r}")
+        if type(self.pingpong) is not bool:
+            raise UsageValueError(f"pingpong must be True or False, got {self.pingpong!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent")
+        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong")
 
     def as_dict(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
-                "warp_specialize": self.warp_specialize, "persistent": self.persistent}
+                "warp_specialize": self.warp_specialize, "persistent": self.persistent, "pingpong": self.pingpong}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -172,9 +178,10 @@ class Target:
 
     @classmethod
     def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
-           warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0) -> "Target":
-        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent),
-                   sm_count)
+           warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0,
+           pingpong: bool = False) -> "Target":
+        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent,
+                                                   pingpong), sm_count)
 
     @property
     def sm(self) -> int:
@@ -198,7 +205,11 @@ class Target:
 
     @property
     def persistent(self) -> bool:
-        return self.options.persistent
+        return self.options.persistent or self.options.pingpong
+
+    @property
+    def pingpong(self) -> bool:
+        return self.options.pingpong
 
     @property
     def threads(self) -> int:

@@ -279,7 +279,7 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
     from tilejit.configs import matmul_configs
 
     n = 2048
-    configs = [c for c in matmul_configs(elem_bytes=elem) if c.warp_specialize or c.persistent]
+    configs = [c for c in matmul_configs(elem_bytes=elem) if c.warp_specialize or c.persistent or c.pingpong]
     assert configs
     for config in configs:
         if elem == 1:
@@ -294,8 +294,9 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
             args = (_meta(n, n), _meta(n, n), _meta(n, n))
             kernel = kernels.matmul.kernel
         compiled = kernel.compile(*args, **config.all_kwargs(), arch="sm_90a")
-        assert compiled.threads == 32 * config.num_warps + 128, config
+        assert compiled.threads == (2 if config.pingpong else 1) * 32 * config.num_warps + 128, config
         assert compiled.meta["spills"] == 0, (config, compiled.meta)
+        assert compiled.meta["groups"] == (2 if config.pingpong else 1), config
 
 
 # -- persistent kernels ------------------------------------------------------------------------------------------
@@ -373,3 +374,123 @@ def test_interpreter_runs_kernels_launched_with_the_options(monkeypatch):
     assert (c.double() - a.double() @ b.double()).abs().max().item() < 0.05
     with pytest.raises(TilejitError, match="persistent must be True or False"):
         matmul.kernel[(4,)](a, b, c, BM=64, BN=64, BK=32, persistent=1)
+
+
+# -- pingpong: two groups of math warps taking the walk's programs in turn --------------------------------------
+
+def test_pingpong_structure():
+    st = _compile(mm, *_args(), pingpong=True, BN=128, num_warps=4)
+    cuda = st.cuda
+    assert st.fn.attrs["groups"] == 2 and st.fn.attrs["persistent"] == 132  # pingpong implies persistent
+    assert "__launch_bounds__(384, 1)" in cuda  # two groups of 4 warps and the producer warpgroup
+    head = cuda[cuda.index("__global__"):]
+    # tid counts within a group, read through a shuffle (warp-uniform for the compiler); the producer's stays
+    assert "const int tj_group = __shfl_sync(0xffffffffu, (int)threadIdx.x < 256 ? (int)threadIdx.x / 128 : 0, 0);" \
+        in head
+    assert "const int tid = (int)threadIdx.x - tj_group * 128;" in head
+    # the ring's barriers are set up by one thread of the block, not one per group
+    assert head.count("if (threadIdx.x == 0) { for (int s = 0; s < 4; ++s) tj_mbar_init(") == 2
+    assert "tj_mbar_init(tj_smem_u32 + 32 + 8 * s, 4)" in head  # a slot is read by one group: 4 warps release it
+    producer = _section(head, "if (tid >= 256)")
+    assert "for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += 132)" in producer
+    assert "tj_setmaxnreg_inc<232>()" in head  # (65536 - 128 * 40) / 256
+    after = head[head.index(producer) + len(producer):]
+    walk = _section(after, "for (long long tj_prog = tj_first + (long long)tj_group * 132; tj_prog < tj_nprogs; "
+                           "tj_prog += 264)")
+    # first the other group's slots are counted, from its program's own bounds
+    skip = _section(walk, "if (tj_prog - 132 >= tj_first)")
+    assert "const long long tj_prog = tj_other;" in skip and "tj_it += (int)(" in skip
+    assert walk.index(skip) < walk.index("const int tj_it0 = tj_it;")
+    # a group's main loop waits for its turn and hands the turn on after its last slot wait, before its epilogue
+    turn = walk.index('if (tj_prog != tj_first) asm volatile("bar.sync %0, 256;" :: "r"(3 + tj_group)')
+    loop = walk.index("tj_mbar_wait(")
+    handoff = walk.index('if (tj_prog + 132 < tj_nprogs) asm volatile("bar.arrive %0, 256;" :: "r"(3 + (tj_group + 1) % 2)')
+    store = walk.index("tj_tma_store_2d(")
+    assert turn < loop < handoff < store
+    # each program releases its own slots only: not the one before its first, and its last after the loop
+    assert "if (tj_it > tj_it0) {" in walk and "tj_mbar_arrive(tj_smem_u32 + 32 + 8 * ((tj_it - 1) % 4));" in walk
+    assert "if (tj_it > 0)" not in walk
+    # block barriers are the group's named barrier; the epilogue's shared memory is the group's own
+    assert 'asm volatile("bar.sync %0, 128;" :: "r"(1 + tj_group) : "memory");' in walk
+    assert "__syncthreads" not in walk and 'bar.sync 1, ' not in walk
+    assert "tj_gsm_u32 + " in walk
+    assert re.search(r"unsigned char\* const tj_gsm = tj_smem \+ \d+ \+ tj_group \* \d+;", head)
+
+
+def test_pingpong_shared_memory_and_registers():
+    """Each group's epilogue staging is its own (twice the persistent kernel's), no spills, the meta says so."""
+    from benchmarks.kernels import matmul
+
+    a, b, c = _meta(4096, 4096), _meta(4096, 4096), _meta(4096, 4096)
+    kw = dict(BM=128, BN=128, BK=64, num_warps=4, num_stages=4, arch="sm_90a")
+    persistent = matmul.kernel.compile(a, b, c, persistent=True, **kw)
+    pingpong = matmul.kernel.compile(a, b, c, pingpong=True, **kw)
+    staging = 2 * 128 * 64 * 2  # two 128-byte panel buffers of 128 rows
+    assert pingpong.shared_bytes - persistent.shared_bytes == staging
+    assert pingpong.meta["groups"] == 2 and persistent.meta["groups"] == 1
+    assert pingpong.threads == 384 and persistent.threads == 256
+    assert pingpong.meta["spills"] == 0 and not pingpong.meta["wgmma_serialized"]
+    assert pingpong.key != persistent.key
+
+
+def test_pingpong_cache_key_and_option_check():
+    from tilejit.compiler import cache_key
+    from tilejit.target import Target
+
+    call = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "num_warps": 4})
+    pp = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "num_warps": 4, "pingpong": True})
+    target = Target.of("sm_90a", 4, 3, 1, False, True, 132)
+    assert cache_key(call.spec, target) != cache_key(pp.spec, Target.of("sm_90a", 4, 3, 1, False, True, 132,
+                                                                         pingpong=True))
+    with pytest.raises(TilejitError, match="pingpong must be True or False"):
+        mm.compile(*_args(), BM=128, BN=128, BK=64, pingpong="yes", arch="sm_90a", stop_after="cuda")
+    with pytest.raises(ValueError, match="pingpong must be True or False"):
+        Config({"BM": 128}, pingpong=1)
+    assert "pingpong=True" in Config({"BM": 128}, pingpong=True).identity
+
+
+def test_pingpong_passes_over_kernels_that_cannot_be_persistent():
+    """Like persistent: a load before the loop, a loop that is not specialized, another arch: a plain kernel."""
+    bias = _meta(768)
+    st = _compile(mm_bias_first, *_args()[:2], bias, _args()[2], pingpong=True, num_warps=4, BN=128)
+    assert "groups" not in st.fn.attrs and "tj_group" not in st.cuda
+    st = _compile(mm, *_args(), WS=False, pingpong=True, num_warps=4, BN=128)
+    assert "groups" not in st.fn.attrs and "tj_group" not in st.cuda
+    st = _compile(mm, *_args(), arch="sm_80", BK=32, pingpong=True, num_warps=4, BN=128)
+    assert "tj_group" not in st.cuda
+
+
+@tilejit.kernel
+def mm_prefix(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Each row block sums its own prefix of K: the loop's bound depends on the program."""
+    M, K = A.shape
+    N = B.shape[1]
+    pm = T.program_id(0) // T.cdiv(N, BN)
+    n0 = (T.program_id(0) % T.cdiv(N, BN)) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, min(K, (pm % 5) * 3 * BK), BK):
+        acc += A[pm * BM:pm * BM + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[pm * BM:pm * BM + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def test_pingpong_counts_the_other_groups_slots_from_their_own_bounds():
+    st = _compile(mm_prefix, *_args(), pingpong=True, num_warps=4, BN=128)
+    walk = st.cuda[st.cuda.index("for (long long tj_prog = tj_first + (long long)tj_group"):]
+    skip = _section(walk, "if (tj_prog - 132 >= tj_first)")
+    # the other program's ids, then its bound (program_id math and the min), then its trip count
+    assert skip.index("const int32_t tj_pid0 = (int32_t)(tj_prog % gridDim.x);") < skip.index("tj_imin") \
+        < skip.index("tj_it += ")
+
+
+def test_register_shortage_is_a_located_user_error():
+    """A config whose accumulator cannot fit the registers its thread count leaves (two groups of 8 warps on a
+    128x256 tile) is a RegisterError at the kernel's def, not an NVRTC failure reported as a tilejit bug."""
+    from benchmarks import kernels
+
+    f32 = [_meta(4096, 4096, dtype=torch.float32) for _ in range(3)]
+    with pytest.raises(tilejit.RegisterError) as info:
+        kernels.tf32_mm_nt.kernel.compile(*f32, BM=128, BN=256, BK=32, num_warps=8, num_stages=4, pingpong=True,
+                                          arch="sm_90a")
+    text = str(info.value)
+    assert "kernels.py:" in text and "640 threads per block" in text and "leave each thread 96" in text
+    assert "drop pingpong" in text and "tilejit bug" not in text

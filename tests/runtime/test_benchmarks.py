@@ -32,8 +32,11 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs()
-    plain = [c for c in configs if c.split_k == 1 and not c.warp_specialize and not c.persistent]
+    plain = [c for c in configs if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong)]
     specialized = [c for c in configs if c.warp_specialize]
+    pingpong = [c for c in configs if c.pingpong]
+    # pingpong: groups of 4 warps (8 leave too few registers), 128x128-element accumulators at most
+    assert pingpong and all(c.num_warps == 4 and c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 for c in pingpong)
     assert 12 <= len(plain) <= 16 and 4 <= len([c for c in configs if c.split_k > 1]) <= 8
     assert 4 <= len(specialized) <= 8 and all(c.split_k == 1 and c.kwargs["BK"] == 64 for c in specialized)
     assert len({c.identity for c in configs}) == len(configs)
@@ -80,7 +83,7 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
     # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
     assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize
-                          and not c.persistent]
+                          and not c.persistent and not c.pingpong]
 
 
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):

@@ -15,6 +15,7 @@ from ..dtypes import DType
 from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
 from .prelude import PRELUDE
+from ..passes.pipeline import launched_threads
 from ..target import Target
 
 C_TYPES = {
@@ -147,20 +148,31 @@ def compare_expr(op: CompareOp, a: str, b: str, dtype: DType) -> str:
     return f"({a} {_CMP_C[op]} {b})"
 
 
+#: The shared-memory origins offsets count from: a 32-bit shared address and the same place as a byte pointer
+#: (the block's dynamic shared memory, and a pingpong group's own region of it).
+BYTE_ORIGINS = {"tj_smem_u32": "tj_smem", "tj_gsm_u32": "tj_gsm"}
+
+
 @dataclass
 class SharedTile:
-    """Where a shared tile lives: byte offset of its ring, its layout, and the slot currently read."""
+    """Where a shared tile lives: byte offset of its ring from ``origin``, its layout, and the slot currently read."""
     offset: int
     layout: SharedLayout
     slot: str = "0"
     address: str | None = None  # a variable holding the slot's address, when a loop keeps one
+    origin: str = "tj_smem_u32"  # the 32-bit shared address offsets count from (a pingpong group's: tj_gsm_u32)
 
     def base(self) -> str:
         """32-bit shared address of the slot being read."""
         if self.address is not None:
             return self.address
         slot = "" if self.slot == "0" else f" + ({self.slot}) * {self.layout.stage_bytes}"
-        return f"(tj_smem_u32 + {self.offset}{slot})"
+        return f"({self.origin} + {self.offset}{slot})"
+
+    @property
+    def byte_origin(self) -> str:
+        """The byte pointer ``offset`` counts from (``origin`` as a generic pointer)."""
+        return BYTE_ORIGINS[self.origin]
 
     def pointer(self) -> str:
         """Generic (byte) pointer to the slot being read, for ordinary loads and stores."""
@@ -242,6 +254,12 @@ class Emitter:
         self.ring_phase: str | None = None
         self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
+        # a pingpong kernel's groups of math warps (passes/pipeline.specialize_warps): while ``grouped``, shared
+        # memory is allocated in the region each group has a copy of (from ``tj_gsm_u32``), ``group_bytes`` long
+        self.groups = int(fn.attrs.get("groups", 1))
+        self.grouped = False
+        self.group_bytes = 0
+        self._block_smem = (0, 0)
 
     # -- naming and output ----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -294,17 +312,44 @@ class Emitter:
         return name
 
     def consumers_only(self) -> None:
-        """From here on only the ``num_warps`` warps run (a warp-specialized loop's producer warpgroup has left):
-        the block-wide barriers emitted after this point count those warps alone (named barrier 1)."""
+        """From here on only the math warps run (a warp-specialized loop's producer warpgroup has left): the
+        block-wide barriers emitted after this point count those warps alone (named barrier 1), or, in a pingpong
+        kernel, the ``num_warps`` warps of the thread's group (named barrier 1 + ``tj_group``)."""
         self.split_at = len(self.lines)
 
     @property
     def sync(self) -> str:
         """The block-wide barrier as a C statement: ``__syncthreads();``, or, once the producer warpgroup has left
-        (``consumers_only``), named barrier 1 over the math warps."""
+        (``consumers_only``), a named barrier over the math warps (of the thread's group)."""
         if self.split_at is None:
             return "__syncthreads();"
+        if self.groups > 1:
+            return f'asm volatile("bar.sync %0, {self.target.threads};" :: "r"(1 + tj_group) : "memory");'
         return f'asm volatile("bar.sync 1, {self.target.threads};" ::: "memory");'
+
+    @property
+    def leader(self) -> str:
+        """The condition that picks one thread of the block (``tid`` counts within a pingpong group)."""
+        return "threadIdx.x == 0" if self.groups > 1 else "tid == 0"
+
+    def group_shared(self, on: bool) -> None:
+        """Start (or end) allocating shared memory per group of a pingpong kernel's math warps: each group's tiles
+        at the same offsets from its own ``tj_gsm_u32``."""
+        if self.groups == 1 or on == self.grouped:
+            return
+        if on:
+            self._block_smem = (self.smem_top, self.smem_peak)
+            self.smem_top = self.smem_peak = self.group_bytes
+        else:
+            self.group_bytes = -(-max(self.smem_top, self.smem_peak) // 1024) * 1024
+            self.smem_top, self.smem_peak = self._block_smem
+        self.grouped = on
+
+    @property
+    def smem_origin(self) -> str:
+        """The 32-bit shared address ``allocate_shared``'s offsets count from now."""
+        return "tj_gsm_u32" if self.grouped else "tj_smem_u32"
+
 
     def barrier(self, why: str = "") -> None:
         """Emit the block-wide barrier (``sync``), with ``why`` as its comment."""
@@ -360,6 +405,7 @@ class Emitter:
 
     # -- shared memory ---------------------------------------------------------------------
     def allocate_shared(self, nbytes: int, align: int = 128) -> int:
+        """The offset of ``nbytes`` of shared memory from ``smem_origin``."""
         offset = -(-self.smem_top // align) * align
         self.smem_top = offset + nbytes
         return offset
@@ -406,6 +452,18 @@ class Emitter:
                 kinds.append({"int32_t": "i32", "int64_t": "i64", "float": "f32"}[ctype])
         return decls, kinds
 
+    def _thread_index(self) -> list[str]:
+        """``tid``: the thread's index in the block, or in its group of math warps in a pingpong kernel (whose
+        producer warpgroup, after the groups, keeps its index in the block)."""
+        if self.groups == 1:
+            return ["  const int tid = (int)threadIdx.x;"]
+        math = self.groups * self.target.threads
+        # read through a shuffle from lane 0, so the compiler knows it is the same in the whole warp: the ring's
+        # count and the slot addresses derived from it stay in uniform registers (wgmma descriptors)
+        return [f"  const int tj_group = __shfl_sync(0xffffffffu, (int)threadIdx.x < {math} ? "
+                f"(int)threadIdx.x / {self.target.threads} : 0, 0);  // pingpong: the thread's group of math warps",
+                f"  const int tid = (int)threadIdx.x - tj_group * {self.target.threads};"]
+
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
@@ -420,10 +478,13 @@ class Emitter:
             kinds.append("tmap")
         body = self.lines
         # a warp-specialized loop's producer warpgroup (passes/pipeline.specialize_warps) is launched beyond the
-        # num_warps warps; the compiler's meta counts it the same way
-        launched = self.target.threads + int(self.fn.attrs.get("producer_threads", 0))
+        # num_warps warps (each group's, pingpong); the compiler's meta counts them the same way
+        launched = launched_threads(self.fn, self.target)
+        self.group_shared(False)
         self.smem_top = max(self.smem_top, self.smem_peak)
-        scratch_offset = self.allocate_shared(self.scratch_bytes, 16) if self.scratch_bytes else 0
+        groups_offset = self.allocate_shared(self.groups * self.group_bytes, 1024) if self.group_bytes else 0
+        scratch = -(-self.scratch_bytes // 16) * 16
+        scratch_offset = self.allocate_shared(self.groups * scratch, 16) if scratch else 0
         shared_bytes = self.smem_top
         splits = self.fn.attrs.get("split_k", 1)
         cluster = f" __cluster_dims__(1, 1, {splits})" if splits > 1 else ""
@@ -432,11 +493,16 @@ class Emitter:
             f'extern "C" __global__ void __launch_bounds__({bounds}){cluster} {self.kernel_name}(',
             "    " + ",\n    ".join(decls) + ") {" if decls else ") {",
             "  extern __shared__ __align__(1024) unsigned char tj_smem[];",
-            "  const int tid = (int)threadIdx.x;",
+            *self._thread_index(),
             "  const unsigned tj_smem_u32 = tj_smem_addr(tj_smem);",
-            f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset};",
+            f"  unsigned char* const tj_scratch = tj_smem + {scratch_offset}"
+            + (f" + tj_group * {scratch};" if self.groups > 1 else ";"),
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
+        if self.group_bytes:
+            head += [f"  unsigned char* const tj_gsm = tj_smem + {groups_offset} + tj_group * {self.group_bytes};"
+                     "  // this group's shared memory",
+                     "  const unsigned tj_gsm_u32 = tj_smem_addr(tj_gsm);"]
         setup = [f"  const {ctype} {name} = tj_opaque(({ctype})({expr}));"
                  for name, (ctype, expr) in self.hoisted_exprs.items()]
         extra = "".join(self.support.values())

@@ -25,7 +25,7 @@ from typing import Callable
 from ..ir import BinaryOp, Op, OpKind, Value
 from ..ir.rewrite import reads
 from .. import dtypes as D
-from ..passes.pipeline import PRODUCER_THREADS, deferred_gemm, in_flight_gemms, producer_slice
+from ..passes.pipeline import PRODUCER_THREADS, bounds_slice, deferred_gemm, in_flight_gemms, producer_slice
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
@@ -86,7 +86,7 @@ def _for(em: Emitter, op: Op) -> None:
     positive = _positive_constant(op.operands[2])
 
     def in_range(x: str) -> str:
-        return f"({x} < {hi})" if positive else f"(({step}) > 0 ? {x} < {hi} : {x} > {hi})"
+        return _in_range(x, hi, step, positive)
 
     piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
     stages = op.attrs.stages or 1
@@ -113,29 +113,29 @@ def _for(em: Emitter, op: Op) -> None:
     if phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
         em.open("")
     if phase == "consumer":
-        bars, empty, tma_bytes, maps, nbars, smem_mark = em.rings[id(op)]
+        full, empty, tma_bytes, maps, nbars, smem_mark = em.rings[id(op)]
     elif tma:
         em.require_support("tma", lower_tma.SUPPORT)
         released = bool(in_flight) or producer  # the math warps hand slots back on "empty" mbarriers
         nbars = 2 * stages if released else stages
         bars = em.allocate_shared(8 * nbars, 8)
-        empty = f"tj_smem_u32 + {bars + 8 * stages}"
+        full, empty = f"{em.smem_origin} + {bars}", f"{em.smem_origin} + {bars + 8 * stages}"
         tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
         maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
             o.operands[0].name, lower_tma.box_of(o, stage_shared(em, o.result).layout), o.result.dtype.itemsize))
             for o in tma}
         em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
-        em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init(tj_smem_u32 + {bars} + 8 * s, 1); }}")
+        em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({full} + 8 * s, 1); }}")
         if released:
             arrivals = 1 if tmem else em.target.num_warps
             em.line(f"// and one per slot that {'the MMA commit' if tmem else 'every warp'} arrives on once the MMAs "
                     f"have read the slot ({arrivals} arrival(s))")
-            em.line(f"if (tid == 0) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {arrivals}); }}")
+            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {arrivals}); }}")
             if tmem:
                 lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
         em.barrier()
-        em.rings[id(op)] = (bars, empty, tma_bytes, maps, nbars, smem_mark)
+        em.rings[id(op)] = (full, empty, tma_bytes, maps, nbars, smem_mark)
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
         if not tma or producer:
@@ -143,7 +143,7 @@ def _for(em: Emitter, op: Op) -> None:
         em.open(f"if (tid == 0 && ({guard}))")
         if refill:  # the slot's previous iteration (k - 1) must have been released by every warp
             em.line(f"if (tj_it > 0) tj_mbar_wait({empty} + 8 * ({slot}), ((tj_it - 1) / {stages}) & 1);")
-        bar = f"tj_smem_u32 + {bars} + 8 * ({slot})"
+        bar = f"{full} + 8 * ({slot})"
         em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
         for o in tma:
             lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, at), slot, bar, maps[o.result.id])
@@ -159,7 +159,7 @@ def _for(em: Emitter, op: Op) -> None:
         if phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)
             for load in piped:
                 stage_shared(em, load.result)
-            _producer(em, op, tma, stages, tma_bytes, bars, empty, maps, starts_at, in_range, em.per_program)
+            _producer(em, op, tma, stages, tma_bytes, full, empty, maps, starts_at, in_range, em.per_program)
         if phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
             em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
             em.async_mma, em.overlap_hook = outer_async, outer_hook
@@ -183,8 +183,8 @@ def _for(em: Emitter, op: Op) -> None:
         for load in piped:
             tile = em.shared[load.result.id]
             rd[load.result.id], wr[load.result.id] = em.fresh("tj_rd"), em.fresh("tj_wr")
-            em.line(f"unsigned {rd[load.result.id]} = tj_smem_u32 + {tile.offset}, {wr[load.result.id]} = tj_smem_u32 + "
-                    f"{tile.offset + (stages - 1) * tile.layout.stage_bytes};  // slots read and refilled")
+            em.line(f"unsigned {rd[load.result.id]} = {tile.origin} + {tile.offset}, {wr[load.result.id]} = "
+                    f"{tile.origin} + {tile.offset + (stages - 1) * tile.layout.stage_bytes};  // slots read and refilled")
         first = f"{lo} + ({iv_t}){stages - 1} * {step}"
         for load in per_thread:
             coefs = [_iv_coefficient(v, body_ops, iv.id) for v in load.operands[1:]]
@@ -197,6 +197,12 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
     if piped and phase is None:
         em.line("int tj_it = 0;")
+    # a pingpong group's programs take turns on the ring with the other group's: the slot before this program's
+    # first is another group's to release, and this program's last is released here, after the loop
+    own_slots = phase == "consumer" and em.groups > 1
+    if own_slots:
+        _group_turn(em, arrive=False)
+        em.line("const int tj_it0 = tj_it;  // this program's first ring slot")
     if late is not None:
         late.declare()
     iv_name = em.name(iv)
@@ -211,7 +217,7 @@ def _for(em: Emitter, op: Op) -> None:
                 em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
             if tma:
                 em.line(("if (tid == 0) " if tmem else "")
-                        + f"tj_mbar_wait(tj_smem_u32 + {bars} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
+                        + f"tj_mbar_wait({full} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                         + "  // TMA tiles landed")
             if not in_flight and not producer:
                 em.barrier("... for every thread, and everyone is done with the slot refilled next")
@@ -253,7 +259,7 @@ def _for(em: Emitter, op: Op) -> None:
                 else:
                     em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
                             f"+{stages - 1}")
-                    em.open("if (tj_it > 0)")
+                    em.open(f"if (tj_it > {'tj_it0' if own_slots else '0'})")
                     em.line("__syncwarp();")
                     em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
                     em.close()
@@ -302,8 +308,8 @@ def _for(em: Emitter, op: Op) -> None:
                 copy.advance()
             for load in piped:  # the slot read now is refilled next; the next one is read
                 tile, r, w = em.shared[load.result.id], rd[load.result.id], wr[load.result.id]
-                em.line(f"{w} = {r}; {r} = {r} == tj_smem_u32 + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
-                        f"tj_smem_u32 + {tile.offset} : {r} + {tile.layout.stage_bytes};")
+                em.line(f"{w} = {r}; {r} = {r} == {tile.origin} + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
+                        f"{tile.origin} + {tile.offset} : {r} + {tile.layout.stage_bytes};")
         _assign_yields(em, carried, late.yielded() if late is not None else body.terminator.operands)
 
     if late is not None:  # the first iteration on its own: it has no previous one's gemm to issue
@@ -318,6 +324,8 @@ def _for(em: Emitter, op: Op) -> None:
     em.open(f"for ({iv_t} {iv_name} = {first}; {in_range(iv_name)}; {incr})")
     iteration()
     em.close()
+    if own_slots:
+        _group_turn(em, arrive=True)
     if late is not None:
         late.drain()
     if ring:
@@ -330,6 +338,11 @@ def _for(em: Emitter, op: Op) -> None:
     else:
         for gemm, name in zip(in_flight, carried_names):  # the last iteration's groups
             wait_group(em, 0, name, gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
+        if in_flight and own_slots:
+            em.open("if (tj_it > tj_it0)")
+            em.line("__syncwarp();  // the last iteration's MMAs are complete: release its slot")
+            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * ((tj_it - 1) % {stages}));")
+            em.close()
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.barrier()
@@ -337,7 +350,7 @@ def _for(em: Emitter, op: Op) -> None:
     # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
     done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
     if tma and done:
-        em.line(f"if (tid == 0) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval(tj_smem_u32 + {bars} + 8 * s); }}"
+        em.line(f"if ({em.leader}) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval({full} + 8 * s); }}"
                 "  // before the memory is reused")
     em.close()
     em.overlap_hook = outer_hook
@@ -476,14 +489,14 @@ def consumer_registers(consumers: int, producers: int) -> int:
     return min(256, (_REGISTER_FILE - producers * _PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
-def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, bars: int, empty: str,
+def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, full: str, empty: str,
               maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None) -> None:
     """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. Set up at
     the kernel's start (``per_program`` given), the producer first computes what its loop needs (``per_program``);
     in a persistent kernel it walks the same programs as the math warps, doing so for each program."""
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
     iv_t = c_type(op.regions[0].args[0].dtype)
-    consumers = em.target.threads
+    consumers = em.groups * em.target.threads
     em.require_support("setmaxnreg", SETMAXNREG)
     em.line(f"// warp specialization: threads {consumers}..{consumers + PRODUCER_THREADS - 1} (the producer "
             f"warpgroup) fill the {stages}-slot ring; the {em.target.num_warps} warps before them do the math")
@@ -501,7 +514,7 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
     em.line(f"const int tj_pslot = tj_pit % {stages};")
     em.line(f"if (tj_pit >= {stages}) tj_mbar_wait({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
             "  // the math released the slot")
-    bar = f"tj_smem_u32 + {bars} + 8 * tj_pslot"
+    bar = f"{full} + 8 * tj_pslot"
     em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
     for o in tma:
         lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
@@ -516,10 +529,15 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, b
     em.consumers_only()
 
 
-def _program_walk(em: Emitter) -> str:
+def _program_walk(em: Emitter, groups: int = 1) -> str:
     """The header of a persistent program's loop over the grid's programs (``tj_pid0..2`` are set inside by
-    ``_program_ids``): program p < P runs programs p, p + P, p + 2P, ... in the grid's linear order."""
-    return f"for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += {em.fn.attrs['persistent']})"
+    ``_program_ids``): program p < P runs programs p, p + P, p + 2P, ... in the grid's linear order. With
+    ``groups`` (a pingpong kernel's math warps), group g runs the g-th of every ``groups`` of them."""
+    programs = em.fn.attrs["persistent"]
+    if groups == 1:
+        return f"for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += {programs})"
+    return (f"for (long long tj_prog = tj_first + (long long)tj_group * {programs}; tj_prog < tj_nprogs; "
+            f"tj_prog += {groups * programs})")
 
 
 def _program_ids(em: Emitter) -> None:
@@ -527,6 +545,53 @@ def _program_ids(em: Emitter) -> None:
     em.line("const int32_t tj_pid1 = (int32_t)((tj_prog / gridDim.x) % gridDim.y);")
     em.line("const int32_t tj_pid2 = (int32_t)(tj_prog / ((long long)gridDim.x * gridDim.y));")
     em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
+
+
+def _skip_other_groups(em: Emitter, loop: Op) -> None:
+    """In a pingpong kernel's walk, before a group runs program ``tj_prog``: count into ``tj_it`` the ring slots
+    the producer filled for the programs of the other groups since this group's last one (the walk's programs
+    ``tj_prog - j * P``, j = 1 .. groups - 1, from the first on). Their bounds are computed again here for
+    each (``bounds_slice``: scalar math, from their program ids)."""
+    programs = em.fn.attrs["persistent"]
+    lo, hi, step = loop.operands[:3]
+    iv_t = c_type(loop.regions[0].args[0].dtype)
+    em.line("// the ring slots the other group's programs took since this group's last one")
+    for j in range(1, em.groups):
+        em.open(f"if (tj_prog - {j * programs} >= tj_first)")
+        em.line(f"const long long tj_other = tj_prog - {j * programs};")
+        em.open("")
+        em.line("const long long tj_prog = tj_other;")
+        _program_ids(em)
+        em.emit_ops(bounds_slice(em.fn, loop))
+        x, s = em.name(lo), em.name(step)
+        if _positive_constant(step):
+            em.line(f"if ({em.name(hi)} > {x}) tj_it += (int)(({em.name(hi)} - {x} + {s} - 1) / {s});")
+        else:
+            em.line(f"for ({iv_t} tj_x = {x}; {_in_range('tj_x', em.name(hi), s, False)}; tj_x += {s}) ++tj_it;")
+        em.close()
+        em.close()
+
+
+def _group_turn(em: Emitter, arrive: bool) -> None:
+    """A pingpong group's main loops take turns in the walk's order (named barrier ``1 + groups + g``: group g's
+    turn). The wait: a ring slot's mbarrier tells phases apart by parity alone, so a group may wait for its first
+    slot only once every earlier one has been waited for, by the group of the previous program. The arrival,
+    after the loop's last wait for a slot (its MMAs may still run): the next program's group may start, if the
+    walk has a next program (a barrier left half-arrived would be another launch's problem)."""
+    programs, groups = em.fn.attrs["persistent"], em.groups
+    count = groups * em.target.threads
+    if arrive:
+        em.line(f'if (tj_prog + {programs} < tj_nprogs) asm volatile("bar.arrive %0, {count};" :: '
+                f'"r"({1 + groups} + (tj_group + 1) % {groups}) : "memory");  // the next program\'s group: its turn')
+    else:
+        em.line(f'if (tj_prog != tj_first) asm volatile("bar.sync %0, {count};" :: "r"({1 + groups} + tj_group) : '
+                '"memory");  // this group\'s turn: the previous program\'s group has waited for all its slots')
+
+
+def _in_range(x: str, hi: str, step: str, positive: bool) -> str:
+    """Whether induction value ``x`` is still inside a loop to ``hi`` by ``step`` (of either sign, unless
+    ``positive``)."""
+    return f"({x} < {hi})" if positive else f"(({step}) > 0 ? {x} < {hi} : {x} > {hi})"
 
 
 def emit_specialized(em: Emitter) -> None:
@@ -544,7 +609,13 @@ def emit_specialized(em: Emitter) -> None:
 
     Producer first: the ring is set up and the producer leaves with only the scalars its loop needs
     (``producer_slice``, emitted in its branch); the math warps then run everything before the loop (with the
-    named barrier of the math warps), the loop's math part and the rest."""
+    named barrier of the math warps), the loop's math part and the rest.
+
+    Pingpong (``fn.attrs["groups"]``, persistent): the walk is the producer's, and its programs are dealt to the
+    groups of math warps in turn. Each group runs its own with its own shared memory (``Emitter.group_shared``)
+    and barriers, and skips the ring slots of the others' (``_skip_other_groups``). The producer, filling the
+    slots in the walk's order, staggers them: a group's main loop starts as the previous one's ends, and its
+    epilogue runs under the next group's main loop."""
     ops = em.fn.body.ops
     at = next(i for i, o in enumerate(ops) if o.kind is OpKind.FOR and o.attrs.producer_warpgroup)
     before, loop, after = ops[:at], ops[at], ops[at + 1:]
@@ -570,7 +641,10 @@ def emit_specialized(em: Emitter) -> None:
     RULES[OpKind.FOR](em, loop)
     em.ring_phase = "consumer"
     if programs:
-        em.open(_program_walk(em))
+        em.group_shared(True)
+        em.open(_program_walk(em, em.groups))
+        if em.groups > 1:
+            _skip_other_groups(em, loop)
         per_program()
     else:
         em.emit_ops(before)
@@ -579,6 +653,7 @@ def emit_specialized(em: Emitter) -> None:
     if programs:
         em.barrier("this program's shared memory (the epilogue's) is free for the next one")
         em.close()
+        em.group_shared(False)
     em.per_program = em.ring_phase = None
 
 

@@ -269,7 +269,8 @@ def stage_shared(em: Emitter, v: Value) -> SharedTile:
     tile = em.shared.get(v.id)
     if tile is None:
         layout: SharedLayout = v.type.layout
-        tile = SharedTile(em.allocate_shared(layout.bytes, 1024 if layout.bytes >= 1024 else 128), layout)
+        tile = SharedTile(em.allocate_shared(layout.bytes, 1024 if layout.bytes >= 1024 else 128), layout,
+                          origin=em.smem_origin)
         em.shared[v.id] = tile
     return tile
 
@@ -317,7 +318,7 @@ class SharedCopy:
         stage = f"({self.slot}) * {lay.stage_bytes}" if self.slot != "0" else "0"
         em.line(f"const {self.ctype}* {x}p = {win.base_expr()};")
         em.line(f"const bool {x}dropped_ok = {win.dropped_ok()};")
-        dst = self.address or f"tj_smem_u32 + {self.tile.offset} + {stage}"
+        dst = self.address or f"{self.tile.origin} + {self.tile.offset} + {stage}"
         em.line(f"const unsigned {x}dst = {dst};")
         if self.always_fast:
             em.line(f"const bool {x}fast = ({self.guard});  // aligned, whole 16-byte chunks: known at compile time")
@@ -600,7 +601,7 @@ def _convert(em: Emitter, op: Op) -> None:
         def write(i: str) -> None:
             valid = em.valid(layout, i)
             off = c_text(tile.elem_offset(*[CExpr(c) for c in em.coords(layout, i)]))
-            store = f"*reinterpret_cast<{ctype}*>(tj_smem + {tile.offset} + {off}) = {em.name(src)}[{i}];"
+            store = f"*reinterpret_cast<{ctype}*>({tile.byte_origin} + {tile.offset} + {off}) = {em.name(src)}[{i}];"
             em.line(f"if ({valid}) {store}" if valid else store)
 
         em.reg_loop(layout, write)

@@ -20,7 +20,7 @@ from ..ir import Op
 from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..ir.rewrite import defining_op
 from ..target import REGISTRY, Target
-from .emitter import c_type
+from .emitter import BYTE_ORIGINS, c_type
 from .lower_wgmma import swizzled_rows
 
 SUPPORT = r"""
@@ -166,7 +166,7 @@ def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: s
     rank = op.operands[0].type.rank
     for p, coords in _panel_boxes(lay, starts):
         stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
-        dst = f"tj_smem_u32 + {tile.offset}{stage} + {p * lay.panel_bytes}"
+        dst = f"{tile.origin} + {tile.offset}{stage} + {p * lay.panel_bytes}"
         em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {coords}, {bar});")
 
 
@@ -257,6 +257,8 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     em.require_support("tma", SUPPORT)
     em.require_support("tma_store", STORE_SUPPORT)
     offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
+    origin = em.smem_origin
+    byte_origin = BYTE_ORIGINS[origin]
     param = em.tensor_map_param(TensorMapSpec(tensor.name, box_of(op, whole), esize))
     starts = [em.name(v) for v in op.operands[2:]]
     x = em.name(value)
@@ -280,17 +282,17 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
             row, col = em.coords(layout, "i")
             off = c_text(lay.elem_offset(CExpr(f"({row})"), CExpr(f"(({col}) - {p * panel_cols})")))
             if esize == 2:
-                em.line(f"*reinterpret_cast<unsigned*>(tj_smem + {base} + {off}) = "
+                em.line(f"*reinterpret_cast<unsigned*>({byte_origin} + {base} + {off}) = "
                         f"(unsigned){x}[i].bits | ((unsigned){x}[i + 1].bits << 16);")
             else:  # 4-byte values (f32, i32) keep their bits
                 ctype = c_type(value.dtype)
-                em.line(f"{ctype}* tj_d = reinterpret_cast<{ctype}*>(tj_smem + {base} + {off});")
+                em.line(f"{ctype}* tj_d = reinterpret_cast<{ctype}*>({byte_origin} + {base} + {off});")
                 em.line(f"tj_d[0] = {x}[i]; tj_d[1] = {x}[i + 1];")
             em.close()
         em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
         em.barrier()
         rank = tensor.type.rank
-        em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, tj_smem_u32 + {base}); "
+        em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, {origin} + {base}); "
                 "tj_bulk_commit(); }")
     em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
     em.close()

@@ -117,6 +117,13 @@ def ptxas_resources(log: str) -> tuple[int | None, int | None]:
             int(spills.group(1)) + int(spills.group(2)) if spills else None)
 
 
+def register_shortage(log: str) -> tuple[int, int] | None:
+    """(registers a thread has, registers an instruction needs) when ptxas gave up for want of registers (C7602,
+    "Insufficient registers (96) to compile instruction ... register target of 154 or higher"), else None."""
+    found = _PTXAS_SHORT.search(log)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def wgmma_serialized(log: str) -> bool:
     """Whether ptxas serialized the kernel's wgmma (C7510-C7519, "wgmma.mma_async instructions are serialized"):
     each then waits for the previous one, which forfeits every overlap the code was written for."""
@@ -124,6 +131,7 @@ def wgmma_serialized(log: str) -> bool:
 
 
 _PTXAS_SERIALIZED = re.compile(r"C751\d\).*serialized")
+_PTXAS_SHORT = re.compile(r"C7602\) Insufficient registers \((\d+)\).*?register target of (\d+)")
 # ptxas -v reports, per kernel: "Used 128 registers, ..." and "N bytes spill stores, M bytes spill loads".
 _PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")

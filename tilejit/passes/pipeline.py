@@ -114,7 +114,11 @@ def specialize_warps(fn: Function, target: Target) -> None:
     With the ``persistent`` launch option (which implies ``warp_specialize`` for loops that do not say), a kernel
     whose loop is specialized and split off at the loop runs as one program per SM (``fn.attrs["persistent"]``,
     the program count): each walks the grid's programs, and the producer loads the next program's tiles while
-    the math warps finish this one's epilogue (``lower_loops.emit_specialized``)."""
+    the math warps finish this one's epilogue (``lower_loops.emit_specialized``). With ``pingpong`` as well, and
+    loop bounds computed by scalar math (``bounds_slice``), the block holds two groups of ``num_warps`` math warps
+    (``fn.attrs["groups"]``), each running every other program of the walk with its own registers, shared memory
+    and barriers; the producer fills one ring for both, in the walk's order, so one group's main loop runs while
+    the other finishes its epilogue."""
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
         asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
         if asked and target.sm == 90:
@@ -144,6 +148,8 @@ def specialize_warps(fn: Function, target: Target) -> None:
             fn.attrs["producer_first"] = True
         elif target.persistent:
             fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
+            if target.pingpong and all(_scalar_only(o) for o in bounds_slice(fn, loop)):
+                fn.attrs["groups"] = PINGPONG_GROUPS
         # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
                 and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
@@ -152,6 +158,15 @@ def specialize_warps(fn: Function, target: Target) -> None:
 
 #: The program count of a persistent kernel compiled with no GPU to ask (an H100 SXM's SMs).
 DEFAULT_SM_COUNT = 132
+
+#: The groups of math warps a ``pingpong`` kernel's block holds (two: one in its main loop, one in its epilogue).
+PINGPONG_GROUPS = 2
+
+
+def launched_threads(fn: Function, target: Target) -> int:
+    """The threads a kernel's block is launched with: its groups of ``num_warps`` warps (one, or ``pingpong``'s
+    two) and a warp-specialized loop's producer warpgroup."""
+    return fn.attrs.get("groups", 1) * target.threads + int(fn.attrs.get("producer_threads", 0))
 
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:
@@ -192,11 +207,20 @@ def _prelude_on_extra_threads(fn: Function, loop: Op) -> bool:
 def producer_slice(fn: Function, loop: Op) -> list[Op]:
     """The ops before ``loop`` (in order) that its bounds and its TMA loads' tensors and window starts depend on,
     through the body's scalar math: what a producer warpgroup leaving at the kernel's start must compute itself."""
-    before = _before(fn, loop)
     body = loop.regions[0]
-    owners = {r.id: o for o in (*before, *body.ops) for r in o.results}
-    stack = list(loop.operands[:3]) + [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline
-                                       for v in o.operands]
+    return _slice(_before(fn, loop), list(loop.operands[:3]), body.ops,
+                  [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands])
+
+
+def bounds_slice(fn: Function, loop: Op) -> list[Op]:
+    """The ops before ``loop`` (in order) that its bounds (start, stop, step) depend on."""
+    return _slice(_before(fn, loop), list(loop.operands[:3]))
+
+
+def _slice(before: list[Op], values: list, body_ops: list[Op] = (), body_values: list = ()) -> list[Op]:
+    """The ops of ``before`` that ``values`` and ``body_values`` depend on (through ``body_ops``)."""
+    owners = {r.id: o for o in (*before, *body_ops) for r in o.results}
+    stack = [*values, *body_values]
     seen: set[int] = set()
     while stack:
         v = stack.pop()

@@ -27,7 +27,7 @@ from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
 
 # Launch options added after kernels were written with parameters of the same name: such a parameter wins.
-_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent"})
+_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent", "pingpong"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch
@@ -282,7 +282,7 @@ class Kernel:
         is added to the specialization and the compile starts again.
         """
         target = Target(resolve_arch(arch, device_index), call.options,
-                        sm_count=_sm_count(device_index) if call.options.persistent else 0)
+                        sm_count=_sm_count(device_index) if call.options.persistent or call.options.pingpong else 0)
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
