@@ -121,6 +121,43 @@ def record_file(cache_dir, kernel):
 # -- choosing -------------------------------------------------------------------------------------------------
 
 
+class SaggingBench(FakeBench):
+    """A GPU whose clock sagged while one timing ran: the ``slow``-th timing reads ``factor`` times longer."""
+
+    def __init__(self, kernel, ms_by_bm, slow: int, factor: float):
+        super().__init__(kernel, ms_by_bm)
+        self.slow, self.factor = slow, factor
+
+    def __call__(self, run) -> float:
+        ms = super().__call__(run)
+        return ms * self.factor if len(self.timed) - 1 == self.slow else ms
+
+
+def test_finalists_are_timed_again_in_turns(cache_dir):
+    """A timing inflated by a clock sag (the 128 config's, in the first pass) does not decide: every config within
+    15% of the best is timed again in three rotating turns and keeps its best time; slower ones are not."""
+    kernel = FakeKernel()
+    bench = SaggingBench(kernel, {32: 3.0, 64: 1.0, 128: 0.95, 256: 1.1}, slow=2, factor=1.2)
+    tuner = Autotuner(kernel, configs_for(32, 64, 128, 256), key=["M"], bench_fn=bench)
+    launch(tuner)
+    assert bench.timed[:4] == [32, 64, 128, 256]  # first pass: 128 reads 1.14 ms, behind 64's 1.0
+    finalists = {64, 128, 256}  # within 15% of 1.0; 32 (3.0 ms) is not
+    assert sorted(bench.timed[4:]) == sorted(3 * list(finalists))
+    assert bench.timed[4:7] != bench.timed[7:10]  # the order rotates between turns
+    assert tuner.best_config.kwargs["BM"] == 128
+    assert len(tuner.stats.timed) == 4 and len(tuner.stats.retimed) == 3
+    stored = json.loads(record_file(cache_dir, kernel).read_text())  # the best times are what is stored
+    (record,) = stored.values()  # one key
+    assert record["timings_ms"]["BM=128, BN=64, num_warps=4, num_stages=2"] == 0.95
+
+
+def test_a_lone_leader_is_not_timed_again():
+    kernel = FakeKernel()
+    tuner, bench = make_tuner(kernel, configs_for(32, 64, 128), TIMES)  # 64 leads by more than 15%
+    launch(tuner)
+    assert sorted(bench.timed) == [32, 64, 128] and tuner.stats.retimed == []
+
+
 def test_chooses_the_fastest_config_and_launches_with_it():
     kernel = FakeKernel()
     tuner, bench = make_tuner(kernel, configs_for(32, 64, 128), TIMES)
