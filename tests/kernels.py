@@ -129,3 +129,30 @@ def fixed_b(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
         acc += A[r * BM:r * BM + BM, 0:BK] @ b
         acc2 += D[r * BM:r * BM + BM, 0:BK] @ b
     C[0:BM, 0:BN] = acc + acc2
+
+
+@tilejit.kernel
+def linear_relu(X, W, bias, Y, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Y = relu(X @ W + bias), the epilogue fused after a warp-specialized main loop (2-D grid: M tiles, N tiles)."""
+    M, K = X.shape
+    N = W.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, warp_specialize=True):
+        acc += X[m0:m0 + BM, k0:k0 + BK] @ W[k0:k0 + BK, n0:n0 + BN]
+    y = T.maximum(acc + bias[n0:n0 + BN][None, :].to(T.float32), 0.0)
+    Y[m0:m0 + BM, n0:n0 + BN] = y.to(Y.dtype)
+
+
+@tilejit.kernel
+def bmm_grid3(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C[z] = A[z] @ B[z] on a 3-D grid (x: N tiles, y: M tiles, z: batch), T.num_programs read too."""
+    K = A.shape[2]
+    z = T.program_id(2)
+    m0 = T.program_id(1) * BM
+    n0 = (T.num_programs(0) - 1 - T.program_id(0)) * BN  # the x order reversed: num_programs must be the grid's
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc += A[z, m0:m0 + BM, k0:k0 + BK] @ B[z, k0:k0 + BK, n0:n0 + BN]
+    C[z, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)

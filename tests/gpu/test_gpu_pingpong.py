@@ -13,7 +13,8 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from kernels import matmul_any
+from gemm_checks import LOWP_BK, check_lowp, lowp_operands
+from kernels import bmm_grid3, linear_relu, matmul_any
 
 pytestmark = pytest.mark.gpu
 
@@ -104,19 +105,6 @@ def test_trip_counts_differ_per_program(shape):
     _check(c.cpu(), ref)
 
 
-@tilejit.kernel
-def bmm_grid3(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """C[z] = A[z] @ B[z] on a 3-D grid (x: N tiles reversed, y: M tiles, z: batch)."""
-    K = A.shape[2]
-    z = T.program_id(2)
-    m0 = T.program_id(1) * BM
-    n0 = (T.num_programs(0) - 1 - T.program_id(0)) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc += A[z, m0:m0 + BM, k0:k0 + BK] @ B[z, k0:k0 + BK, n0:n0 + BN]
-    C[z, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
-
-
 @pytest.mark.parametrize("batch,m,n,k", [(3, 1000, 520, 264), (41, 256, 256, 128)])
 def test_3d_grid(batch, m, n, k):
     torch.manual_seed(batch + m)
@@ -128,20 +116,6 @@ def test_3d_grid(batch, m, n, k):
     bmm_grid3[(tilejit.cdiv(n, 128), tilejit.cdiv(m, 128), batch)](a, b, c, **kw)
     torch.cuda.synchronize()
     _check(c, a.double() @ b.double(), rel=2e-3)
-
-
-@tilejit.kernel
-def linear_relu(X, W, bias, Y, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """Y = relu(X @ W + bias): the epilogue reads a tensor and computes before the store."""
-    M, K = X.shape
-    N = W.shape[1]
-    m0 = (T.program_id(0) // T.cdiv(N, BN)) * BM
-    n0 = (T.program_id(0) % T.cdiv(N, BN)) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc += X[m0:m0 + BM, k0:k0 + BK] @ W[k0:k0 + BK, n0:n0 + BN]
-    y = T.maximum(acc + bias[n0:n0 + BN][None, :].to(T.float32), 0.0)
-    Y[m0:m0 + BM, n0:n0 + BN] = y.to(Y.dtype)
 
 
 def test_fused_epilogue_and_repeated_launches():
@@ -156,7 +130,7 @@ def test_fused_epilogue_and_repeated_launches():
     _pingpong(linear_relu.compile(x, w, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), **kw))
     for _ in range(20):
         y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        linear_relu[(tilejit.cdiv(m, 128) * tilejit.cdiv(n, 128),)](x, w, bias, y, **kw)
+        linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
     torch.cuda.synchronize()
     _check(y, ref)
 
@@ -167,36 +141,13 @@ def test_fused_epilogue_and_repeated_launches():
 def test_other_dtypes(kind, shape):
     """A @ Bt.T with Bt given N x K (K-major, as 8- and 32-bit wgmma read it)."""
     m, n, k = shape
-    torch.manual_seed(m + k)
-    if kind == "fp8":
-        a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        b = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        acc, bk, out_dtype = T.float32, 128, torch.float32
-    elif kind == "int8":
-        a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
-        b = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
-        acc, bk, out_dtype = T.int32, 128, torch.int32
-    else:
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn(n, k, device="cuda")
-        acc, bk, out_dtype = T.float32, 32, torch.float32
-    c = torch.full((m, n), -(2 ** 31) if out_dtype == torch.int32 else float("nan"), device="cuda",
-                   dtype=out_dtype)
-    kw = dict(BM=128, BN=128, BK=bk, TA=False, TB=True, ACC=acc, num_warps=4, num_stages=4, pingpong=True)
+    a, b, c, acc = lowp_operands(kind, m, n, k)
+    kw = dict(BM=128, BN=128, BK=LOWP_BK[kind], TA=False, TB=True, ACC=acc, num_warps=4, num_stages=4,
+              pingpong=True)
     _pingpong(matmul_any.compile(a, b, c, **kw))
     matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
     torch.cuda.synchronize()
-    if kind == "int8":
-        assert torch.equal(c.long().cpu(), a.long().cpu() @ b.long().cpu().T)
-        return
-    ref = a.double() @ b.double().T
-    assert not torch.isnan(c).any()
-    if kind == "fp8":
-        bound = (a.double().abs() @ b.double().abs().T) * 2.0 ** -7 + 1e-3
-        assert ((c.double() - ref).abs() <= bound).all(), (c.double() - ref).abs().max().item()
-        return
-    err = (c.double() - ref).abs().max().item()
-    assert err <= 3e-3 * k ** 0.5 * ref.abs().max().item() + 1e-3, err
+    check_lowp(kind, a, b, c)
 
 
 def test_autotuned_pingpong_config():

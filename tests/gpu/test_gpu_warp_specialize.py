@@ -11,7 +11,8 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from kernels import MAJORS as LAYOUTS, matmul_any
+from gemm_checks import LOWP_BK, check_lowp, lowp_operands
+from kernels import MAJORS as LAYOUTS, bmm_grid3, linear_relu, matmul_any
 
 pytestmark = pytest.mark.gpu
 
@@ -62,53 +63,15 @@ def test_majors(dtype, layout, shape, tile):
 @pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
 def test_other_dtypes(kind, shape):
     m, n, k = shape
-    torch.manual_seed(m + k)
-    if kind == "fp8":
-        a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        b = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        acc, bk, out_dtype, tol = T.float32, 128, torch.float32, None
-    elif kind == "int8":
-        a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
-        b = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
-        acc, bk, out_dtype, tol = T.int32, 128, torch.int32, 0.0
-    else:
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn(n, k, device="cuda")
-        acc, bk, out_dtype, tol = T.float32, 32, torch.float32, 3e-3
-    c = torch.full((m, n), -(2 ** 31) if out_dtype == torch.int32 else float("nan"), device="cuda",
-                   dtype=out_dtype)
-    kw = dict(BM=128, BN=128, BK=bk, TA=False, TB=True, ACC=acc, num_warps=8, num_stages=4, warp_specialize=True)
+    a, b, c, acc = lowp_operands(kind, m, n, k)
+    kw = dict(BM=128, BN=128, BK=LOWP_BK[kind], TA=False, TB=True, ACC=acc, num_warps=8, num_stages=4,
+              warp_specialize=True)
     compiled = matmul_any.compile(a, b, c, **kw)
     if k * a.element_size() % 16 == 0:
         _specialized(compiled)
     matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
     torch.cuda.synchronize()
-    if kind == "int8":
-        assert torch.equal(c.long().cpu(), (a.long().cpu() @ b.long().cpu().T))
-        return
-    ref = a.double() @ b.double().T
-    assert not torch.isnan(c).any()
-    if kind == "fp8":
-        # exact products, but Hopper's fp8 tensor-core sums keep fewer bits than float32 (as in test_gpu_dtypes)
-        bound = (a.double().abs() @ b.double().abs().T) * 2.0 ** -7 + 1e-3
-        assert ((c.double() - ref).abs() <= bound).all(), (c.double() - ref).abs().max().item()
-        return
-    err = (c.double() - ref).abs().max().item()
-    assert err <= tol * k ** 0.5 * ref.abs().max().item() + 1e-3, err
-
-
-@tilejit.kernel
-def linear_relu(X, W, bias, Y, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """Y = relu(X @ W + bias), the epilogue fused after a warp-specialized main loop."""
-    M, K = X.shape
-    N = W.shape[1]
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK, warp_specialize=True):
-        acc += X[m0:m0 + BM, k0:k0 + BK] @ W[k0:k0 + BK, n0:n0 + BN]
-    y = T.maximum(acc + bias[n0:n0 + BN][None, :].to(T.float32), 0.0)
-    Y[m0:m0 + BM, n0:n0 + BN] = y.to(Y.dtype)
+    check_lowp(kind, a, b, c)
 
 
 @pytest.mark.parametrize("shape", [(333, 504, 1000), (4096, 1024, 512), (64, 64, 8)], ids=lambda s: "x".join(map(str, s)))
@@ -201,19 +164,6 @@ def test_persistent_benchmark_kernel(shape, config):
     assert not torch.isnan(c).any()
     err = (c.double() - ref).abs().max().item()
     assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
-
-
-@tilejit.kernel
-def bmm_grid3(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """C[z] = A[z] @ B[z] on a 3-D grid (x: N tiles, y: M tiles, z: batch), T.num_programs read too."""
-    K = A.shape[2]
-    z = T.program_id(2)
-    m0 = T.program_id(1) * BM
-    n0 = (T.num_programs(0) - 1 - T.program_id(0)) * BN  # the x order reversed: num_programs must be the grid's
-    acc = T.zeros((BM, BN), T.float32)
-    for k0 in T.range(0, K, BK):
-        acc += A[z, m0:m0 + BM, k0:k0 + BK] @ B[z, k0:k0 + BK, n0:n0 + BN]
-    C[z, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
 
 
 @pytest.mark.parametrize("batch,m,n,k", [(3, 1000, 520, 264), (40, 256, 256, 128)])
