@@ -372,6 +372,9 @@ def test_interpreter_runs_kernels_launched_with_the_options(monkeypatch):
     c = torch.full((100, 90), float("nan"), dtype=F16)
     matmul.kernel[(2 * 2,)](a, b, c, BM=64, BN=64, BK=32, num_warps=4, warp_specialize=True, persistent=True)
     assert (c.double() - a.double() @ b.double()).abs().max().item() < 0.05
+    c.fill_(float("nan"))
+    matmul.kernel[(2 * 2,)](a, b, c, BM=64, BN=64, BK=32, num_warps=4, pingpong=True)
+    assert (c.double() - a.double() @ b.double()).abs().max().item() < 0.05
     with pytest.raises(TilejitError, match="persistent must be True or False"):
         matmul.kernel[(4,)](a, b, c, BM=64, BN=64, BK=32, persistent=1)
 
