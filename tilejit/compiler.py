@@ -266,14 +266,18 @@ def _shared_memory_error(st: Stages, out, limit: int):
         lines.append(f"  {'x'.join(map(str, t.shape))} {t.dtype.name} tile: {nbytes:,} B{where}")
     if out.scratch_bytes:
         lines.append(f"  scratch for layout conversions and reductions: {out.scratch_bytes:,} B")
-    parsed = st.spec.parsed
-    node = parsed.tree
     return SharedMemoryError(
         f"kernel {st.spec.name} needs {out.shared_bytes:,} bytes of shared memory even without pipelining; "
-        f"{st.target.arch} allows {limit:,} per block:\n" + "\n".join(lines),
-        filename=parsed.filename, lineno=node.lineno, col=node.col_offset + parsed.col_offset,
-        source_line=parsed.source_line(node.lineno),
+        f"{st.target.arch} allows {limit:,} per block:\n" + "\n".join(lines), **_at_kernel_def(st),
         hint="use smaller tiles (the constexpr block sizes), or fewer or smaller operands in shared memory")
+
+
+def _at_kernel_def(st: Stages) -> dict:
+    """Where an error about the whole kernel (a resource it needs) points: its ``def`` line."""
+    parsed = st.spec.parsed
+    node = parsed.tree
+    return dict(filename=parsed.filename, lineno=node.lineno, col=node.col_offset + parsed.col_offset,
+                source_line=parsed.source_line(node.lineno))
 
 
 def _ptx_stage(st: Stages) -> None:
@@ -304,17 +308,13 @@ def _register_error(st: Stages, have: int, need: int):
     block's thread count leaves ``have``: the config is too big for its warps, located at the kernel's ``def``."""
     from .errors import RegisterError
 
-    parsed = st.spec.parsed
-    node = parsed.tree
     threads = _threads(st)
     groups = st.fn.attrs.get("groups", 1)
     why = (f"{threads} threads per block ({groups} groups of {st.target.num_warps} warps for pingpong, and the "
            "producer warpgroup)" if groups > 1 else f"{threads} threads per block")
     return RegisterError(
         f"kernel {st.spec.name} needs {need} registers per thread for one instruction; {why} leave each thread "
-        f"{have} (a block has 65,536)",
-        filename=parsed.filename, lineno=node.lineno, col=node.col_offset + parsed.col_offset,
-        source_line=parsed.source_line(node.lineno),
+        f"{have} (a block has 65,536)", **_at_kernel_def(st),
         hint="use smaller tiles (the constexpr block sizes) or fewer warps" + (", or drop pingpong" if groups > 1
                                                                                else ""))
 

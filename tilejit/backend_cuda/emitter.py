@@ -350,7 +350,6 @@ class Emitter:
         """The 32-bit shared address ``allocate_shared``'s offsets count from now."""
         return "tj_gsm_u32" if self.grouped else "tj_smem_u32"
 
-
     def barrier(self, why: str = "") -> None:
         """Emit the block-wide barrier (``sync``), with ``why`` as its comment."""
         self.line(self.sync + (f"  // {why}" if why else ""))
@@ -480,7 +479,6 @@ class Emitter:
         # a warp-specialized loop's producer warpgroup (passes/pipeline.specialize_warps) is launched beyond the
         # num_warps warps (each group's, pingpong); the compiler's meta counts them the same way
         launched = launched_threads(self.fn, self.target)
-        self.group_shared(False)
         self.smem_top = max(self.smem_top, self.smem_peak)
         groups_offset = self.allocate_shared(self.groups * self.group_bytes, 1024) if self.group_bytes else 0
         scratch = -(-self.scratch_bytes // 16) * 16

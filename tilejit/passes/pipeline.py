@@ -208,8 +208,8 @@ def producer_slice(fn: Function, loop: Op) -> list[Op]:
     """The ops before ``loop`` (in order) that its bounds and its TMA loads' tensors and window starts depend on,
     through the body's scalar math: what a producer warpgroup leaving at the kernel's start must compute itself."""
     body = loop.regions[0]
-    return _slice(_before(fn, loop), list(loop.operands[:3]), body.ops,
-                  [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands])
+    loads = [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands]
+    return _slice(_before(fn, loop), [*loop.operands[:3], *loads], through=body.ops)
 
 
 def bounds_slice(fn: Function, loop: Op) -> list[Op]:
@@ -217,10 +217,10 @@ def bounds_slice(fn: Function, loop: Op) -> list[Op]:
     return _slice(_before(fn, loop), list(loop.operands[:3]))
 
 
-def _slice(before: list[Op], values: list, body_ops: list[Op] = (), body_values: list = ()) -> list[Op]:
-    """The ops of ``before`` that ``values`` and ``body_values`` depend on (through ``body_ops``)."""
-    owners = {r.id: o for o in (*before, *body_ops) for r in o.results}
-    stack = [*values, *body_values]
+def _slice(before: list[Op], values: list, through: list[Op] = ()) -> list[Op]:
+    """The ops of ``before`` that ``values`` depend on, directly or through the ops ``through`` (a loop body's)."""
+    owners = {r.id: o for o in (*before, *through) for r in o.results}
+    stack = list(values)
     seen: set[int] = set()
     while stack:
         v = stack.pop()
