@@ -40,6 +40,7 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
 # mode -> launch options: plain, a producer warpgroup, one program per SM walking the grid (with the producer)
 MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True},
          "pingpong": {"pingpong": True}}
+MODES.update({f"{name}-c2": {**options, "cluster": 2} for name, options in list(MODES.items()) if options})
 
 
 def _problem(dtype_name: str, m: int, n: int, k: int):

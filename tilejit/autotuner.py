@@ -84,12 +84,14 @@ class Config:
         warp_specialize: bool = False,
         persistent: bool = False,
         pingpong: bool = False,
+        cluster: int = 1,
     ) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
         try:
-            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent, pingpong)
+            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent, pingpong,
+                                         cluster)
         except ValueError as e:
             raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
@@ -99,12 +101,13 @@ class Config:
         self.warp_specialize = warp_specialize
         self.persistent = persistent
         self.pingpong = pingpong
+        self.cluster = cluster
         self.pre_hook = pre_hook
         self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
         """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
-        warp_specialize, persistent and pingpong when they are not off)."""
+        warp_specialize, persistent, pingpong and cluster when they are not off)."""
         return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **self._extra()}
 
     def _extra(self) -> dict[str, Any]:
@@ -112,7 +115,8 @@ class Config:
         return {**({"split_k": self.split_k} if self.split_k != 1 else {}),
                 **({"warp_specialize": True} if self.warp_specialize else {}),
                 **({"persistent": True} if self.persistent else {}),
-                **({"pingpong": True} if self.pingpong else {})}
+                **({"pingpong": True} if self.pingpong else {}),
+                **({"cluster": self.cluster} if self.cluster != 1 else {})}
 
     @property
     def identity(self) -> str:

@@ -130,7 +130,8 @@ class Specialization:
                        + ([self.options.split_k] if self.options.split_k != 1 else [])
                        + (["warp_specialize"] if self.options.warp_specialize else [])
                        + (["persistent"] if self.options.persistent else [])
-                       + (["pingpong"] if self.options.pingpong else []),
+                       + (["pingpong"] if self.options.pingpong else [])
+                       + ([f"cluster{self.options.cluster}"] if self.options.cluster != 1 else []),
             "target": target,
         }
 
@@ -466,7 +467,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "registers": registers, "spills": spills, "wgmma_serialized": wgmma_serialized(st.nvrtc_log),
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
         "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
-        "split_k": target.split_k, "groups": st.fn.attrs.get("groups", 1),
+        "split_k": target.split_k, "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
     }
     return files, meta

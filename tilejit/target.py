@@ -116,6 +116,7 @@ class Arch:
 
 VALID_WARPS = (1, 2, 4, 8, 16)
 VALID_SPLIT_K = (1, 2, 3, 4, 5, 6, 7, 8)  # a portable cluster holds at most 8 blocks
+VALID_CLUSTER = (1, 2)  # TMA multicast clusters: one program, or a pair along x
 
 
 @dataclass(frozen=True)
@@ -130,13 +131,17 @@ class LaunchOptions:
     next tile while the math warps finish this one; implies ``warp_specialize`` for loops that do not say) and
     ``pingpong`` (a persistent kernel whose block holds two groups of ``num_warps`` warps, each running its own
     programs from one shared ring: one group's epilogue runs while the other's main loop uses the tensor cores;
-    implies ``persistent``)."""
+    implies ``persistent``) and ``cluster`` (2: a warp-specialized kernel runs in clusters of two programs
+    adjacent along x, and each ring tile whose window is the same in both, like the DESIGN matmul's B, is loaded
+    once by TMA multicast into both; implies ``warp_specialize`` for loops that do not say; a grid whose x extent
+    is odd runs without clusters; see ``passes/pipeline.multicast_loads``)."""
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
     warp_specialize: bool = False
     persistent: bool = False
     pingpong: bool = False
+    cluster: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
@@ -152,14 +157,18 @@ class LaunchOptions:
             raise UsageValueError(f"persistent must be True or False, got {self.persistent!r}")
         if type(self.pingpong) is not bool:
             raise UsageValueError(f"pingpong must be True or False, got {self.pingpong!r}")
+        if type(self.cluster) is not int or self.cluster not in VALID_CLUSTER:
+            raise UsageValueError(f"cluster must be one of {VALID_CLUSTER} (programs per thread-block cluster along "
+                                  f"x), got {self.cluster!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong")
+        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong", "cluster")
 
     def as_dict(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
-                "warp_specialize": self.warp_specialize, "persistent": self.persistent, "pingpong": self.pingpong}
+                "warp_specialize": self.warp_specialize, "persistent": self.persistent, "pingpong": self.pingpong,
+                "cluster": self.cluster}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -179,9 +188,9 @@ class Target:
     @classmethod
     def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
            warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0,
-           pingpong: bool = False) -> "Target":
+           pingpong: bool = False, cluster: int = 1) -> "Target":
         return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent,
-                                                   pingpong), sm_count)
+                                                   pingpong, cluster), sm_count)
 
     @property
     def sm(self) -> int:
@@ -210,6 +219,10 @@ class Target:
     @property
     def pingpong(self) -> bool:
         return self.options.pingpong
+
+    @property
+    def cluster(self) -> int:
+        return self.options.cluster
 
     @property
     def threads(self) -> int:

@@ -254,6 +254,7 @@ class Emitter:
         self.ring_phase: str | None = None
         self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
+        self.partner_x = False  # T.program_id(0) reads the other program of a cluster pair (lower_loops._pair_flags)
         # a pingpong kernel's groups of math warps (passes/pipeline.specialize_warps): while ``grouped``, shared
         # memory is allocated in the region each group has a copy of (from ``tj_gsm_u32``), ``group_bytes`` long
         self.groups = int(fn.attrs.get("groups", 1))
@@ -497,6 +498,9 @@ class Emitter:
             + (f" + tj_group * {scratch};" if self.groups > 1 else ";"),
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
+        if self.fn.attrs.get("cluster"):  # a TMA multicast pair (lower_loops.CLUSTER_SUPPORT)
+            head += ["  const unsigned tj_ncta = tj_cluster_ctas(), tj_crank = tj_cluster_rank();  // 1 and 0 without a "
+                     "cluster"]
         if self.group_bytes:
             head += [f"  unsigned char* const tj_gsm = tj_smem + {groups_offset} + tj_group * {self.group_bytes};"
                      "  // this group's shared memory",
@@ -532,6 +536,8 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         builtin = f"{'blockIdx' if op.kind is OpKind.PROGRAM_ID else 'gridDim'}.{'xyz'[op.attrs.axis]}"
         if op.kind is OpKind.PROGRAM_ID and em.fn.attrs.get("persistent"):
             return f"tj_pid{op.attrs.axis}"  # the program this persistent one is running now (emit_persistent)
+        if op.kind is OpKind.PROGRAM_ID and op.attrs.axis == 0 and em.partner_x:
+            return "(int32_t)(blockIdx.x ^ 1u)"  # the cluster pair's other program
         splits = em.fn.attrs.get("split_k", 1)
         if op.attrs.axis == 2 and splits > 1:  # z holds the user's programs times the split-K cluster
             return f"(int32_t)({builtin} / {splits}u)"

@@ -25,13 +25,57 @@ from typing import Callable
 from ..ir import BinaryOp, Op, OpKind, Value
 from ..ir.rewrite import reads
 from .. import dtypes as D
-from ..passes.pipeline import PRODUCER_THREADS, bounds_slice, deferred_gemm, in_flight_gemms, producer_slice
+from ..passes.pipeline import (PRODUCER_THREADS, bounds_slice, compared_slice, deferred_gemm, in_flight_gemms,
+                               multicast_loads, producer_slice)
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
                       scalar_expr)
 from . import lower_tcgen05, lower_tma
 from .lower_wgmma import wait_group
 from .lower_wgmma_rs import pack_a
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
+
+
+CLUSTER_SUPPORT = r"""
+/// A cluster's programs (1 when launched without clusters) and this one's rank in it (PTX 10.14, special registers).
+TJ_DEVICE unsigned tj_cluster_ctas() { unsigned n; asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n)); return n; }
+TJ_DEVICE unsigned tj_cluster_rank() { unsigned r; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+/// Every non-exited thread of the cluster gets here (PTX 9.7.13.4, barrier.cluster).
+TJ_DEVICE void tj_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+/// ... with the mbarrier initializations before it visible to the cluster (PTX 9.7.13.14, fence.mbarrier_init).
+TJ_DEVICE void tj_cluster_sync_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  tj_cluster_sync();
+}
+/// Arrive on a ring slot's "empty" mbarrier, here and at the same offset in the cluster's other program, whose
+/// producer multicasts into this program's slot as well (PTX 9.7.9.18 mapa, 9.7.13.15.13 mbarrier.arrive).
+TJ_DEVICE void tj_mbar_arrive_pair(unsigned bar, unsigned ncta, unsigned rank) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+  if (ncta > 1) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank ^ 1u));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+  }
+}
+/// tj_mbar_wait, acquiring what both programs of the cluster released (the arrivals above).
+TJ_DEVICE void tj_mbar_wait_cluster(unsigned bar, unsigned phase) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+  }
+}
+"""
+
+
+def release(em: Emitter, bar: str) -> str:
+    """The statement by which a warp (its lane 0) hands a ring slot back on its "empty" mbarrier ``bar``: in a
+    cluster's programs (``fn.attrs["cluster"]``), in both."""
+    if em.fn.attrs.get("cluster"):
+        em.require_support("cluster_ring", CLUSTER_SUPPORT)
+        return f"if ((tid & 31) == 0) tj_mbar_arrive_pair({bar}, tj_ncta, tj_crank);"
+    return f"if ((tid & 31) == 0) tj_mbar_arrive({bar});"
 
 
 def _positive_constant(v: Value) -> bool:
@@ -103,11 +147,17 @@ def _for(em: Emitter, op: Op) -> None:
     tmem = op.attrs.async_mma == "tcgen05"
     producer = bool(op.attrs.producer_warpgroup) and bool(tma) and not per_thread
     late = Deferred(em, body, stages) if op.attrs.defer_mma and producer and not in_flight else None
+    # a cluster's two programs fill each other's slots with the tiles they share (TMA multicast)
+    paired = producer and bool(em.fn.attrs.get("cluster"))
+    multicast = multicast_loads(em.fn, op) if paired else []
     yielded = body.terminator.operands
     carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
     # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
     outer_hook, em.overlap_hook = em.overlap_hook, None
     outer_async, em.async_mma = em.async_mma, None
+    # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the ring
+    # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
+    done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
     # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
     smem_mark = em.smem_top
     if phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
@@ -129,12 +179,17 @@ def _for(em: Emitter, op: Op) -> None:
         if released:
             arrivals = 1 if tmem else em.target.num_warps
             em.line(f"// and one per slot that {'the MMA commit' if tmem else 'every warp'} arrives on once the MMAs "
-                    f"have read the slot ({arrivals} arrival(s))")
-            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {arrivals}); }}")
+                    f"have read the slot ({arrivals} arrival(s)" + (", from each program of the cluster)" if paired
+                                                                  else ")"))
+            count = f"{arrivals} * tj_ncta" if paired else f"{arrivals}"
+            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {count}); }}")
             if tmem:
                 lower_tcgen05.store_accumulators(em, in_flight, carried_names)
         em.line("tj_fence_proxy_async();")
         em.barrier()
+        if paired:
+            em.require_support("cluster_ring", CLUSTER_SUPPORT)
+            em.line("if (tj_ncta > 1) tj_cluster_sync_init();  // the barriers, initialized in both programs")
         em.rings[id(op)] = (full, empty, tma_bytes, maps, nbars, smem_mark)
 
     def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
@@ -159,7 +214,8 @@ def _for(em: Emitter, op: Op) -> None:
         if phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)
             for load in piped:
                 stage_shared(em, load.result)
-            _producer(em, op, tma, stages, tma_bytes, full, empty, maps, starts_at, in_range, em.per_program)
+            _producer(em, op, tma, stages, tma_bytes, full, empty, maps, starts_at, in_range, em.per_program,
+                      multicast)
         if phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
             em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
             em.async_mma, em.overlap_hook = outer_async, outer_hook
@@ -261,7 +317,7 @@ def _for(em: Emitter, op: Op) -> None:
                             f"+{stages - 1}")
                     em.open(f"if (tj_it > {'tj_it0' if own_slots else '0'})")
                     em.line("__syncwarp();")
-                    em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_slot_next));")
+                    em.line(release(em, f"{empty} + 8 * (tj_slot_next)"))
                     em.close()
                 issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
 
@@ -300,7 +356,7 @@ def _for(em: Emitter, op: Op) -> None:
             em.close()
         if producer and not in_flight and late is None:
             em.line("__syncwarp();  // this warp is done with the iteration's slot: hand it back to the producer")
-            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * (tj_it % {stages}));")
+            em.line(release(em, f"{empty} + 8 * (tj_it % {stages})"))
         if ring:
             # one group per iteration, closed after every copy of the iteration (the edge copies above included)
             em.line("tj_cp_async_commit();")
@@ -341,14 +397,13 @@ def _for(em: Emitter, op: Op) -> None:
         if in_flight and own_slots:
             em.open("if (tj_it > tj_it0)")
             em.line("__syncwarp();  // the last iteration's MMAs are complete: release its slot")
-            em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({empty} + 8 * ((tj_it - 1) % {stages}));")
+            em.line(release(em, f"{empty} + 8 * ((tj_it - 1) % {stages})"))
             em.close()
     if piped:
         em.line("tj_cp_async_wait<0>();")
         em.barrier()
-    # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the ring
-    # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
-    done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
+    if paired and done:  # the other program's last arrivals on this one's barriers are in before the memory is reused
+        em.line("if (tj_ncta > 1) tj_cluster_sync();")
     if tma and done:
         em.line(f"if ({em.leader}) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval({full} + 8 * s); }}"
                 "  // before the memory is reused")
@@ -440,7 +495,7 @@ class Deferred:
         layout = self.into.type.layout
         wait_group(em, 0, em.name(self.into), layout.regs, self.into.dtype == D.int32)
         em.line("__syncwarp();  // and this warp is done with its slot: hand it back to the producer")
-        em.line(f"if ((tid & 31) == 0) tj_mbar_arrive({self.empty} + 8 * {self.previous_slot});")
+        em.line(release(em, f"{self.empty} + 8 * {self.previous_slot}"))
 
     def settle(self) -> None:
         em = self.em
@@ -490,7 +545,8 @@ def consumer_registers(consumers: int, producers: int) -> int:
 
 
 def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, full: str, empty: str,
-              maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None) -> None:
+              maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None,
+              multicast: list[tuple[Op, list[Value]]] = ()) -> None:
     """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. Set up at
     the kernel's start (``per_program`` given), the producer first computes what its loop needs (``per_program``);
     in a persistent kernel it walks the same programs as the math warps, doing so for each program."""
@@ -509,16 +565,18 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, f
         em.open(_program_walk(em))
     if per_program is not None:
         per_program()
+    flags = _pair_flags(em, op, multicast) if multicast else {}
     em.line("#pragma unroll 1")
     em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
     em.line(f"const int tj_pslot = tj_pit % {stages};")
-    em.line(f"if (tj_pit >= {stages}) tj_mbar_wait({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
-            "  // the math released the slot")
+    wait = "tj_mbar_wait_cluster" if em.fn.attrs.get("cluster") else "tj_mbar_wait"
+    em.line(f"if (tj_pit >= {stages}) {wait}({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
+            "  // the math released the slot" + (" (in both programs of a cluster)" if em.fn.attrs.get("cluster") else ""))
     bar = f"{full} + 8 * tj_pslot"
     em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
     for o in tma:
         lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
-                            maps[o.result.id])
+                            maps[o.result.id], multicast=flags.get(o.result.id, ""))
     em.close()
     if walk:
         em.close()
@@ -527,6 +585,43 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, f
     em.close()
     em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
     em.consumers_only()
+
+
+def _pair_flags(em: Emitter, loop: Op, multicast: list[tuple[Op, list[Value]]]) -> dict[int, str]:
+    """For the producer, per program: the C condition under which each load of ``multicast`` (``multicast_loads``)
+    is loaded once for both programs of the cluster. A load whose window depends on ``T.program_id(0)`` compares
+    the values it depends on with the other program's, computed here again in a nested scope for that program
+    (``tj_prog ^ 1`` in a persistent walk, ``blockIdx.x ^ 1`` otherwise); equality is symmetric, so both programs
+    decide alike."""
+    flags = {o.result.id: "tj_ncta > 1" for o, compared in multicast if not compared}
+    checked = [(o, compared) for o, compared in multicast if compared]
+    if not checked:
+        return flags
+    values = list({v.id: v for _, compared in checked for v in compared}.values())
+    mine = {v.id: f"tj_mine{i}" for i, v in enumerate(values)}
+    em.line("// the tiles whose windows the other program of the cluster loads alike: compared with its values")
+    for v in values:
+        em.line(f"const {c_type(v.dtype)} {mine[v.id]} = {em.name(v)};")
+    for o, _ in checked:
+        flags[o.result.id] = em.fresh("tj_mc")
+        em.line(f"bool {flags[o.result.id]} = tj_ncta > 1;")
+    em.open("if (tj_ncta > 1)")
+    persistent = em.fn.attrs.get("persistent")
+    if persistent:
+        em.line("const long long tj_other = tj_prog ^ 1;  // the other program of the pair walks its neighbour")
+        em.open("")
+        em.line("const long long tj_prog = tj_other;")
+        _program_ids(em)
+    em.partner_x = not persistent
+    em.emit_ops(compared_slice(em.fn, loop, values))
+    em.partner_x = False
+    for o, compared in checked:
+        flag = flags[o.result.id]
+        em.line(f"{flag} = " + " && ".join(f"{mine[v.id]} == {em.name(v)}" for v in compared) + ";")
+    if persistent:
+        em.close()
+    em.close()
+    return flags
 
 
 def _program_walk(em: Emitter, groups: int = 1) -> str:
@@ -654,6 +749,8 @@ def emit_specialized(em: Emitter) -> None:
         em.barrier("this program's shared memory (the epilogue's) is free for the next one")
         em.close()
         em.group_shared(False)
+        if em.fn.attrs.get("cluster"):
+            em.line("if (tj_ncta > 1) tj_cluster_sync();  // the other program's last arrivals here are in")
     em.per_program = em.ring_phase = None
 
 

@@ -67,6 +67,27 @@ TJ_DEVICE void tj_tma_load_5d(unsigned dst, const CUtensorMap* map, int c0, int 
 }
 """
 
+MULTICAST_SUPPORT = r"""
+/// The same copies, written at the same offsets (tile and mbarrier) into the shared memory of every program of the
+/// cluster in MASK (PTX 9.7.9.25.5.2, .multicast::cluster).
+TJ_DEVICE void tj_tma_load_2d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+TJ_DEVICE void tj_tma_load_3d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, unsigned bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask) : "memory");
+}
+TJ_DEVICE void tj_tma_load_4d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask) : "memory");
+}
+TJ_DEVICE void tj_tma_load_5d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar), "h"(mask) : "memory");
+}
+"""
+
 # The widest box inner extent: one 128-byte swizzle span (TMA requires inner box bytes <= the swizzle span).
 SPAN_BYTES = 128
 
@@ -160,14 +181,26 @@ def _panel_boxes(lay: SharedLayout, starts: list[str]):
         yield p, ", ".join(coords)
 
 
-def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str) -> None:
-    """The calling thread issues one bulk tensor copy per panel of ``op``'s tile into ``slot``."""
+def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str, multicast: str = "") -> None:
+    """The calling thread issues one bulk tensor copy per panel of ``op``'s tile into ``slot``. Where the C
+    condition ``multicast`` holds (the tile is the same in both programs of a cluster), each program issues every
+    other panel (program 0 all of a one-panel tile) into both programs' slots; each program's mbarrier counts the
+    whole tile's bytes either way."""
     lay: SharedLayout = tile.layout
     rank = op.operands[0].type.rank
+    panels = lay.row_bytes // lay.row_pitch
+    if multicast:
+        em.require_support("tma_multicast", MULTICAST_SUPPORT)
     for p, coords in _panel_boxes(lay, starts):
         stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
         dst = f"{tile.origin} + {tile.offset}{stage} + {p * lay.panel_bytes}"
-        em.line(f"tj_tma_load_{rank}d({dst}, &{param}, {coords}, {bar});")
+        plain = f"tj_tma_load_{rank}d({dst}, &{param}, {coords}, {bar});"
+        if multicast:
+            em.line(f"if (!({multicast})) {plain}")
+            em.line(f"else if (tj_crank == {p % 2 if panels > 1 else 0}) tj_tma_load_{rank}d_mc({dst}, &{param}, "
+                    f"{coords}, {bar}, (unsigned short)3);  // into both programs")
+        else:
+            em.line(plain)
 
 
 # -- the TMA store epilogue ------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def specialize_warps(fn: Function, target: Target) -> None:
         if loop.kind is not OpKind.FOR:
             continue
         asked = loop.attrs.warp_specialize
-        if asked is False or asked is None and not (target.warp_specialize or target.persistent):
+        if asked is False or asked is None and not (target.warp_specialize or target.persistent or target.cluster > 1):
             continue
         why = _why_not_specialized(fn, loop)
         if why is None and chosen:
@@ -147,9 +147,13 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
             fn.attrs["producer_first"] = True
         elif target.persistent:
-            fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
+            # a cluster's two programs walk programs side by side: an even count keeps the pairs together
+            programs = target.sm_count or DEFAULT_SM_COUNT
+            fn.attrs["persistent"] = programs - programs % target.cluster
             if target.pingpong and all(_scalar_only(o) for o in bounds_slice(fn, loop)):
                 fn.attrs["groups"] = PINGPONG_GROUPS
+        if target.cluster > 1 and multicast_loads(fn, loop):
+            fn.attrs["cluster"] = target.cluster
         # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
                 and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
@@ -167,6 +171,58 @@ def launched_threads(fn: Function, target: Target) -> int:
     """The threads a kernel's block is launched with: its groups of ``num_warps`` warps (one, or ``pingpong``'s
     two) and a warp-specialized loop's producer warpgroup."""
     return fn.attrs.get("groups", 1) * target.threads + int(fn.attrs.get("producer_threads", 0))
+
+
+def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
+    """The TMA loads of a warp-specialized ``loop`` that the two programs of a cluster along x (programs 2i and
+    2i + 1 of the x axis, or of a persistent walk's order) may load once for both, each with the values it needs
+    compared between the two at run time: the values computed before the loop that its window starts and the
+    loop's bounds depend on (through the body's scalar math) and that depend on ``T.program_id(0)``. Where that
+    list is empty the windows are alike in both programs at every iteration (the DESIGN matmul's B: ``k0``,
+    ``program_id(1) * BN``); otherwise the producer computes those values for the other program too (they must
+    come from scalar math or scalar reads) and multicasts only when all are equal (a grouped launch order's B,
+    most of the time). A load whose values cannot be recomputed so is not listed."""
+    body = loop.regions[0]
+    iv = body.args[0]
+    inside = {r.id: o for o in body.ops for r in o.results}
+    varies: dict[int, bool] = {}
+
+    def depends(v) -> bool:
+        """Whether ``v`` (defined before the loop) depends on program_id(0); values out of regions count as so."""
+        if v.id not in varies:
+            op = v.owner
+            if op is None:  # a kernel parameter
+                varies[v.id] = False
+            elif not isinstance(op, Op) or op.regions or op.kind is OpKind.PROGRAM_ID and op.attrs.axis == 0:
+                varies[v.id] = True
+            else:
+                varies[v.id] = any(depends(x) for x in op.operands)
+        return varies[v.id]
+
+    def leaves(values) -> list:
+        """The values defined outside the body that ``values`` depend on through the body's ops."""
+        out, stack, seen = [], list(values), set()
+        while stack:
+            v = stack.pop()
+            if v.id in seen or v is iv:
+                continue
+            seen.add(v.id)
+            if v.id in inside:
+                stack.extend(inside[v.id].operands)
+            else:
+                out.append(v)
+        return out
+
+    before = _before(fn, loop)
+    found = []
+    for o in body.ops:
+        if not (o.kind is OpKind.LOAD and o.attrs.pipeline and o.attrs.copy == "tma_bulk_tensor"):
+            continue
+        compared = sorted({v.id: v for v in leaves([*loop.operands[:3], *o.operands]) if depends(v)}.values(),
+                          key=lambda v: v.id)
+        if all(_scalar_only(x) for x in _slice(before, compared)) and all(isinstance(v.owner, Op) for v in compared):
+            found.append((o, compared))
+    return found
 
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:
@@ -210,6 +266,11 @@ def producer_slice(fn: Function, loop: Op) -> list[Op]:
     body = loop.regions[0]
     loads = [v for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline for v in o.operands]
     return _slice(_before(fn, loop), [*loop.operands[:3], *loads], through=body.ops)
+
+
+def compared_slice(fn: Function, loop: Op, values: list) -> list[Op]:
+    """The ops before ``loop`` (in order) that ``values`` (``multicast_loads``' compared values) depend on."""
+    return _slice(_before(fn, loop), values)
 
 
 def bounds_slice(fn: Function, loop: Op) -> list[Op]:

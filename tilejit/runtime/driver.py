@@ -209,7 +209,8 @@ class Launcher:
     """
 
     def __init__(self, loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
-                 dynamic_smem_bytes: int, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1) -> None:
+                 dynamic_smem_bytes: int, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1,
+                 cluster_x: int = 1) -> None:
         if impl not in LAUNCH_IMPLS:
             raise ValueError(f"unknown launch impl {impl!r}; one of {LAUNCH_IMPLS}")
         unknown = [k for k in param_kinds if k not in _PARAM_LAYOUT]
@@ -230,6 +231,8 @@ class Launcher:
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.impl = impl
         self.cluster_z = cluster_z  # programs per user program along z (split-K clusters; 1 = none)
+        # programs per cluster along x (TMA multicast pairs), launched so when the grid's x extent is a multiple
+        self.cluster_x = cluster_x
 
         self._struct, self._offsets = param_struct(self.param_kinds)
         self._per_thread = threading.local()
@@ -279,6 +282,8 @@ class Launcher:
 
             def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
                 return cu_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+        if self.cluster_x > 1:
+            raw = self._cluster_launch(loaded, raw)
         self._raw_launch = raw
         to_bytes = self._tensor_maps_as_bytes if self._tmap_positions else None
         cluster_z = self.cluster_z
@@ -305,6 +310,30 @@ class Launcher:
 
         return launch
 
+    def _cluster_launch(self, loaded: LoadedKernel, plain: Callable[..., Any]) -> Callable[..., Any]:
+        """``raw`` for a kernel compiled for TMA multicast clusters along x: a grid whose x extent is a multiple of
+        the cluster runs in clusters (cuLaunchKernelEx with the cluster shape), another without (the kernel reads
+        its cluster size at run time)."""
+        per = self.cluster_x
+        try:
+            launch_ex = libcuda.function("cuLaunchKernelEx")
+        except BackendUnavailableError as missing:
+            def launch_ex(*args: Any, _missing: Exception = missing) -> int:
+                raise _missing
+        block, smem, handle = self.block, self.dynamic_smem_bytes, loaded.function
+        per_thread = threading.local()  # each thread's CUlaunchConfig (its grid and stream change per launch)
+
+        def raw(gx: int, gy: int, gz: int, stream: int, params: int) -> Any:
+            if gx % per:
+                return plain(gx, gy, gz, stream, params)
+            config = getattr(per_thread, "config", None)
+            if config is None:
+                config = per_thread.config = libcuda.cluster_launch_config(block, smem, (per, 1, 1))
+            config.grid[0], config.grid[1], config.grid[2] = gx, gy, gz
+            config.stream = stream
+            return launch_ex(ctypes.addressof(config), handle, params, None)
+        return raw
+
     def native_entry(self, tmaps: Callable[[Sequence[Any]], list[bytes]] | None = None,
                      fallback: Callable[..., None] | None = None) -> Any:
         """This launcher as an Entry of the compiled launcher (``runtime/_launch.c``), made once; None when that
@@ -319,7 +348,7 @@ class Launcher:
                 return None
             kinds = bytes(native.KIND_CODES[k] for k in self.param_kinds)
             entry = module.Entry(int(self.loaded.function), self.block, self.dynamic_smem_bytes, kinds,
-                                 self.loaded.device_index, tmaps, fallback or self, self.cluster_z)
+                                 self.loaded.device_index, tmaps, fallback or self, self.cluster_z, self.cluster_x)
             self._native_entries[tmaps] = entry
         return entry
 
@@ -362,7 +391,9 @@ class Launcher:
 
 
 def make_launcher(loaded: LoadedKernel, param_kinds: Sequence[str], block: tuple[int, int, int],
-                  dynamic_smem_bytes: int = 0, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1) -> Launcher:
+                  dynamic_smem_bytes: int = 0, impl: str = DEFAULT_LAUNCH_IMPL, cluster_z: int = 1,
+                  cluster_x: int = 1) -> Launcher:
     """A Launcher for ``loaded``; ``param_kinds`` from PARAM_KINDS in kernel-parameter order; ``cluster_z``
-    programs launched per program of the grid along z (a kernel compiled with split_k)."""
-    return Launcher(loaded, param_kinds, block, dynamic_smem_bytes, impl, cluster_z)
+    programs launched per program of the grid along z (a kernel compiled with split_k); ``cluster_x`` programs
+    per cluster along x (a kernel compiled with ``cluster``, when the grid allows)."""
+    return Launcher(loaded, param_kinds, block, dynamic_smem_bytes, impl, cluster_z, cluster_x)

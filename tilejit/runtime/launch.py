@@ -35,7 +35,8 @@ def launcher_for(compiled: CompiledKernel, device_index: int):
             if launcher is None:
                 loaded = load_cubin(compiled.entry.binary, compiled.name, device_index, compiled.shared_bytes)
                 launcher = make_launcher(loaded, compiled.param_kinds, (compiled.threads, 1, 1),
-                                         compiled.shared_bytes, cluster_z=int(compiled.meta.get("split_k", 1)))
+                                         compiled.shared_bytes, cluster_z=int(compiled.meta.get("split_k", 1)),
+                                         cluster_x=int(compiled.meta.get("cluster", 1)))
                 maps = compiled.meta.get("tensor_maps") or []
                 if maps:
                     launcher = _with_tensor_maps(launcher, maps, compiled.meta["value_layout"])

@@ -49,6 +49,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuFuncSetAttribute": [_p, _i, _i],
     "cuLaunchKernel": [_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, _p, _p, _p],
+    "cuLaunchKernelEx": [_p, _p, _p, _p],
     "cuTensorMapEncodeTiled": [_p, _i, _u32, _p, _P(_u64), _P(_u64), _P(_u32), _P(_u32), _i, _i, _i, _i],
 }
 
@@ -70,6 +71,36 @@ def lib() -> SimpleNamespace:
         fn.restype = ctypes.c_int
         functions[name.removesuffix("_v2")] = fn
     return SimpleNamespace(**functions)
+
+
+#: CUlaunchAttributeID of a launch's thread-block cluster shape (cuda.h, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION).
+LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+
+
+class LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union (a cluster's x, y, z first)."""
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig, the first argument of cuLaunchKernelEx."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", _p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def cluster_launch_config(block: tuple[int, int, int], shared_bytes: int, cluster: tuple[int, int, int]) -> LaunchConfig:
+    """A CUlaunchConfig with one attribute, the cluster shape; its grid and stream are set per launch. The
+    attribute array is kept alive by the config (``_keep``)."""
+    attr = (LaunchAttribute * 1)()
+    attr[0].id = LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr[0].value[0], attr[0].value[1], attr[0].value[2] = cluster
+    config = LaunchConfig()
+    config.block[:] = list(block)
+    config.shared_bytes = shared_bytes
+    config.attrs = ctypes.cast(attr, ctypes.POINTER(LaunchAttribute))
+    config.num_attrs = 1
+    config._keep = attr
+    return config
 
 
 def function(name: str) -> Any:
