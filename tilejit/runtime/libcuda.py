@@ -50,6 +50,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuLaunchKernel": [_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, _p, _p, _p],
     "cuLaunchKernelEx": [_p, _p, _p, _p],
+    "cuOccupancyMaxActiveClusters": [_P(_i), _p, _p],
     "cuTensorMapEncodeTiled": [_p, _i, _u32, _p, _P(_u64), _P(_u64), _P(_u32), _P(_u32), _i, _i, _i, _i],
 }
 
