@@ -43,6 +43,11 @@ def _cases() -> dict:
                   torch.empty(1000, 3000, dtype=dtype, device="meta"))
         name = "bench-space-ragged/{BM}x{BN}x{BK}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}{options}"
         cases[name] = (bench.matmul.kernel, ragged, dict(c.all_kwargs()), {})
+    # clusters with TMA multicast (not in the default space) in each warp-specialized mode, B shared at run time
+    square = tuple(torch.empty(4096, 4096, dtype=torch.float16, device="meta") for _ in range(3))
+    for mode in ("warp_specialize", "persistent", "pingpong"):
+        kw = dict(BM=128, BN=128, BK=64, num_warps=4, num_stages=4, cluster=2, **{mode: True})
+        cases[f"bench-cluster/128x128x64-w4-s4-{mode}-cluster2"] = (bench.matmul.kernel, square, kw, {})
     return cases
 
 

@@ -11,3 +11,8 @@ for spec in ${BENCH:-"fp16:8192x8192x1024,4096x4096x4096,8192x8192x8192:128x256x
   IFS=: read dtype shapes configs modes <<< "$spec"
   timeout ${T_BENCH:-200} python3 -m benchmarks.configs --no-tuned --dtype $dtype --shapes $shapes --configs $configs --modes $modes --out $OUT/$dtype > $OUT/bench_$dtype.log 2>&1; echo "$dtype rc=$?"; grep "^|" $OUT/bench_$dtype.log | head -40
 done
+# each launch's cluster size as the profiler sees it (Python launcher first, then the compiled one; odd grid last)
+if [ -n "$NCU" ]; then
+  timeout 120 /usr/local/cuda/bin/ncu --section LaunchStats python3 scripts/cluster_launch_check.py > $OUT/ncu_launch.log 2>&1; echo "ncu rc=$?"
+  grep -E "M=|Cluster Size|Grid Size  " $OUT/ncu_launch.log
+fi
