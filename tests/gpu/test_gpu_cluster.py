@@ -138,7 +138,7 @@ def test_other_dtypes(mode, kind, shape):
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention(causal):
     """The attention forward's key/value tiles depend on the batch and head (program 1), not on the query block:
-    the pair loads them once (causal: the loop bounds depend on the query block, so compared at run time)."""
+    the pair loads them once. Causal: the loop's bound depends on the query block, so no clusters."""
     from attention_checks import check, inputs
 
     attention = load_example("attention")

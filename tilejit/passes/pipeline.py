@@ -146,7 +146,8 @@ def specialize_warps(fn: Function, target: Target) -> None:
         if not _prelude_on_extra_threads(fn, loop):
             # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
             fn.attrs["producer_first"] = True
-        elif target.persistent:
+        elif target.persistent and all(_runs_on_one_thread(o) for o in _before(fn, loop)):
+            # (what precedes the loop is repeated per program by the producer's one thread: no reduction there)
             # a cluster's two programs walk programs side by side: an even count keeps the pairs together
             programs = target.sm_count or DEFAULT_SM_COUNT
             fn.attrs["persistent"] = programs - programs % target.cluster
@@ -176,8 +177,9 @@ def launched_threads(fn: Function, target: Target) -> int:
 def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
     """The TMA loads of a warp-specialized ``loop`` that the two programs of a cluster along x (programs 2i and
     2i + 1 of the x axis, or of a persistent walk's order) may load once for both, each with the values it needs
-    compared between the two at run time: the values computed before the loop that its window starts and the
-    loop's bounds depend on (through the body's scalar math) and that depend on ``T.program_id(0)``. Where that
+    compared between the two at run time: the values computed before the loop that its window starts depend on
+    (through the body's scalar math) and that depend on ``T.program_id(0)``. None when the loop's bounds depend on
+    ``T.program_id(0)``: the two programs must run the loop as many times. Where that
     list is empty the windows are alike in both programs at every iteration (the DESIGN matmul's B: ``k0``,
     ``program_id(1) * BN``); otherwise the producer computes those values for the other program too (they must
     come from scalar math or scalar reads) and multicasts only when all are equal (a grouped launch order's B,
@@ -213,6 +215,11 @@ def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
                 out.append(v)
         return out
 
+    # Both programs of a pair must run the loop as many times: every slot's "empty" barrier counts both programs'
+    # warps, and a persistent walk keeps the two rings' slot counts in step. So the bounds may not depend on
+    # program_id(0) (a causal bound does; no clusters then).
+    if any(depends(v) for v in leaves(loop.operands[:3])):
+        return []
     before = _before(fn, loop)
     found = []
     for o in body.ops:
@@ -299,6 +306,14 @@ def _scalar_only(op: Op) -> bool:
 
 # Tile ops that compute registers only (no memory, no shared scratch): the producer warpgroup may run them.
 _REGISTER_ONLY = frozenset({OpKind.SPLAT, OpKind.ARANGE, OpKind.BROADCAST, OpKind.EXPAND_DIMS})
+
+
+def _runs_on_one_thread(op: Op) -> bool:
+    """Runs on the extra threads and needs no other thread: scalar math (not a reduction of a tile, which goes
+    through shuffles and shared memory) or a register-only tile op."""
+    if not _runs_on_extra_threads(op):
+        return False
+    return not any(v.is_tile for v in op.operands) or op.kind in _REGISTER_ONLY or op.kind.is_elementwise
 
 
 def _runs_on_extra_threads(op: Op) -> bool:
