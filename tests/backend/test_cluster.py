@@ -17,39 +17,17 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from _lowering import braced_block
 from kernels import bmm_grid3, matmul_staged as mm
 from tilejit.autotuner import Config
 from tilejit.errors import TilejitError, UsageValueError
 from tilejit.ir import OpKind
 from tilejit.passes.pipeline import multicast_loads
 from tilejit.target import LaunchOptions, Target
+from test_warp_specialize import _args, _compile, _meta, _section  # the same compile helpers and shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_compile_cache")
 
 F16 = torch.float16
-
-
-def _meta(*shape, dtype=F16):
-    return torch.empty(*shape, dtype=dtype, device="meta")
-
-
-def _args(m=1000, n=768, k=512):
-    return _meta(m, k), _meta(k, n), _meta(m, n)
-
-
-def _compile(kernel, *args, arch="sm_90a", stop_after="cuda", **kw):
-    kw.setdefault("BM", 128)
-    kw.setdefault("BN", 256)
-    kw.setdefault("BK", 64)
-    kw.setdefault("num_warps", 8)
-    kw.setdefault("num_stages", 4)
-    return kernel.compile(*args, arch=arch, stop_after=stop_after, **kw)
-
-
-def _section(cuda: str, start: str) -> str:
-    """The braced block opened by the first line containing ``start``."""
-    return braced_block(cuda, cuda.index(start))
 
 
 def _loads(code: str, st, tensor: str) -> list[str]:
