@@ -41,6 +41,7 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int, int]]:
 MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent": True},
          "pingpong": {"pingpong": True}}
 MODES.update({f"{name}-c2": {**options, "cluster": 2} for name, options in list(MODES.items()) if options})
+MODES["stream-k"] = {"stream_k": True}  # persistent, the last waves' tiles shared out as K iterations
 
 
 def _problem(dtype_name: str, m: int, n: int, k: int):

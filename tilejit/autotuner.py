@@ -85,13 +85,14 @@ class Config:
         persistent: bool = False,
         pingpong: bool = False,
         cluster: int = 1,
+        stream_k: bool = False,
     ) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
         try:
             self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent, pingpong,
-                                         cluster)
+                                         cluster, stream_k)
         except ValueError as e:
             raise ValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
@@ -102,12 +103,13 @@ class Config:
         self.persistent = persistent
         self.pingpong = pingpong
         self.cluster = cluster
+        self.stream_k = stream_k
         self.pre_hook = pre_hook
         self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
         """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
-        warp_specialize, persistent, pingpong and cluster when they are not off)."""
+        warp_specialize, persistent, pingpong, cluster and stream_k when they are not off)."""
         return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **self._extra()}
 
     def _extra(self) -> dict[str, Any]:
@@ -116,7 +118,8 @@ class Config:
                 **({"warp_specialize": True} if self.warp_specialize else {}),
                 **({"persistent": True} if self.persistent else {}),
                 **({"pingpong": True} if self.pingpong else {}),
-                **({"cluster": self.cluster} if self.cluster != 1 else {})}
+                **({"cluster": self.cluster} if self.cluster != 1 else {}),
+                **({"stream_k": True} if self.stream_k else {})}
 
     @property
     def identity(self) -> str:

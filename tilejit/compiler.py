@@ -131,7 +131,8 @@ class Specialization:
                        + (["warp_specialize"] if self.options.warp_specialize else [])
                        + (["persistent"] if self.options.persistent else [])
                        + (["pingpong"] if self.options.pingpong else [])
-                       + ([f"cluster{self.options.cluster}"] if self.options.cluster != 1 else []),
+                       + ([f"cluster{self.options.cluster}"] if self.options.cluster != 1 else [])
+                       + (["stream_k"] if self.options.stream_k else []),
             "target": target,
         }
 
@@ -201,6 +202,8 @@ class Stages:
     param_kinds: list[str] | None = None
     shared_bytes: int | None = None
     tensor_maps: list[dict] | None = None
+    stream_k_slot_bytes: int = 0        # a stream-K program's share of the partial-sum workspace (lower_split_k)
+    stream_k_flags: int = 0             # and its flags
     ptx: str | None = None
     cubin: bytes | None = None
     nvrtc_log: str = ""
@@ -247,6 +250,7 @@ def _cuda_stage(st: Stages) -> None:
         raise _shared_memory_error(st, out, limit)
     st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
                                                                  out.tensor_maps)
+    st.stream_k_slot_bytes, st.stream_k_flags = out.stream_k_slot_bytes, out.stream_k_flags
 
 
 def _deepest_ring(fn: Function) -> int:
@@ -442,6 +446,12 @@ def check_meta(meta: dict) -> None:
     need("value_layout", lambda v: isinstance(v, dict) and all(
         isinstance(n, str) and isinstance(p, list) and len(p) == 2 and all(count(i) for i in p)
         for n, p in v.items()))
+    for name in ("stream_k", "stream_k_slot_bytes", "stream_k_flags"):  # (absent from entries before stream-K)
+        if name in meta:
+            need(name, count)
+    if meta.get("stream_k") and not (meta.get("stream_k_slot_bytes") and meta.get("stream_k_flags")):
+        raise ValueError("meta.json: a stream-K kernel without its workspace size ('stream_k_slot_bytes', "
+                         "'stream_k_flags')")
 
 
 def _versions() -> dict[str, str]:
@@ -469,6 +479,8 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
         "split_k": target.split_k, "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
+        "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
+        "stream_k_flags": st.stream_k_flags,
     }
     return files, meta
 

@@ -433,6 +433,18 @@ def _split_reduce(op: Op, env: Env, ctx: _Context) -> None:
     env[op.results[0].id] = env[op.operands[0].id]
 
 
+# Stream-K ops likewise: the interpreter's program runs its tile's whole K loop (iterations 0 to "no end": the
+# pass caps the loop's bound at the original one) and its sum needs no fix-up.
+@rule(OpKind.STREAM_K_BOUND)
+def _stream_k_bound(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = torch.tensor(2**31 - 1 if op.attrs.end else 0, dtype=torch.int32)
+
+
+@rule(OpKind.STREAM_K_FIXUP)
+def _stream_k_fixup(op: Op, env: Env, ctx: _Context) -> None:
+    env[op.results[0].id] = env[op.operands[0].id]
+
+
 # -- reductions and matrix products ----------------------------------------------------------------
 
 @rule(OpKind.REDUCE)

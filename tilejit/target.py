@@ -134,7 +134,10 @@ class LaunchOptions:
     implies ``persistent``) and ``cluster`` (2: a warp-specialized kernel runs in clusters of two programs
     adjacent along x, and each ring tile whose window is the same in both, like the DESIGN matmul's B, is loaded
     once by TMA multicast into both; implies ``warp_specialize`` for loops that do not say; a grid whose x extent
-    is odd runs without clusters; see ``passes/pipeline.multicast_loads``)."""
+    is odd runs without clusters; see ``passes/pipeline.multicast_loads``) and ``stream_k`` (a persistent kernel
+    whose K loop is shared out in equal runs of iterations, so the output tiles of the last, partial wave are
+    computed by every SM in parts that one of them sums: no SM idles through the tail; implies ``persistent``;
+    see ``passes/split_k.stream_k``)."""
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
@@ -142,6 +145,7 @@ class LaunchOptions:
     persistent: bool = False
     pingpong: bool = False
     cluster: int = 1
+    stream_k: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
@@ -160,15 +164,18 @@ class LaunchOptions:
         if type(self.cluster) is not int or self.cluster not in VALID_CLUSTER:
             raise UsageValueError(f"cluster must be one of {VALID_CLUSTER} (programs per thread-block cluster along "
                                   f"x), got {self.cluster!r}")
+        if type(self.stream_k) is not bool:
+            raise UsageValueError(f"stream_k must be True or False, got {self.stream_k!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong", "cluster")
+        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong", "cluster",
+                "stream_k")
 
     def as_dict(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
                 "warp_specialize": self.warp_specialize, "persistent": self.persistent, "pingpong": self.pingpong,
-                "cluster": self.cluster}
+                "cluster": self.cluster, "stream_k": self.stream_k}
 
 
 LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
@@ -188,9 +195,9 @@ class Target:
     @classmethod
     def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
            warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0,
-           pingpong: bool = False, cluster: int = 1) -> "Target":
+           pingpong: bool = False, cluster: int = 1, stream_k: bool = False) -> "Target":
         return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent,
-                                                   pingpong, cluster), sm_count)
+                                                   pingpong, cluster, stream_k), sm_count)
 
     @property
     def sm(self) -> int:
@@ -214,7 +221,7 @@ class Target:
 
     @property
     def persistent(self) -> bool:
-        return self.options.persistent or self.options.pingpong
+        return self.options.persistent or self.options.pingpong or self.options.stream_k
 
     @property
     def pingpong(self) -> bool:
@@ -223,6 +230,10 @@ class Target:
     @property
     def cluster(self) -> int:
         return self.options.cluster
+
+    @property
+    def stream_k(self) -> bool:
+        return self.options.stream_k
 
     @property
     def threads(self) -> int:

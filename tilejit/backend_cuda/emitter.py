@@ -235,6 +235,8 @@ class Emitter:
         self.smem_top = 0
         self.smem_peak = 0  # the most shared memory any point of the kernel holds (loops give theirs back)
         self.scratch_bytes = 0
+        # a stream-K kernel's workspace, per program (lower_split_k): 4-byte words of its slot, and its flags
+        self.stream_k_words = self.stream_k_flags = 0
         self.scratch_users: list[Callable[[int], None]] = []
         # work an enclosing loop wants issued while the tensor cores run a gemm (taken by the first gemm); it may
         # return how many wgmma groups it issued that may stay pending behind the gemm's (a deferred gemm)
@@ -466,6 +468,10 @@ class Emitter:
 
     def generate(self) -> tuple[str, list[str], int]:
         decls, kinds = self.params()
+        if self.fn.attrs.get("stream_k"):  # the grid it stands for, and its workspace (runtime/launch.StreamKLauncher)
+            decls += ["int32_t tj_grid0", "int32_t tj_grid1", "int32_t tj_grid2", "unsigned* __restrict__ tj_sk_ws",
+                      "unsigned* tj_sk_flags"]
+            kinds += ["i32", "i32", "i32", "ptr", "ptr"]
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         if self.fn.attrs.get("persistent") or self.fn.attrs.get("producer_first"):
             SPECIALIZED_BODY[0](self)
@@ -534,6 +540,8 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         return f"({c_type(dtype)}){value}{suffix}"
     if op.kind in (OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS):
         builtin = f"{'blockIdx' if op.kind is OpKind.PROGRAM_ID else 'gridDim'}.{'xyz'[op.attrs.axis]}"
+        if op.kind is OpKind.NUM_PROGRAMS and em.fn.attrs.get("stream_k"):
+            return f"tj_grid{op.attrs.axis}"  # launched one program per SM: the user's grid is a parameter
         if op.kind is OpKind.PROGRAM_ID and em.fn.attrs.get("persistent"):
             return f"tj_pid{op.attrs.axis}"  # the program this persistent one is running now (emit_persistent)
         if op.kind is OpKind.PROGRAM_ID and op.attrs.axis == 0 and em.partner_x:

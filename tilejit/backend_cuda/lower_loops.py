@@ -556,7 +556,7 @@ def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, f
     em.line("int tj_pit = 0;")
     walk = per_program is not None and em.fn.attrs.get("persistent")
     if walk:
-        em.open(_program_walk(em))
+        _open_walk(em)
     if per_program is not None:
         per_program()
     flags = _pair_flags(em, op, multicast) if multicast else {}
@@ -628,10 +628,73 @@ def _program_walk(em: Emitter, groups: int = 1) -> str:
             f"tj_prog += {groups * programs})")
 
 
+def _open_walk(em: Emitter, groups: int = 1) -> None:
+    """Open a persistent program's loop over its work (``_program_walk``), or a stream-K program's: its whole
+    tiles of the first waves (``tj_prog``), then its run of the last waves' K iterations, as the part of one tile
+    after another it covers (iterations ``tj_sk_k0`` to ``tj_sk_k1`` of tile ``tj_prog``; ``_stream_k_schedule``)."""
+    if not em.fn.attrs.get("stream_k"):
+        em.open(_program_walk(em, groups))
+        return
+    programs = em.fn.attrs["persistent"]
+    # (computed by each side of the producer split: values live across setmaxnreg would be spilled)
+    _stream_k_schedule(em, next(o for o in em.fn.body.ops if o.kind is OpKind.FOR and o.attrs.producer_warpgroup))
+    em.line("long long tj_w = tj_first;")
+    em.line("int tj_sk_it = tj_sk_begin;")
+    em.open("while (tj_w < tj_sk_dp || tj_sk_it < tj_sk_end)")
+    em.line("long long tj_prog = tj_w;  // a whole tile of the first waves")
+    em.line("int tj_sk_k0 = 0, tj_sk_k1 = tj_sk_units;")
+    em.open("if (tj_w < tj_sk_dp)")
+    em.line(f"tj_w += {programs};")
+    em.close()
+    em.open("else")
+    em.line("// the next part of this program's run of the last waves' iterations")
+    em.line("const int tj_tile = tj_sk_it / tj_sk_units;")
+    em.line("tj_prog = tj_sk_dp + tj_tile;")
+    em.line("tj_sk_k0 = tj_sk_it - tj_tile * tj_sk_units;")
+    em.line("tj_sk_k1 = min(tj_sk_units, tj_sk_k0 + (tj_sk_end - tj_sk_it));")
+    em.line("tj_sk_it += tj_sk_k1 - tj_sk_k0;")
+    em.close()
+
+
+def _stream_k_schedule(em: Emitter, loop: Op) -> None:
+    """A stream-K kernel's work split (passes/split_k.stream_k), computed alike by every thread at the kernel's
+    start: with T tiles of U iterations each and P programs, the first T - S tiles run whole (S = 0 when P divides
+    T, else T mod P + P, or T when T < P), program p taking tiles p, p + P, ...; the last S * U iterations are cut
+    into P runs as equal as integers allow, program p's from ``tj_sk_begin`` to ``tj_sk_end`` (counted over all
+    tiles' iterations). U is the K loop's trip count, the same in every tile (the pass checked), computed here
+    from the loop's own bounds as program 0 would."""
+    programs = em.fn.attrs["persistent"]
+    bound = next(o for o in em.fn.body.ops if o.kind is OpKind.STREAM_K_BOUND)
+    lo, hi, step = bound.operands
+    em.line("int tj_sk_units;  // the K loop's iterations per tile")
+    em.open("")
+    em.line("const long long tj_prog = 0;")
+    _program_ids(em)
+    em.emit_ops(compared_slice(em.fn, loop, [lo, hi, step]))
+    x, s = em.name(lo), em.name(step)
+    em.line(f"tj_sk_units = {em.name(hi)} > {x} ? (int)(({em.name(hi)} - {x} + {s} - 1) / {s}) : 0;")
+    em.close()
+    em.line("if (tj_sk_units < 1) tj_sk_units = 1;  // a loop of no iterations: one empty run per tile, whole")
+    em.line(f"const int tj_sk_tiles = tj_nprogs % {programs} == 0 ? 0 : tj_nprogs < {programs} ? (int)tj_nprogs "
+            f": {programs} + (int)(tj_nprogs % {programs});  // the tiles cut into runs")
+    em.line("const long long tj_sk_dp = tj_nprogs - tj_sk_tiles;  // the tiles run whole, first")
+    em.line("// this program's run: iterations tj_sk_begin to tj_sk_end of the last tj_sk_tiles tiles' tj_sk_total")
+    em.line("const int tj_sk_total = tj_sk_tiles * tj_sk_units;")
+    em.line(f"const int tj_sk_begin = (int)(tj_first * tj_sk_total / {programs});")
+    em.line(f"const int tj_sk_end = (int)((tj_first + 1) * tj_sk_total / {programs});")
+
+
+def _grid_dim(em: Emitter, axis: int) -> str:
+    """The user's grid extent along ``axis``: a stream-K kernel is launched with one program per SM and is told
+    the grid it stands for (``tj_grid0..2``)."""
+    return f"tj_grid{axis}" if em.fn.attrs.get("stream_k") else f"gridDim.{'xyz'[axis]}"
+
+
 def _program_ids(em: Emitter) -> None:
-    em.line("const int32_t tj_pid0 = (int32_t)(tj_prog % gridDim.x);")
-    em.line("const int32_t tj_pid1 = (int32_t)((tj_prog / gridDim.x) % gridDim.y);")
-    em.line("const int32_t tj_pid2 = (int32_t)(tj_prog / ((long long)gridDim.x * gridDim.y));")
+    g0, g1 = _grid_dim(em, 0), _grid_dim(em, 1)
+    em.line(f"const int32_t tj_pid0 = (int32_t)(tj_prog % {g0});")
+    em.line(f"const int32_t tj_pid1 = (int32_t)((tj_prog / {g0}) % {g1});")
+    em.line(f"const int32_t tj_pid2 = (int32_t)(tj_prog / ((long long){g0} * {g1}));")
     em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
 
 
@@ -709,12 +772,18 @@ def emit_specialized(em: Emitter) -> None:
     before, loop, after = ops[:at], ops[at], ops[at + 1:]
     programs = em.fn.attrs.get("persistent")
     if programs:
-        em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the "
-                "others leave at once")
-        em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
-        em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y "
-                "* blockIdx.z);")
-        em.line(f"if (tj_first >= {programs}) return;")
+        if em.fn.attrs.get("stream_k"):
+            em.line(f"// stream-K: launched as {programs} programs (one per SM) that share out the work of the grid "
+                    "tj_grid0 x tj_grid1 x tj_grid2")
+            em.line("const long long tj_nprogs = (long long)tj_grid0 * tj_grid1 * tj_grid2;")
+            em.line("const long long tj_first = blockIdx.x;")
+        else:
+            em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the "
+                    "others leave at once")
+            em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
+            em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)"
+                    "gridDim.y * blockIdx.z);")
+            em.line(f"if (tj_first >= {programs}) return;")
 
         def per_program() -> None:  # what precedes the loop, for the producer's walk and the math warps' alike
             _program_ids(em)
@@ -730,7 +799,7 @@ def emit_specialized(em: Emitter) -> None:
     em.ring_phase = "consumer"
     if programs:
         em.group_shared(True)
-        em.open(_program_walk(em, em.groups))
+        _open_walk(em, em.groups)
         if em.groups > 1:
             _skip_other_groups(em, loop)
         per_program()

@@ -85,6 +85,8 @@ class Emitted:
     tensor_maps: list[dict]
     shared_tiles: list[tuple[Value, int]]  # each shared tile (ring) and its bytes
     scratch_bytes: int                     # the buffer layout conversions and reductions share
+    stream_k_slot_bytes: int = 0           # a stream-K program's part of the partial-sum workspace
+    stream_k_flags: int = 0                # and its flags (one per accumulator)
 
 
 def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
@@ -94,7 +96,7 @@ def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
     values = {v.id: v for v in _shared_values(fn)}
     tiles = [(values[vid], tile.layout.bytes) for vid, tile in emitter.shared.items() if vid in values]
     return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps], tiles,
-                   emitter.scratch_bytes)
+                   emitter.scratch_bytes, emitter.stream_k_words * 4, emitter.stream_k_flags)
 
 
 def _shared_values(fn: Function):

@@ -312,6 +312,13 @@ class SplitAttrs:
             raise ValueError("a split-K cluster has 2 to 8 programs")
 
 
+@dataclass(frozen=True)
+class StreamKAttrs:
+    """Which end of the current stream-K run of K iterations (the ``stream_k`` launch option; passes/split_k.py):
+    its first iteration (``end`` False) or one past its last, counted from the tile's first iteration."""
+    end: bool
+
+
 class Trait(enum.Flag):
     """What passes may assume about every op of a kind."""
     NONE = 0
@@ -617,6 +624,13 @@ class OpKind(enum.Enum):
     # program reaches it once)
     SPLIT_INDEX = OpDecl("split_index", Family.SCALAR, SplitAttrs, PURE | LOWERED, no_rule)
     SPLIT_REDUCE = OpDecl("split_reduce", Family.SYNC, SplitAttrs, READS | WRITES | LOWERED, _unary)
+    # stream-K (passes/split_k.stream_k): the bounds of the run of K iterations a persistent program does now for
+    # its output tile (int32, from 0 to the tile's iteration count), and the fix-up of a partial accumulator
+    # after it: a run that does not start the tile hands its sum to the program that does (through a global
+    # workspace), and that program adds the sums of the tile's later runs to its own (valid where the run starts
+    # the tile, which is where the epilogue runs)
+    STREAM_K_BOUND = OpDecl("stream_k_bound", Family.SCALAR, StreamKAttrs, PURE | LOWERED, no_rule)
+    STREAM_K_FIXUP = OpDecl("stream_k_fixup", Family.SYNC, NoAttrs, READS | WRITES | LOWERED, _unary)
 
     @property
     def mnemonic(self) -> str:

@@ -180,7 +180,7 @@ def _constant(an: Divisibility, op: Op) -> Facts:
     return Facts(power_of_two_part(int(value), _cap(op.result.dtype)), value >= 0)
 
 
-@_rule(OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.LIST_LEN, OpKind.SPLIT_INDEX)
+@_rule(OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.LIST_LEN, OpKind.SPLIT_INDEX, OpKind.STREAM_K_BOUND)
 def _grid_and_counts(an: Divisibility, op: Op) -> Facts:
     return Facts(1, True)
 

@@ -18,6 +18,7 @@ from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
 from ..ir.rewrite import reads, use_counts
+from .split_k import StreamKError, stream_k
 from .transpose_operands import IN_FLIGHT_COPIES
 
 
@@ -119,6 +120,13 @@ def specialize_warps(fn: Function, target: Target) -> None:
     (``fn.attrs["groups"]``), each running every other program of the walk with its own registers, shared memory
     and barriers; the producer fills one ring for both, in the walk's order, so one group's main loop runs while
     the other finishes its epilogue."""
+    if target.stream_k and (target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1
+                            or target.pingpong or target.cluster > 1):
+        why = ("split_k" if fn.attrs.get("split_k", 1) > 1 else "pingpong" if target.pingpong else "cluster=2"
+               if target.cluster > 1 else "num_warps not a multiple of 4" if target.sm == 90 else
+               f"{target.arch.name} (it needs sm_90a's warp-specialized persistent loop)")
+        raise StreamKError(f"kernel {fn.name}: stream_k does not combine with {why}", filename=fn.filename,
+                           hint="launch without stream_k, or with persistent=True alone")
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
         asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
         if asked and target.sm == 90:
@@ -155,6 +163,17 @@ def specialize_warps(fn: Function, target: Target) -> None:
                 fn.attrs["groups"] = PINGPONG_GROUPS
         if target.cluster > 1 and multicast_loads(fn, loop):
             fn.attrs["cluster"] = target.cluster
+        if target.stream_k:
+            if not fn.attrs.get("persistent"):
+                raise _refusal(loop, "stream_k needs a persistent kernel, and this one cannot be: something before "
+                                     "the loop loads a tile, writes memory or reduces a tile", StreamKError,
+                               "launch without stream_k")
+            stream_k(fn, loop)
+            fn.attrs["stream_k"] = fn.attrs["persistent"]
+    if target.stream_k and not chosen:
+        raise StreamKError(f"kernel {fn.name}: stream_k needs a K loop the compiler can warp-specialize (a wgmma "
+                           "loop whose pipelined tiles are all loaded by TMA); this kernel has none",
+                           filename=fn.filename, hint="launch without stream_k")
         # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
                 and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
@@ -324,9 +343,10 @@ def _runs_on_extra_threads(op: Op) -> bool:
     return op.kind in _REGISTER_ONLY or op.kind.is_elementwise
 
 
-def _refusal(loop: Op, message: str) -> CompilationError:
-    return CompilationError.at(loop.loc, message, hint="drop warp_specialize=True from this T.range, or write the "
-                                                       "loop as a plain main loop at the kernel's top level")
+def _refusal(loop: Op, message: str, cls: type[CompilationError] = CompilationError,
+             hint: str = "drop warp_specialize=True from this T.range, or write the loop as a plain main loop at "
+                         "the kernel's top level") -> CompilationError:
+    return cls.at(loop.loc, message, hint=hint)
 
 
 def _keep_in_tmem(gemm: Op) -> None:

@@ -1,4 +1,7 @@
-"""Split-K: the K loop of a GEMM-like kernel cut over the programs of one thread-block cluster.
+"""Split-K and stream-K: the K loop of a GEMM-like kernel cut into parts that several programs run, their
+partial sums added before the epilogue.
+
+**Split-K** cuts it over the programs of one thread-block cluster.
 
 With the ``split_k=S`` launch option (2 <= S <= 8, sm_90 and newer), each program of the user's grid becomes a
 cluster of S programs stacked along z. Program ``r`` of a cluster (``tj.split_index``) runs the ``r``-th of S
@@ -16,19 +19,33 @@ located :class:`~tilejit.errors.CompilationError` saying why:
   else in the loop reading it; its step is a positive compile-time constant;
 * the accumulators are float32 or int32 (the partials are exchanged as 4-byte words);
 * nothing before the loop writes memory (all S programs run it), and the loop's results are used after it only.
+
+**Stream-K** (the ``stream_k`` launch option, sm_90a; :func:`stream_k`) serves a persistent kernel, whose P
+programs (one per SM) walk the output tiles. When the tile count T is not a multiple of P, the last wave leaves
+SMs idle. With stream-K the walk hands out the tiles of the last one to two waves (T mod P + P of them, or all T
+when T < P) as K iterations instead: program p gets the p-th of P equal runs of their iterations, which may
+start or end inside a tile. A run that does not start its tile writes its partial accumulators to a global
+workspace and raises its flag; the program whose run starts the tile waits for the flags of the tile's later
+runs (always programs p + 1, p + 2, ..., which reach those runs first), adds their sums in that order
+(deterministic) and runs the epilogue. The tiles before run whole, as in a persistent kernel. The same kernel
+checks apply, and the loop's bounds must not depend on ``T.program_id`` (every tile has as many iterations).
 """
 from __future__ import annotations
 
 from ..errors import CompilationError
 from .. import dtypes as D
 from ..ir import (BinaryAttrs, BinaryOp, Block, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, Function,
-                  NoAttrs, Op, OpKind, ScalarType, SplitAttrs, Value)
+                  NoAttrs, Op, OpKind, ScalarType, SplitAttrs, StreamKAttrs, Value)
 from ..ir.rewrite import defining_op, is_zero
 from ..target import Target
 
 
 class SplitKError(CompilationError):
     """The ``split_k`` launch option asked for a kernel (or an arch) the split-K rewrite cannot serve."""
+
+
+class StreamKError(CompilationError):
+    """The ``stream_k`` launch option asked for a kernel (or an arch) the stream-K rewrite cannot serve."""
 
 
 def split_k(fn: Function, target: Target) -> None:
@@ -38,39 +55,98 @@ def split_k(fn: Function, target: Target) -> None:
     if target.sm < 90:
         raise _error(fn, None, f"split_k={splits} needs thread-block clusters (sm_90 or newer); {target.arch} has "
                                "none", "launch with split_k=1 on this GPU")
-    loop = _the_k_loop(fn)
-    _check_prologue(fn, loop)
+    loop = _the_k_loop(fn, "split_k")
+    _check_prologue(fn, loop, "split_k")
     r = _split_loop_bounds(fn, loop, splits)
     _reduce_and_guard_epilogue(fn, loop, r, splits)
     fn.attrs["split_k"] = splits
 
 
+def stream_k(fn: Function, loop: Op) -> None:
+    """Cut ``loop`` (the warp-specialized K loop of a persistent kernel) into stream-K runs: its bounds become
+    those of the run the program does now (``stream_k_bound``, which also carries the loop's own bounds for the
+    walk's schedule), the loop's results are fixed up (``stream_k_fixup``) and what follows the loop runs only
+    where the run starts the tile. Raises :class:`StreamKError` for kernels it cannot cut exactly."""
+    if _the_k_loop(fn, "stream_k") is not loop:
+        raise _error(fn, loop, "stream_k: the warp-specialized loop is not the kernel's K loop",
+                     "launch without stream_k", StreamKError)
+    _check_prologue(fn, loop, "stream_k")
+    varying = next((o for o in _computing(fn, loop.operands[:3]) if o.kind is OpKind.PROGRAM_ID), None)
+    if varying is not None:
+        raise _error(fn, loop, "stream_k needs the K loop to run as many iterations in every output tile; its "
+                               "bounds depend on T.program_id", "launch without stream_k (persistent=True keeps "
+                                                                 "whole tiles per program)", StreamKError)
+    lo, hi, step = loop.operands[:3]
+    t = lo.type
+    at = fn.body.ops.index(loop)
+    new: list[Op] = []
+
+    def emit(kind: OpKind, operands: list[Value], attrs, type_=t) -> Value:
+        op = Op(kind, operands, [type_], attrs, loc=loop.loc)
+        new.append(op)
+        return op.result
+
+    def bound(end: bool) -> Value:
+        k = emit(OpKind.STREAM_K_BOUND, [lo, hi, step], StreamKAttrs(end), ScalarType(D.int32))
+        return k if t.dtype == D.int32 else emit(OpKind.CAST, [k], CastAttrs(t.dtype))
+
+    k0, k1 = bound(False), bound(True)
+    new_lo = emit(OpKind.BINARY, [lo, emit(OpKind.BINARY, [k0, step], BinaryAttrs(BinaryOp.MUL))],
+                  BinaryAttrs(BinaryOp.ADD))
+    end = emit(OpKind.BINARY, [lo, emit(OpKind.BINARY, [k1, step], BinaryAttrs(BinaryOp.MUL))],
+               BinaryAttrs(BinaryOp.ADD))
+    new_hi = emit(OpKind.BINARY, [hi, end], BinaryAttrs(BinaryOp.MIN))
+    new_lo.name, new_hi.name = "k_run_lo", "k_run_hi"
+    fn.body.ops[at:at] = new
+    loop.operands[0], loop.operands[1] = new_lo, new_hi
+    _reduce_and_guard_epilogue(fn, loop, new[0].result, None)
+
+
+def _computing(fn: Function, values: list[Value]) -> list[Op]:
+    """The ops of the kernel's top-level block that ``values`` are computed from (through any depth)."""
+    producers = {r.id: o for o in fn.body.ops for r in o.results}
+    seen, out, stack = set(), [], list(values)
+    while stack:
+        v = stack.pop()
+        op = producers.get(v.id)
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        out.append(op)
+        stack.extend(op.operands)
+    return out
+
+
 # -- which loop ---------------------------------------------------------------------------------------------
 
-def _the_k_loop(fn: Function) -> Op:
+#: How each option that cuts the K loop is turned off, for the hints of its errors.
+_OFF = {"split_k": "launch with split_k=1", "stream_k": "launch without stream_k"}
+
+
+def _the_k_loop(fn: Function, option: str) -> Op:
     loops = [op for op in fn.body.ops if op.kind is OpKind.FOR and op.results
              and any(inner.kind is OpKind.GEMM for inner in op.regions[0].walk())]
+    off = _OFF[option]
     if len(loops) != 1:
         where = loops[1] if len(loops) > 1 else None
-        raise _error(fn, where, f"split_k needs exactly one top-level loop that accumulates matrix products; this "
+        raise _error(fn, where, f"{option} needs exactly one top-level loop that accumulates matrix products; this "
                                 f"kernel has {len(loops)}",
-                     "split_k applies to kernels shaped like the DESIGN.md matmul (one K loop, then the epilogue); "
-                     "launch with split_k=1")
+                     f"{option} applies to kernels shaped like the DESIGN.md matmul (one K loop, then the epilogue); "
+                     f"{off}")
     loop = loops[0]
     body = loop.regions[0]
     for i, arg in enumerate(body.args[1:]):
         why = _not_a_sum(loop, i)
         if why:
-            raise _error(fn, loop, f"split_k cannot cut this loop: its carried value '{arg.name or i}' {why}",
-                         "only sums (acc = zeros; acc += a @ b or acc += x) can be split over K; launch with "
-                         "split_k=1")
+            raise _error(fn, loop, f"{option} cannot cut this loop: its carried value '{arg.name or i}' {why}",
+                         f"only sums (acc = zeros; acc += a @ b or acc += x) can be split over K; {off}")
         if arg.dtype not in (D.float32, D.int32):
-            raise _error(fn, loop, f"split_k needs float32 or int32 accumulators; '{arg.name or i}' is "
-                                   f"{arg.dtype.name}", "accumulate in float32 (or int32), or launch with split_k=1")
+            raise _error(fn, loop, f"{option} needs float32 or int32 accumulators; '{arg.name or i}' is "
+                                   f"{arg.dtype.name}", f"accumulate in float32 (or int32), or {off}")
     step = defining_op(loop.operands[2])
     if step is None or step.kind is not OpKind.CONSTANT or not step.attrs.value > 0:
-        raise _error(fn, loop, "split_k needs a loop step that is a positive compile-time constant",
-                     "step the K loop by a constexpr tile size (T.range(0, K, BK)), or launch with split_k=1")
+        raise _error(fn, loop, f"{option} needs a loop step that is a positive compile-time constant",
+                     f"step the K loop by a constexpr tile size (T.range(0, K, BK)), or {off}")
     return loop
 
 
@@ -127,13 +203,15 @@ def _depends_on(v: Value, root: Value, body: Block) -> bool:
     return False
 
 
-def _check_prologue(fn: Function, loop: Op) -> None:
+def _check_prologue(fn: Function, loop: Op, option: str) -> None:
+    who = {"split_k": "every program of a split-K cluster", "stream_k": "every program with a share of the tile's K "
+                                                                         "loop"}[option]
     for op in fn.body.ops[:fn.body.ops.index(loop)]:
         effects = [op] + [inner for region in op.regions for inner in region.walk()]
         writer = next((o for o in effects if o.kind.writes_memory), None)
         if writer is not None:
-            raise _error(fn, writer, "split_k: this write comes before the K loop, and every program of a split-K "
-                                     "cluster would run it", "move it after the loop, or launch with split_k=1")
+            raise _error(fn, writer, f"{option}: this write comes before the K loop, and {who} would run it",
+                         f"move it after the loop, or {_OFF[option]}")
 
 
 # -- the rewrite ---------------------------------------------------------------------------------------------
@@ -170,14 +248,16 @@ def _split_loop_bounds(fn: Function, loop: Op, splits: int) -> Value:
     return r32
 
 
-def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int) -> None:
-    """Sum the loop's results over the cluster, then run everything after the loop in program 0 only."""
+def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int | None) -> None:
+    """Sum the loop's results over the cluster (``splits`` programs; None: over a stream-K tile's runs), then run
+    everything after the loop only where ``r`` is 0 (program 0 of the cluster; the run that starts the tile)."""
     ops = fn.body.ops
     at = ops.index(loop) + 1
     epilogue = ops[at:]
     del ops[at:]
     for result in loop.results:
-        reduce = Op(OpKind.SPLIT_REDUCE, [result], [result.type], SplitAttrs(splits), loc=loop.loc)
+        kind, attrs = (OpKind.SPLIT_REDUCE, SplitAttrs(splits)) if splits else (OpKind.STREAM_K_FIXUP, NoAttrs())
+        reduce = Op(kind, [result], [result.type], attrs, loc=loop.loc)
         reduce.result.name = result.name
         for op in epilogue:
             for inner in [op] + [o for region in op.regions for o in region.walk()]:
@@ -192,8 +272,9 @@ def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int) ->
     ops.extend([zero, leader, guard])
 
 
-def _error(fn: Function, op: Op | None, message: str, hint: str) -> SplitKError:
+def _error(fn: Function, op: Op | None, message: str, hint: str,
+           cls: type[CompilationError] = SplitKError) -> CompilationError:
     loc = getattr(op, "loc", None)
     if loc is None:
-        return SplitKError(f"kernel {fn.name}: {message}", filename=fn.filename, hint=hint)
-    return SplitKError.at(loc, message, hint=hint)
+        return cls(f"kernel {fn.name}: {message}", filename=fn.filename, hint=hint)
+    return cls.at(loc, message, hint=hint)

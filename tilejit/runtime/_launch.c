@@ -74,6 +74,8 @@ typedef struct {
     unsigned smem;
     unsigned zscale; /* programs launched per program of the grid along z (split-K clusters), >= 1 */
     unsigned xcluster; /* programs per cluster along x (TMA multicast), >= 1; a grid x not a multiple: none */
+    int python_only; /* every launch goes to `fallback` with the packed values (a stream-K kernel: runtime/launch.py
+                        adds its grid and the stream's workspace) */
     int device;
     Py_ssize_t nvalues;   /* parameters that come from arguments, in order */
     Py_ssize_t ntmaps;    /* CUtensorMap parameters after them */
@@ -92,8 +94,8 @@ static void entry_dealloc(Entry *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Entry(function, block, smem, kinds, device, tmaps, fallback[, zscale[, xcluster]]); kinds is bytes of KIND_*
- * codes. */
+/* Entry(function, block, smem, kinds, device, tmaps, fallback[, zscale[, xcluster[, python_only]]]); kinds is
+ * bytes of KIND_* codes. */
 static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     unsigned long long function;
     unsigned bx, by, bz, smem;
@@ -102,8 +104,9 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     Py_ssize_t nkinds;
     PyObject *tmaps, *fallback;
     unsigned zscale = 1, xcluster = 1;
-    if (!PyArg_ParseTuple(args, "K(III)Iy#iOO|II", &function, &bx, &by, &bz, &smem, &kinds, &nkinds, &device, &tmaps,
-                          &fallback, &zscale, &xcluster))
+    int python_only = 0;
+    if (!PyArg_ParseTuple(args, "K(III)Iy#iOO|IIp", &function, &bx, &by, &bz, &smem, &kinds, &nkinds, &device, &tmaps,
+                          &fallback, &zscale, &xcluster, &python_only))
         return -1;
     if (zscale < 1 || zscale > 16) {
         PyErr_SetString(PyExc_ValueError, "zscale must be 1 to 16");
@@ -126,6 +129,7 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     self->smem = smem;
     self->zscale = zscale;
     self->xcluster = xcluster;
+    self->python_only = python_only;
     self->device = device;
     PyMem_Free(self->kinds);
     PyMem_Free(self->offsets);
@@ -657,6 +661,8 @@ static PyObject *launch(Entry *e, const unsigned grid[3], signature_t *s, PyObje
     Py_DECREF(stream_obj);
     if (stream == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
+    if (e->python_only)
+        return python_launch(e, grid, stream, s);
     if (!pack_values(e, s, buffer, params)) /* an int too wide for its 32-bit parameter: Python explains */
         return python_launch(e, grid, stream, s);
     const unsigned long long gz64 = (unsigned long long)grid[2] * e->zscale;
@@ -937,7 +943,7 @@ static PyObject *time_driver_launches(PyObject *self, PyObject *a) {
     if (!check_ready((Dispatcher *)d))
         goto done;
     if (!build_signature((Dispatcher *)d, args, kwargs, s) ||
-        !(e = (Entry *)lookup((Dispatcher *)d, s, hash_words(s->words, s->n))) || e->ntmaps) {
+        !(e = (Entry *)lookup((Dispatcher *)d, s, hash_words(s->words, s->n))) || e->ntmaps || e->python_only) {
         PyErr_SetString(PyExc_ValueError, "launch the kernel with these arguments first (and not one with tensor maps)");
         goto done;
     }

@@ -27,7 +27,7 @@ from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
 
 # Launch options added after kernels were written with parameters of the same name: such a parameter wins.
-_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent", "pingpong", "cluster"})
+_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent", "pingpong", "cluster", "stream_k"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch

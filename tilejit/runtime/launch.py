@@ -40,6 +40,10 @@ def launcher_for(compiled: CompiledKernel, device_index: int):
                 maps = compiled.meta.get("tensor_maps") or []
                 if maps:
                     launcher = _with_tensor_maps(launcher, maps, compiled.meta["value_layout"])
+                programs = int(compiled.meta.get("stream_k") or 0)
+                if programs:
+                    launcher = StreamKLauncher(launcher, programs, int(compiled.meta["stream_k_slot_bytes"]),
+                                               int(compiled.meta["stream_k_flags"]), device_index)
                 compiled.launchers[device_index] = launcher
     return launcher
 
@@ -64,6 +68,66 @@ class TensorMapLauncher:
     def native_entry(self):
         """The compiled launcher's Entry: the plain kernel's, with the maps computed by the packer."""
         return self.launcher.native_entry(tmaps=self.packer.maps, fallback=self)
+
+
+class StreamKLauncher:
+    """A stream-K kernel's launcher (passes/split_k.stream_k): it launches the kernel's P programs (one per SM, the
+    count it was compiled for) whatever the grid, and appends to the values the grid they stand for and the
+    workspace of the launch's stream (``stream_k_workspace``) before the tensor maps."""
+
+    def __init__(self, launcher, programs: int, slot_bytes: int, flags: int, device_index: int) -> None:
+        self.launcher = launcher
+        self.programs = programs
+        self.workspace_bytes = programs * slot_bytes
+        self.flag_words = programs * flags
+        self.device_index = device_index
+
+    def __call__(self, grid, stream, values) -> None:
+        data, flags = stream_k_workspace(self.device_index, stream, self.workspace_bytes, self.flag_words)
+        self.launcher((self.programs, 1, 1), stream, [*values, *grid, data, flags])
+
+    def native_entry(self):
+        """An Entry of the compiled launcher that hands every launch, its values packed, to this launcher (the
+        workspace is looked up per stream in Python)."""
+        inner = self.launcher
+        plain = inner.launcher if isinstance(inner, TensorMapLauncher) else inner
+        entry = getattr(self, "_entry", None)
+        if entry is None:
+            from . import native
+
+            module = native.load()
+            if module is None:
+                return None
+            kinds = bytes(native.KIND_CODES[k] for k in plain.param_kinds if k != "tmap")[:-5]  # the user's values
+            entry = self._entry = module.Entry(int(plain.loaded.function), plain.block, plain.dynamic_smem_bytes,
+                                               kinds, plain.loaded.device_index, None, self, 1, 1, True)
+        return entry
+
+
+#: Per (device, stream): the stream-K workspace (partial sums) and its flags, which every kernel leaves at 0.
+_WORKSPACES: dict[tuple[int, int], tuple[Any, Any]] = {}
+_workspace_lock = threading.Lock()
+
+
+def stream_k_workspace(device_index: int, stream: int, data_bytes: int, flag_words: int) -> tuple[int, int]:
+    """The addresses of the stream-K workspace of ``stream`` on ``device_index``, at least ``data_bytes`` of
+    partial sums and ``flag_words`` zeroed 32-bit flags. One per stream: launches on one stream run one after the
+    other, so they may share it; launches on two streams may run at once, so they may not. It grows by a new
+    allocation on that stream (the caching allocator orders its reuse of the old one after the stream's work)."""
+    key = (device_index, stream)
+    found = _WORKSPACES.get(key)
+    if found is None or found[0].numel() < data_bytes or found[1].numel() < flag_words:
+        import torch
+
+        with _workspace_lock, torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device_index)):
+            found = _WORKSPACES.get(key)
+            if found is None or found[0].numel() < data_bytes or found[1].numel() < flag_words:
+                old_bytes, old_flags = (found[0].numel(), found[1].numel()) if found else (0, 0)
+                device = torch.device("cuda", device_index)
+                found = (torch.empty(max(data_bytes, old_bytes), dtype=torch.uint8, device=device),
+                         torch.zeros(max(flag_words, old_flags, 1), dtype=torch.int32, device=device))
+                _WORKSPACES[key] = found
+    return found[0].data_ptr(), found[1].data_ptr()
 
 
 def pack_values(call) -> list[Any]:
