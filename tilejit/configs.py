@@ -78,6 +78,14 @@ _PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 
 # Groups of 8 warps do not fit: 640 threads leave 96 registers a thread, under a 128x128 accumulator's need.
 _PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
 
+# (BM, BN, BK, num_warps, num_stages) run with ``stream_k=True`` (persistent, the last wave's tiles cut into equal
+# runs of K iterations over every SM; passes/split_k.stream_k). Measured on an H200 against the same tiles
+# persistent (benchmarks/configs.py, RESULTS.md): with fewer tiles than SMs they gain, e.g. 128x4096x11008 261 vs
+# 170 TFLOP/s (128x128), 16x4096x4096 23.5 vs 18.3 (64x128); on large problems they lose (4096^3 128x256 623 vs
+# 696: runs at different K offsets share less of A and B in L2, and each cut tile costs a workspace round trip),
+# so ``matmul_prune`` keeps them for few tiles only.
+_STREAM_K_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4)]
+
 
 def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0) -> int:
     """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch."""
@@ -104,6 +112,8 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) ->
                        persistent=True) for bm, bn, bk, w, s in _PERSISTENT_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        pingpong=True) for bm, bn, bk, w, s in _PINGPONG_TILES]
+    configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
+                       stream_k=True) for bm, bn, bk, w, s in _STREAM_K_TILES]
     return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 
@@ -127,8 +137,10 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
       SMs idle: fewer output tiles than SMs, at most two programs per SM once split, and at least 4 K steps per
       program;
-    - warp-specialized, persistent and pingpong configs run only on sm_90 GPUs (the only arch where those options
-      change the kernel).
+    - stream-K configs likewise, and only with at most half as many output tiles as SMs (each tile cut over two
+      programs or more) and at least 8 K steps per program;
+    - warp-specialized, persistent, pingpong and stream-K configs run only on sm_90 GPUs (the only arch where
+      those options change the kernel).
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
@@ -137,21 +149,27 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
-        if (c.warp_specialize or c.persistent or c.pingpong) and not hopper:
+        if _hopper_only(c) and not hopper:
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
+        tiles = -(-m // bm) * -(-n // bn)
         if c.split_k > 1:
-            tiles = -(-m // bm) * -(-n // bn)
             return bool(sms) and tiles < sms and tiles * c.split_k <= 2 * sms and -(-k // bk) >= 4 * c.split_k
+        if c.stream_k:
+            return bool(sms) and 2 * tiles <= sms and tiles * -(-k // bk) >= 8 * sms
         return not (m * n >= 4096 * 4096 and bm * bn < 128 * 128)
 
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    plain = [c for c in configs if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong)] \
-        or configs
+    plain = [c for c in configs if c.split_k == 1 and not _hopper_only(c)] or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
+
+
+def _hopper_only(c: Config) -> bool:
+    """Whether ``c`` asks for a launch option that changes the kernel on sm_90 only."""
+    return bool(c.warp_specialize or c.persistent or c.pingpong or c.stream_k or c.cluster > 1)
 
 
 def cluster_sm_count(tensor: Any) -> int:

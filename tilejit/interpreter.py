@@ -442,7 +442,9 @@ def _stream_k_bound(op: Op, env: Env, ctx: _Context) -> None:
 
 @rule(OpKind.STREAM_K_FIXUP)
 def _stream_k_fixup(op: Op, env: Env, ctx: _Context) -> None:
-    env[op.results[0].id] = env[op.operands[0].id]
+    for operand, result in zip(op.operands, op.results):
+        env[result.id] = env[operand.id]
+    env[op.results[-1].id] = torch.tensor(True)
 
 
 # -- reductions and matrix products ----------------------------------------------------------------

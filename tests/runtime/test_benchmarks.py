@@ -32,9 +32,13 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs()
-    plain = [c for c in configs if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong)]
+    plain = [c for c in configs if c.split_k == 1
+             and not (c.warp_specialize or c.persistent or c.pingpong or c.stream_k)]
     specialized = [c for c in configs if c.warp_specialize]
     pingpong = [c for c in configs if c.pingpong]
+    stream_k = [c for c in configs if c.stream_k]
+    # stream-K: 4 warps, tiles up to 128x128 (it serves problems with few tiles)
+    assert stream_k and all(c.num_warps == 4 and c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 for c in stream_k)
     # pingpong: groups of 4 warps (8 leave too few registers), 128x128-element accumulators at most
     assert pingpong and all(c.num_warps == 4 and c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 for c in pingpong)
     assert 12 <= len(plain) <= 16 and 4 <= len([c for c in configs if c.split_k > 1]) <= 8
@@ -83,7 +87,7 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
     # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
     assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize
-                          and not c.persistent and not c.pingpong]
+                          and not c.persistent and not c.pingpong and not c.stream_k]
 
 
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
@@ -110,6 +114,22 @@ def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch
     assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 256)) if c.split_k > 2]
     monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 0)
     assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 4096)) if c.split_k > 1]
+
+
+def test_matmul_prune_offers_stream_k_only_for_few_tiles(monkeypatch):
+    """On a 132-SM sm_90 GPU: stream-K configs for M = 16 or 128 x 4096 x 4096 (32 to 64 tiles of up to 128x128,
+    64 K steps each), none for 4096^3, 1024^3 (64 tiles of 16 K steps: under 8 steps per program) or a 128-row
+    problem of 3000 columns and 128x64 tiles (47 tiles; fine) with K = 256 (4 steps); none without clusters."""
+    from tilejit import configs as cfg
+
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 132)
+    monkeypatch.setattr(cfg, "is_sm90", lambda tensor: True)
+    for m in (16, 128):
+        assert [c for c in matmul_prune(matmul_configs(), _named(m, 4096, 4096)) if c.stream_k], m
+    for mnk in [(4096, 4096, 4096), (1024, 1024, 1024), (128, 3000, 256)]:
+        assert not [c for c in matmul_prune(matmul_configs(), _named(*mnk)) if c.stream_k], mnk
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 0)
+    assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 4096)) if c.stream_k]
 
 
 def test_matmul_prune_never_empty():

@@ -658,10 +658,12 @@ def _open_walk(em: Emitter, groups: int = 1) -> None:
 
 def _stream_k_schedule(em: Emitter, loop: Op) -> None:
     """A stream-K kernel's work split (passes/split_k.stream_k), computed alike by every thread at the kernel's
-    start: with T tiles of U iterations each and P programs, the first T - S tiles run whole (S = 0 when P divides
-    T, else T mod P + P, or T when T < P), program p taking tiles p, p + P, ...; the last S * U iterations are cut
-    into P runs as equal as integers allow, program p's from ``tj_sk_begin`` to ``tj_sk_end`` (counted over all
-    tiles' iterations). U is the K loop's trip count, the same in every tile (the pass checked), computed here
+    start: with T tiles of U iterations each and P programs, the first T - S tiles run whole (S = T mod P, the
+    last wave's), program p taking tiles p, p + P, ...; the last S * U iterations are cut into P runs as equal as
+    integers allow, program p's from ``tj_sk_begin`` to ``tj_sk_end`` (counted over those tiles' iterations).
+    Measured on an H200: cutting one more wave (T mod P + P tiles) was slower at every shape tried, since runs
+    that start at different K offsets share less of A and B in L2, and each cut tile costs a workspace round
+    trip. U is the K loop's trip count, the same in every tile (the pass checked), computed here
     from the loop's own bounds as program 0 would."""
     programs = em.fn.attrs["persistent"]
     bound = next(o for o in em.fn.body.ops if o.kind is OpKind.STREAM_K_BOUND)
@@ -675,8 +677,7 @@ def _stream_k_schedule(em: Emitter, loop: Op) -> None:
     em.line(f"tj_sk_units = {em.name(hi)} > {x} ? (int)(({em.name(hi)} - {x} + {s} - 1) / {s}) : 0;")
     em.close()
     em.line("if (tj_sk_units < 1) tj_sk_units = 1;  // a loop of no iterations: one empty run per tile, whole")
-    em.line(f"const int tj_sk_tiles = tj_nprogs % {programs} == 0 ? 0 : tj_nprogs < {programs} ? (int)tj_nprogs "
-            f": {programs} + (int)(tj_nprogs % {programs});  // the tiles cut into runs")
+    em.line(f"const int tj_sk_tiles = (int)(tj_nprogs % {programs});  // the last wave's tiles, cut into runs")
     em.line("const long long tj_sk_dp = tj_nprogs - tj_sk_tiles;  // the tiles run whole, first")
     em.line("// this program's run: iterations tj_sk_begin to tj_sk_end of the last tj_sk_tiles tiles' tj_sk_total")
     em.line("const int tj_sk_total = tj_sk_tiles * tj_sk_units;")

@@ -14,6 +14,8 @@ again so no program exits while its shared memory is still being read.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from .. import dtypes as D
 from ..ir import Op, OpKind
 from .emitter import Emitter, emits
@@ -95,85 +97,97 @@ def _stream_k_bound(em: Emitter, op: Op) -> None:
 
 @emits(OpKind.STREAM_K_FIXUP)
 def _stream_k_fixup(em: Emitter, op: Op) -> None:
-    """The fix-up of one accumulator after a stream-K run (``tj_sk_k0`` to ``tj_sk_k1`` of ``tj_sk_units``):
+    """The fix-up of the loop's accumulators after a stream-K run (``tj_sk_k0`` to ``tj_sk_k1`` of
+    ``tj_sk_units``), for a run that does not cover its whole tile: the run stores its sums in its program's
+    workspace slot (slot 0 for a program's first run, which starts inside a tile, slot 1 for its last, which
+    starts one; in register order, consecutive threads on consecutive 16-byte vectors), then adds its iteration
+    count to the tile's counter. The run that brings the count to the tile's iterations finished last: it reads
+    back the slots of every run of the tile in program order (the sum does not depend on timing), clears the
+    counter for the next launch and owns the sum (the epilogue runs there). No program waits for another, so
+    programs need not all be resident at once (another kernel may hold SMs).
 
-    * a run that does not start its tile (its program's first run of the last waves) stores the partial sum in
-      the program's workspace slot, in register order (consecutive threads on consecutive 16-byte vectors), then
-      sets its flag with release semantics at GPU scope;
-    * a run that starts its tile but does not end it waits for the flags of the programs after it whose runs
-      begin inside the tile, adds their slots in program order (the result does not depend on timing) and
-      clears each flag for the next launch.
-
-    Workspace and flags come from the runtime (``runtime/launch.StreamKLauncher``), one set per stream: every
-    flag is 0 between launches. A kernel with several accumulators gives each its own flag and part of the slot.
+    Workspace and counters come from the runtime (``runtime/launch.StreamKLauncher``), one set per stream: every
+    counter is 0 between launches.
     """
-    acc = em.name(op.operands[0])
-    em.alias(op.result, acc)  # summed in place: the loop's result has no other reader (the pass checked)
-    fixups = [o for o in em.fn.walk() if o.kind is OpKind.STREAM_K_FIXUP]
-    index = next(i for i, o in enumerate(fixups) if o is op)
+    accs = [em.name(v) for v in op.operands]
+    owner = em.name(op.results[-1])
+    for operand, result in zip(op.operands, op.results):
+        em.alias(result, em.name(operand))  # summed in place: the loop's results have no other reader
+    assert em.groups == 1, "stream-K kernels have one group of math warps (passes/pipeline.specialize_warps)"
     threads, programs = em.target.threads, em.fn.attrs["persistent"]
-    sizes = [em.layout(o.operands[0]).regs * threads for o in fixups]
-    em.stream_k_words, em.stream_k_flags = sum(sizes), len(fixups)
-    offset, regs = sum(sizes[:index]), em.layout(op.operands[0]).regs
-    vectors, tail = divmod(regs, 4)
-    is_float = op.operands[0].dtype == D.float32
+    regs = [em.layout(v).regs for v in op.operands]
+    offsets = [sum(r * threads for r in regs[:i]) for i in range(len(regs))]
+    em.stream_k_words, em.stream_k_flags = 2 * sum(regs) * threads, 2
+    words = sum(regs) * threads  # one slot
+    floats = [v.dtype == D.float32 for v in op.operands]
 
-    def flag(program: str) -> str:
-        """The address of ``program``'s flag for this accumulator."""
-        return f"tj_sk_flags + {len(fixups)} * {program} + {index}"
+    def each_vector(body: Callable[[str, int, int, bool], None]) -> None:
+        """``body(acc, offset, i, is_float)`` for each accumulator's 4-register vectors (index ``q``), then its
+        tail registers one by one (``i`` >= 0: register i; -1: the vector loop)."""
+        for acc, offset, n, is_float in zip(accs, offsets, regs, floats):
+            vectors, tail = divmod(n, 4)
+            if vectors:
+                em.line("#pragma unroll")
+                em.open(f"for (int q = 0; q < {vectors}; ++q)")
+                body(acc, offset, -1, is_float)
+                em.close()
+            for j in range(tail):
+                body(acc, offset + 4 * vectors * threads + j * threads, 4 * vectors + j, is_float)
 
-    def as_word(x: str) -> str:
+    def word(x: str, is_float: bool) -> str:
         return f"__float_as_uint({x})" if is_float else f"(unsigned)({x})"
 
-    def from_word(x: str) -> str:
+    def value(x: str, is_float: bool) -> str:
         return f"__uint_as_float({x})" if is_float else f"(int32_t)({x})"
 
-    em.comment(op, "stream-K: this run's partial sum handed on, or the later runs' sums added")
-    em.open("")
-    em.line(f"const size_t tj_sk_slot = {em.stream_k_words}u;  // words per program")
-    em.line("// a later run of the tile hands its sum to the program that starts the tile; that one adds them")
-    em.open("if (tj_sk_k0 > 0)")
-    em.line(f"unsigned* const tj_dst = tj_sk_ws + (size_t)tj_first * tj_sk_slot + {offset}u;")
-    if vectors:
-        em.line("#pragma unroll")
-        em.open(f"for (int q = 0; q < {vectors}; ++q)")
-        em.line(f"__stcg(reinterpret_cast<uint4*>(tj_dst) + q * {threads} + tid, make_uint4("
-                f"{as_word(f'{acc}[4 * q]')}, {as_word(f'{acc}[4 * q + 1]')}, {as_word(f'{acc}[4 * q + 2]')}, "
-                f"{as_word(f'{acc}[4 * q + 3]')}));")
-        em.close()
-    for j in range(tail):
-        em.line(f"__stcg(tj_dst + {4 * vectors * threads} + {j * threads} + tid, {as_word(f'{acc}[{4 * vectors + j}]')});")
+    def store(acc: str, offset: int, i: int, is_float: bool) -> None:
+        if i < 0:
+            em.line(f"__stcg(reinterpret_cast<uint4*>(tj_dst + {offset}u) + q * {threads} + tid, make_uint4("
+                    + ", ".join(word(f"{acc}[4 * q + {e}]", is_float) for e in range(4)) + "));")
+        else:
+            em.line(f"__stcg(tj_dst + {offset}u + tid, {word(f'{acc}[{i}]', is_float)});")
+
+    def add(acc: str, offset: int, i: int, is_float: bool) -> None:
+        if i < 0:
+            em.line(f"const uint4 x = __ldcg(reinterpret_cast<const uint4*>(tj_src + {offset}u) + q * {threads} + "
+                    "tid);")
+            em.line(" ".join(f"{acc}[4 * q + {e}] += {value(f'x.{c}', is_float)};" for e, c in enumerate("xyzw")))
+        else:
+            em.line(f"{acc}[{i}] += {value(f'__ldcg(tj_src + {offset}u + tid)', is_float)};")
+
+    em.comment(op, "stream-K: a run that does not cover its tile stores its sums; the tile's last run adds them all")
+    em.line(f"bool {owner} = true;")
+    em.open("if (tj_sk_k0 > 0 || tj_sk_k1 < tj_sk_units)")
+    em.line(f"unsigned* const tj_dst = tj_sk_ws + (size_t)(2 * tj_first + (tj_sk_k0 > 0 ? 0 : 1)) * {words}u;")
+    each_vector(store)
     em.line("__threadfence();")
-    em.barrier("every math thread's part of the sum is stored")
-    em.line(f'if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], 1;" :: "l"({flag("tj_first")}) : "memory");')
-    em.close()
-    em.open("else if (tj_sk_k1 < tj_sk_units)")
-    em.line("const int tj_tile_end = (tj_sk_end / tj_sk_units + 1) * tj_sk_units;  // (this run ends inside it)")
-    em.open(f"for (int tj_peer = (int)tj_first + 1; tj_peer < {programs}; ++tj_peer)")  # (in program order)
-    em.line(f"const int tj_pb = (int)((long long)tj_peer * tj_sk_total / {programs});")
-    em.line("if (tj_pb >= tj_tile_end) break;  // a run of the next tile")
-    em.line(f"if (tj_pb == (int)((long long)(tj_peer + 1) * tj_sk_total / {programs})) continue;  // an empty run")
+    em.barrier("every math thread's sums are stored")
+    em.line("unsigned tj_last = 0;")
     em.open("if (tid == 0)")
-    em.line("unsigned tj_ready = 0;")
-    em.open("while (true)")
-    em.line(f'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(tj_ready) : "l"({flag("tj_peer")}) : '
-            '"memory");')
-    em.line("if (tj_ready) break;")
-    em.line("__nanosleep(32);")
+    em.line("unsigned* const tj_count = tj_sk_flags + (tj_prog - tj_sk_dp);")
+    em.line("const unsigned tj_mine = (unsigned)(tj_sk_k1 - tj_sk_k0);")
+    em.line("unsigned tj_before;")
+    em.line('asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(tj_before) : "l"(tj_count), '
+            '"r"(tj_mine) : "memory");')
+    em.line("tj_last = tj_before + tj_mine == (unsigned)tj_sk_units;")
+    em.line("if (tj_last) *tj_count = 0;  // every run of the tile has counted: cleared for the next launch")
     em.close()
-    em.line(f"*({flag('tj_peer')}) = 0;  // cleared for the next launch")
-    em.close()
-    em.barrier("the peer's sum is in the workspace")
-    em.line(f"const unsigned* const tj_src = tj_sk_ws + (size_t)tj_peer * tj_sk_slot + {offset}u;")
-    if vectors:
-        em.line("#pragma unroll")
-        em.open(f"for (int q = 0; q < {vectors}; ++q)")
-        em.line(f"const uint4 x = __ldcg(reinterpret_cast<const uint4*>(tj_src) + q * {threads} + tid);")
-        em.line(f"{acc}[4 * q] += {from_word('x.x')}; {acc}[4 * q + 1] += {from_word('x.y')}; "
-                f"{acc}[4 * q + 2] += {from_word('x.z')}; {acc}[4 * q + 3] += {from_word('x.w')};")
-        em.close()
-    for j in range(tail):
-        em.line(f"{acc}[{4 * vectors + j}] += {from_word(f'__ldcg(tj_src + {4 * vectors * threads} + {j * threads} + tid)')};")
+    em.line(f'asm volatile("{{ .reg .pred p, q; setp.ne.u32 q, %1, 0; bar.red.or.pred p, 1, {threads}, q; '
+            'selp.u32 %0, 1, 0, p; }" : "=r"(tj_last) : "r"(tj_last) : "memory");'
+            "  // the math warps learn whether this run finished the tile")
+    em.line(f"{owner} = tj_last != 0;")
+    em.open(f"if ({owner})")
+    em.line("// the tile's runs in program order: programs whose runs begin before the tile's end")
+    em.line("const int tj_start = (int)(tj_prog - tj_sk_dp) * tj_sk_units;")
+    for acc, n in zip(accs, regs):
+        em.line(f"for (int i = 0; i < {n}; ++i) {acc}[i] = 0;")
+    em.open(f"for (int tj_c = (int)(((long long)(tj_start + 1) * {programs} - 1) / tj_sk_total); tj_c < {programs}; "
+            "++tj_c)")
+    em.line(f"const int tj_b = (int)((long long)tj_c * tj_sk_total / {programs});")
+    em.line("if (tj_b >= tj_start + tj_sk_units) break;")
+    em.line(f"if (tj_b == (int)((long long)(tj_c + 1) * tj_sk_total / {programs})) continue;  // an empty run")
+    em.line(f"const unsigned* const tj_src = tj_sk_ws + (size_t)(2 * tj_c + (tj_b > tj_start ? 0 : 1)) * {words}u;")
+    each_vector(add)
     em.close()
     em.close()
     em.close()

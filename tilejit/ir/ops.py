@@ -388,6 +388,17 @@ def _unary(op) -> str | None:
     return None
 
 
+def _stream_k_fixup(op) -> str | None:
+    n = len(op.operands)
+    if len(op.results) != n + 1 or not n:
+        return "takes the loop's accumulators and gives each summed, then whether this program owns the sum"
+    if any(_shape(a) != _shape(r) for a, r in zip(op.operands, op.results)):
+        return "result shape differs from operand"
+    if op.results[-1].is_tile or op.results[-1].dtype != D.bool_:
+        return "its last result is a bool scalar"
+    return None
+
+
 def _transpose_copy(op) -> str | None:
     src, dst = op.operands[0].type, op.result.type
     if len(src.shape) != 2 or dst.shape != src.shape[::-1]:
@@ -625,12 +636,12 @@ class OpKind(enum.Enum):
     SPLIT_INDEX = OpDecl("split_index", Family.SCALAR, SplitAttrs, PURE | LOWERED, no_rule)
     SPLIT_REDUCE = OpDecl("split_reduce", Family.SYNC, SplitAttrs, READS | WRITES | LOWERED, _unary)
     # stream-K (passes/split_k.stream_k): the bounds of the run of K iterations a persistent program does now for
-    # its output tile (int32, from 0 to the tile's iteration count), and the fix-up of a partial accumulator
-    # after it: a run that does not start the tile hands its sum to the program that does (through a global
-    # workspace), and that program adds the sums of the tile's later runs to its own (valid where the run starts
-    # the tile, which is where the epilogue runs)
+    # its output tile (int32, from 0 to the tile's iteration count), and the fix-up of the loop's accumulators
+    # after it: results are the accumulators summed over the tile's runs, valid where the last bool result is
+    # true (the run covers the tile, or it finished last of the tile's runs: that program runs the epilogue).
+    # Made after layout inference, with typed results.
     STREAM_K_BOUND = OpDecl("stream_k_bound", Family.SCALAR, StreamKAttrs, PURE | LOWERED, no_rule)
-    STREAM_K_FIXUP = OpDecl("stream_k_fixup", Family.SYNC, NoAttrs, READS | WRITES | LOWERED, _unary)
+    STREAM_K_FIXUP = OpDecl("stream_k_fixup", Family.SYNC, NoAttrs, READS | WRITES | LOWERED, _stream_k_fixup)
 
     @property
     def mnemonic(self) -> str:

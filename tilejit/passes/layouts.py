@@ -416,9 +416,9 @@ layout_rule(OpKind.GATHER, seed=_gather_seed, backward=_gather_backward,
             required=lambda inf, op, index, parent: inf.get(op.result) if index == 1 else None)
 layout_rule(OpKind.SCATTER, required=_scatter_required)
 layout_rule(OpKind.ATOMIC, forward=_atomic_forward, backward=_atomic_backward, required=_atomic_required)
-# a split-K or stream-K sum keeps every register where it is (each thread adds its peers' copies of its own registers)
+# a split-K sum keeps every register where it is (each thread adds its peers' copies of its own registers)
 layout_rule(OpKind.BINARY, OpKind.UNARY, OpKind.COMPARE, OpKind.SELECT, OpKind.CAST, OpKind.FMA,
-            OpKind.SPLIT_REDUCE, OpKind.STREAM_K_FIXUP, forward=_elementwise_forward, backward=_elementwise_backward,
+            OpKind.SPLIT_REDUCE, forward=_elementwise_forward, backward=_elementwise_backward,
             required=_elementwise_required)
 layout_rule(OpKind.GEMM, seed=_gemm_seed, backward=_gemm_backward,
             required=lambda inf, op, index, parent: inf.get(op.result) if index == 2 else None)
@@ -437,7 +437,8 @@ layout_rule(OpKind.YIELD, backward=_yield_backward, required=_yield_required)
 # any layout) and while loops (scalars only) have nothing to add.
 layout_rule(OpKind.CONSTANT, OpKind.PROGRAM_ID, OpKind.NUM_PROGRAMS, OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE,
             OpKind.SPLIT_INDEX, OpKind.STREAM_K_BOUND, OpKind.SPLAT, OpKind.ARANGE, OpKind.CONVERT_LAYOUT, OpKind.STORE, OpKind.WHILE,
-            OpKind.BOUNDED, OpKind.LIST_ITEM, OpKind.LIST_LEN, OpKind.TRANSPOSE_COPY)
+            OpKind.BOUNDED, OpKind.LIST_ITEM, OpKind.LIST_LEN, OpKind.TRANSPOSE_COPY,
+            OpKind.STREAM_K_FIXUP)  # (made after layout inference, its results typed like its operands)
 
 
 def infer_layouts(fn: Function, target: Target) -> None:

@@ -22,13 +22,14 @@ located :class:`~tilejit.errors.CompilationError` saying why:
 
 **Stream-K** (the ``stream_k`` launch option, sm_90a; :func:`stream_k`) serves a persistent kernel, whose P
 programs (one per SM) walk the output tiles. When the tile count T is not a multiple of P, the last wave leaves
-SMs idle. With stream-K the walk hands out the tiles of the last one to two waves (T mod P + P of them, or all T
-when T < P) as K iterations instead: program p gets the p-th of P equal runs of their iterations, which may
-start or end inside a tile. A run that does not start its tile writes its partial accumulators to a global
-workspace and raises its flag; the program whose run starts the tile waits for the flags of the tile's later
-runs (always programs p + 1, p + 2, ..., which reach those runs first), adds their sums in that order
-(deterministic) and runs the epilogue. The tiles before run whole, as in a persistent kernel. The same kernel
-checks apply, and the loop's bounds must not depend on ``T.program_id`` (every tile has as many iterations).
+SMs idle. With stream-K the walk hands out the tiles of the last wave (T mod P of them; all T when T < P) as K
+iterations instead: program p gets the p-th of P equal runs of their iterations, which may
+start or end inside a tile. A run that does not cover its tile writes its partial accumulators to a global
+workspace and counts its iterations on the tile's counter; the run that completes the count sums every run's
+partials in program order (deterministic) and runs the epilogue. Nobody waits for another program, so the
+kernel cannot hang when some programs are not resident yet. The tiles before run whole, as in a persistent
+kernel. The same kernel checks apply, and the loop's bounds must not depend on ``T.program_id`` (every tile has
+as many iterations).
 """
 from __future__ import annotations
 
@@ -99,7 +100,29 @@ def stream_k(fn: Function, loop: Op) -> None:
     new_lo.name, new_hi.name = "k_run_lo", "k_run_hi"
     fn.body.ops[at:at] = new
     loop.operands[0], loop.operands[1] = new_lo, new_hi
-    _reduce_and_guard_epilogue(fn, loop, new[0].result, None)
+    _fix_up_and_guard_epilogue(fn, loop)
+
+
+def _fix_up_and_guard_epilogue(fn: Function, loop: Op) -> None:
+    """The loop's results summed over the tile's runs (``stream_k_fixup``); everything after the loop runs only in
+    the program that owns the sum."""
+    ops = fn.body.ops
+    at = ops.index(loop) + 1
+    epilogue = ops[at:]
+    del ops[at:]
+    fixup = Op(OpKind.STREAM_K_FIXUP, list(loop.results), [r.type for r in loop.results] + [ScalarType(D.bool_)],
+               NoAttrs(), loc=loop.loc)
+    swap = dict(zip((r.id for r in loop.results), fixup.results))
+    for result, summed in zip(loop.results, fixup.results):
+        summed.name = result.name
+    for op in epilogue:
+        for inner in [op] + [o for region in op.regions for o in region.walk()]:
+            inner.operands = [swap.get(v.id, v) for v in inner.operands]
+    then_block, else_block = Block(), Block()
+    then_block.ops = epilogue + [Op(OpKind.YIELD, [], [], NoAttrs())]
+    else_block.ops = [Op(OpKind.YIELD, [], [], NoAttrs())]
+    ops.extend([fixup, Op(OpKind.IF, [fixup.results[-1]], [], NoAttrs(), regions=[then_block, else_block],
+                          loc=loop.loc)])
 
 
 def _computing(fn: Function, values: list[Value]) -> list[Op]:
@@ -248,16 +271,14 @@ def _split_loop_bounds(fn: Function, loop: Op, splits: int) -> Value:
     return r32
 
 
-def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int | None) -> None:
-    """Sum the loop's results over the cluster (``splits`` programs; None: over a stream-K tile's runs), then run
-    everything after the loop only where ``r`` is 0 (program 0 of the cluster; the run that starts the tile)."""
+def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int) -> None:
+    """Sum the loop's results over the cluster, then run everything after the loop in program 0 only."""
     ops = fn.body.ops
     at = ops.index(loop) + 1
     epilogue = ops[at:]
     del ops[at:]
     for result in loop.results:
-        kind, attrs = (OpKind.SPLIT_REDUCE, SplitAttrs(splits)) if splits else (OpKind.STREAM_K_FIXUP, NoAttrs())
-        reduce = Op(kind, [result], [result.type], attrs, loc=loop.loc)
+        reduce = Op(OpKind.SPLIT_REDUCE, [result], [result.type], SplitAttrs(splits), loc=loop.loc)
         reduce.result.name = result.name
         for op in epilogue:
             for inner in [op] + [o for region in op.regions for o in region.walk()]:
