@@ -279,7 +279,8 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
     from tilejit.configs import matmul_configs
 
     n = 2048
-    configs = [c for c in matmul_configs(elem_bytes=elem) if c.warp_specialize or c.persistent or c.pingpong]
+    configs = [c for c in matmul_configs(elem_bytes=elem)
+               if c.warp_specialize or c.persistent or c.pingpong or c.stream_k]
     assert configs
     for config in configs:
         if elem == 1:
@@ -297,6 +298,7 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
         assert compiled.threads == (2 if config.pingpong else 1) * 32 * config.num_warps + 128, config
         assert compiled.meta["spills"] == 0, (config, compiled.meta)
         assert compiled.meta["groups"] == (2 if config.pingpong else 1), config
+        assert compiled.meta["stream_k"] == (132 if config.stream_k else 0), config
 
 
 # -- persistent kernels ------------------------------------------------------------------------------------------

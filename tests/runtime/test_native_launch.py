@@ -462,6 +462,27 @@ def test_split_k_entries_launch_z_times_the_cluster_and_leave_the_limit_to_pytho
     assert rec.python_launches[-1][0] == (1, 1, 20000) and len(rec.launches) == 1
 
 
+def test_python_only_entries_hand_every_launch_to_their_launcher(make):
+    """A stream-K kernel's Entry: remembered like any other, but each launch goes to its Python launcher with the
+    packed values (which adds the grid and the stream's workspace), never to the driver."""
+    d, rec = make(TINY_KINDS)
+    kinds = bytes(native.KIND_CODES[k] for k in TINY_KINDS)
+    rec.slow = lambda grid, args, kwargs: rec.mod.Entry(0xABCD, (128, 1, 1), 0, kinds, 0, None, rec.python_launch,
+                                                        1, 1, True)
+    d = rec.mod.Dispatcher(roles=list(rec.roles), role_constexpr=CONSTEXPR, role_shaped=SHAPED,
+                           fast_kwargs={"BLOCK", "num_warps"}, tensor_type=FakeTensor, stream_getter=lambda i: 0x77,
+                           slow=rec.slow, fallback=rec.fallback, grid_fn=rec.grid_fn, names=tuple("XYZWnm"),
+                           runtime_index={n: i for i, n in enumerate("XYZWnm")}, defaults={})
+    args = tiny_args()
+    d.bind((3,))(*args)  # the miss: remembered (the slow path launches it itself)
+    d.bind((3, 2))(*args)
+    d.bind((5,))(*args)
+    assert not rec.launches and not rec.fallback_calls
+    assert [(g, s) for g, s, _ in rec.python_launches] == [((3, 2, 1), 0x77), ((5, 1, 1), 0x77)]
+    assert rec.python_launches[0][2] == [0x7f0000001000, 33, 1, 0x7f0000001100, 33, 1, 0x7f0000001200, 33, 1,
+                                         0x7f0000001300, 33, 1, 7, 32]
+
+
 def test_entry_rejects_bad_plans(mod):
     with pytest.raises(ValueError, match="unknown parameter kind"):
         mod.Entry(1, (1, 1, 1), 0, bytes([9]), 0, None, print)

@@ -281,8 +281,9 @@ class Kernel:
         On a miss the frontend runs first (user errors surface before any lock); an extent it finds it needs
         is added to the specialization and the compile starts again.
         """
-        target = Target(resolve_arch(arch, device_index), call.options,
-                        sm_count=_sm_count(device_index) if call.options.persistent or call.options.pingpong else 0)
+        options = call.options
+        walks = options.persistent or options.pingpong or options.stream_k  # one program per SM: how many SMs
+        target = Target(resolve_arch(arch, device_index), options, sm_count=_sm_count(device_index) if walks else 0)
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
