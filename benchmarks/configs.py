@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DEFAULT_OUT, machine_stamp, markdown_table, matmul_tflops, write_json
-from benchmarks.matmul import DTYPES, LOWP_DTYPES, measure, parse_shapes
+from benchmarks.matmul import DTYPES, LOWP_DTYPES, interleave, measure, parse_shapes
 
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,4096x11008x4096,2048x2048x2048,8192x8192x1024"
 DEFAULT_CONFIGS = "128x256x64w8s3,128x256x64w8s4,256x128x64w8s3,256x128x64w8s4,128x128x64w8s4,128x128x64w4s4"
@@ -100,16 +100,18 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
 
     m, n, k = shape
     a, b, c, ref, baseline, matmul, extra = _problem(dtype_name, m, n, k)
-    cublas_ms = float(do_bench(baseline))
+    cublas = {"status": "ok", "ms": float(do_bench(baseline))}
+    timed = {"cublas": (baseline, cublas)}  # every row's run, timed again in turn at the end (interleave)
     rows = []
     if tuned_row:
         # the autotuned launch path (tuning happens in the first call), to compare with the same config launched
         # plainly
         grid_of = nt_grid if dtype_name == "tf32nt" else matmul_grid
-        tuned = measure(lambda: matmul[grid_of](a, b, c, **extra), c, ref, m, n, k)
+        tuned_run = lambda: matmul[grid_of](a, b, c, **extra)  # noqa: E731
+        tuned = measure(tuned_run, c, ref, m, n, k)
         best = matmul.best_config
-        rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned",
-                     "cublas_ms": cublas_ms, **tuned})
+        rows.append({"shape": f"{m}x{n}x{k}", "config": f"autotuned: {best}", "mode": "autotuned", **tuned})
+        timed["autotuned"] = (tuned_run, rows[-1])
         print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
         kw = best.kwargs
         configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
@@ -121,9 +123,13 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
                                     **MODES[mode])
             result = measure(run, c, ref, m, n, k)
             rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "mode": mode,
-                         "cublas_ms": cublas_ms, **result})
+                         **result})
+            timed[f"{bm}x{bn}x{bk} w{warps} s{stages} {mode}"] = (run, rows[-1])
             status = result.get("tflops", result["status"])
             print(f"{m}x{n}x{k} {bm}x{bn}x{bk} w{warps} s{stages} {mode}: {status}", flush=True)
+    interleave(timed, m, n, k)
+    for row in rows:
+        row["cublas_ms"] = cublas["ms"]
     return rows
 
 
