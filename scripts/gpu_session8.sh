@@ -10,6 +10,18 @@ if [ "${PART:-tests}" = tests ]; then
     gpu/test_gpu_split_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py gpu/test_autotune_gpu.py \
     gpu/test_runtime_gpu.py gpu/test_driver_gpu.py gpu/test_gpu_kernels.py ${EXTRA_TESTS} > $OUT/tests.log 2>&1
   echo "tests rc=$?"; tail -8 $OUT/tests.log
+  cd ..
+  python3 - <<'PY'
+import glob, json
+from tilejit import private_io
+root = private_io.cache_root()
+metas = glob.glob(f"{root}/**/meta.json", recursive=True)
+print("cache", root, len(metas), "entries")
+for p in metas:
+    m = json.load(open(p))
+    if m.get("spills") is None:
+        print("no spill count:", m.get("signature"), m.get("registers"), m.get("groups"), m.get("compile_seconds"))
+PY
 else
   timeout 420 python3 -m benchmarks.matmul --dtypes fp16 --out $OUT/sweep --no-append --budget-s 300 > $OUT/sweep.log 2>&1
   echo "sweep rc=$?"; grep "^|" $OUT/sweep.log
