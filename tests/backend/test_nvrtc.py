@@ -177,3 +177,13 @@ def test_too_old_nvrtc_is_a_clear_error(monkeypatch):
         compile_cuda('extern "C" __global__ void k() {}', name="k", arch="sm_100a")
     assert not nvrtc_supports("sm_120a")
     assert nvrtc_supports("sm_90a")
+
+
+def test_a_repeated_compile_still_reports_ptxas_resources():
+    """NVRTC 12.9+ caches programs (keyed after preprocessing) and a hit's log has no ptxas report; tilejit makes
+    every program unique, so the registers and spills of a kernel compiled twice in one process are known."""
+    src = 'extern "C" __global__ void tj_twice(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+    logs = [compile_cuda(src, name="tj_twice", arch="sm_90a", keep_ptx=False, options=["--ptxas-options=-v"]).log
+            for _ in range(2)]
+    for log in logs:
+        assert re.search(r"Used \d+ registers", log) and "spill" in log, log

@@ -12,6 +12,7 @@ not.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
@@ -287,7 +288,8 @@ def _run_nvrtc(
     def fail(log: str) -> BackendCompileError:
         return BackendCompileError(log, arch=arch, source=source, source_path=_write_failed_source(source, name), name=name)
 
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode("utf-8"), f"{name}.cu".encode(), 0, [], [])
+    program = source + _fresh_compile_marker()  # (errors show the source as given)
+    err, prog = nvrtc.nvrtcCreateProgram(program.encode("utf-8"), f"{name}.cu".encode(), 0, [], [])
     if err != ok:
         raise fail(f"nvrtcCreateProgram failed: {_error_string(nvrtc, err)}")
     try:
@@ -327,6 +329,22 @@ def _error_string(nvrtc: ModuleType, err: object) -> str:
         return text.decode() if isinstance(text, bytes) else str(text)
     except Exception:
         return str(err)
+
+
+def _fresh_compile_marker() -> str:
+    """A line that makes every program NVRTC is given unique, so each compile runs ptxas.
+
+    NVRTC 12.9+ keeps compiled programs in a cache of its own (NVRTC guide, "Caching"), keyed after
+    preprocessing: comments and unused macros do not tell two programs apart. A hit returns the cubin with a log
+    that lacks ptxas's report (registers, spills), which tilejit records with each kernel and which the autotuner
+    uses to refuse spilling configs. Measured on an H100 with NVRTC 13.0: a repeated compile took 0.03 s instead
+    of 0.65 s and its log had no spill line. tilejit's own cache holds every finished compile, so NVRTC's saves
+    nothing here. A ``static_assert`` survives preprocessing and generates no code; it goes after the last line,
+    so the line numbers of NVRTC's diagnostics still match the source."""
+    return f'\nstatic_assert(true, "tilejit compile {os.getpid()}-{next(_COMPILES)}-{time.time_ns()}");\n'
+
+
+_COMPILES = itertools.count()
 
 
 def compile_cuda(
