@@ -43,7 +43,7 @@ _MATMUL_TILES = [
 # programs (sm_90+, ``passes/split_k.py``), for problems with fewer output tiles than SMs (M <= 128 LLM shapes,
 # small squares). ``matmul_prune`` keeps them only there.
 _SPLIT_K_TILES = [
-    (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 4),
+    (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 4), (64, 64, 64, 4, 8, 2), (64, 64, 64, 4, 8, 4),
     (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4),
     (128, 64, 64, 4, 4, 2), (128, 64, 64, 4, 4, 4),
     (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 4),
@@ -54,7 +54,13 @@ _SPLIT_K_TILES = [
 # ring). Measured on an H100 against the same tiles without it (benchmarks/configs.py, RESULTS.md): 128x128 +10-20%,
 # 256x128 +1-11%, 128x256 3 stages +2-7%, 128x256 4 stages within +-1.5% (so both stay). ``matmul_prune`` keeps
 # them on sm_90 GPUs only (elsewhere the option means nothing and they would repeat the plain configs).
+#
+# The deep 64x64 rings (8 and 12 stages, 128 and 192 KB) keep many loads in flight per SM where there are few
+# tiles and long K: measured on an H100 (benchmarks/configs.py, RESULTS.md, eighth session) against cuBLAS in the
+# same run, 128x4096x4096 249 vs 187 TFLOP/s (12 stages), 128x4096x11008 317 vs 248, 1024^3 247 vs 230 (8 stages);
+# the 4-stage tiles reached 148, 210 and 182.
 _WARP_SPECIALIZED_TILES = [
+    (64, 64, 64, 4, 8), (64, 64, 64, 4, 12),
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
     (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
     (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
