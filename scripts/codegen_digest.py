@@ -34,7 +34,8 @@ def _cases() -> dict:
     cases = dict(tca.ALL)
     for c in (c for c in matmul_configs() if c.split_k == 1):  # split-K needs sm_90+: not in the all-arch set
         # the launch options a config turns on tell apart configs of the same tile
-        options = "".join(f"-{o}" for o in ("warp_specialize", "persistent", "pingpong") if getattr(c, o))
+        options = "".join(f"-{o}" for o in ("warp_specialize", "persistent", "pingpong", "stream_k")
+                          if getattr(c, o))
         for dtype in (torch.float16, torch.bfloat16):
             a = torch.empty(4096, 4096, dtype=dtype, device="meta")
             name = "bench-space/{BM}x{BN}x{BK}".format(**c.kwargs) + f"-w{c.num_warps}-s{c.num_stages}{options}-{dtype}"

@@ -120,11 +120,10 @@ def specialize_warps(fn: Function, target: Target) -> None:
     (``fn.attrs["groups"]``), each running every other program of the walk with its own registers, shared memory
     and barriers; the producer fills one ring for both, in the walk's order, so one group's main loop runs while
     the other finishes its epilogue."""
-    if target.stream_k and (target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1
-                            or target.pingpong or target.cluster > 1):
+    if target.stream_k and target.sm == 90 and (target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1
+                                                or target.pingpong or target.cluster > 1):
         why = ("split_k" if fn.attrs.get("split_k", 1) > 1 else "pingpong" if target.pingpong else "cluster=2"
-               if target.cluster > 1 else "num_warps not a multiple of 4" if target.sm == 90 else
-               f"{target.arch.name} (it needs sm_90a's warp-specialized persistent loop)")
+               if target.cluster > 1 else "num_warps not a multiple of 4")
         raise StreamKError(f"kernel {fn.name}: stream_k does not combine with {why}", filename=fn.filename,
                            hint="launch without stream_k, or with persistent=True alone")
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
@@ -163,17 +162,11 @@ def specialize_warps(fn: Function, target: Target) -> None:
                 fn.attrs["groups"] = PINGPONG_GROUPS
         if target.cluster > 1 and multicast_loads(fn, loop):
             fn.attrs["cluster"] = target.cluster
-        if target.stream_k:
-            if not fn.attrs.get("persistent"):
-                raise _refusal(loop, "stream_k needs a persistent kernel, and this one cannot be: something before "
-                                     "the loop loads a tile, writes memory or reduces a tile", StreamKError,
-                               "launch without stream_k")
+        if target.stream_k and fn.attrs.get("persistent"):
+            # (like persistent, the option passes over a kernel that cannot run persistent; one that can but whose
+            # loop is not a sum of matrix products is refused, with the reason, by the rewrite)
             stream_k(fn, loop)
             fn.attrs["stream_k"] = fn.attrs["persistent"]
-    if target.stream_k and not chosen:
-        raise StreamKError(f"kernel {fn.name}: stream_k needs a K loop the compiler can warp-specialize (a wgmma "
-                           "loop whose pipelined tiles are all loaded by TMA); this kernel has none",
-                           filename=fn.filename, hint="launch without stream_k")
         # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
                 and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:

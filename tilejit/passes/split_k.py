@@ -78,29 +78,42 @@ def stream_k(fn: Function, loop: Op) -> None:
                                "bounds depend on T.program_id", "launch without stream_k (persistent=True keeps "
                                                                  "whole tiles per program)", StreamKError)
     lo, hi, step = loop.operands[:3]
-    t = lo.type
-    at = fn.body.ops.index(loop)
-    new: list[Op] = []
+    b = _Bounds(loop)
+    k0, k1 = (b.index(OpKind.STREAM_K_BOUND, [lo, hi, step], StreamKAttrs(end)) for end in (False, True))
+    new_lo = b.binary(BinaryOp.ADD, lo, b.binary(BinaryOp.MUL, k0, step))
+    new_hi = b.binary(BinaryOp.MIN, hi, b.binary(BinaryOp.ADD, lo, b.binary(BinaryOp.MUL, k1, step)))
+    b.set(fn, new_lo, new_hi, "k_run")
+    _fix_up_and_guard_epilogue(fn, loop)
 
-    def emit(kind: OpKind, operands: list[Value], attrs, type_=t) -> Value:
-        op = Op(kind, operands, [type_], attrs, loc=loop.loc)
-        new.append(op)
+
+class _Bounds:
+    """Scalar ops computing new bounds for ``loop``, inserted right before it by ``set``; in the type of the
+    loop's bounds unless told otherwise."""
+
+    def __init__(self, loop: Op) -> None:
+        self.loop, self.type, self.ops = loop, loop.operands[0].type, []
+
+    def emit(self, kind: OpKind, operands: list[Value], attrs, type_=None) -> Value:
+        op = Op(kind, operands, [type_ or self.type], attrs, loc=self.loop.loc)
+        self.ops.append(op)
         return op.result
 
-    def bound(end: bool) -> Value:
-        k = emit(OpKind.STREAM_K_BOUND, [lo, hi, step], StreamKAttrs(end), ScalarType(D.int32))
-        return k if t.dtype == D.int32 else emit(OpKind.CAST, [k], CastAttrs(t.dtype))
+    def const(self, value: int) -> Value:
+        return self.emit(OpKind.CONSTANT, [], ConstantAttrs(value))
 
-    k0, k1 = bound(False), bound(True)
-    new_lo = emit(OpKind.BINARY, [lo, emit(OpKind.BINARY, [k0, step], BinaryAttrs(BinaryOp.MUL))],
-                  BinaryAttrs(BinaryOp.ADD))
-    end = emit(OpKind.BINARY, [lo, emit(OpKind.BINARY, [k1, step], BinaryAttrs(BinaryOp.MUL))],
-               BinaryAttrs(BinaryOp.ADD))
-    new_hi = emit(OpKind.BINARY, [hi, end], BinaryAttrs(BinaryOp.MIN))
-    new_lo.name, new_hi.name = "k_run_lo", "k_run_hi"
-    fn.body.ops[at:at] = new
-    loop.operands[0], loop.operands[1] = new_lo, new_hi
-    _fix_up_and_guard_epilogue(fn, loop)
+    def binary(self, op: BinaryOp, a: Value, b: Value) -> Value:
+        return self.emit(OpKind.BINARY, [a, b], BinaryAttrs(op))
+
+    def index(self, kind: OpKind, operands: list[Value], attrs) -> Value:
+        """An int32 index op, cast to the bounds' type."""
+        k = self.emit(kind, operands, attrs, ScalarType(D.int32))
+        return k if self.type.dtype == D.int32 else self.emit(OpKind.CAST, [k], CastAttrs(self.type.dtype))
+
+    def set(self, fn: Function, lo: Value, hi: Value, name: str) -> None:
+        lo.name, hi.name = f"{name}_lo", f"{name}_hi"
+        at = fn.body.ops.index(self.loop)
+        fn.body.ops[at:at] = self.ops
+        self.loop.operands[0], self.loop.operands[1] = lo, hi
 
 
 def _fix_up_and_guard_epilogue(fn: Function, loop: Op) -> None:
@@ -242,32 +255,16 @@ def _check_prologue(fn: Function, loop: Op, option: str) -> None:
 def _split_loop_bounds(fn: Function, loop: Op, splits: int) -> Value:
     """Program r's share: iterations [r * chunk, (r + 1) * chunk) of the loop's n, chunk = ceil(n / splits)."""
     lo, hi, step = loop.operands[:3]
-    t = lo.type
-    at = fn.body.ops.index(loop)
-    new: list[Op] = []
-
-    def emit(kind: OpKind, operands: list[Value], attrs, type_=t) -> Value:
-        op = Op(kind, operands, [type_], attrs, loc=loop.loc)
-        new.append(op)
-        return op.result
-
-    def const(value: int) -> Value:
-        return emit(OpKind.CONSTANT, [], ConstantAttrs(value))
-
-    def binary(op: BinaryOp, a: Value, b: Value) -> Value:
-        return emit(OpKind.BINARY, [a, b], BinaryAttrs(op))
-
-    r32 = emit(OpKind.SPLIT_INDEX, [], SplitAttrs(splits), ScalarType(D.int32))
-    r = r32 if t.dtype == D.int32 else emit(OpKind.CAST, [r32], CastAttrs(t.dtype))
-    span = binary(BinaryOp.MAX, binary(BinaryOp.SUB, hi, lo), const(0))
-    trips = binary(BinaryOp.FLOORDIV, binary(BinaryOp.ADD, span, binary(BinaryOp.SUB, step, const(1))), step)
-    chunk = binary(BinaryOp.FLOORDIV, binary(BinaryOp.ADD, trips, const(splits - 1)), const(splits))
-    width = binary(BinaryOp.MUL, chunk, step)
-    new_lo = binary(BinaryOp.ADD, lo, binary(BinaryOp.MUL, r, width))
-    new_hi = binary(BinaryOp.MIN, hi, binary(BinaryOp.ADD, new_lo, width))
-    new_lo.name, new_hi.name = "k_split_lo", "k_split_hi"
-    fn.body.ops[at:at] = new
-    loop.operands[0], loop.operands[1] = new_lo, new_hi
+    b = _Bounds(loop)
+    r = b.index(OpKind.SPLIT_INDEX, [], SplitAttrs(splits))
+    r32 = b.ops[0].result
+    span = b.binary(BinaryOp.MAX, b.binary(BinaryOp.SUB, hi, lo), b.const(0))
+    trips = b.binary(BinaryOp.FLOORDIV, b.binary(BinaryOp.ADD, span, b.binary(BinaryOp.SUB, step, b.const(1))), step)
+    chunk = b.binary(BinaryOp.FLOORDIV, b.binary(BinaryOp.ADD, trips, b.const(splits - 1)), b.const(splits))
+    width = b.binary(BinaryOp.MUL, chunk, step)
+    new_lo = b.binary(BinaryOp.ADD, lo, b.binary(BinaryOp.MUL, r, width))
+    new_hi = b.binary(BinaryOp.MIN, hi, b.binary(BinaryOp.ADD, new_lo, width))
+    b.set(fn, new_lo, new_hi, "k_split")
     return r32
 
 
