@@ -299,7 +299,7 @@ def _nvrtc(st: Stages, keep_ptx: bool) -> None:
     from .errors import BackendCompileError
 
     try:
-        result = run_nvrtc(st.cuda, st.target, st.spec.symbol, keep_ptx)
+        result = run_nvrtc(st.cuda, st.target, st.spec.symbol, keep_ptx, cache_key(st.spec, st.target))
     except BackendCompileError as error:
         shortage = register_shortage(error.log)
         if shortage is None:

@@ -179,11 +179,17 @@ def test_too_old_nvrtc_is_a_clear_error(monkeypatch):
     assert nvrtc_supports("sm_90a")
 
 
-def test_a_repeated_compile_still_reports_ptxas_resources():
-    """NVRTC 12.9+ caches programs (keyed after preprocessing) and a hit's log has no ptxas report; tilejit makes
-    every program unique, so the registers and spills of a kernel compiled twice in one process are known."""
+def test_specializations_with_the_same_cuda_each_get_ptxas_resources():
+    """NVRTC 12.9+ caches programs and a hit's log has no ptxas report; the compiler tags each program with its
+    cache key (a global variable named after it), so two specializations whose CUDA is the same are two programs
+    to NVRTC and both get registers and spills, while one specialization compiled again gives the same cubin."""
     src = 'extern "C" __global__ void tj_twice(float* x) { x[threadIdx.x] *= 2.0f; }\n'
-    logs = [compile_cuda(src, name="tj_twice", arch="sm_90a", keep_ptx=False, options=["--ptxas-options=-v"]).log
-            for _ in range(2)]
-    for log in logs:
+
+    def compile_tagged(tag):
+        return compile_cuda(src, name="tj_twice", arch="sm_90a", keep_ptx=False, options=["--ptxas-options=-v"],
+                            tag=tag)
+
+    a, b, again = compile_tagged("key-a"), compile_tagged("key-b"), compile_tagged("key-a")
+    for log in (a.log, b.log):
         assert re.search(r"Used \d+ registers", log) and "spill" in log, log
+    assert a.cubin != b.cubin and again.cubin == a.cubin

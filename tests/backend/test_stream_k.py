@@ -35,7 +35,7 @@ def test_structure_of_the_design_matmul():
     assert any(o.kind is OpKind.STORE for o in guard.regions[0].walk())  # the epilogue runs in the owner only
     cuda = st.cuda
     # the user's grid and the workspace come after the user's parameters, before the tensor maps
-    assert st.param_kinds[-8:] == ["i32", "i32", "i32", "ptr", "ptr", "tmap", "tmap", "tmap"]
+    assert st.param_kinds[-9:] == ["i32", "i32", "i32", "ptr", "ptr", "i32", "tmap", "tmap", "tmap"]
     assert "int32_t tj_grid0," in cuda and "unsigned* __restrict__ tj_sk_ws," in cuda
     assert "const long long tj_nprogs = (long long)tj_grid0 * tj_grid1 * tj_grid2;" in cuda
     assert "gridDim" not in cuda.split("tj_smem_addr(tj_smem)")[1]  # launched as 132 programs: the grid is a parameter
@@ -43,9 +43,10 @@ def test_structure_of_the_design_matmul():
     assert cuda.count("const int tj_sk_tiles = (int)(tj_nprogs % 132);") == 2
     assert cuda.count("while (tj_w < tj_sk_dp || tj_sk_it < tj_sk_end)") == 2
     # the fix-up: stores, a counter per tile, the owner learned by every math warp; nobody spins
-    assert "atom.add.acq_rel.gpu.global.u32" in cuda and "bar.red.or.pred p, 1, 256, q;" in cuda
+    assert "atom.acq_rel.gpu.global.cas.b64" in cuda and "bar.red.or.pred p, 1, 256, q;" in cuda
     assert "ld.acquire" not in cuda and "__nanosleep" not in cuda
-    assert "if (tj_last) *tj_count = 0;" in cuda
+    assert "(unsigned)(tj_want >> 32) == (unsigned)tj_sk_epoch ? (unsigned)tj_want : 0u" in cuda
+    assert "if (tj_last) *tj_count = 0ull;" in cuda
 
 
 def test_cubin_meta_and_key():
@@ -165,8 +166,11 @@ def test_launcher_runs_one_program_per_sm_with_the_grid_and_workspace(monkeypatc
                         or (0xA000, 0xB000))
     sk = launch.StreamKLauncher(lambda grid, stream, values: seen.append((grid, stream, values)), 132, 4096, 2, 1)
     sk((40, 3, 2), 0x55, [1, 2, 3])
-    assert seen == [((132, 1, 1), 0x55, [1, 2, 3, 40, 3, 2, 0xA000, 0xB000])]
-    assert asked == [(1, 0x55, 132 * 4096, 264)]
+    sk((40, 3, 2), 0x55, [1, 2, 3])
+    (grid, stream, first), (_, _, second) = seen
+    assert grid == (132, 1, 1) and stream == 0x55 and first[:-1] == [1, 2, 3, 40, 3, 2, 0xA000, 0xB000]
+    assert 0 < first[-1] < 2**31 and second[-1] != first[-1]  # a new epoch per launch
+    assert asked == [(1, 0x55, 132 * 4096, 264)] * 2
 
 
 def test_meta_of_a_stream_k_entry_is_checked():

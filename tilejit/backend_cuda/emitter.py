@@ -470,8 +470,8 @@ class Emitter:
         decls, kinds = self.params()
         if self.fn.attrs.get("stream_k"):  # the grid it stands for, and its workspace (runtime/launch.StreamKLauncher)
             decls += ["int32_t tj_grid0", "int32_t tj_grid1", "int32_t tj_grid2", "unsigned* __restrict__ tj_sk_ws",
-                      "unsigned* tj_sk_flags"]
-            kinds += ["i32", "i32", "i32", "ptr", "ptr"]
+                      "unsigned* tj_sk_flags", "int32_t tj_sk_epoch"]
+            kinds += ["i32", "i32", "i32", "ptr", "ptr", "i32"]
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         if self.fn.attrs.get("persistent") or self.fn.attrs.get("producer_first"):
             SPECIALIZED_BODY[0](self)

@@ -164,13 +164,23 @@ def _stream_k_fixup(em: Emitter, op: Op) -> None:
     em.barrier("every math thread's sums are stored")
     em.line("unsigned tj_last = 0;")
     em.open("if (tid == 0)")
-    em.line("unsigned* const tj_count = tj_sk_flags + (tj_prog - tj_sk_dp);")
+    em.line("// the tile's counter: this launch's epoch (high word) and the iterations counted (low word); a count")
+    em.line("// of another epoch (a launch that did not finish, memory written by something else) counts as 0")
+    em.line("unsigned long long* const tj_count = reinterpret_cast<unsigned long long*>(tj_sk_flags) + "
+            "(tj_prog - tj_sk_dp);")
     em.line("const unsigned tj_mine = (unsigned)(tj_sk_k1 - tj_sk_k0);")
+    em.line("unsigned long long tj_seen, tj_want;")
+    em.line('asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(tj_seen) : "l"(tj_count) : "memory");')
     em.line("unsigned tj_before;")
-    em.line('asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(tj_before) : "l"(tj_count), '
-            '"r"(tj_mine) : "memory");')
+    em.open("do")
+    em.line("tj_want = tj_seen;")
+    em.line("tj_before = (unsigned)(tj_want >> 32) == (unsigned)tj_sk_epoch ? (unsigned)tj_want : 0u;")
+    em.line('asm volatile("atom.acq_rel.gpu.global.cas.b64 %0, [%1], %2, %3;" : "=l"(tj_seen) : "l"(tj_count), '
+            '"l"(tj_want), "l"(((unsigned long long)(unsigned)tj_sk_epoch << 32) | (tj_before + tj_mine)) : '
+            '"memory");')
+    em.close("} while (tj_seen != tj_want);")
     em.line("tj_last = tj_before + tj_mine == (unsigned)tj_sk_units;")
-    em.line("if (tj_last) *tj_count = 0;  // every run of the tile has counted: cleared for the next launch")
+    em.line("if (tj_last) *tj_count = 0ull;  // every run of the tile has counted: cleared for the next launch")
     em.close()
     em.line(f'asm volatile("{{ .reg .pred p, q; setp.ne.u32 q, %1, 0; bar.red.or.pred p, 1, {threads}, q; '
             'selp.u32 %0, 1, 0, p; }" : "=r"(tj_last) : "r"(tj_last) : "memory");'

@@ -12,7 +12,6 @@ not.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 import re
@@ -279,7 +278,7 @@ def _program_log(nvrtc: ModuleType, prog: object) -> str:
 
 
 def _run_nvrtc(
-    source: str, name: str, arch: str, options: list[str], *, want_cubin: bool, want_ptx: bool
+    source: str, name: str, arch: str, options: list[str], *, want_cubin: bool, want_ptx: bool, tag: str = ""
 ) -> tuple[bytes, str | None, str]:
     """One NVRTC compile -> (cubin, ptx or None, log). Raises BackendCompileError on any failure."""
     nvrtc = _nvrtc()
@@ -288,7 +287,7 @@ def _run_nvrtc(
     def fail(log: str) -> BackendCompileError:
         return BackendCompileError(log, arch=arch, source=source, source_path=_write_failed_source(source, name), name=name)
 
-    program = source + _fresh_compile_marker()  # (errors show the source as given)
+    program = source + _tag_line(tag)  # (errors show the source as given)
     err, prog = nvrtc.nvrtcCreateProgram(program.encode("utf-8"), f"{name}.cu".encode(), 0, [], [])
     if err != ok:
         raise fail(f"nvrtcCreateProgram failed: {_error_string(nvrtc, err)}")
@@ -331,24 +330,24 @@ def _error_string(nvrtc: ModuleType, err: object) -> str:
         return str(err)
 
 
-def _fresh_compile_marker() -> str:
-    """A line that makes every program NVRTC is given unique, so each compile runs ptxas.
+def _tag_line(tag: str) -> str:
+    """A line that makes programs of different ``tag`` different programs to NVRTC, so each runs ptxas.
 
     NVRTC 12.9+ keeps compiled programs in a cache of its own (NVRTC guide, "Caching"). A hit returns the cubin
     with a log that lacks ptxas's report (registers, spills), which tilejit records with each kernel and which
-    the autotuner uses to refuse spilling configs. Measured on an H100 with NVRTC 13.0: a repeated compile took
-    0.03 s instead of 0.65 s and its log had no spill line; a comment, an unused macro or a ``static_assert``
-    did not make the program new to it, a global variable of its own did. tilejit's own cache holds every
-    finished compile, so NVRTC's saves nothing here. The variable (4 bytes of global memory, never touched) goes
-    after the last line, so the line numbers of NVRTC's diagnostics still match the source."""
-    return f"\n__device__ int tj_compile_{os.getpid()}_{next(_COMPILES)}_{time.time_ns()};\n"
+    the autotuner uses to refuse spilling configs; two specializations of one kernel often have the same CUDA.
+    Measured on an H100 with NVRTC 13.0: a repeated compile took 0.03 s instead of 0.65 s and its log had no
+    spill line; a comment, an unused macro or a ``static_assert`` did not make the program new to it, a global
+    variable of its own did. The variable (4 bytes of global memory, never touched) is named after the tag (the
+    cache key), so a specialization compiled again gives the same cubin; it goes after the last line, so the line
+    numbers of NVRTC's diagnostics still match the source."""
+    import hashlib
 
-
-_COMPILES = itertools.count()
+    return f"\n__device__ int tj_tag_{hashlib.sha256(tag.encode()).hexdigest()[:24]};\n" if tag else ""
 
 
 def compile_cuda(
-    source: str, *, name: str, arch: str, keep_ptx: bool = True, options: Sequence[str] = ()
+    source: str, *, name: str, arch: str, keep_ptx: bool = True, options: Sequence[str] = (), tag: str = ""
 ) -> CompileResult:
     """Compile self-contained CUDA C++ (prelude included by the caller) to a cubin for exactly ``arch``.
 
@@ -362,7 +361,7 @@ def compile_cuda(
     common = ["-std=c++17", "-lineinfo", *options]
     start = time.perf_counter()
     cubin, ptx, log = _run_nvrtc(
-        source, name, arch, [f"--gpu-architecture={arch}", *common], want_cubin=True, want_ptx=keep_ptx
+        source, name, arch, [f"--gpu-architecture={arch}", *common], want_cubin=True, want_ptx=keep_ptx, tag=tag
     )
     if not cubin:
         raise BackendCompileError(
@@ -372,7 +371,7 @@ def compile_cuda(
     if keep_ptx and ptx is None:  # fallback; NVRTC 12.9/13.0 return PTX for sm_XX compiles already
         virtual = arch.replace("sm_", "compute_")
         _, ptx, _ = _run_nvrtc(
-            source, name, arch, [f"--gpu-architecture={virtual}", *common], want_cubin=False, want_ptx=True
+            source, name, arch, [f"--gpu-architecture={virtual}", *common], want_cubin=False, want_ptx=True, tag=tag
         )
     seconds = time.perf_counter() - start
     _record_version(_library_version())

@@ -104,11 +104,12 @@ def _shared_values(fn: Function):
         yield from op.results
 
 
-def run_nvrtc(source: str, target: Target, kernel_name: str, keep_ptx: bool) -> CompileResult:
+def run_nvrtc(source: str, target: Target, kernel_name: str, keep_ptx: bool, key: str = "") -> CompileResult:
     """The ``ptx`` / ``cubin`` stages: one NVRTC compile for exactly the target's arch (ptxas -v for the
-    resource report)."""
+    resource report); ``key`` (the cache key) tells apart, for NVRTC's own cache, specializations whose CUDA is
+    the same (``nvrtc.compile_cuda``'s ``tag``)."""
     return compile_cuda(source, name=kernel_name, arch=target.arch.name, keep_ptx=keep_ptx,
-                        options=["--ptxas-options=-v"])
+                        options=["--ptxas-options=-v"], tag=key)
 
 
 def ptxas_resources(log: str) -> tuple[int | None, int | None]:

@@ -1,6 +1,7 @@
 """Launching compiled kernels on torch tensors: the target of a device, per-device launchers, argument packing."""
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any
 
@@ -73,7 +74,9 @@ class TensorMapLauncher:
 class StreamKLauncher:
     """A stream-K kernel's launcher (passes/split_k.stream_k): it launches the kernel's P programs (one per SM, the
     count it was compiled for) whatever the grid, and appends to the values the grid they stand for and the
-    workspace of the launch's stream (``stream_k_workspace``) before the tensor maps."""
+    workspace of the launch's stream (``stream_k_workspace``) and an epoch before the tensor maps. The kernel
+    reads a tile counter of another epoch as 0 (lower_split_k._stream_k_fixup), so a count that a launch did not
+    finish, or memory something else wrote, cannot make a later launch skip a tile."""
 
     def __init__(self, launcher, programs: int, slot_bytes: int, flags: int, device_index: int) -> None:
         self.launcher = launcher
@@ -84,7 +87,7 @@ class StreamKLauncher:
 
     def __call__(self, grid, stream, values) -> None:
         data, flags = stream_k_workspace(self.device_index, stream, self.workspace_bytes, self.flag_words)
-        self.launcher((self.programs, 1, 1), stream, [*values, *grid, data, flags])
+        self.launcher((self.programs, 1, 1), stream, [*values, *grid, data, flags, next(_EPOCHS)])
 
     def native_entry(self):
         """An Entry of the compiled launcher that hands every launch, its values packed, to this launcher (the
@@ -98,11 +101,14 @@ class StreamKLauncher:
             module = native.load()
             if module is None:
                 return None
-            kinds = bytes(native.KIND_CODES[k] for k in plain.param_kinds if k != "tmap")[:-5]  # the user's values
+            kinds = bytes(native.KIND_CODES[k] for k in plain.param_kinds if k != "tmap")[:-6]  # the user's values
             entry = self._entry = module.Entry(int(plain.loaded.function), plain.block, plain.dynamic_smem_bytes,
                                                kinds, plain.loaded.device_index, None, self, 1, 1, True)
         return entry
 
+
+#: The epochs of stream-K launches: 1 .. 2^31 - 1, then again (never 0, the value of a cleared counter).
+_EPOCHS = (n % (2**31 - 1) + 1 for n in itertools.count())
 
 #: Per (device, stream): the stream-K workspace (partial sums) and its flags, which every kernel leaves at 0.
 _WORKSPACES: dict[tuple[int, int], tuple[Any, Any]] = {}
