@@ -24,6 +24,8 @@ def _capability() -> tuple[int, int]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "requires_sm(major): needs a GPU of compute capability >= major (80, 90, ...)")
+    config.addinivalue_line("markers", "sm90a(what): runs only on an sm_90 GPU (kernels built for sm_90a's wgmma and "
+                                       "TMA); ``what`` names the feature in the skip reason")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,6 +33,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_gpu = item.get_closest_marker("gpu") is not None or item.get_closest_marker("requires_sm") is not None
         if needs_gpu and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)"))
+            continue
+        hopper = item.get_closest_marker("sm90a")
+        if hopper is not None and _capability() != (9, 0):
+            item.add_marker(pytest.mark.skip(reason=f"{hopper.args[0]} run(s) on sm_90a"))
             continue
         sm = item.get_closest_marker("requires_sm")
         if sm is not None:

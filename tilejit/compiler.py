@@ -40,7 +40,7 @@ from . import knobs
 from .errors import UsageValueError
 from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
-from .frontend.spec import ArgSpec, ConstexprSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
+from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
 from .ir import Function, print_function
 from .target import LaunchOptions, Target
 from .version import __version__

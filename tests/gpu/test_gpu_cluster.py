@@ -17,15 +17,10 @@ from gemm_checks import LOWP_BK, check_lowp, lowp_operands
 from kernels import bmm_grid3, linear_relu, matmul_any, matmul_staged as matmul
 from lang_kernels import load_example
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("TMA multicast clusters")]
 
 MODES = {"ws": {}, "persistent": {"persistent": True}, "pingpong": {"pingpong": True}}
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("TMA multicast clusters run on sm_90a")
 
 
 def _clustered(compiled) -> None:

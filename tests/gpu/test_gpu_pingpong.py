@@ -16,13 +16,8 @@ import tilejit.language as T
 from gemm_checks import LOWP_BK, check_lowp, lowp_operands
 from kernels import bmm_grid3, linear_relu, matmul_any
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("pingpong kernels")]
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("pingpong kernels run on sm_90a")
 
 
 def _pingpong(compiled) -> None:

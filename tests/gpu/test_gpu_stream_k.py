@@ -16,15 +16,10 @@ import tilejit
 from gemm_checks import LOWP_BK, check_lowp, lowp_operands
 from kernels import bmm_grid3, linear_relu, matmul_any, matmul_staged as matmul
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("stream-K")]
 
 TILES = {"128x256": (128, 256, 64, 8, 4), "256x128": (256, 128, 64, 8, 4), "128x128": (128, 128, 64, 4, 4)}
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("stream-K runs on sm_90a")
 
 
 def _stream_k(compiled) -> None:

@@ -14,13 +14,8 @@ import tilejit.language as T
 from gemm_checks import LOWP_BK, check_lowp, lowp_operands
 from kernels import MAJORS as LAYOUTS, bmm_grid3, linear_relu, matmul_any
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("warp specialization")]
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("warp specialization runs on sm_90a")
 
 
 def _specialized(compiled) -> None:

@@ -12,13 +12,8 @@ import tilejit
 import tilejit.language as T
 from kernels import MAJORS as LAYOUTS, matmul_any
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("wgmma")]
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma runs on sm_90a")
 
 
 @pytest.mark.parametrize("tile", [(64, 64, 4), (128, 128, 4), (128, 256, 8)], ids=lambda t: "x".join(map(str, t)))

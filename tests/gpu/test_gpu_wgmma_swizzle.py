@@ -15,16 +15,11 @@ import tilejit
 import tilejit.language as T
 from kernels import MAJORS as LAYOUTS, matmul_any
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("wgmma")]
 
 # (M, N, K): ragged in every dim, a K below one tile, 16-byte-aligned rows (TMA) and 777 (cp.async fallback)
 SHAPES = [(1000, 300, 784), (256, 512, 1024), (7, 129, 40), (130, 200, 777)]
 
-
-@pytest.fixture(autouse=True)
-def _hopper():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma runs on sm_90a")
 
 
 def _operands(m, n, k, ta, tb, make):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .. import dtypes as D
 from ..dtypes import DType
-from ..ir import AtomicOp, Op, OpKind, Value
+from ..ir import AtomicOp, Op, OpKind
 from .emitter import Emitter, c_type, emits
 
 # the PTX operand constraint and type suffixes of each supported dtype

@@ -364,7 +364,7 @@ class FmaFallback:
                 em.open(f"for (int tj_k = tj_k0; tj_k < tj_k0 + 16 && tj_k < {k}; ++tj_k)")
                 em.line(f"tj_t += {product};")
                 em.close()
-                em.line(f"tj_s = tj_to_f32(tj_from_f32<tj_half>(tj_s + tj_t));")
+                em.line("tj_s = tj_to_f32(tj_from_f32<tj_half>(tj_s + tj_t));")
                 em.close()
                 em.line(f"{name}[{i}] = tj_from_f32<tj_half>(tj_s);")
                 return

@@ -24,7 +24,7 @@ from types import ModuleType
 
 from tilejit import knobs, private_io
 from tilejit.errors import BackendCompileError, BackendUnavailableError
-from tilejit.target import SUPPORTED_ARCHS, Arch
+from tilejit.target import Arch
 
 
 # Oldest NVRTC that targets each arch (CUDA release notes); checked before NVRTC is asked, for a clear message.
