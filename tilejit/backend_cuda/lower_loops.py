@@ -601,10 +601,7 @@ def _pair_flags(em: Emitter, loop: Op, multicast: list[tuple[Op, list[Value]]]) 
     em.open("if (tj_ncta > 1)")
     persistent = em.fn.attrs.get("persistent")
     if persistent:
-        em.line("const long long tj_other = tj_prog ^ 1;  // the other program of the pair walks its neighbour")
-        em.open("")
-        em.line("const long long tj_prog = tj_other;")
-        _program_ids(em)
+        _as_program(em, "tj_prog ^ 1", "  // the other program of the pair walks its neighbour")
     em.partner_x = not persistent
     em.emit_ops(compared_slice(em.fn, loop, values))
     em.partner_x = False
@@ -699,6 +696,15 @@ def _program_ids(em: Emitter) -> None:
     em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
 
 
+def _as_program(em: Emitter, other: str, comment: str = "") -> None:
+    """Open a scope in which the walk's ``tj_prog`` and the program ids are those of program ``other`` (a C
+    expression of the current ``tj_prog``); the caller emits what it computes for that program and closes it."""
+    em.line(f"const long long tj_other = {other};{comment}")
+    em.open("")
+    em.line("const long long tj_prog = tj_other;")
+    _program_ids(em)
+
+
 def _skip_other_groups(em: Emitter, loop: Op) -> None:
     """In a pingpong kernel's walk, before a group runs program ``tj_prog``: count into ``tj_it`` the ring slots
     the producer filled for the programs of the other groups since this group's last one (the walk's programs
@@ -710,10 +716,7 @@ def _skip_other_groups(em: Emitter, loop: Op) -> None:
     em.line("// the ring slots the other group's programs took since this group's last one")
     for j in range(1, em.groups):
         em.open(f"if (tj_prog - {j * programs} >= tj_first)")
-        em.line(f"const long long tj_other = tj_prog - {j * programs};")
-        em.open("")
-        em.line("const long long tj_prog = tj_other;")
-        _program_ids(em)
+        _as_program(em, f"tj_prog - {j * programs}")
         em.emit_ops(bounds_slice(em.fn, loop))
         x, s = em.name(lo), em.name(step)
         if _positive_constant(step):
