@@ -87,7 +87,8 @@ class StreamKLauncher:
 
     def __call__(self, grid, stream, values) -> None:
         data, flags = stream_k_workspace(self.device_index, stream, self.workspace_bytes, self.flag_words)
-        self.launcher((self.programs, 1, 1), stream, [*values, *grid, data, flags, next(_EPOCHS)])
+        epoch = next(_LAUNCHES) % (2**31 - 1) + 1  # (never 0: the value of a cleared counter)
+        self.launcher((self.programs, 1, 1), stream, [*values, *grid, data, flags, epoch])
 
     def native_entry(self):
         """An Entry of the compiled launcher that hands every launch, its values packed, to this launcher (the
@@ -101,16 +102,22 @@ class StreamKLauncher:
             module = native.load()
             if module is None:
                 return None
-            kinds = bytes(native.KIND_CODES[k] for k in plain.param_kinds if k != "tmap")[:-6]  # the user's values
+            user = [k for k in plain.param_kinds if k != "tmap"][:-STREAM_K_PARAMS]
+            kinds = bytes(native.KIND_CODES[k] for k in user)
             entry = self._entry = module.Entry(int(plain.loaded.function), plain.block, plain.dynamic_smem_bytes,
                                                kinds, plain.loaded.device_index, None, self, 1, 1, True)
         return entry
 
 
-#: The epochs of stream-K launches: 1 .. 2^31 - 1, then again (never 0, the value of a cleared counter).
-_EPOCHS = (n % (2**31 - 1) + 1 for n in itertools.count())
+#: The parameters a stream-K kernel takes after the user's (backend_cuda/emitter.py): the grid's three extents,
+#: the workspace, the counters and the launch's epoch.
+STREAM_K_PARAMS = 6
 
-#: Per (device, stream): the stream-K workspace (partial sums) and its flags, which every kernel leaves at 0.
+#: Counts stream-K launches, for their epochs (``next`` on a count is atomic in CPython: launches may come from
+#: several threads).
+_LAUNCHES = itertools.count()
+
+#: Per (device, stream): the stream-K workspace (partial sums) and its tile counters (zeroed when made).
 _WORKSPACES: dict[tuple[int, int], tuple[Any, Any]] = {}
 _workspace_lock = threading.Lock()
 
