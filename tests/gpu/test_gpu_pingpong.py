@@ -13,8 +13,8 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from gemm_checks import LOWP_BK, check_lowp, lowp_operands
-from kernels import bmm_grid3, linear_relu, matmul_any
+from gemm_checks import check_close, check_linear_relu_launches, check_lowp_launch
+from kernels import bmm_grid3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("pingpong kernels")]
 
@@ -27,12 +27,6 @@ def _pingpong(compiled) -> None:
     assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"], compiled.meta
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     assert f"tj_prog += {2 * programs})" in compiled.asm["cuda"]
-
-
-def _check(c, ref, rel=1e-2):
-    assert not torch.isnan(c).any()
-    err = (c.double() - ref).abs().max().item()
-    assert err <= rel * ref.abs().max().item() + 1e-2, err
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 3000, 776), (128, 11008, 4096), (8192, 2048, 1024),
@@ -61,7 +55,7 @@ def test_benchmark_kernel(dtype, shape, config):
         assert compiled.meta["groups"] == 1
     matmul.kernel[(tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)](a, b, c, **kw)
     torch.cuda.synchronize()
-    _check(c, a.double() @ b.double())
+    check_close(c, a.double() @ b.double())
 
 
 @tilejit.kernel
@@ -97,7 +91,7 @@ def test_trip_counts_differ_per_program(shape):
     for i in range(tilejit.cdiv(m, 128)):
         k_end = min(k, (i % 5) * 3 * 64)
         ref[i * 128:(i + 1) * 128] = ad[i * 128:(i + 1) * 128, :k_end] @ bd[:k_end]
-    _check(c.cpu(), ref)
+    check_close(c.cpu(), ref)
 
 
 @pytest.mark.parametrize("batch,m,n,k", [(3, 1000, 520, 264), (41, 256, 256, 128)])
@@ -110,24 +104,12 @@ def test_3d_grid(batch, m, n, k):
     _pingpong(bmm_grid3.compile(a, b, c, **kw))
     bmm_grid3[(tilejit.cdiv(n, 128), tilejit.cdiv(m, 128), batch)](a, b, c, **kw)
     torch.cuda.synchronize()
-    _check(c, a.double() @ b.double(), rel=2e-3)
+    check_close(c, a.double() @ b.double(), rel=2e-3)
 
 
 def test_fused_epilogue_and_repeated_launches():
     """The same kernel launched many times back to back: the ring's barriers and each group's count start afresh."""
-    m, n, k = 2000, 1000, 1000
-    torch.manual_seed(7)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ref = torch.relu(x.double() @ w.double() + bias.double())
-    kw = dict(BM=128, BN=128, BK=64, num_warps=4, num_stages=4, pingpong=True)
-    _pingpong(linear_relu.compile(x, w, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), **kw))
-    for _ in range(20):
-        y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
-    torch.cuda.synchronize()
-    _check(y, ref)
+    check_linear_relu_launches((2000, 1000, 1000), dict(num_warps=4, num_stages=4, pingpong=True), _pingpong)
 
 
 @pytest.mark.parametrize("shape", [(1000, 300, 784), (4096, 2048, 1024), (100, 72, 4000)],
@@ -135,14 +117,7 @@ def test_fused_epilogue_and_repeated_launches():
 @pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
 def test_other_dtypes(kind, shape):
     """A @ Bt.T with Bt given N x K (K-major, as 8- and 32-bit wgmma read it)."""
-    m, n, k = shape
-    a, b, c, acc = lowp_operands(kind, m, n, k)
-    kw = dict(BM=128, BN=128, BK=LOWP_BK[kind], TA=False, TB=True, ACC=acc, num_warps=4, num_stages=4,
-              pingpong=True)
-    _pingpong(matmul_any.compile(a, b, c, **kw))
-    matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
-    torch.cuda.synchronize()
-    check_lowp(kind, a, b, c)
+    check_lowp_launch(kind, shape, dict(num_warps=4, num_stages=4, pingpong=True), _pingpong)
 
 
 def test_autotuned_pingpong_config():
@@ -165,4 +140,4 @@ def test_autotuned_pingpong_config():
     tuned[matmul_grid](a, b, c)
     torch.cuda.synchronize()
     assert len(tuned.stats.timed) == 2
-    _check(c, a.double() @ b.double())
+    check_close(c, a.double() @ b.double())

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import tilejit
-from gemm_checks import LOWP_BK, check_lowp, lowp_operands
-from kernels import bmm_grid3, linear_relu, matmul_any, matmul_staged as matmul
+from gemm_checks import check_close, check_linear_relu_launches, check_lowp_launch
+from kernels import bmm_grid3, matmul_staged as matmul
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("stream-K")]
 
@@ -25,12 +25,6 @@ TILES = {"128x256": (128, 256, 64, 8, 4), "256x128": (256, 128, 64, 8, 4), "128x
 def _stream_k(compiled) -> None:
     assert compiled.meta["stream_k"] > 0, compiled.meta
     assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"], compiled.meta
-
-
-def _check(c, ref, rel=1e-2):
-    assert not torch.isnan(c).any()
-    err = (c.double() - ref).abs().max().item()
-    assert err <= rel * ref.abs().max().item() + 1e-2, err
 
 
 def _kw(tiles):
@@ -57,7 +51,7 @@ def test_design_matmul(dtype, tiles, shape):
     _stream_k(matmul.compile(a, b, c, **kw))
     matmul[(tilejit.cdiv(m, kw["BM"]), tilejit.cdiv(n, kw["BN"]))](a, b, c, **kw)
     torch.cuda.synchronize()
-    _check(c, a.double() @ b.double())
+    check_close(c, a.double() @ b.double())
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 3000, 776), (8192, 2048, 1024), (64, 64, 64)],
@@ -75,7 +69,7 @@ def test_grouped_order(shape):
     _stream_k(tuned.kernel.compile(a, b, c, **kw))
     tuned.kernel[(tilejit.cdiv(m, 128) * tilejit.cdiv(n, 256),)](a, b, c, **kw)
     torch.cuda.synchronize()
-    _check(c, a.double() @ b.double())
+    check_close(c, a.double() @ b.double())
 
 
 @pytest.mark.parametrize("batch,m,n,k", [(3, 1000, 520, 264), (41, 256, 512, 128), (5, 130, 312, 2000)])
@@ -90,38 +84,20 @@ def test_3d_grid(batch, m, n, k):
     _stream_k(bmm_grid3.compile(a, b, c, **kw))
     bmm_grid3[(tilejit.cdiv(n, 128), tilejit.cdiv(m, 128), batch)](a, b, c, **kw)
     torch.cuda.synchronize()
-    _check(c, a.double() @ b.double(), rel=2e-3)
+    check_close(c, a.double() @ b.double(), rel=2e-3)
 
 
 def test_fused_epilogue_and_repeated_launches():
     """Twenty launches back to back on shapes with and without runs: every flag must be back at 0 after each."""
-    torch.manual_seed(7)
-    for m, n, k in [(2048, 1000, 1000), (300, 712, 3000)]:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        ref = torch.relu(x.double() @ w.double() + bias.double())
-        kw = _kw("128x128")
-        _stream_k(linear_relu.compile(x, w, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), **kw))
-        for _ in range(20):
-            y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
-            torch.cuda.synchronize()
-            _check(y, ref)
+    for shape in [(2048, 1000, 1000), (300, 712, 3000)]:
+        check_linear_relu_launches(shape, dict(num_warps=4, num_stages=4, stream_k=True), _stream_k, check_each=True)
 
 
 @pytest.mark.parametrize("shape", [(1000, 300, 784), (4096, 2048, 1024), (100, 72, 4000)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
 def test_other_dtypes(kind, shape):
-    m, n, k = shape
-    a, b, c, acc = lowp_operands(kind, m, n, k)
-    kw = dict(BM=128, BN=128, BK=LOWP_BK[kind], TA=False, TB=True, ACC=acc, num_warps=4, num_stages=4,
-              stream_k=True)
-    _stream_k(matmul_any.compile(a, b, c, **kw))
-    matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
-    torch.cuda.synchronize()
-    check_lowp(kind, a, b, c)
+    check_lowp_launch(kind, shape, dict(num_warps=4, num_stages=4, stream_k=True), _stream_k)
 
 
 def test_two_streams_at_once():
@@ -142,7 +118,7 @@ def test_two_streams_at_once():
                 matmul[grid](a, b, c, **kw)
     torch.cuda.synchronize()
     for (a, b), c in zip(pairs, outs):
-        _check(c, a.double() @ b.double())
+        check_close(c, a.double() @ b.double())
 
 
 def test_cuda_graph_replays():
@@ -164,7 +140,7 @@ def test_cuda_graph_replays():
         c.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        _check(c, a.double() @ b.double())
+        check_close(c, a.double() @ b.double())
 
 
 def test_python_and_compiled_launchers_agree():
@@ -179,4 +155,4 @@ def test_python_and_compiled_launchers_agree():
         c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
         matmul[grid](a, b, c, **kw)
         torch.cuda.synchronize()
-        _check(c, a.double() @ b.double())
+        check_close(c, a.double() @ b.double())

@@ -11,7 +11,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from gemm_checks import LOWP_BK, check_lowp, lowp_operands
+from gemm_checks import check_linear_relu_launches, check_lowp_launch
 from kernels import MAJORS as LAYOUTS, bmm_grid3, linear_relu, matmul_any
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("warp specialization")]
@@ -57,16 +57,7 @@ def test_majors(dtype, layout, shape, tile):
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
 def test_other_dtypes(kind, shape):
-    m, n, k = shape
-    a, b, c, acc = lowp_operands(kind, m, n, k)
-    kw = dict(BM=128, BN=128, BK=LOWP_BK[kind], TA=False, TB=True, ACC=acc, num_warps=8, num_stages=4,
-              warp_specialize=True)
-    compiled = matmul_any.compile(a, b, c, **kw)
-    if k * a.element_size() % 16 == 0:
-        _specialized(compiled)
-    matmul_any[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](a, b, c, **kw)
-    torch.cuda.synchronize()
-    check_lowp(kind, a, b, c)
+    check_lowp_launch(kind, shape, dict(num_warps=8, num_stages=4, warp_specialize=True), _specialized)
 
 
 @pytest.mark.parametrize("shape", [(333, 504, 1000), (4096, 1024, 512), (64, 64, 8)], ids=lambda s: "x".join(map(str, s)))
@@ -180,15 +171,4 @@ def test_persistent_3d_grid(batch, m, n, k):
 
 def test_persistent_fused_epilogue_and_repeated_launches():
     """The same persistent kernel launched many times back to back (the ring's barriers start afresh each launch)."""
-    m, n, k = 2000, 1000, 1000
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ref = torch.relu(x.double() @ w.double() + bias.double())
-    kw = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=4, persistent=True)
-    for _ in range(20):
-        y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        linear_relu[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))](x, w, bias, y, **kw)
-    torch.cuda.synchronize()
-    assert not torch.isnan(y).any()
-    assert (y.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item() + 1e-2
+    check_linear_relu_launches((2000, 1000, 1000), dict(num_warps=8, num_stages=4, persistent=True), _specialized)
