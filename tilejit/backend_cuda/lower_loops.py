@@ -678,8 +678,16 @@ def _stream_k_schedule(em: Emitter, loop: Op) -> None:
     em.line("const long long tj_sk_dp = tj_nprogs - tj_sk_tiles;  // the tiles run whole, first")
     em.line("// this program's run: iterations tj_sk_begin to tj_sk_end of the last tj_sk_tiles tiles' tj_sk_total")
     em.line("const int tj_sk_total = tj_sk_tiles * tj_sk_units;")
-    em.line(f"const int tj_sk_begin = (int)(tj_first * tj_sk_total / {programs});")
-    em.line(f"const int tj_sk_end = (int)((tj_first + 1) * tj_sk_total / {programs});")
+    em.require_support("stream_k", STREAM_K_SUPPORT)
+    em.line(f"const int tj_sk_begin = tj_sk_run_start(tj_first, tj_sk_total, {programs});")
+    em.line(f"const int tj_sk_end = tj_sk_run_start(tj_first + 1, tj_sk_total, {programs});")
+
+
+STREAM_K_SUPPORT = r"""
+/// Where stream-K program p's run starts among the last wave's `total` iterations: `programs` runs as equal as
+/// integers allow, program p + 1's start being p's end (lower_loops._stream_k_schedule, the fix-up's readers).
+TJ_DEVICE int tj_sk_run_start(long long p, int total, int programs) { return (int)(p * total / programs); }
+"""
 
 
 def _grid_dim(em: Emitter, axis: int) -> str:

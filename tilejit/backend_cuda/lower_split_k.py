@@ -106,8 +106,9 @@ def _stream_k_fixup(em: Emitter, op: Op) -> None:
     counter for the next launch and owns the sum (the epilogue runs there). No program waits for another, so
     programs need not all be resident at once (another kernel may hold SMs).
 
-    Workspace and counters come from the runtime (``runtime/launch.StreamKLauncher``), one set per stream: every
-    counter is 0 between launches.
+    Workspace and counters come from the runtime (``runtime/launch.StreamKLauncher``), one set per stream. A
+    counter holds the launch's epoch beside its count, and a count of another epoch reads as 0: a counter left
+    by a launch that did not finish, or written by anything else, cannot keep a tile from its epilogue.
     """
     accs = [em.name(v) for v in op.operands]
     owner = em.name(op.results[-1])
@@ -117,8 +118,8 @@ def _stream_k_fixup(em: Emitter, op: Op) -> None:
     threads, programs = em.target.threads, em.fn.attrs["persistent"]
     regs = [em.layout(v).regs for v in op.operands]
     offsets = [sum(r * threads for r in regs[:i]) for i in range(len(regs))]
-    em.stream_k_words, em.stream_k_flags = 2 * sum(regs) * threads, 2
-    words = sum(regs) * threads  # one slot
+    words = sum(regs) * threads  # one slot; a program has two (its first run's and its last run's)
+    em.stream_k_words, em.stream_k_flags = 2 * words, 2  # (the flags: one 64-bit counter per program)
     floats = [v.dtype == D.float32 for v in op.operands]
 
     def each_vector(body: Callable[[str, int, int, bool], None]) -> None:
@@ -191,11 +192,12 @@ def _stream_k_fixup(em: Emitter, op: Op) -> None:
     em.line("const int tj_start = (int)(tj_prog - tj_sk_dp) * tj_sk_units;")
     for acc, n in zip(accs, regs):
         em.line(f"for (int i = 0; i < {n}; ++i) {acc}[i] = 0;")
+    # (the first is the last program whose run starts at or before the tile's start: tj_sk_run_start inverted)
     em.open(f"for (int tj_c = (int)(((long long)(tj_start + 1) * {programs} - 1) / tj_sk_total); tj_c < {programs}; "
             "++tj_c)")
-    em.line(f"const int tj_b = (int)((long long)tj_c * tj_sk_total / {programs});")
+    em.line(f"const int tj_b = tj_sk_run_start(tj_c, tj_sk_total, {programs});")
     em.line("if (tj_b >= tj_start + tj_sk_units) break;")
-    em.line(f"if (tj_b == (int)((long long)(tj_c + 1) * tj_sk_total / {programs})) continue;  // an empty run")
+    em.line(f"if (tj_b == tj_sk_run_start(tj_c + 1, tj_sk_total, {programs})) continue;  // an empty run")
     em.line(f"const unsigned* const tj_src = tj_sk_ws + (size_t)(2 * tj_c + (tj_b > tj_start ? 0 : 1)) * {words}u;")
     each_vector(add)
     em.close()

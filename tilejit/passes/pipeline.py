@@ -336,10 +336,9 @@ def _runs_on_extra_threads(op: Op) -> bool:
     return op.kind in _REGISTER_ONLY or op.kind.is_elementwise
 
 
-def _refusal(loop: Op, message: str, cls: type[CompilationError] = CompilationError,
-             hint: str = "drop warp_specialize=True from this T.range, or write the loop as a plain main loop at "
-                         "the kernel's top level") -> CompilationError:
-    return cls.at(loop.loc, message, hint=hint)
+def _refusal(loop: Op, message: str) -> CompilationError:
+    return CompilationError.at(loop.loc, message, hint="drop warp_specialize=True from this T.range, or write the "
+                                                       "loop as a plain main loop at the kernel's top level")
 
 
 def _keep_in_tmem(gemm: Op) -> None:
