@@ -119,9 +119,9 @@ def interleave(timed: dict[str, tuple[Callable[[], Any], dict[str, Any]]], m: in
     names = [name for name, (_, result) in timed.items() if result.get("status") == "ok"]
     for name in names:
         timed[name][1]["ms_rounds"] = [timed[name][1]["ms"]]
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)] if names else []
-        for name in reversed(order) if r % 2 == 0 else order:
+    for r in range(1, rounds + 1):
+        shift = r % len(names) if names else 0  # (round r starts with a different implementation than the last)
+        for name in names[shift:] + names[:shift]:
             run, result = timed[name]
             result["ms_rounds"].append(float(do_bench(run)))
     for name in names:
@@ -236,19 +236,15 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         row["tilejit_nn"] = measure(lambda: kernels.tf32_mm_nn[kernels.matmul_grid](a, b, c_nn), c_nn, ref, m, n, k)
         c_ref = torch.empty(m, n, device=device)
         previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            row["cublas"] = measure(lambda: torch.matmul(a, b, out=c_ref), c_ref, ref, m, n, k)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
 
-        def tf32_matmul() -> None:  # (tf32 allowed only around the call, as for the timing above)
+        def tf32_matmul() -> None:  # cuBLAS with tf32 allowed around the call only
             torch.backends.cuda.matmul.allow_tf32 = True
             try:
                 torch.matmul(a, b, out=c_ref)
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = previous
         runs["cublas"] = tf32_matmul
+        row["cublas"] = measure(tf32_matmul, c_ref, ref, m, n, k)
         triton_args = (a, bt.T, torch.empty(m, n, device=device), None, None)
     if triton_mod is None:
         row["triton"] = {"status": "n/a"}

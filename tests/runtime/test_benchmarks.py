@@ -308,3 +308,32 @@ def test_attention_plot_from_stored_results(tmp_path):
         assert written == []
     else:
         assert written == ["attention_bwd.png", "attention_fwd.png"]
+
+
+def test_interleave_retimes_in_rotating_rounds_and_keeps_the_median(monkeypatch):
+    """Every implementation whose first timing is ok is timed ``rounds`` more times, each round starting with a
+    different one; its figure becomes the median of its timings; failed ones are left alone."""
+    import tilejit.testing
+    from benchmarks.matmul import interleave
+
+    order: list[str] = []
+    times = {"a": iter([3.0, 1.0]), "b": iter([2.0, 9.0]), "c": iter([5.0, 5.0])}
+
+    def fake_bench(run):
+        order.append(run.__name__)
+        return next(times[run.__name__])
+
+    def named(name):
+        def run():
+            pass
+        run.__name__ = name
+        return run
+
+    monkeypatch.setattr(tilejit.testing, "do_bench", fake_bench)
+    timed = {name: (named(name), {"status": "ok", "ms": ms}) for name, ms in (("a", 2.0), ("b", 4.0), ("c", 1.0))}
+    timed["x"] = (named("x"), {"status": "FAIL"})
+    interleave(timed, 1000, 1000, 1000)
+    assert order == ["b", "c", "a", "c", "a", "b"]
+    assert [timed[n][1]["ms"] for n in "abc"] == [2.0, 4.0, 5.0]
+    assert timed["a"][1]["ms_rounds"] == [2.0, 3.0, 1.0] and "ms" not in timed["x"][1]
+    assert timed["a"][1]["tflops"] == pytest.approx(2 * 1000 ** 3 / 2e-3 / 1e12)
