@@ -51,10 +51,6 @@ def _transpose_words(em: Emitter, e: int) -> None:
                 f"tj_y3 = __byte_perm(tj_t2, tj_t3, {_PAIRS_HI});")
 
 
-def _mod(x: str, n: int) -> str:
-    return f"({x} & {n - 1})" if n & (n - 1) == 0 else f"({x} % {n})"
-
-
 @emits(OpKind.TRANSPOSE_COPY)
 def _transpose_copy(em: Emitter, op: Op) -> None:
     src = em.shared[op.operands[0].id]
@@ -84,13 +80,13 @@ def _transpose_copy(em: Emitter, op: Op) -> None:
         groups, rows_per_group = per_row // lanes, 32 // lanes
         lane = "(tj_w & 31)" if lanes == 32 else f"(tj_w & {lanes - 1})"
         group = "(tj_w >> 5)"
-        column = lane if groups == 1 else f"{_mod(group, groups)} * {lanes} + {lane}"
+        column = lane if groups == 1 else f"{CExpr(group) % groups} * {lanes} + {lane}"
         turn = group if groups == 1 else f"{group} / {groups}"
         diagonal = lane if lanes == 32 else f"{lane} + ((tj_w & 31) >> {lanes.bit_length() - 1})"
         em.line(f"const int tj_cb = {column};")
-        em.line(f"const int tj_rb = {_mod(f'({diagonal} + {turn} * {rows_per_group})', per_col)};")
+        em.line(f"const int tj_rb = {CExpr(f'({diagonal} + {turn} * {rows_per_group})') % per_col};")
     else:
-        em.line(f"const int tj_cb = {_mod('tj_w', per_row)}, tj_rb = tj_w / {per_row};")
+        em.line(f"const int tj_cb = {CExpr('tj_w') % per_row}, tj_rb = tj_w / {per_row};")
     s_lay: SharedLayout = src.layout
     d_lay: SharedLayout = dst.layout
     for i in range(e):
