@@ -14,6 +14,7 @@ writes ``configs.json`` into --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -92,9 +93,25 @@ def _problem(dtype_name: str, m: int, n: int, k: int):
     return a, b, c, ref, tf32_matmul, kernel, {}
 
 
+def config_runs(kernel, operands: tuple, extra: dict, m: int, n: int, configs: list,
+                modes: list[str]) -> list[tuple[str, str, Any]]:
+    """(config label, mode, launch) for every config in every mode: ``kernel`` (a ``tilejit.kernel``) launched on
+    ``operands`` over the config's own grid, bound when the launch is made (each is run again later, in turn with
+    the others: a launch that looked its grid up when run would take the last config's)."""
+    import tilejit
+
+    out = []
+    for bm, bn, bk, warps, stages in configs:
+        launcher = kernel[(tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)]
+        for mode in modes:
+            out.append((f"{bm}x{bn}x{bk} w{warps} s{stages}", mode, functools.partial(
+                launcher, *operands, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **extra,
+                **MODES[mode])))
+    return out
+
+
 def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: list[str],
           tuned_row: bool = True) -> list[dict[str, Any]]:
-    import tilejit
     from benchmarks.kernels import matmul_grid, nt_grid
     from tilejit.testing import do_bench
 
@@ -115,18 +132,11 @@ def bench(shape: tuple[int, int, int], dtype_name: str, configs: list, modes: li
         print(f"{m}x{n}x{k} autotuned ({best}): {tuned.get('tflops', tuned['status'])}", flush=True)
         kw = best.kwargs
         configs = [(kw["BM"], kw["BN"], kw["BK"], best.num_warps, best.num_stages)] + list(configs)
-    for bm, bn, bk, warps, stages in configs:
-        grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
-        for mode in modes:
-            def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, mode=mode):
-                matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **extra,
-                                    **MODES[mode])
-            result = measure(run, c, ref, m, n, k)
-            rows.append({"shape": f"{m}x{n}x{k}", "config": f"{bm}x{bn}x{bk} w{warps} s{stages}", "mode": mode,
-                         **result})
-            timed[f"{bm}x{bn}x{bk} w{warps} s{stages} {mode}"] = (run, rows[-1])
-            status = result.get("tflops", result["status"])
-            print(f"{m}x{n}x{k} {bm}x{bn}x{bk} w{warps} s{stages} {mode}: {status}", flush=True)
+    for label, mode, run in config_runs(matmul.kernel, (a, b, c), extra, m, n, configs, modes):
+        result = measure(run, c, ref, m, n, k)
+        rows.append({"shape": f"{m}x{n}x{k}", "config": label, "mode": mode, **result})
+        timed[f"{label} {mode}"] = (run, rows[-1])
+        print(f"{m}x{n}x{k} {label} {mode}: {result.get('tflops', result['status'])}", flush=True)
     interleave(timed, m, n, k)
     for row in rows:
         row["cublas_ms"] = cublas["ms"]

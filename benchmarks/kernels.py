@@ -130,6 +130,37 @@ lowp_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "B
 transposing copy of B."""
 
 
+SM80_PINS = {"TILEJIT_GEMM_LOWERING": "mma_sync_m16n8k16", "TILEJIT_COPY_LOWERING": "cp_async"}
+"""The knobs that compile the sm_80 path (cp.async ring, ldmatrix, mma.sync) for a Hopper GPU (issue 15)."""
+
+matmul_sm80 = tilejit.autotune(
+    configs=[c for c in matmul_configs() if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong
+                                                                     or c.stream_k or c.cluster > 1)],
+    key=["A", "B"], prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
+"""The DESIGN matmul over the config space an sm_80 GPU tunes (no cluster, no TMA or Hopper launch options), for
+launches made with ``SM80_PINS`` set (``sm80_path``): the sm_80 path, run and tuned on a Hopper GPU."""
+
+
+class sm80_path:
+    """``with sm80_path():`` ``SM80_PINS`` set in the environment for the duration (the previous values restored
+    after)."""
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = {name: os.environ.get(name) for name in SM80_PINS}
+        os.environ.update(SM80_PINS)
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def nt_grid(meta):
     """Grid of the N x K-operand kernels above: one program per BM x BN tile of C (1-D, grouped order)."""
     return (tilejit.cdiv(meta["A"].shape[0], meta["BM"]) * tilejit.cdiv(meta["Bt"].shape[0], meta["BN"]),)

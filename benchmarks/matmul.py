@@ -1,12 +1,16 @@
 """Matmul TFLOP/s: tilejit (autotuned) vs torch.matmul (cuBLAS) vs Triton, in one run on one GPU.
 
     python -m benchmarks.matmul [--quick] [--dtypes fp16,bf16] [--shapes 4096x4096x4096,...] [--out DIR]
+                                [--sm80-path]
 
 Before timing, every implementation's output is compared with cuBLAS's (max abs error relative to the largest
 |reference| value); a mismatch is reported as FAIL and not timed. Times are medians of ``tilejit.testing.do_bench``
 (CUDA events, L2 flushed before every run). Writes ``matmul.json`` (after every shape, so an interrupted run
 keeps what it measured) and, with matplotlib, ``matmul.png`` into --out; appends the table to
 benchmarks/RESULTS.md.
+
+``--sm80-path`` adds a column on Hopper GPUs: the same matmul through the sm_80 path (``kernels.SM80_PINS``:
+mma.sync and cp.async pinned, the config space of an sm_80 GPU), tuned and timed in the same run (issue 15).
 """
 from __future__ import annotations
 
@@ -148,14 +152,13 @@ def triton_refusal(dtype_name: str, k: int) -> str | None:
     return None
 
 
-def _tuned(row: dict[str, Any], tuner: Any) -> None:
+def _tuned(row: dict[str, Any], tuner: Any, impl: str = "tilejit") -> None:
     stats = tuner.stats
-    tuned = row["tilejit"]["status"] != "ERROR"  # after an error best_config may be the previous shape's
-    row["tilejit"].update(config=_describe(getattr(tuner, "best_config", None)) if tuned else "n/a",
-                          timed=len(stats.timed),
-                          failed=len(stats.failed), tuned_from_disk=stats.from_disk)
+    tuned = row[impl]["status"] != "ERROR"  # after an error best_config may be the previous shape's
+    row[impl].update(config=_describe(getattr(tuner, "best_config", None)) if tuned else "n/a",
+                     timed=len(stats.timed), failed=len(stats.failed), tuned_from_disk=stats.from_disk)
     if stats.failed:
-        row["tilejit"]["failed_configs"] = list(stats.failed)
+        row[impl]["failed_configs"] = list(stats.failed)
 
 
 def _time_nn(row: dict[str, Any], a, bt, out_dtype, ref, m: int, n: int, k: int) -> None:
@@ -260,8 +263,10 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
     return row
 
 
-def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
-    """One shape and dtype through every implementation (``device="cpu"`` only for tests on the interpreter)."""
+def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda",
+                sm80: bool = False) -> dict[str, Any]:
+    """One shape and dtype through every implementation (``device="cpu"`` only for tests on the interpreter);
+    ``sm80``: and through the sm_80 path (``tilejit_sm80``)."""
     import torch
 
     if dtype_name in LOWP_DTYPES:
@@ -292,6 +297,15 @@ def bench_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device
         runs["triton"] = lambda: triton_mod.matmul(a, b, c_tri)
         row["triton"] = measure(runs["triton"], c_tri, ref, m, n, k)
         row["triton"]["config"] = triton_mod.matmul_best_config()
+    if sm80:
+        c_80 = torch.empty(m, n, device=device, dtype=dtype)
+
+        def sm80_run():
+            with kernels.sm80_path():
+                kernels.matmul_sm80[kernels.matmul_grid](a, b, c_80)
+        runs["tilejit_sm80"] = sm80_run
+        row["tilejit_sm80"] = measure(sm80_run, c_80, ref, m, n, k)
+        _tuned(row, kernels.matmul_sm80, "tilejit_sm80")
     if device != "cpu":
         interleave({name: (run, row[name]) for name, run in runs.items()}, m, n, k)
     return row
@@ -329,6 +343,23 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
+SM80_HEADERS = ["shape (MxNxK)", "dtype", "sm_80 path TFLOP/s", "tilejit (native) TFLOP/s", "cuBLAS TFLOP/s",
+                "sm_80 path / cuBLAS", "sm_80 path config"]
+
+
+def sm80_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The sm_80 path's table (``--sm80-path``): its figure next to the native tilejit kernel and cuBLAS."""
+    out = []
+    for r in rows:
+        if "tilejit_sm80" not in r:
+            continue
+        sm80, blas = r["tilejit_sm80"], r["cublas"]
+        ratio = sm80["tflops"] / blas["tflops"] if sm80["status"] == blas["status"] == "ok" else None
+        out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(sm80), _cell(r["tilejit"]), _cell(blas),
+                    None if ratio is None else f"{ratio:.2f}", sm80.get("config", "n/a")])
+    return out
+
+
 def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Path | None:
     """Grouped bars of TFLOP/s per shape and dtype, and tilejit/cuBLAS below; None without matplotlib."""
     bars = {name: [r[impl].get("tflops", 0.0) if r[impl]["status"] == "ok" else 0.0 for r in rows]
@@ -362,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="Markdown file the table is appended to")
     parser.add_argument("--no-append", action="store_true", help="do not append to the results file")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every autotuning decision")
+    parser.add_argument("--sm80-path", action="store_true",
+                        help="also tune and time the sm_80 path (mma.sync and cp.async pinned; Hopper GPUs only)")
     args = parser.parse_args(argv)
 
     import torch
@@ -374,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("tilejit.autotune").setLevel(logging.INFO)
     previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout` still gets a partial report
 
+    if args.sm80_path and torch.cuda.get_device_capability()[0] != 9:
+        print("benchmarks.matmul: --sm80-path compiles the sm_80 path for sm_90a; this GPU is not a Hopper GPU "
+              "(on an sm_80 GPU the plain run is that path)", file=sys.stderr)
+        return 2
     meta = machine_stamp()
     triton_mod, triton_error = _load_triton()
     shapes = args.shapes or all_shapes(args.quick)
@@ -394,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.monotonic()
             try:
-                row = bench_shape(m, n, k, dt, triton_mod)
+                row = bench_shape(m, n, k, dt, triton_mod, sm80=args.sm80_path and dt in DTYPES)
             except Exception as error:  # noqa: BLE001 - e.g. inputs not allocatable: report, go on
                 failure = {"status": "ERROR", "error": f"{type(error).__name__}: {error}"[:2000]}
                 row = {"m": m, "n": n, "k": k, "dtype": dt, **{impl: dict(failure) for impl in IMPLS}}
@@ -427,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(json_path, {"meta": meta, "rows": rows, "complete": not (skipped or interrupted),
                            "notes": notes})
     table = markdown_table(TABLE_HEADERS, table_rows(rows))
+    if args.sm80_path and sm80_rows(rows):
+        table += ("\n\nThe sm_80 path (mma.sync and cp.async pinned, `kernels.SM80_PINS`; autotuned over an sm_80 GPU's "
+                  "config space) in the same run:\n\n" + markdown_table(SM80_HEADERS, sm80_rows(rows)))
     print()
     print(table)
     print("\n".join(notes))

@@ -1,10 +1,13 @@
 """SM clock and board power while one kernel runs back to back for ~2 s, for tilejit's and cuBLAS's kernels on
 the same problem (read with NVML through torch.cuda): does a kernel lose speed to clocks lowered for power?
 
-    python scripts/clock_probe.py
+    python scripts/clock_probe.py            # tf32 and fp16, tilejit's usual configs and cuBLAS
+    TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 python scripts/clock_probe.py mma80 [BMxBNxBKwWsS ...]
+                                             # bf16 through the sm_80 lowering at each config (issue 15)
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -70,7 +73,26 @@ class _NoFlush:
         pass
 
 
+def mma80(specs: list[str]) -> None:
+    from benchmarks.configs import parse_configs
+
+    print(torch.cuda.get_device_name())
+    a, b, c = (torch.randn(N, N, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 2.0 * N ** 3
+    for bm, bn, bk, warps, stages in parse_configs(",".join(specs or ["128x128x64w4s3", "128x256x64w8s3"])):
+        kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+        grid = tilejit.cdiv(N, bm) * tilejit.cdiv(N, bn)
+        probe(f"tilejit bf16 {bm}x{bn}x{bk} w{warps} s{stages}",
+              lambda: matmul.kernel[(grid,)](a, b, c, **kw), flops)
+    probe("cuBLAS bf16", lambda: torch.mm(a, b), flops)
+    from mma_ceiling import ceiling_launch  # (scripts/ is on sys.path when this file is run)
+
+    probe("mma.sync register-only ceiling", *ceiling_launch())
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["mma80"]:
+        return mma80(sys.argv[2:])
     print(torch.cuda.get_device_name())
     a32, bt32, c32 = (torch.randn(N, N, device="cuda") for _ in range(3))
     flops = 2.0 * N ** 3

@@ -3,6 +3,9 @@
     ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny|tf32
 
 ``gemm_ws`` is ``gemm`` (4096^3 fp16, 128x256x64, 8 warps, 4 stages) with a producer warpgroup (warp_specialize).
+``gemm:BMxBNxBKwWsS[:OPTION...]`` launches the 4096^3 DESIGN matmul at that config, with launch options among
+``ws``, ``persistent``, ``bf16`` (operands in bf16 instead of fp16); e.g. with
+``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` it profiles the sm_80 path (issue 15).
 """
 from __future__ import annotations
 
@@ -38,6 +41,20 @@ def main(what: str) -> None:
         c = torch.empty(4096, 4096, device="cuda")
         for _ in range(4):
             kernels.tf32_mm_nt.kernel[(16 * 32,)](a, bt, c, BM=128, BN=256, BK=32, num_warps=8, num_stages=4)
+    elif what.startswith("gemm:"):
+        from benchmarks import kernels
+        from benchmarks.configs import parse_configs
+
+        spec, *options = what.split(":")[1:]
+        (bm, bn, bk, warps, stages), = parse_configs(spec)
+        dtype = torch.bfloat16 if "bf16" in options else torch.float16
+        a = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+        b = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+        c = torch.empty(4096, 4096, device="cuda", dtype=dtype)
+        grid = (-(-4096 // bm) * -(-4096 // bn),)
+        for _ in range(4):
+            kernels.matmul.kernel[grid](a, b, c, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+                                        warp_specialize="ws" in options, persistent="persistent" in options)
     else:
         from benchmarks import kernels
 

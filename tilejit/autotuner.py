@@ -312,7 +312,7 @@ class Autotuner:
         """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
         None when a tuned parameter is passed (the slow path raises about it).
 
-        Every launch of a tuned kernel computes it, so it reads the two environment knobs raw (parsing them
+        Every launch of a tuned kernel computes it, so it reads the environment knobs raw (parsing them
         cost more than the rest of the key) and tests tensors by type first."""
         if kwargs and any(name in self._tuned_names for name in kwargs):
             return None
@@ -330,8 +330,10 @@ class Autotuner:
                 return None
         if kwargs:
             key.append(tuple(kwargs))
-        # an interpreter choice never stands in for a GPU one (the raw text: equal meanings may key apart)
+        # an interpreter choice never stands in for a GPU one, nor one of another pinned lowering (the raw text:
+        # equal meanings may key apart)
         key.append(environ.get("TILEJIT_INTERPRET"))
+        key += [environ.get(name) for name in knobs.CODEGEN_PIN_VARIABLES]
         return tuple(key)
 
     def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> None:
@@ -399,6 +401,9 @@ class Autotuner:
             parts.append(f"device={device}")
         if knobs.interpret():
             parts.append("interpreter")
+        pins = knobs.codegen_pins()
+        if pins:  # timings under a pinned lowering are not timings of the default one
+            parts.append("codegen=" + pins[1:])
         return "; ".join(parts)
 
     def prune_configs(self, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Config]:

@@ -177,10 +177,8 @@ def target_text(target: Target) -> str:
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
-    pinned = knobs.gemm_lowering()
-    return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + (f":gemm={pinned}" if pinned else "")
-            + (f":sms={target.sm_count}" if target.persistent else "")
-            + ("" if knobs.mma_overlap() else ":no-mma-overlap"))
+    return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + knobs.codegen_pins()
+            + (f":sms={target.sm_count}" if target.persistent else ""))
 
 
 def cache_key(spec: Specialization, target: Target) -> str:

@@ -56,9 +56,9 @@ _SPLIT_K_TILES = [
 # them on sm_90 GPUs only (elsewhere the option means nothing and they would repeat the plain configs).
 #
 # The deep 64x64 rings (8 and 12 stages, 128 and 192 KB) keep many loads in flight per SM where there are few
-# tiles and long K: measured on an H100 (benchmarks/configs.py, RESULTS.md, eighth session) against cuBLAS in the
-# same run, 128x4096x4096 249 vs 187 TFLOP/s (12 stages), 128x4096x11008 317 vs 248, 1024^3 247 vs 230 (8 stages);
-# the 4-stage tiles reached 148, 210 and 182.
+# tiles and long K: measured on an H100 (benchmarks/configs.py, RESULTS.md, eighth session, as corrected in the
+# ninth) against cuBLAS in the same run, 128x4096x4096 188 vs 187 TFLOP/s (12 stages; 160-166 for the 4-stage
+# 64x128 / 128x64 tiles), 128x4096x11008 243 vs 248 (231-234).
 _WARP_SPECIALIZED_TILES = [
     (64, 64, 64, 4, 8), (64, 64, 64, 4, 12),
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),

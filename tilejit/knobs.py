@@ -70,9 +70,32 @@ def gemm_lowering() -> str | None:
     return value or None
 
 
+def copy_lowering() -> str | None:
+    """TILEJIT_COPY_LOWERING=<name>: every global -> shared load must take this lowering of the dispatch registry
+    (``cp_async`` or ``tma_bulk_tensor``); with ``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` and ``cp_async`` an
+    sm_90a compile runs the sm_80 path whole (cp.async ring, ldmatrix, mma.sync) on an H100. A load it does not
+    fit (TMA for a load no pipelined loop prefetches) is a DispatchError saying why. Part of the cache key."""
+    value = os.environ.get("TILEJIT_COPY_LOWERING", "").strip()
+    return value or None
+
+
+def codegen_pins() -> str:
+    """The knobs above that change the generated code, as text for the cache key and the autotuner's key ("" when
+    none is set): ``:gemm=<name>``, ``:copy=<name>``, ``:no-mma-overlap``."""
+    gemm, copy = gemm_lowering(), copy_lowering()
+    return ((f":gemm={gemm}" if gemm else "") + (f":copy={copy}" if copy else "")
+            + ("" if mma_overlap() else ":no-mma-overlap"))
+
+
+#: The environment variables ``codegen_pins`` reads (the autotuner's per-launch key reads them raw).
+CODEGEN_PIN_VARIABLES = ("TILEJIT_GEMM_LOWERING", "TILEJIT_COPY_LOWERING", "TILEJIT_MMA_OVERLAP")
+
+
 def mma_overlap() -> bool:
-    """TILEJIT_MMA_OVERLAP=0: keep each gemm of a warp-specialized loop in its own iteration (no deferred last gemm,
-    ``passes.pipeline.deferred_gemm``); for measuring what the overlap is worth. Part of the cache key."""
+    """TILEJIT_MMA_OVERLAP=0: keep each gemm's work in its own loop iteration: no deferred last gemm in
+    warp-specialized loops (``passes.pipeline.deferred_gemm``), no mma.sync fragments carried into the next
+    iteration (``backend_cuda.lower_loops.FragmentCarry``); for measuring what the overlap is worth. Part of the
+    cache key."""
     return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 

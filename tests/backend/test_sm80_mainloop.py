@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from kernels import matmul
+from kernels import matmul, matmul_staged
 from tilejit.backend_cuda import nvrtc
 from tilejit.backend_cuda.pipeline import ptxas_resources
 from tilejit.configs import matmul_configs
@@ -320,3 +320,95 @@ def test_interior_copies_fill_every_chunk_of_the_slot_once(config):
                 assert base + shift == lay.chunk_offset(r0 + j * rpp, k), (tid, j)
                 written.append(base + shift)
         assert sorted(written) == list(range(0, lay.stage_bytes, 16))
+
+
+# -- fragments carried across iterations (lower_loops.FragmentCarry) --------------------------------------------
+
+_CARRY = "the gemm's fragments live across iterations"
+
+
+def _cuda(bm, bn, bk, warps, stages, arch="sm_80"):
+    return matmul_staged.compile(_meta(4096, 4096), _meta(4096, 4096), _meta(4096, 4096), BM=bm, BN=bn, BK=bk,
+                          num_warps=warps, num_stages=stages, arch=arch, stop_after="cuda").cuda
+
+
+def _loop_text(cuda: str) -> str:
+    """The main loop's body: from its ``for`` to the wait for every copy after it (the kernel's last)."""
+    return cuda[cuda.index("for (int64_t"):cuda.rindex("tj_cp_async_wait<0>();")]
+
+
+def test_the_barrier_moves_under_the_last_k_step():
+    """128x128x64 (4 k steps), 3 cp.async stages: the loop's top has no wait and no barrier; the one barrier of
+    an iteration follows the wait for the next iteration's group (``wait_group S-3``: this iteration's own group
+    is committed at its end) and precedes the last k step's mma.sync, then the next slot's first fragments load
+    (into buffer 0, free during the last step). Iteration 0's wait, barrier and fragments come before the loop."""
+    cuda = _cuda(128, 128, 64, 4, 3)
+    assert _CARRY in cuda
+    before, loop = cuda[:cuda.index("for (int64_t")], _loop_text(cuda)
+    assert "unsigned tj_af[2][4][4], tj_bf[2][8][2];" in before and "tj_cp_async_wait<1>();" in before
+    assert loop.count("__syncthreads()") == 1 and loop.count("tj_cp_async_wait<") == 1
+    assert "tj_cp_async_wait<0>();" in loop
+    mma_at = [i for i in range(len(loop)) if loop.startswith("tj_mma_m16n8k16", i)]
+    barrier = loop.index("__syncthreads()")
+    assert len(mma_at) == 4 and mma_at[2] < barrier < mma_at[3]  # one call per k step (in loops over the atoms)
+    assert loop.index("tj_ldmatrix_x4_at<0>(tj_af[0][0][0]", barrier) < mma_at[3]
+    assert "unsigned tj_af" not in loop  # the fragments are the ones declared before the loop
+
+
+@pytest.mark.parametrize("config, why", [((128, 128, 32, 4, 2), "2 cp.async stages"),
+                                         ((64, 64, 16, 4, 3), "one k step per iteration")])
+def test_no_carry_where_it_cannot_hold(config, why):
+    cuda = _cuda(*config)
+    assert _CARRY not in cuda, why
+    assert _loop_text(cuda).count("__syncthreads()") == 1
+
+
+def test_mma_overlap_knob_turns_the_carry_off(monkeypatch):
+    assert _CARRY in _cuda(128, 128, 32, 4, 3)
+    monkeypatch.setenv("TILEJIT_MMA_OVERLAP", "0")
+    cuda = _cuda(128, 128, 32, 4, 3)
+    assert _CARRY not in cuda and "tj_cp_async_wait<1>();  // this iteration's tiles have landed" in cuda
+
+
+def test_tma_slots_carry_with_a_guarded_wait(monkeypatch):
+    """sm_90a with mma.sync pinned reads TMA-filled slots: the next slot's mbarrier wait is skipped past the last
+    iteration (no TMA filled it), the barrier and loads are not."""
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "mma_sync_m16n8k16")
+    loop = _loop_text(_cuda(128, 128, 64, 4, 3, arch="sm_90a"))
+    assert "tj_tma_load_2d" in loop
+    guard = "if (((v16_k0 + v13) < v3_A_size1)) tj_mbar_wait(tj_smem_u32 + 0 + 8 * ((tj_it + 1) % 3), ((tj_it + 1) / 3) & 1);"
+    assert guard in loop and loop.count("__syncthreads()") == 1
+
+
+# -- the copy lowering pinned (TILEJIT_COPY_LOWERING) ------------------------------------------------------------
+
+def test_pinned_cp_async_runs_the_sm80_loop_on_sm90a(monkeypatch):
+    """With both lowerings pinned an sm_90a compile has the sm_80 loop (cp.async, no TMA, no mbarrier), and the
+    pin is in the cache key."""
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "mma_sync_m16n8k16")
+    tma = _cuda(128, 128, 32, 4, 3, arch="sm_90a")
+    monkeypatch.setenv("TILEJIT_COPY_LOWERING", "cp_async")
+    plain = _cuda(128, 128, 32, 4, 3, arch="sm_90a")
+    assert "tj_tma_load_2d(" in tma and "tj_tma_load_2d(" not in plain
+    assert "tj_mbar_wait(" not in plain and "tj_cp_async_16x" in plain
+    assert _loop_text(plain) == _loop_text(_cuda(128, 128, 32, 4, 3))  # the sm_80 loop, as compiled there
+    from tilejit.compiler import target_text
+    from tilejit.target import Target
+
+    assert target_text(Target.of("sm_90a")).endswith(":gemm=mma_sync_m16n8k16:copy=cp_async")
+
+
+def test_a_copy_pin_that_does_not_fit_says_why(monkeypatch):
+    """TMA pinned for a load no pipelined loop prefetches (the atom kernel's plain loads): a DispatchError naming
+    the knob, not an internal error."""
+    from kernels import atom
+    from tilejit.errors import DispatchError
+
+    monkeypatch.setenv("TILEJIT_COPY_LOWERING", "tma_bulk_tensor")
+    a, b, c = _meta(16, 16), _meta(16, 8), _meta(16, 8, dtype=torch.float32)
+    with pytest.raises(DispatchError) as err:
+        atom.compile(a, b, c, num_warps=1, arch="sm_90a", stop_after="passes")
+    assert "tma_bulk_tensor" in str(err.value) and "TILEJIT_COPY_LOWERING" in str(err.value)
+    monkeypatch.setenv("TILEJIT_COPY_LOWERING", "nope")
+    with pytest.raises(DispatchError, match="no copy lowering is named 'nope'"):
+        atom.compile(a, b, c, num_warps=1, arch="sm_90a", stop_after="passes")

@@ -285,18 +285,26 @@ def test_design_matmul_sm80_cuda_and_ptx(compiled):
         CHECK: tj_cp_async_16_zfill_if(
         CHECK: tj_cp_async_commit();
         CHECK-NOT: tj_cp_async_16_zfill_if(
-        CHECK: for (int64_t
+        CHECK: the gemm's fragments live across iterations
+        CHECK-NEXT: unsigned tj_af[2][4][4], tj_bf[2][8][2];
         CHECK-NEXT: tj_cp_async_wait<1>();
-        CHECK: __syncthreads();
-        CHECK: gemm 128x128x32 on mma.sync.m16n8k16 (2x2 warps, 4x8 atoms per warp)
+        CHECK-NEXT: __syncthreads();
         CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[0]
         CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[0]
+        CHECK: for (int64_t
+        CHECK-NOT: __syncthreads();
+        CHECK: gemm 128x128x32 on mma.sync.m16n8k16 (2x2 warps, 4x8 atoms per warp)
+        CHECK-NOT: tj_af[0]
+        CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[1]
+        CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[1]
         CHECK: prefetch iteration +2
         CHECK: tj_cp_async_16x4_if<
         CHECK: tj_cp_async_16x4_if<
-        CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[1]
-        CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[1]
         CHECK: tj_mma_m16n8k16_f16({{.*}}tj_af[0]
+        CHECK: tj_cp_async_wait<0>();
+        CHECK-NEXT: __syncthreads();
+        CHECK: tj_ldmatrix_x4_at<{{[0-9]+}}>(tj_af[0]
+        CHECK: tj_ldmatrix_x4_trans_at<{{[0-9]+}}>(tj_bf[0]
         CHECK: tj_mma_m16n8k16_f16({{.*}}tj_af[1]
         CHECK-NOT: tj_mma_m16n8k16
         CHECK: if (tj_prefetch && !tj_inner) {
@@ -589,8 +597,12 @@ def test_windows_computed_from_the_induction_variable_are_prefetched(compiled):
         CHECK: tj_cp_async_commit();
         CHECK-NOT: tj_cp_async_commit();
         CHECK: unsigned [[RD:tj_rd[0-9]+]] = tj_smem_u32 + 0, [[WR:tj_wr[0-9]+]] = tj_smem_u32 + 12288;
+        CHECK: tj_cp_async_wait<2>();
+        CHECK-NEXT: __syncthreads();
         CHECK: for (
-        CHECK-NEXT: tj_cp_async_wait<2>();
+        CHECK-NOT: tj_cp_async_wait
+        CHECK: tj_cp_async_wait<1>();
+        CHECK-NEXT: __syncthreads();
         CHECK: tj_cp_async_commit();
         CHECK: [[WR]] = [[RD]]; [[RD]] = [[RD]] == tj_smem_u32 + 12288 ? tj_smem_u32 + 0 : [[RD]] + 4096;
     """)

@@ -230,6 +230,34 @@ def test_interpreter_mode_times_configs_without_compiling_and_keys_the_choice_ap
     assert len(keys) == 2 and keys[1] == keys[0] + "; interpreter"
 
 
+def test_a_pinned_lowering_tunes_under_its_own_key(monkeypatch, cache_dir):
+    """Timings taken with a gemm or copy lowering pinned (or the mma overlap off) are not the default lowering's:
+    each setting tunes again under its own key, in this process (the per-launch key) and on disk."""
+    kernel = FakeKernel()
+    tuner, bench = make_tuner(kernel, configs_for(128, 64, 32), TIMES)
+    launch(tuner)
+    assert sorted(bench.timed) == [32, 64, 128]
+    pinned = {"TILEJIT_GEMM_LOWERING": "mma_sync_m16n8k16", "TILEJIT_COPY_LOWERING": "cp_async"}
+    for name, value in pinned.items():
+        monkeypatch.setenv(name, value)
+    bench.timed.clear()
+    launch(tuner)  # no tuner._chosen.clear(): the per-launch key itself must tell the pins apart
+    assert sorted(bench.timed) == [32, 64, 128]
+    monkeypatch.setenv("TILEJIT_MMA_OVERLAP", "0")
+    bench.timed.clear()
+    launch(tuner)
+    assert sorted(bench.timed) == [32, 64, 128]
+    for name in (*pinned, "TILEJIT_MMA_OVERLAP"):
+        monkeypatch.delenv(name)
+    bench.timed.clear()
+    launch(tuner)  # back to the first setting: its choice is remembered
+    assert bench.timed == []
+    keys = sorted(json.loads(record_file(cache_dir, kernel).read_text()))
+    assert len(keys) == 3
+    assert keys[1] == keys[0] + "; codegen=gemm=mma_sync_m16n8k16:copy=cp_async"
+    assert keys[2] == keys[1] + ":no-mma-overlap"
+
+
 @tilejit.kernel
 def double(X, Y, BLOCK: T.constexpr):
     i = T.program_id(0) * BLOCK

@@ -337,3 +337,41 @@ def test_interleave_retimes_in_rotating_rounds_and_keeps_the_median(monkeypatch)
     assert [timed[n][1]["ms"] for n in "abc"] == [2.0, 4.0, 5.0]
     assert timed["a"][1]["ms_rounds"] == [2.0, 3.0, 1.0] and "ms" not in timed["x"][1]
     assert timed["a"][1]["tflops"] == pytest.approx(2 * 1000 ** 3 / 2e-3 / 1e12)
+
+
+def test_config_runs_keep_their_own_grid():
+    """Each config's launch is bound to that config's grid when it is made: the rounds of ``interleave`` run every
+    launch again after all were made (they once all took the last config's grid, so a 128x256 tile's figure
+    was that of twice its work, or of half)."""
+    from benchmarks.configs import config_runs
+
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw["BM"], kw["BN"], kw.get("warp_specialize", False)))
+
+    runs = config_runs(Kernel(), ("a", "b", "c"), {}, 1000, 1000, [(128, 256, 64, 8, 3), (64, 64, 32, 4, 3)],
+                       ["off", "ws"])
+    assert [(label, mode) for label, mode, _ in runs] == [
+        ("128x256x64 w8 s3", "off"), ("128x256x64 w8 s3", "ws"), ("64x64x32 w4 s3", "off"), ("64x64x32 w4 s3", "ws")]
+    for _, _, run in runs:
+        run()
+    assert launches == [((8 * 4,), 128, 256, False), ((8 * 4,), 128, 256, True), ((16 * 16,), 64, 64, False),
+                        ((16 * 16,), 64, 64, True)]
+
+
+def test_sm80_rows_put_the_pinned_path_next_to_the_native_kernel_and_cublas():
+    from benchmarks import matmul as bench_matmul
+
+    ok = {"status": "ok"}
+    row = {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "tilejit": {**ok, "tflops": 700.0},
+           "cublas": {**ok, "tflops": 720.0}, "triton": {"status": "n/a"},
+           "tilejit_sm80": {**ok, "tflops": 450.0, "config": "128x128x64 w4 s3"}}
+    plain = dict(row)
+    del plain["tilejit_sm80"]
+    assert bench_matmul.sm80_rows([plain]) == []
+    assert bench_matmul.sm80_rows([row, plain]) == [
+        ["4096x4096x4096", "bf16", "450.0", "700.0", "720.0", "0.62", "128x128x64 w4 s3"]]
+    row["tilejit_sm80"] = {"status": "FAIL", "rel_err": 0.5}
+    assert bench_matmul.sm80_rows([row])[0][2:6] == ["FAIL (err 0.5)", "700.0", "720.0", None]

@@ -243,6 +243,7 @@ class Emitter:
         self.overlap_hook: Callable[[], int | None] | None = None
         self.packed_a: dict[int, str] = {}  # register A tiles already packed into 32-bit words (id -> array name)
         self.async_mma: AsyncMma | None = None  # set by a pipelined loop whose gemms stay in flight
+        self.fragment_carry = None  # set by a pipelined loop for its mma.sync gemm (lower_loops.FragmentCarry)
         self.tmem_offsets: dict[int, int] = {}  # first TMEM column of each tcgen05 gemm (by id of the op)
         self.support: dict[str, str] = {}  # extra device helpers a lowering needs, emitted once
         self.tensor_maps: list[Any] = []   # CUtensorMap parameters (lower_tma.TensorMapSpec), after the others

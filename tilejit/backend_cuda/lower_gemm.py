@@ -119,6 +119,8 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
                        f"{tm}x{tn} atoms per warp{split})")
         src = em.name(acc)
         em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
+        carry, em.fragment_carry = em.fragment_carry, None
+        carry = carry if carry is not None and carry.gemm is op else None
         em.open("")
         if self.elem_bytes != 2 and (op.attrs.transpose_a or not op.attrs.transpose_b):  # gathered fragments
             em.line(f"const int tj_lane = tid & 31, tj_wm = (tid >> 5) / {layout.warps_n}, tj_wn = (tid >> 5) % {layout.warps_n};")
@@ -126,7 +128,10 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         # ldmatrix is issued before step kk's mma. Work the enclosing loop hands over (the prefetch of
         # a later iteration's tiles) goes right after step 0's fragments, so the mma of step 0 can
         # overlap it (ptxas does not move shared-memory loads across the cp.async, but moves mma).
-        self._declare_fragments(em, op, layout, sa, sb)
+        if carry is None:
+            self._declare_fragments(em, op, layout, sa, sb)
+        else:  # the fragments live across the loop's iterations; step 0's are loaded (lower_loops.FragmentCarry)
+            em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
         if self.tf32x3:
             em.line(f"unsigned tj_al[2][{tm}][{self.a_regs}], tj_bl[2][{tn}][{self.b_regs}];")
         steps = k // self.k_atom
@@ -135,14 +140,21 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             em.line("#pragma unroll")
             em.line(f"for (int i = 0; i < {tm * tn * 2}; ++i) "
                     f"tj_h[i] = (unsigned){name}[2 * i].bits | ((unsigned){name}[2 * i + 1].bits << 16);")
-        self._load_fragments(em, op, layout, sa, sb, 0, 0)
-        hook = em.take_overlap_hook()
-        if hook is not None:
-            hook()
+        if carry is None:
+            self._load_fragments(em, op, layout, sa, sb, 0, 0)
+            hook = em.take_overlap_hook()
+            if hook is not None:
+                hook()
         acc_type = c_type(out.dtype)
         for kk in range(steps):
             if kk + 1 < steps:
                 self._load_fragments(em, op, layout, sa, sb, kk + 1, (kk + 1) % 2)
+            if kk == 0 and carry is not None:  # the loop's prefetch, after step 1's fragment loads
+                hook = em.take_overlap_hook()
+                if hook is not None:
+                    hook()
+            if kk == steps - 1 and carry is not None:
+                carry.next_iteration()
             em.line("#pragma unroll")
             em.open(f"for (int tj_am = 0; tj_am < {tm}; ++tj_am)")
             em.line("#pragma unroll")
@@ -168,6 +180,26 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
             em.line(f"{name}[2 * i].bits = (unsigned short)(tj_h[i] & 0xffffu);")
             em.line(f"{name}[2 * i + 1].bits = (unsigned short)(tj_h[i] >> 16);")
             em.close()
+        em.close()
+
+    def carries(self, op: Op) -> bool:
+        """Whether a pipelined loop may carry this gemm's fragments across iterations (lower_loops.FragmentCarry):
+        ldmatrix fragments of 16-bit operands from shared memory, over an even number (>= 2) of k steps, so
+        that step 0's buffer is free during the last step."""
+        steps = _mnk(op)[2] // self.k_atom
+        return self.elem_bytes == 2 and not self.register_a and not self.tf32x3 and steps >= 2 and steps % 2 == 0
+
+    def declare_carried(self, em: Emitter, op: Op) -> None:
+        """The double-buffered fragment registers, declared before the loop that carries them."""
+        tm, tn = op.result.type.layout.atoms
+        em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
+
+    def load_first(self, em: Emitter, op: Op) -> None:
+        """Step 0's fragments into buffer 0, from the slots the operands' shared tiles point at now."""
+        sa, sb = em.shared[op.operands[0].id], em.shared[op.operands[1].id]
+        em.open("")
+        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+        self._load_fragments(em, op, op.result.type.layout, sa, sb, 0, 0)
         em.close()
 
     def _declare_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb) -> None:

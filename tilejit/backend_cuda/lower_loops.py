@@ -17,14 +17,23 @@ launched beyond the ``num_warps`` warps: after the barriers are set up, its warp
 the math has released it; then the producer leaves the kernel. The ``num_warps`` warps take the registers
 (``setmaxnreg.inc``) and run the loop waiting only for loaded slots; from there on their block-wide barriers
 count them alone (``Emitter.consumers_only``).
+
+A plain pipelined loop whose one gemm runs on mma.sync carries its fragments across iterations
+(``FragmentCarry``): the wait for iteration ``k + 1``'s tiles and the block-wide barrier move from the top of
+iteration ``k + 1`` to just before the mma.sync of iteration ``k``'s last k step, whose operands are already in
+registers, and the first k step's fragments of iteration ``k + 1`` load while those mma.sync run. The barrier no
+longer stands between a warp's last mma.sync of one iteration and its first of the next. cp.async rings then wait
+with ``wait_group S-3`` (the group of the iteration in progress is not committed yet), so they need S >= 3.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from ..ir import BinaryOp, Op, OpKind, Value
-from ..ir.rewrite import reads
+from ..ir.rewrite import reads, use_counts
 from .. import dtypes as D
+from .. import knobs
+from ..target import REGISTRY
 from ..passes.pipeline import (PRODUCER_THREADS, bounds_slice, compared_slice, deferred_gemm, in_flight_gemms,
                                multicast_loads, producer_slice)
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
@@ -106,6 +115,64 @@ def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, i
         return em.name(v)
     args = [_rematerialize(em, x, body_ops, iv_id, iv_expr) for x in op.operands]
     return f"({scalar_expr(em, op, args)})"
+
+
+class FragmentCarry:
+    """An mma.sync gemm's first fragments loaded one iteration early (module docstring).
+
+    ``wait(first)`` emits the waits for the tiles of iteration 0 (``first``) or of the iteration after the one in
+    progress; ``places(first)`` gives each pipelined tile's place (``SharedTile.address`` or ``slot``) in that
+    iteration. Past the last iteration the barrier and the loads still run (uniformly, reading a stale slot, no
+    branch in the loop); only an mbarrier wait, which would never complete, is skipped there.
+    """
+
+    def __init__(self, em: Emitter, gemm: Op, payload, piped: list[Op], wait: Callable[[bool], None],
+                 places: Callable[[bool], dict[int, tuple[str, str]]]) -> None:
+        self.em, self.gemm, self.payload, self.piped = em, gemm, payload, piped
+        self.wait, self.places = wait, places
+
+    def _load(self, first: bool) -> None:
+        em = self.em
+        self.wait(first)
+        em.barrier("its tiles landed for every thread" + ("" if first else ", and everyone is done with this slot"))
+        saved = {}
+        for load in self.piped:
+            tile = em.shared[load.result.id]
+            saved[load.result.id] = (tile.address, tile.slot)
+            field, value = self.places(first)[load.result.id]
+            setattr(tile, field, value)
+        self.payload.load_first(em, self.gemm)
+        for load in self.piped:
+            em.shared[load.result.id].address, em.shared[load.result.id].slot = saved[load.result.id]
+
+    def prologue(self) -> None:
+        """Before the loop: the carried fragments, and iteration 0's first k step in them."""
+        self.em.line("// the gemm's fragments live across iterations: each loads the next one's first k step")
+        self.payload.declare_carried(self.em, self.gemm)
+        self._load(first=True)
+
+    def next_iteration(self) -> None:
+        """Called by the gemm before the mma.sync of its last k step (whose fragments are loaded)."""
+        self.em.line("// the next iteration's tiles, and its first k step's fragments under this step's mma.sync")
+        self._load(first=False)
+
+
+def _carried_gemm(body, piped: list[Op], stages: int, per_thread: list[Op]):
+    """The gemm of a pipelined loop body and its lowering, when its fragments can be carried across iterations
+    (``FragmentCarry``): the body's one gemm, reading two pipelined tiles that nothing else in the body reads,
+    on a lowering that carries (``MmaSync.carries``); cp.async rings need 3 stages or more. Else None."""
+    gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
+    if len(gemms) != 1 or gemms[0] not in body.ops or (per_thread and stages < 3) or not knobs.mma_overlap():
+        return None
+    gemm = gemms[0]
+    ids = {load.result.id for load in piped}
+    if not all(v.id in ids for v in gemm.operands[:2]):
+        return None
+    counts = use_counts(body)
+    if any(counts[i] != sum(v.id == i for v in gemm.operands) for i in ids):
+        return None
+    payload = next(i for i in REGISTRY.candidates("gemm") if i.name == gemm.attrs.impl).payload
+    return (gemm, payload) if getattr(payload, "carries", None) and payload.carries(gemm) else None
 
 
 @emits(OpKind.FOR)
@@ -247,6 +314,31 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
     if piped and phase is None:
         em.line("int tj_it = 0;")
+    carried_gemm = _carried_gemm(body, piped, stages, per_thread) \
+        if piped and phase is None and not producer and not in_flight and late is None else None
+    carry = None
+    if carried_gemm is not None:
+        def wait(first: bool) -> None:
+            it, exists = ("0", in_range(lo)) if first else ("(tj_it + 1)", in_range(f"({em.name(iv)} + {step})"))
+            if per_thread:  # (the group of the iteration in progress is committed at its end)
+                em.line(f"tj_cp_async_wait<{stages - 2 if first else stages - 3}>();")
+            if tma:
+                em.line(f"if ({exists}) tj_mbar_wait({full} + 8 * ({it} % {stages}), ({it} / {stages}) & 1);")
+
+        def places(first: bool) -> dict[int, tuple[str, str]]:
+            out = {}
+            for load in piped:
+                tile = em.shared[load.result.id]
+                if ring:
+                    r, last = rd[load.result.id], tile.offset + (stages - 1) * tile.layout.stage_bytes
+                    out[load.result.id] = ("address", r if first else f"({r} == {tile.origin} + {last} ? "
+                                           f"{tile.origin} + {tile.offset} : {r} + {tile.layout.stage_bytes})")
+                else:
+                    out[load.result.id] = ("slot", "0" if first else f"((tj_it + 1) % {stages})")
+            return out
+
+        carry = FragmentCarry(em, *carried_gemm, piped, wait, places)
+        carry.prologue()
     # a pingpong group's programs take turns on the ring with the other group's: the slot before this program's
     # first is another group's to release, and this program's last is released here, after the loop
     own_slots = phase == "consumer" and em.groups > 1
@@ -262,14 +354,16 @@ def _for(em: Emitter, op: Op) -> None:
         """One iteration's code: wait for its tiles, its ops, hand back or refill, the carried values."""
         copies: list[SharedCopy] = []
         if piped:
-            if per_thread:
+            if carry is not None:
+                em.line("// this iteration's tiles landed, and the slot refilled next was released, in the last one")
+            if per_thread and carry is None:
                 em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
                 em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
-            if tma:
+            if tma and carry is None:
                 em.line(("if (tid == 0) " if tmem else "")
                         + f"tj_mbar_wait({full} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                         + "  // TMA tiles landed")
-            if not in_flight and not producer:
+            if not in_flight and not producer and carry is None:
                 em.barrier("... for every thread, and everyone is done with the slot refilled next")
             nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
             if not producer:
@@ -325,6 +419,7 @@ def _for(em: Emitter, op: Op) -> None:
                 # The first gemm of the body emits the prefetch after its first fragment loads; without one,
                 # it goes first.
                 em.overlap_hook = prefetch
+                em.fragment_carry = carry
                 if not any(o.kind is OpKind.GEMM for o in body.ops):
                     em.take_overlap_hook()()
         for inner in body.ops[:-1]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import knobs
 from ..target import CopyQuery
 from ..target import REGISTRY, Target
 from ..ir import Block, Function, OpKind, Scope
@@ -20,5 +21,5 @@ def select_copies(fn: Function, target: Target) -> None:
         # A view (T.bounded) has no specialization of its own the host-encoded TMA descriptor could follow
         spec = specs.get(tensor.name) if tensor.owner is None or isinstance(tensor.owner, Block) else None
         query = CopyQuery(op, spec, bool(op.attrs.pipeline))
-        impl = REGISTRY.select("copy", query, target, op.loc)
+        impl = REGISTRY.select("copy", query, target, op.loc, only=knobs.copy_lowering())
         op.attrs = replace(op.attrs, copy=impl.name)

@@ -1,0 +1,64 @@
+# The ninth session's GPU checks (device tool, repository root); logs under $OUT.
+# PART=probe80: the sm_80 path (issue 15) pinned on this GPU: TFLOP/s per config in plain and warp-specialized
+# mode next to cuBLAS, then ncu of two configs (CONFIGS80 / NCU80 override the lists).
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TILEJIT_CACHE_DIR=/tmp/tjc9
+python3 -m compileall -q tilejit benchmarks >/dev/null
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+NCU=/usr/local/cuda/bin/ncu
+if [ "${PART:-probe80}" = probe80 ]; then
+  export TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16
+  timeout ${T_CONFIGS:-300} python3 -m benchmarks.configs --no-tuned --dtype bf16 \
+    --shapes ${SHAPES80:-4096x4096x4096,8192x8192x8192} \
+    --configs ${CONFIGS80:-128x128x64w4s3,128x128x64w4s4,128x256x64w8s3,256x128x64w8s3,128x256x32w8s4,256x128x32w8s4,128x128x32w4s4} \
+    --modes ${MODES80:-off,ws} --out $OUT/configs80 > $OUT/configs80.log 2>&1
+  echo "configs rc=$?"; grep "^|" $OUT/configs80.log
+  for spec in ${NCU80:-gemm:128x128x64w4s3:bf16 gemm:128x256x64w8s3:bf16}; do
+    name=$(echo $spec | tr ':' '_')
+    timeout 150 $NCU --launch-skip 2 --launch-count 1 -k regex:tj_ --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section InstructionStats --section SourceCounters \
+      python3 scripts/profile_kernels.py $spec > $OUT/ncu_$name.log 2>&1
+    echo "ncu $spec rc=$?"
+    grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Bank|Warp Cycles Per Issued|Executed Ipc A" $OUT/ncu_$name.log | head -20
+  done
+fi
+if [ "${PART}" = clock80 ]; then
+  TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 timeout 200 python3 scripts/clock_probe.py mma80 ${CONFIGS80} 2>&1 | tee $OUT/clock80.log
+  spec=${NCU80:-gemm:128x256x64w8s3:bf16}
+  TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 timeout 150 $NCU --clock-control none --launch-skip 2 --launch-count 1 -k regex:tj_ \
+    --section SpeedOfLight --section WarpStateStats python3 scripts/profile_kernels.py $spec > $OUT/ncu_free_clock.log 2>&1
+  grep -E "Duration|SM Frequency|Compute \(SM\)|Warp Cycles Per Issued" $OUT/ncu_free_clock.log
+fi
+if [ "${PART}" = stalls80 ]; then  # warp stall reasons and shared-memory traffic of the pinned sm_80 kernels
+  for spec in ${NCU80:-gemm:128x128x64w4s3:bf16 gemm:128x256x64w8s3:bf16}; do
+    name=$(echo $spec | tr ':' '_')
+    TILEJIT_GEMM_LOWERING=${LOWERING:-mma_sync_m16n8k16} timeout 150 $NCU --launch-skip 2 --launch-count 1 -k regex:tj_ \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:l1tex__data_bank_conflicts_pipe_lsu_mem_shared.*\.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,sm__cycles_elapsed.avg,smsp__inst_executed_op_ldsm.sum,l1tex__throughput.avg.pct_of_peak_sustained_active" \
+      python3 scripts/profile_kernels.py $spec > $OUT/stalls_$name.log 2>&1
+    echo "ncu $spec rc=$?"
+    grep -E "^\s+(smsp|l1tex|sm__)" $OUT/stalls_$name.log | awk '$NF+0 > 0.05 || $1 !~ /stalled/' | sed 's/smsp__average_warps_issue_stalled_//'
+  done
+fi
+if [ "${PART}" = sm80 ]; then  # the whole sm_80 path's GPU tests, then its speed with and without fragment carry
+  if [ -z "${SKIP_TESTS}" ]; then
+    (cd tests && timeout ${T_TESTS:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_sm80_path.py \
+      gpu/test_gpu_mma_register_a.py gpu/test_gpu_wgmma_swizzle.py gpu/test_gpu_kernels.py ${EXTRA_TESTS} > $OUT/tests80.log 2>&1)
+    echo "tests rc=$?"; tail -5 $OUT/tests80.log
+  fi
+  for copy in cp_async tma; do
+    for overlap in 1 0; do
+      TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 TILEJIT_COPY_LOWERING=$([ $copy = cp_async ] && echo cp_async) \
+      TILEJIT_MMA_OVERLAP=$overlap timeout 200 python3 -m benchmarks.configs --no-tuned --dtype bf16 \
+        --shapes ${SHAPES80:-4096x4096x4096,8192x8192x8192} \
+        --configs ${CONFIGS80:-128x128x64w4s3,128x256x64w8s3,128x128x32w4s4,128x256x32w8s3} --modes off \
+        --out $OUT/sm80_${copy}_overlap$overlap > $OUT/sm80_${copy}_overlap$overlap.log 2>&1
+      echo "== copy=$copy carry=$overlap rc=$?"; grep "^| [0-9]" $OUT/sm80_${copy}_overlap$overlap.log
+    done
+  done
+fi
+if [ "${PART}" = ceiling80 ]; then  # the sm_80 path's best configs, cuBLAS and the register-only mma.sync ceiling, back to back
+  python3 scripts/mma_ceiling.py
+  TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 TILEJIT_COPY_LOWERING=${COPY80} timeout 200 python3 scripts/clock_probe.py mma80 \
+    ${CONFIGS80:-128x128x64w4s3 128x256x64w8s3 128x256x32w8s3} 2>&1 | tee $OUT/ceiling80.log
+fi
