@@ -2,7 +2,7 @@
 backends) and a Triton FlashAttention-2-style baseline.
 
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
-                                   [--tune all|default] [--out DIR]
+                                   [--tune all|default] [--sm80-path] [--out DIR]
     python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
@@ -17,6 +17,8 @@ checked against float64 (a slice of the batch) before it is timed.
   retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
   2), halved when causal. tilejit takes the fastest dK/dV config of ``BWD_CONFIGS`` (with the default dQ
   config), then the fastest dQ config with it.
+- ``--sm80-path`` (Hopper GPUs): tilejit's kernels compiled as the sm_80 path (``benchmarks.kernels.SM80_PINS``,
+  mma.sync and cp.async pinned) over the configs an sm_80 GPU takes, next to the same baselines.
 
 Triton: ``benchmarks.triton_kernels`` (forward autotuned over 6 configs, backward over 5 per kernel); its
 column reads n/a without Triton.
@@ -114,12 +116,22 @@ def _label(cfg):
             + (f" s{cfg['STAGES']}" if cfg.get("STAGES", 2) != 2 else ""))
 
 
+#: ``--sm80-path``: tilejit's kernels compiled as the sm_80 path (``benchmarks.kernels.SM80_PINS``) with the
+#: configs of a GPU without Hopper's options
+SM80_PATH = False
+
+
+def _hopper_configs() -> bool:
+    """Whether tilejit's configs are those of sm_90 (warp-specialized modes, Hopper defaults)."""
+    return not SM80_PATH and torch.cuda.get_device_capability()[0] == 9
+
+
 def _forward(q, k, v, causal, baselines, tflops, tune="all"):
     from tilejit.testing import do_bench
 
     ref = attention.reference(q[:1, :2], k[:1, :2], v[:1, :2], causal)
     best = None
-    hopper = torch.cuda.get_device_capability()[0] == 9
+    hopper = _hopper_configs()
     if tune == "default":  # what attention() takes when given no config
         configs = [attention.default_config(q.shape[3], causal, hopper=hopper)]
     else:
@@ -174,7 +186,7 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
     def label(c):
         return f"{c['BM']}x{c['BN']} w{c['num_warps']}" + (" ws" if c.get("warp_specialize") else "")
 
-    hopper = torch.cuda.get_device_capability()[0] == 9
+    hopper = _hopper_configs()
     default = attention.default_bwd_config(dim, hopper=hopper)
     best = (timed(default), default) if tune == "default" else None
     # on sm_90 the dQ configs also run warp-specialized
@@ -242,6 +254,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tune", choices=("all", "default"), default="all",
                         help="all: the fastest config of the space (each timed); default: the config attention() "
                              "takes when given none")
+    parser.add_argument("--sm80-path", action="store_true",
+                        help="compile tilejit's kernels as the sm_80 path (mma.sync and cp.async pinned) with an "
+                             "sm_80 GPU's configs (Hopper GPUs only; the baselines are unchanged)")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="only draw the PNGs of a stored attention.json into --out (no GPU needed)")
     ns = parser.parse_args(argv)
@@ -256,6 +271,15 @@ def main(argv=None) -> int:
     dtypes = ns.dtypes.split(",")
     if not dtypes or set(dtypes) - set(DTYPES):
         parser.error(f"--dtypes takes {', '.join(DTYPES)}, not {ns.dtypes!r}")
+    if ns.sm80_path:
+        global SM80_PATH
+        if torch.cuda.get_device_capability()[0] != 9:
+            parser.error("--sm80-path compiles the sm_80 path for sm_90a: it needs a Hopper GPU")
+        import os
+
+        from benchmarks.kernels import SM80_PINS
+        os.environ.update(SM80_PINS)
+        SM80_PATH = True
     from torch.nn.attention import SDPBackend
 
     fwd_baselines = {"SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION)}
@@ -301,6 +325,10 @@ def main(argv=None) -> int:
                 "benchmarks/triton_kernels.attention_backward, the same three kernels autotuned over 5 configs "
                 "each."],
     }
+    if SM80_PATH:
+        for p in passes:
+            notes[p].insert(0, "tilejit through the sm_80 path (--sm80-path: mma.sync and cp.async pinned, an sm_80 "
+                               "GPU's configs) on this Hopper GPU.")
     for p in passes:
         table = markdown_table(HEADERS, [_table_row(r) for r in records[p]])
         print(table)

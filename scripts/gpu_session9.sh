@@ -62,3 +62,60 @@ if [ "${PART}" = ceiling80 ]; then  # the sm_80 path's best configs, cuBLAS and 
   TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 TILEJIT_COPY_LOWERING=${COPY80} timeout 200 python3 scripts/clock_probe.py mma80 \
     ${CONFIGS80:-128x128x64w4s3 128x256x64w8s3 128x256x32w8s3} 2>&1 | tee $OUT/ceiling80.log
 fi
+if [ "${PART}" = verify9 ]; then  # the whole GPU suite, then the sm_80 path tuned next to the native kernel and cuBLAS
+  if [ -z "${SKIP_TESTS}" ]; then
+    (cd tests && timeout ${T_TESTS:-400} python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
+    echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -2 $OUT/gpu_suite.log
+  fi
+  python3 scripts/mma_ceiling.py | tee $OUT/ceiling.log
+  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16 --shapes ${SHAPES9:-4096x4096x4096,8192x8192x8192} \
+    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
+  echo "matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+fi
+if [ "${PART}" = stress_sk ]; then  # the stream-K fix-up under repetition, alone and beside the GPU suite's stream-K tests
+  timeout 120 python3 scripts/stream_k_stress.py --launches 400 2>&1 | tail -15
+  timeout 60 python3 scripts/stream_k_stress.py 128 4096 4096 128 128 64 4 4 --launches 300 2>&1 | tail -5
+  (cd tests && for i in 1 2 3; do timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_stream_k.py gpu/test_gpu_split_k.py 2>&1 | tail -3; done)
+fi
+if [ "${PART}" = stress_sk2 ]; then  # the stress launches while other processes run GPU tests beside them
+  (cd tests && timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_split_k.py \
+     gpu/test_gpu_stream_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py > $OUT/beside.log 2>&1) &
+  sleep 8
+  timeout 140 python3 scripts/stream_k_stress.py --launches 1500 2>&1 | tail -12 &
+  timeout 140 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3000 2>&1 | tail -12
+  wait
+  tail -3 $OUT/beside.log
+fi
+if [ "${PART}" = stress_sk3 ]; then  # is a partial-sum slot read before it is written? (alone: no other process)
+  timeout 60 python3 scripts/stream_k_stress.py --launches 200 --poison-workspace 2>&1 | tail -6
+  timeout 60 python3 scripts/stream_k_stress.py --launches 200 --fresh-workspace 2>&1 | tail -6
+  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 300 --poison-workspace 2>&1 | tail -6
+  timeout 60 python3 scripts/stream_k_stress.py 128 4096 4096 128 128 64 4 4 --launches 200 --poison-workspace 2>&1 | tail -6
+fi
+if [ "${PART}" = stress_sk4 ]; then  # first launches beside other processes: own cache dir, other kernels beside
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_warp_specialize.py \
+     gpu/test_gpu_pingpong.py gpu/test_gpu_kernels.py > $OUT/beside.log 2>&1) &
+  sleep 10
+  for i in 1 2 3 4; do
+    TILEJIT_CACHE_DIR=/tmp/tjc_own$i timeout 60 python3 scripts/stream_k_stress.py --launches 20 2>&1 | tail -3 &
+  done
+  wait
+  for i in 1 2 3 4; do  # the same, the cache now warm (loaded from disk, no compile)
+    TILEJIT_CACHE_DIR=/tmp/tjc_own$i timeout 60 python3 scripts/stream_k_stress.py --launches 20 2>&1 | tail -3 &
+  done
+  (cd tests && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 gpu/test_gpu_kernels.py > /dev/null 2>&1) &
+  wait
+  tail -2 $OUT/beside.log
+fi
+if [ "${PART}" = stress_sk5 ]; then  # first launches beside the stream-K tests compiling the same kernels (shared cache)
+  export TILEJIT_CACHE_DIR=/tmp/tjc_shared5
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_stream_k.py > $OUT/beside.log 2>&1) &
+  sleep 6
+  for i in 1 2 3; do
+    timeout 80 python3 scripts/stream_k_stress.py --launches 30 2>&1 | tail -6 &
+    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 30 2>&1 | tail -6 &
+    sleep 3
+  done
+  wait
+  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
+fi

@@ -90,6 +90,10 @@ _PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
 # 170 TFLOP/s (128x128), 16x4096x4096 23.5 vs 18.3 (64x128); on large problems they lose (4096^3 128x256 623 vs
 # 696: runs at different K offsets share less of A and B in L2, and each cut tile costs a workspace round trip),
 # so ``matmul_prune`` keeps them for few tiles only.
+#
+# Not in the default space (``matmul_configs(stream_k=True)`` adds them): full GPU test runs (14 processes sharing
+# one GPU and one cache directory) saw one or two of ~150 stream-K launches leave tiles unwritten, a failure
+# not reproduced alone (docs/language.md, "Known issue").
 _STREAM_K_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4)]
 
 
@@ -99,9 +103,9 @@ def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int 
     return config.num_stages * (k["BM"] * k["BK"] + k["BK"] * k["BN"]) * elem_bytes + scratch_bytes
 
 
-def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) -> list[Config]:
+def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2, stream_k: bool = False) -> list[Config]:
     """The default matmul search space for operands of ``elem_bytes`` bytes, limited to configs that fit
-    ``smem_budget``.
+    ``smem_budget``; ``stream_k``: with the stream-K tiles too (not by default: see ``_STREAM_K_TILES``).
 
     The tiles are those of 16-bit operands with BK scaled to keep the bytes of K per stage: 8-bit operands (fp8,
     int8) take BK = 64 and 128 (128 bytes of K is one wgmma panel), float32 (tf32) takes BK = 16 and 32.
@@ -119,7 +123,7 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2) ->
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        pingpong=True) for bm, bn, bk, w, s in _PINGPONG_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
-                       stream_k=True) for bm, bn, bk, w, s in _STREAM_K_TILES]
+                       stream_k=True) for bm, bn, bk, w, s in (_STREAM_K_TILES if stream_k else ())]
     return [c for c in configs if matmul_shared_bytes(c, elem_bytes) <= smem_budget]
 
 

@@ -31,7 +31,7 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
-    configs = matmul_configs()
+    configs = matmul_configs(stream_k=True)
     plain = [c for c in configs if c.split_k == 1
              and not (c.warp_specialize or c.persistent or c.pingpong or c.stream_k)]
     specialized = [c for c in configs if c.warp_specialize]
@@ -121,17 +121,20 @@ def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch
 def test_matmul_prune_offers_stream_k_only_for_few_tiles(monkeypatch):
     """On a 132-SM sm_90 GPU: stream-K configs for M = 16 or 128 x 4096 x 4096 (32 to 64 tiles of up to 128x128,
     64 K steps each), none for 4096^3, 1024^3 (64 tiles of 16 K steps: under 8 steps per program) or a 128-row
-    problem of 3000 columns and 128x64 tiles (47 tiles; fine) with K = 256 (4 steps); none without clusters."""
+    problem of 3000 columns and 128x64 tiles (47 tiles; fine) with K = 256 (4 steps); none without clusters. The
+    default space has none (``matmul_configs(stream_k=True)`` adds them; configs.py says why)."""
     from tilejit import configs as cfg
 
+    assert not [c for c in matmul_configs() if c.stream_k]
+    space = matmul_configs(stream_k=True)
     monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 132)
     monkeypatch.setattr(cfg, "is_sm90", lambda tensor: True)
     for m in (16, 128):
-        assert [c for c in matmul_prune(matmul_configs(), _named(m, 4096, 4096)) if c.stream_k], m
+        assert [c for c in matmul_prune(space, _named(m, 4096, 4096)) if c.stream_k], m
     for mnk in [(4096, 4096, 4096), (1024, 1024, 1024), (128, 3000, 256)]:
-        assert not [c for c in matmul_prune(matmul_configs(), _named(*mnk)) if c.stream_k], mnk
+        assert not [c for c in matmul_prune(space, _named(*mnk)) if c.stream_k], mnk
     monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 0)
-    assert not [c for c in matmul_prune(matmul_configs(), _named(128, 4096, 4096)) if c.stream_k]
+    assert not [c for c in matmul_prune(space, _named(128, 4096, 4096)) if c.stream_k]
 
 
 def test_matmul_prune_never_empty():
