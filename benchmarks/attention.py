@@ -187,12 +187,15 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
         return f"{c['BM']}x{c['BN']} w{c['num_warps']}" + (" ws" if c.get("warp_specialize") else "")
 
     hopper = _hopper_configs()
-    default = attention.default_bwd_config(dim, hopper=hopper)
+    sm80 = SM80_PATH or torch.cuda.get_device_capability()[0] == 8
+    default = attention.default_bwd_config(dim, hopper=hopper, sm80=sm80)
     best = (timed(default), default) if tune == "default" else None
     # on sm_90 the dQ configs also run warp-specialized
     for kernel in ("dkdv", "dq") if tune == "all" else ():
         base = best[1] if best else default
-        for (bm, bn, warps), ws in ((c, ws) for c in attention.BWD_CONFIGS[dim][kernel]
+        own = (default[kernel]["BM"], default[kernel]["BN"], default[kernel]["num_warps"])
+        space = attention.BWD_CONFIGS[dim][kernel]
+        for (bm, bn, warps), ws in ((c, ws) for c in ([own] if own not in space else []) + space
                                     for ws in ((False, True) if hopper and kernel == "dq" else (False,))):
             cfg = {**base, kernel: dict(BM=bm, BN=bn, num_warps=warps, **({"warp_specialize": True} if ws else {}))}
             ms = timed(cfg)

@@ -274,17 +274,33 @@ BWD_CONFIGS = {
 }
 
 
-def default_bwd_config(head_dim: int, hopper: bool = False) -> dict:
+# The backward's defaults on sm_80/86/89 (mma.sync), head dims 64 and 128: measured through the sm_80 path on an
+# H200 (scripts/attention_sm80.py; bf16, S = 4096; benchmarks/RESULTS.md, ninth session): D=64 218.8 TFLOP/s
+# against 174.8 for BWD_CONFIGS' first (which spill 40 and 16 bytes on sm_80; these none); D=128 232.8 against
+# 217.7, the dQ config without spills (140 bytes before), dK/dV's 64x64 w4 with 32 bytes (every config without
+# spills there holds 32 keys a program and ran at 101-138).
+SM80_BWD_CONFIGS = {64: {"dkdv": (32, 128, 4), "dq": (64, 64, 4)}, 128: {"dkdv": (64, 64, 4), "dq": (128, 128, 8)}}
+
+
+def default_bwd_config(head_dim: int, hopper: bool = False, sm80: bool = False) -> dict:
     """{"dkdv": {...}, "dq": {...}}: the first config of BWD_CONFIGS for the smallest listed head dim >= this; on
-    Hopper (sm_90) at head dims 64 and 128, the fastest measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md)."""
+    Hopper (sm_90) at head dims 64 and 128, the fastest measured on an H100 (bf16, S = 4096; benchmarks/RESULTS.md);
+    on sm_80/86/89 (``sm80``) there, ``SM80_BWD_CONFIGS``."""
     dim = next(d for d in sorted(BWD_CONFIGS) if head_dim <= d)
     if hopper and dim in (64, 128):
         return {"dkdv": dict(BM=64, BN=64, num_warps=4), "dq": dict(BM=64, BN=64, num_warps=4)}
+    if sm80 and dim in SM80_BWD_CONFIGS:
+        return {name: dict(BM=bm, BN=bn, num_warps=w) for name, (bm, bn, w) in SM80_BWD_CONFIGS[dim].items()}
     return {name: dict(BM=bm, BN=bn, num_warps=w) for name, ((bm, bn, w), *_) in BWD_CONFIGS[dim].items()}
 
 
 def _hopper(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
+def _sm80(t: torch.Tensor) -> bool:
+    """Whether ``t`` is on an sm_80/86/89 GPU, where the products run on mma.sync."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 8
 
 
 def _check_heads(q, k, v):
@@ -329,7 +345,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
-    cfg = default_bwd_config(dim, hopper=_hopper(q))
+    cfg = default_bwd_config(dim, hopper=_hopper(q), sm80=_sm80(q))
     for name, over in (config or {}).items():
         cfg[name] = {**cfg[name], **over}
     do = do.contiguous()

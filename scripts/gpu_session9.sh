@@ -119,3 +119,10 @@ if [ "${PART}" = stress_sk5 ]; then  # first launches beside the stream-K tests 
   wait
   grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
 fi
+if [ "${PART}" = attn80 ]; then  # attention on the sm_80 path: backward config candidates, then the forward
+  timeout 330 python3 scripts/attention_sm80.py > $OUT/attn80_bwd.log 2>&1
+  echo "bwd rc=$?"; grep -E "TFLOP/s|Error|error" $OUT/attn80_bwd.log | tail -40
+  timeout 200 python3 -m benchmarks.attention --passes fwd --dims 64,128 --seqs 4096 --sm80-path --out $OUT/attn80_fwd \
+    > $OUT/attn80_fwd.log 2>&1
+  echo "fwd rc=$?"; grep "^|" $OUT/attn80_fwd.log
+fi

@@ -10,12 +10,21 @@ the default autotune configs of 16-bit operands; every operand major-ness; a fus
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
 import tilejit
+from attention_checks import check, check_grad, inputs, reference_grads
 from kernels import MAJORS, bmm_epilogue, matmul, matmul_any, matmul_staged
 from tilejit.configs import matmul_configs
+
+_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_sm80",
+                                               Path(__file__).resolve().parents[2] / "examples" / "attention.py")
+attention = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(attention)
 
 pytestmark = pytest.mark.gpu
 
@@ -112,6 +121,26 @@ def test_every_major(path, shape, major):
     torch.cuda.synchronize()
     ref = (a.double().T if ta else a.double()) @ (b.double().T if tb else b.double())
     _check(c, ref, k)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim", sorted(attention.SM80_BWD_CONFIGS))
+def test_attention_backward_sm80_defaults(path, dim, causal):
+    """The backward's sm_80 defaults (``SM80_BWD_CONFIGS``) and the forward's non-Hopper default, 300 rows (not
+    a multiple of any block), GQA 2, against float64 autograd; every output poisoned first."""
+    q, k, v = inputs(2, 4, 300, dim, group=2, seed=dim)
+    do = torch.randn_like(q)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    attention.attention_forward(q, k, v, causal=causal, out=out, lse=lse, **attention.default_config(dim))
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    attention.attention_backward(do, q, k, v, out, lse, causal=causal, dq=grads[0], dk=grads[1], dv=grads[2],
+                                 config=attention.default_bwd_config(dim, sm80=True))
+    torch.cuda.synchronize()
+    ref = reference_grads(attention.reference, q, k, v, do, causal)
+    check(out, ref[0])
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref[1:]):
+        check_grad(got, want, name)
 
 
 def test_design_matmul_and_fused_epilogue(path):
