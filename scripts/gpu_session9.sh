@@ -126,3 +126,26 @@ if [ "${PART}" = attn80 ]; then  # attention on the sm_80 path: backward config 
     > $OUT/attn80_fwd.log 2>&1
   echo "fwd rc=$?"; grep "^|" $OUT/attn80_fwd.log
 fi
+if [ "${PART}" = final9 ]; then  # the whole GPU suite; the sm_80 path next to the native kernel; the fp16 sweep
+  (cd tests && timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
+  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
+  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16,fp16 --shapes 4096x4096x4096,8192x8192x8192 \
+    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
+  echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+  timeout 450 python3 -m benchmarks.matmul --dtypes fp16 --out $OUT/sweep --no-append --budget-s 330 > $OUT/sweep.log 2>&1
+  echo "sweep rc=$?"; grep "^|" $OUT/sweep.log
+fi
+if [ "${PART}" = prefetch ]; then  # TMA descriptor prefetch: the GPU tests of TMA kernels, then A/B against tmp_base/
+  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_warp_specialize.py \
+    gpu/test_gpu_kernels.py gpu/test_gpu_pingpong.py gpu/test_gpu_split_k.py gpu/test_gpu_cluster.py 2>&1 | tail -2)
+  for round in 1 2; do
+    for side in base new; do
+      if [ $side = base ]; then PP=$PWD/tmp_base:$PWD; else PP=$PWD; fi
+      PYTHONPATH=$PP TILEJIT_CACHE_DIR=/tmp/tjc_$side timeout 150 python3 -m benchmarks.configs --no-tuned --dtype fp16 \
+        --shapes 512x512x512,1024x1024x1024,128x4096x4096,1x4096x4096,4096x4096x4096 \
+        --configs 64x64x64w4s12,64x128x64w4s4,128x256x64w8s4 --modes ws,persistent --out $OUT/pf_${side}_$round \
+        > $OUT/pf_${side}_$round.log 2>&1
+      echo "== $side round $round rc=$?"; grep "^| [0-9]" $OUT/pf_${side}_$round.log | cut -d'|' -f2-6 | tr '\n' ';' | head -c 2500; echo
+    done
+  done
+fi

@@ -193,3 +193,26 @@ def test_specializations_with_the_same_cuda_each_get_ptxas_resources():
     for log in (a.log, b.log):
         assert re.search(r"Used \d+ registers", log) and "spill" in log, log
     assert a.cubin != b.cubin and again.cubin == a.cubin
+
+
+def test_a_compile_answered_from_nvrtc_cache_without_a_report_runs_again(monkeypatch):
+    """NVRTC 13 (not 12.9) answers a program it compiled before (same source and tag: a cleared tilejit cache,
+    two processes compiling one kernel) from its own cache with a log that has no ptxas report; compile_cuda then
+    compiles once more under a tag of its own, so registers and spills are always known."""
+    src = 'extern "C" __global__ void tj_thrice(float* x) { x[threadIdx.x] *= 3.0f; }\n'
+    real = nvrtc._run_nvrtc
+    tags = []
+
+    def cache_hit_first(source, name, arch, options, *, want_cubin, want_ptx, tag=""):
+        tags.append(tag)
+        cubin, ptx, log = real(source, name, arch, options, want_cubin=want_cubin, want_ptx=want_ptx, tag=tag)
+        return (cubin, ptx, "") if len(tags) == 1 else (cubin, ptx, log)  # the first, as a cache hit returns it
+
+    monkeypatch.setattr(nvrtc, "_run_nvrtc", cache_hit_first)
+    result = compile_cuda(src, name="tj_thrice", arch="sm_90a", keep_ptx=False, options=["--ptxas-options=-v"],
+                          tag="key")
+    assert len(tags) == 2 and tags[0] == "key" and tags[1].startswith("key:") and len(tags[1]) > 10
+    assert re.search(r"Used \d+ registers", result.log)
+    tags.clear()
+    compile_cuda(src, name="tj_thrice", arch="sm_90a", keep_ptx=False, tag="key")  # no -v asked: no second run
+    assert tags == ["key"]

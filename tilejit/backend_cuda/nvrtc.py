@@ -18,6 +18,7 @@ import re
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -346,6 +347,10 @@ def _tag_line(tag: str) -> str:
     return f"\n__device__ int tj_tag_{hashlib.sha256(tag.encode()).hexdigest()[:24]};\n" if tag else ""
 
 
+#: ptxas -v's per-kernel line ("Used 128 registers, ..."): present in every log of a compile ptxas really ran
+_PTXAS_REPORT = re.compile(r"Used \d+ registers")
+
+
 def compile_cuda(
     source: str, *, name: str, arch: str, keep_ptx: bool = True, options: Sequence[str] = (), tag: str = ""
 ) -> CompileResult:
@@ -363,6 +368,12 @@ def compile_cuda(
     cubin, ptx, log = _run_nvrtc(
         source, name, arch, [f"--gpu-architecture={arch}", *common], want_cubin=True, want_ptx=keep_ptx, tag=tag
     )
+    if "--ptxas-options=-v" in options and not _PTXAS_REPORT.search(log):
+        # NVRTC 13 answered from its own cache (this program was compiled before: a cleared tilejit cache, another
+        # process compiling the same kernel), and its log lacks ptxas's report: once more, as a program new to it
+        cubin, ptx, log = _run_nvrtc(
+            source, name, arch, [f"--gpu-architecture={arch}", *common], want_cubin=True, want_ptx=keep_ptx,
+            tag=f"{tag}:{uuid.uuid4().hex}")
     if not cubin:
         raise BackendCompileError(
             f"NVRTC produced no cubin for {arch}\n{log}".rstrip(),
