@@ -149,3 +149,13 @@ if [ "${PART}" = prefetch ]; then  # TMA descriptor prefetch: the GPU tests of T
     done
   done
 fi
+if [ "${PART}" = h100_80 ]; then  # issue 15's measurement on the GPU it names: ceiling, clocks, the tuned sm_80 path
+  python3 scripts/mma_ceiling.py
+  TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 timeout 150 python3 scripts/clock_probe.py mma80 128x128x64w4s3 \
+    256x128x64w8s3 2>&1 | tee $OUT/clock80_tma.log
+  TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 TILEJIT_COPY_LOWERING=cp_async timeout 150 python3 scripts/clock_probe.py \
+    mma80 128x128x64w4s3 256x128x64w8s3 2>&1 | tail -4 | tee $OUT/clock80_cp_async.log
+  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16 --shapes 4096x4096x4096,8192x8192x8192 \
+    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
+  echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+fi
