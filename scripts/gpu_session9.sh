@@ -159,3 +159,18 @@ if [ "${PART}" = h100_80 ]; then  # issue 15's measurement on the GPU it names: 
     --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
   echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
 fi
+if [ "${PART}" = stress_sk6 ]; then  # the stress-2 scene: kernels loaded from a warm shared cache while the stream-K tests run
+  export TILEJIT_CACHE_DIR=/tmp/tjc_shared6
+  timeout 60 python3 scripts/stream_k_stress.py --launches 5 2>&1 | tail -1
+  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 5 2>&1 | tail -1
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_stream_k.py \
+     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
+  sleep 8
+  for i in 1 2 3; do
+    timeout 80 python3 scripts/stream_k_stress.py --launches 40 2>&1 | grep -v "^0 bad" &
+    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 40 2>&1 | grep -v "^0 bad" &
+    sleep 2
+  done
+  wait
+  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
+fi
