@@ -174,3 +174,20 @@ if [ "${PART}" = stress_sk6 ]; then  # the stress-2 scene: kernels loaded from a
   wait
   grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
 fi
+if [ "${PART}" = stress_sk7 ]; then  # stress-6's scene, the first launch after: a preallocated workspace / a sync
+  export TILEJIT_CACHE_DIR=/tmp/tjc_shared7
+  timeout 60 python3 scripts/stream_k_stress.py --launches 3 2>&1 | tail -1
+  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3 2>&1 | tail -1
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 10 gpu/test_gpu_stream_k.py \
+     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
+  sleep 8
+  for mode in --preallocate --sync-first ""; do
+    for i in 1 2; do
+      timeout 80 python3 scripts/stream_k_stress.py --launches 10 $mode 2>&1 | grep -E "bad|counters" | sed "s/^/[$mode] /" &
+      timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 10 $mode 2>&1 | grep -E "bad|counters" | sed "s/^/[$mode] /" &
+    done
+    sleep 1
+  done
+  wait
+  tail -1 $OUT/beside.log
+fi

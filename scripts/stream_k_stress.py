@@ -24,6 +24,9 @@ def main() -> None:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--poison-workspace", action="store_true",
                    help="fill the stream-K partial-sum workspace with NaN before every launch")
+    p.add_argument("--preallocate", action="store_true",
+                   help="allocate the stream's workspace (zeroed counters) and synchronize before the first launch")
+    p.add_argument("--sync-first", action="store_true", help="synchronize the device right before the first launch")
     p.add_argument("--fresh-workspace", action="store_true",
                    help="drop the workspace before every launch (each launch allocates its own, as the first does)")
     args = p.parse_args()
@@ -38,6 +41,16 @@ def main() -> None:
     grid = (tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))
     bad = 0
     noise = torch.empty(64 << 20, device="cuda", dtype=torch.uint8)
+    if args.preallocate:
+        from tilejit.runtime import launch as rt_launch
+        meta = matmul.compile(a, b, c, **kw).meta
+        programs = int(meta["stream_k"])
+        rt_launch.stream_k_workspace(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+                                     programs * int(meta["stream_k_slot_bytes"]), programs * int(meta["stream_k_flags"]))
+        torch.cuda.synchronize()
+    if args.sync_first:
+        matmul.compile(a, b, c, **kw)
+        torch.cuda.synchronize()
     for i in range(args.launches):
         c.fill_(float("nan"))
         if i % 3 == 0:  # other work on the GPU between launches (allocator churn, poisoned memory)
