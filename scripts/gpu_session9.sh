@@ -191,3 +191,21 @@ if [ "${PART}" = stress_sk7 ]; then  # stress-6's scene, the first launch after:
   wait
   tail -1 $OUT/beside.log
 fi
+if [ "${PART}" = stress_sk8 ]; then  # stress-7's scene after the fix (the workspace zeroed on the launch stream)
+  export TILEJIT_CACHE_DIR=/tmp/tjc_shared8
+  timeout 60 python3 scripts/stream_k_stress.py --launches 3 2>&1 | tail -1
+  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3 2>&1 | tail -1
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 10 gpu/test_gpu_stream_k.py \
+     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
+  sleep 8
+  for i in 1 2 3 4; do
+    timeout 80 python3 scripts/stream_k_stress.py --launches 10 2>&1 | grep -E "bad|counters" &
+    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 10 2>&1 | grep -E "bad|counters" &
+    sleep 1
+  done
+  wait
+  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
+  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_stream_k.py \
+     gpu/test_gpu_split_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py gpu/test_autotune_gpu.py \
+     gpu/test_runtime_gpu.py 2>&1 | tail -2)
+fi

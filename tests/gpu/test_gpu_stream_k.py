@@ -156,3 +156,25 @@ def test_python_and_compiled_launchers_agree():
         matmul[grid](a, b, c, **kw)
         torch.cuda.synchronize()
         check_close(c, a.double() @ b.double())
+
+
+def test_workspace_is_zeroed_on_the_launch_stream(monkeypatch):
+    """The counters' zero fill runs on the launch's own stream, ordered before the kernel, also for torch's default
+    stream (handle 0: torch.cuda.ExternalStream(0) is a fresh pooled stream, pytorch/pytorch#182960, and a fill
+    there once landed while the kernel counted, leaving tiles unwritten when the GPU was shared)."""
+    from tilejit.runtime import launch
+
+    monkeypatch.setattr(launch, "_WORKSPACES", {})
+    seen = []
+    real_zeros = torch.zeros
+
+    def zeros(*args, **kwargs):
+        seen.append(torch.cuda.current_stream().cuda_stream)
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.default_stream(), side):
+        launch.stream_k_workspace(torch.cuda.current_device(), stream.cuda_stream, 1 << 20, 264)
+        assert seen[-1] == stream.cuda_stream
+    assert seen[0] == 0 and len(seen) == 2

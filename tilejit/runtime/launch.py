@@ -126,13 +126,18 @@ def stream_k_workspace(device_index: int, stream: int, data_bytes: int, flag_wor
     """The addresses of the stream-K workspace of ``stream`` on ``device_index``, at least ``data_bytes`` of
     partial sums and ``flag_words`` zeroed 32-bit flags. One per stream: launches on one stream run one after the
     other, so they may share it; launches on two streams may run at once, so they may not. It grows by a new
-    allocation on that stream (the caching allocator orders its reuse of the old one after the stream's work)."""
+    allocation on that stream (the caching allocator orders its reuse of the old one after the stream's work).
+
+    The stream is wrapped with ``torch.cuda.get_stream_from_external``: ``torch.cuda.ExternalStream(0)`` (torch's
+    default stream, handle 0) gives a fresh pooled stream instead (pytorch/pytorch#182960), and the counters' zero
+    fill ran there, unordered with the launch: a fill landing while the kernel counted lost arrivals, and tiles
+    were left unwritten (seen in GPU runs shared by many processes, where that stream's work came late)."""
     key = (device_index, stream)
     found = _WORKSPACES.get(key)
     if found is None or found[0].numel() < data_bytes or found[1].numel() < flag_words:
         import torch
 
-        with _workspace_lock, torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device_index)):
+        with _workspace_lock, torch.cuda.stream(torch.cuda.get_stream_from_external(stream, device=device_index)):
             found = _WORKSPACES.get(key)
             if found is None or found[0].numel() < data_bytes or found[1].numel() < flag_words:
                 old_bytes, old_flags = (found[0].numel(), found[1].numel()) if found else (0, 0)
