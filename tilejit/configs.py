@@ -91,9 +91,10 @@ _PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
 # 696: runs at different K offsets share less of A and B in L2, and each cut tile costs a workspace round trip),
 # so ``matmul_prune`` keeps them for few tiles only.
 #
-# Not in the default space (``matmul_configs(stream_k=True)`` adds them): full GPU test runs (14 processes sharing
-# one GPU and one cache directory) saw one or two of ~150 stream-K launches leave tiles unwritten, a failure
-# not reproduced alone (docs/language.md, "Known issue").
+# Not in the default space (``matmul_configs(stream_k=True)`` adds them): in the eighth session's sweeps (H100,
+# RESULTS.md) the tuner never picked one, the deep 64x64 rings won every few-tile shape, so they only cost tuning
+# time. (They left the space in the ninth session while a stream-K launch intermittently left tiles unwritten; the
+# cause was the workspace's zero fill on a stream other than the launch's, fixed in runtime/launch.py.)
 _STREAM_K_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4)]
 
 
