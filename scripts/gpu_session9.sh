@@ -209,3 +209,7 @@ if [ "${PART}" = stress_sk8 ]; then  # stress-7's scene after the fix (the works
      gpu/test_gpu_split_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py gpu/test_autotune_gpu.py \
      gpu/test_runtime_gpu.py 2>&1 | tail -2)
 fi
+if [ "${PART}" = suite ]; then  # the whole GPU suite
+  (cd tests && timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
+  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
+fi
