@@ -213,3 +213,13 @@ if [ "${PART}" = suite ]; then  # the whole GPU suite
   (cd tests && timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
   echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
 fi
+if [ "${PART}" = ragged ]; then  # the carry on sm_90a's own mma.sync loops (ragged shapes: TMA and cp.async mixed)
+  for round in 1 2; do
+    for overlap in 1 0; do
+      TILEJIT_MMA_OVERLAP=$overlap timeout 120 python3 -m benchmarks.configs --no-tuned --dtype fp16 \
+        --shapes 1000x3000x777,1000x3000x776 --configs 64x256x32w8s3,64x128x32w4s4,128x128x32w4s4,128x256x32w8s3 \
+        --modes off --out $OUT/ragged_${overlap}_$round > $OUT/ragged_${overlap}_$round.log 2>&1
+      echo "== carry=$overlap round $round"; grep "^| [0-9]" $OUT/ragged_${overlap}_$round.log | cut -d'|' -f2-6
+    done
+  done
+fi
