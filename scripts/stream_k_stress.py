@@ -1,18 +1,20 @@
 """Launch one stream-K matmul many times with a NaN-poisoned output and report every launch that leaves a tile
-unwritten (NaN) or wrong, with the tiles affected: a hunt for an intermittent fix-up failure.
+unwritten (NaN) or wrong, with the tiles affected and the tile counters left behind. It found the ninth session's
+stream-K failure: run beside other processes, the first launch lost counter arrivals when the workspace's zero
+fill ran on another stream than the launch's (runtime/launch.stream_k_workspace).
 
-    python scripts/stream_k_stress.py [M N K BM BN BK WARPS STAGES] [--launches 300] [--streams 1]
+    python scripts/stream_k_stress.py [M N K BM BN BK WARPS STAGES] [--launches 300] [--poison-workspace]
+                                      [--fresh-workspace] [--preallocate] [--sync-first]
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 import tilejit
-from tilejit.testing import do_bench  # noqa: F401  (warms the same paths the benchmarks use)
 
-import sys
 sys.path.insert(0, "tests")
 from kernels import matmul  # noqa: E402
 
@@ -41,12 +43,13 @@ def main() -> None:
     grid = (tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))
     bad = 0
     noise = torch.empty(64 << 20, device="cuda", dtype=torch.uint8)
+    from tilejit.runtime import launch as rt_launch
     if args.preallocate:
-        from tilejit.runtime import launch as rt_launch
         meta = matmul.compile(a, b, c, **kw).meta
         programs = int(meta["stream_k"])
         rt_launch.stream_k_workspace(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
-                                     programs * int(meta["stream_k_slot_bytes"]), programs * int(meta["stream_k_flags"]))
+                                     programs * int(meta["stream_k_slot_bytes"]),
+                                     programs * int(meta["stream_k_flags"]))
         torch.cuda.synchronize()
     if args.sync_first:
         matmul.compile(a, b, c, **kw)
@@ -57,7 +60,6 @@ def main() -> None:
             noise.random_()
             del noise
             noise = torch.full((64 << 18,), float("nan"), device="cuda")
-        from tilejit.runtime import launch as rt_launch
         if args.fresh_workspace:
             rt_launch._WORKSPACES.clear()
         if args.poison_workspace:

@@ -23,7 +23,8 @@ A plain pipelined loop whose one gemm runs on mma.sync carries its fragments acr
 iteration ``k + 1`` to just before the mma.sync of iteration ``k``'s last k step, whose operands are already in
 registers, and the first k step's fragments of iteration ``k + 1`` load while those mma.sync run. The barrier no
 longer stands between a warp's last mma.sync of one iteration and its first of the next. cp.async rings then wait
-with ``wait_group S-3`` (the group of the iteration in progress is not committed yet), so they need S >= 3.
+with ``wait_group S-3`` (the group of the iteration in progress is committed at its end), so they need S >= 3;
+loops that mix TMA and cp.async commit an iteration's group when its prefetch is issued and wait with S-2.
 """
 from __future__ import annotations
 
@@ -157,12 +158,12 @@ class FragmentCarry:
         self._load(first=False)
 
 
-def _carried_gemm(body, piped: list[Op], stages: int, per_thread: list[Op]):
+def _carried_gemm(body, piped: list[Op], stages: int, ring: bool):
     """The gemm of a pipelined loop body and its lowering, when its fragments can be carried across iterations
     (``FragmentCarry``): the body's one gemm, reading two pipelined tiles that nothing else in the body reads,
     on a lowering that carries (``MmaSync.carries``); cp.async rings need 3 stages or more. Else None."""
     gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
-    if len(gemms) != 1 or gemms[0] not in body.ops or (per_thread and stages < 3) or not knobs.mma_overlap():
+    if len(gemms) != 1 or gemms[0] not in body.ops or (ring and stages < 3) or not knobs.mma_overlap():
         return None
     gemm = gemms[0]
     ids = {load.result.id for load in piped}
@@ -314,14 +315,14 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
     if piped and phase is None:
         em.line("int tj_it = 0;")
-    carried_gemm = _carried_gemm(body, piped, stages, per_thread) \
+    carried_gemm = _carried_gemm(body, piped, stages, ring) \
         if piped and phase is None and not producer and not in_flight and late is None else None
     carry = None
     if carried_gemm is not None:
         def wait(first: bool) -> None:
             it, exists = ("0", in_range(lo)) if first else ("(tj_it + 1)", in_range(f"({em.name(iv)} + {step})"))
-            if per_thread:  # (the group of the iteration in progress is committed at its end)
-                em.line(f"tj_cp_async_wait<{stages - 2 if first else stages - 3}>();")
+            if per_thread:  # a ring commits the iteration's group at its end, a loop with TMA in its prefetch
+                em.line(f"tj_cp_async_wait<{stages - 2 if first or not ring else stages - 3}>();")
             if tma:
                 em.line(f"if ({exists}) tj_mbar_wait({full} + 8 * ({it} % {stages}), ({it} / {stages}) & 1);")
 
