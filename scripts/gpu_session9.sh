@@ -223,3 +223,9 @@ if [ "${PART}" = ragged ]; then  # the carry on sm_90a's own mma.sync loops (rag
     done
   done
 fi
+if [ "${PART}" = ragged2 ]; then  # after the mixed-loop wait fix: the ragged A/B, then the GPU tests of mma.sync loops
+  PART=ragged bash scripts/gpu_session9.sh 2>&1 | grep -v "^NVIDIA"
+  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_sm80_path.py \
+    gpu/test_gpu_mma_register_a.py gpu/test_gpu_wgmma_swizzle.py gpu/test_gpu_kernels.py gpu/test_gpu_corners.py \
+    gpu/test_gpu_dtypes.py 2>&1 | tail -2)
+fi
