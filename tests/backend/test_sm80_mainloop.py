@@ -370,15 +370,14 @@ def test_mma_overlap_knob_turns_the_carry_off(monkeypatch):
     assert _CARRY not in cuda and "tj_cp_async_wait<1>();  // this iteration's tiles have landed" in cuda
 
 
-def test_tma_slots_carry_with_a_guarded_wait(monkeypatch):
-    """sm_90a with mma.sync pinned reads TMA-filled slots: the next slot's mbarrier wait is skipped past the last
-    iteration (no TMA filled it), the barrier and loads are not."""
+def test_tma_slots_do_not_carry(monkeypatch):
+    """sm_90a with mma.sync pinned reads TMA-filled slots: no carry there (it measured from +5% to -10% on an
+    H200), the loop waits at its top as before."""
     monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "mma_sync_m16n8k16")
-    loop = _loop_text(_cuda(128, 128, 64, 4, 3, arch="sm_90a"))
-    assert "tj_tma_load_2d" in loop
-    guard = ("if (((v16_k0 + v13) < v3_A_size1)) "
-             "tj_mbar_wait(tj_smem_u32 + 0 + 8 * ((tj_it + 1) % 3), ((tj_it + 1) / 3) & 1);")
-    assert guard in loop and loop.count("__syncthreads()") == 1
+    cuda = _cuda(128, 128, 64, 4, 3, arch="sm_90a")
+    loop = _loop_text(cuda)
+    assert "tj_tma_load_2d" in loop and _CARRY not in cuda
+    assert "tj_mbar_wait(tj_smem_u32 + 0 + 8 * (tj_it % 3), (tj_it / 3) & 1);  // TMA tiles landed" in loop
 
 
 # -- the copy lowering pinned (TILEJIT_COPY_LOWERING) ------------------------------------------------------------
@@ -415,15 +414,16 @@ def test_a_copy_pin_that_does_not_fit_says_why(monkeypatch):
         atom.compile(a, b, c, num_warps=1, arch="sm_90a", stop_after="passes")
 
 
-def test_a_loop_mixing_tma_and_cp_async_waits_for_one_iteration_ahead_only():
-    """sm_90a, 64x256x32 on 8 warps (mma.sync), K = 777: B comes by TMA, A by cp.async (its rows are not 16-byte
-    multiples, so no TMA; nor whole 16-byte chunks: element by element where cp.async cannot), whose group is committed
-    when the iteration's prefetch is issued (not at its end, as in a cp.async ring). The wait under the last k
-    step then leaves that group pending (wait_group S-2 = 1): waiting for it too (S-3 = 0) put a whole global
-    load on every iteration's path (measured on an H200: 46 against 87 TFLOP/s at 1000x3000x777)."""
-    a, b, c = _meta(1000, 777), _meta(777, 3000), _meta(1000, 3000)
-    cuda = matmul_staged.compile(a, b, c, BM=64, BN=256, BK=32, num_warps=8, num_stages=3, arch="sm_90a",
-                                 stop_after="cuda").cuda
-    loop = _loop_text(cuda)
-    assert _CARRY in cuda and "tj_tma_load_2d" in loop and "tj_cp_async_16" in loop
-    assert loop.count("tj_cp_async_wait<1>();") == 1 and "tj_cp_async_wait<0>();" not in loop
+@pytest.mark.parametrize("k, arch", [(777, "sm_80"), (777, "sm_90a")])
+def test_rows_not_in_16_byte_chunks_do_not_carry(k, arch):
+    """A tensor whose rows are not whole 16-byte chunks (K = 777 halves) is copied element by element after the
+    math, which the carry left only the last k step's mma.sync to hide (-47% measured on an H200 at
+    1000x3000x777, 64x256x32 w8 s3): such loops keep their wait and barrier at the top. The same config with
+    K = 776 carries on sm_80."""
+    def cuda(k):
+        a, b, c = _meta(1000, k), _meta(k, 3000), _meta(1000, 3000)
+        return matmul_staged.compile(a, b, c, BM=64, BN=256, BK=32, num_warps=8, num_stages=3, arch=arch,
+                                     stop_after="cuda").cuda
+    assert _CARRY not in cuda(k)
+    if arch == "sm_80":
+        assert _CARRY in cuda(776)

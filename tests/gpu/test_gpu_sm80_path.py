@@ -4,8 +4,9 @@ ring, ldmatrix, mma.sync), and with the gemm pinned alone the loop reads TMA-fil
 
 Each case compares with a float64 reference on fresh random operands, the output poisoned with NaN, on shapes
 that are not multiples of the tile (K not a multiple of 8 too, which takes the element-wise copies). The configs
-cover the ways the loop is built: fragments carried across iterations (``lower_loops.FragmentCarry``: 3+ stages
-with cp.async, 2+ with TMA, an even number of k steps), and not (2 cp.async stages, one k step per iteration);
+cover the ways the loop is built: fragments carried across iterations (``lower_loops.FragmentCarry``: cp.async
+rings of 3+ stages, an even number of k steps, rows of whole 16-byte chunks), and not (2 stages, one k step per
+iteration, ragged rows, TMA-filled slots);
 the default autotune configs of 16-bit operands; every operand major-ness; a fused epilogue.
 """
 from __future__ import annotations
@@ -89,10 +90,9 @@ def test_matmul(path, shape, config, dtype):
         assert "tj_tma_load" not in cuda
     steps, stages = config[2] // 16, config[4]
     carried = "the gemm's fragments live across iterations" in cuda
-    if steps < 2 or steps % 2:
-        assert not carried
-    elif stages >= 3:
-        assert carried
+    # the carry: cp.async rings of 3+ stages, an even number of k steps, rows of whole 16-byte chunks
+    assert carried == (path == "cp_async" and steps >= 2 and steps % 2 == 0 and stages >= 3 and k % 8 == 0
+                       and n % 8 == 0)
 
 
 @pytest.mark.parametrize("config", DEFAULT_16BIT, ids=lambda c: "{}x{}x{}w{}s{}".format(*c))

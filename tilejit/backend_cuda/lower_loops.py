@@ -18,19 +18,22 @@ the math has released it; then the producer leaves the kernel. The ``num_warps``
 (``setmaxnreg.inc``) and run the loop waiting only for loaded slots; from there on their block-wide barriers
 count them alone (``Emitter.consumers_only``).
 
-A plain pipelined loop whose one gemm runs on mma.sync carries its fragments across iterations
+A cp.async ring (the sm_80 main loop) whose one gemm runs on mma.sync carries its fragments across iterations
 (``FragmentCarry``): the wait for iteration ``k + 1``'s tiles and the block-wide barrier move from the top of
 iteration ``k + 1`` to just before the mma.sync of iteration ``k``'s last k step, whose operands are already in
 registers, and the first k step's fragments of iteration ``k + 1`` load while those mma.sync run. The barrier no
-longer stands between a warp's last mma.sync of one iteration and its first of the next. cp.async rings then wait
-with ``wait_group S-3`` (the group of the iteration in progress is committed at its end), so they need S >= 3;
-loops that mix TMA and cp.async commit an iteration's group when its prefetch is issued and wait with S-2.
+longer stands between a warp's last mma.sync of one iteration and its first of the next. The ring then waits with
+``wait_group S-3`` (the group of the iteration in progress is committed at its end), so it needs S >= 3. Measured
+on an H200 (benchmarks/RESULTS.md, ninth session): +4-23% where every copy moves whole 16-byte chunks; where a
+tensor's rows are not 16-byte multiples the copies go element by element after the math, and only the last k
+step's mma.sync were left to hide them (-47%), so those loops do not carry; nor do loops fed by TMA (mma.sync
+pinned on sm_90a), where it measured from +5% to -10%.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import BinaryOp, Op, OpKind, Value
+from ..ir import BinaryOp, Block, Op, OpKind, Value
 from ..ir.rewrite import reads, use_counts
 from .. import dtypes as D
 from .. import knobs
@@ -119,32 +122,26 @@ def _rematerialize(em: Emitter, v: Value, body_ops: dict[int, Op], iv_id: int, i
 
 
 class FragmentCarry:
-    """An mma.sync gemm's first fragments loaded one iteration early (module docstring).
+    """An mma.sync gemm's first fragments loaded one iteration early (module docstring), in a cp.async ring whose
+    slots read are ``rd[load id]`` (a variable rotated at the end of each iteration) over ``stages`` slots. Past
+    the last iteration the wait, the barrier and the loads still run (uniformly, reading a stale slot): no branch
+    in the loop."""
 
-    ``wait(first)`` emits the waits for the tiles of iteration 0 (``first``) or of the iteration after the one in
-    progress; ``places(first)`` gives each pipelined tile's place (``SharedTile.address`` or ``slot``) in that
-    iteration. Past the last iteration the barrier and the loads still run (uniformly, reading a stale slot, no
-    branch in the loop); only an mbarrier wait, which would never complete, is skipped there.
-    """
-
-    def __init__(self, em: Emitter, gemm: Op, payload, piped: list[Op], wait: Callable[[bool], None],
-                 places: Callable[[bool], dict[int, tuple[str, str]]]) -> None:
-        self.em, self.gemm, self.payload, self.piped = em, gemm, payload, piped
-        self.wait, self.places = wait, places
+    def __init__(self, em: Emitter, gemm: Op, payload, piped: list[Op], rd: dict[int, str], stages: int) -> None:
+        self.em, self.gemm, self.payload, self.piped, self.rd, self.stages = em, gemm, payload, piped, rd, stages
 
     def _load(self, first: bool) -> None:
-        em = self.em
-        self.wait(first)
+        em, stages = self.em, self.stages
+        em.line(f"tj_cp_async_wait<{stages - 2 if first else stages - 3}>();")
         em.barrier("its tiles landed for every thread" + ("" if first else ", and everyone is done with this slot"))
-        saved = {}
-        for load in self.piped:
-            tile = em.shared[load.result.id]
-            saved[load.result.id] = (tile.address, tile.slot)
-            field, value = self.places(first)[load.result.id]
-            setattr(tile, field, value)
+        for load in self.piped:  # the slot of the iteration after the one in progress
+            tile, r = em.shared[load.result.id], self.rd[load.result.id]
+            last = tile.offset + (stages - 1) * tile.layout.stage_bytes
+            tile.address = r if first else (f"({r} == {tile.origin} + {last} ? {tile.origin} + {tile.offset} : "
+                                            f"{r} + {tile.layout.stage_bytes})")
         self.payload.load_first(em, self.gemm)
         for load in self.piped:
-            em.shared[load.result.id].address, em.shared[load.result.id].slot = saved[load.result.id]
+            em.shared[load.result.id].address = self.rd[load.result.id]
 
     def prologue(self) -> None:
         """Before the loop: the carried fragments, and iteration 0's first k step in them."""
@@ -158,13 +155,20 @@ class FragmentCarry:
         self._load(first=False)
 
 
-def _carried_gemm(body, piped: list[Op], stages: int, ring: bool):
-    """The gemm of a pipelined loop body and its lowering, when its fragments can be carried across iterations
-    (``FragmentCarry``): the body's one gemm, reading two pipelined tiles that nothing else in the body reads,
-    on a lowering that carries (``MmaSync.carries``); cp.async rings need 3 stages or more. Else None."""
+def _carried_gemm(em: Emitter, body, piped: list[Op], stages: int):
+    """The gemm of a cp.async ring's body and its lowering, when its fragments can be carried across iterations
+    (``FragmentCarry``): 3 stages or more; the body's one gemm, reading two pipelined tiles that nothing else in
+    the body reads, of tensors whose rows are whole 16-byte chunks (the specialization says so: the copies never
+    go element by element); a lowering that carries (``MmaSync.carries``). Else None."""
     gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
-    if len(gemms) != 1 or gemms[0] not in body.ops or (ring and stages < 3) or not knobs.mma_overlap():
+    if len(gemms) != 1 or gemms[0] not in body.ops or stages < 3 or not knobs.mma_overlap():
         return None
+    specs = em.fn.attrs.get("tensor_specs", {})
+    for load in piped:
+        tensor = load.operands[0]
+        spec = specs.get(tensor.name) if tensor.owner is None or isinstance(tensor.owner, Block) else None
+        if spec is None or not (spec.aligned16 and spec.strides16 and spec.rank - 1 in spec.unit_stride_dims):
+            return None
     gemm = gemms[0]
     ids = {load.result.id for load in piped}
     if not all(v.id in ids for v in gemm.operands[:2]):
@@ -315,30 +319,11 @@ def _for(em: Emitter, op: Op) -> None:
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
     if piped and phase is None:
         em.line("int tj_it = 0;")
-    carried_gemm = _carried_gemm(body, piped, stages, ring) \
-        if piped and phase is None and not producer and not in_flight and late is None else None
+    carried_gemm = _carried_gemm(em, body, piped, stages) \
+        if ring and phase is None and not in_flight and late is None else None
     carry = None
     if carried_gemm is not None:
-        def wait(first: bool) -> None:
-            it, exists = ("0", in_range(lo)) if first else ("(tj_it + 1)", in_range(f"({em.name(iv)} + {step})"))
-            if per_thread:  # a ring commits the iteration's group at its end, a loop with TMA in its prefetch
-                em.line(f"tj_cp_async_wait<{stages - 2 if first or not ring else stages - 3}>();")
-            if tma:
-                em.line(f"if ({exists}) tj_mbar_wait({full} + 8 * ({it} % {stages}), ({it} / {stages}) & 1);")
-
-        def places(first: bool) -> dict[int, tuple[str, str]]:
-            out = {}
-            for load in piped:
-                tile = em.shared[load.result.id]
-                if ring:
-                    r, last = rd[load.result.id], tile.offset + (stages - 1) * tile.layout.stage_bytes
-                    out[load.result.id] = ("address", r if first else f"({r} == {tile.origin} + {last} ? "
-                                           f"{tile.origin} + {tile.offset} : {r} + {tile.layout.stage_bytes})")
-                else:
-                    out[load.result.id] = ("slot", "0" if first else f"((tj_it + 1) % {stages})")
-            return out
-
-        carry = FragmentCarry(em, *carried_gemm, piped, wait, places)
+        carry = FragmentCarry(em, *carried_gemm, piped, rd, stages)
         carry.prologue()
     # a pingpong group's programs take turns on the ring with the other group's: the slot before this program's
     # first is another group's to release, and this program's last is released here, after the loop
@@ -357,10 +342,10 @@ def _for(em: Emitter, op: Op) -> None:
         if piped:
             if carry is not None:
                 em.line("// this iteration's tiles landed, and the slot refilled next was released, in the last one")
-            if per_thread and carry is None:
+            elif per_thread:
                 em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
                 em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
-            if tma and carry is None:
+            if tma:
                 em.line(("if (tid == 0) " if tmem else "")
                         + f"tj_mbar_wait({full} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
                         + "  // TMA tiles landed")
