@@ -158,8 +158,9 @@ class FragmentCarry:
 def _carried_gemm(em: Emitter, body, piped: list[Op], stages: int):
     """The gemm of a cp.async ring's body and its lowering, when its fragments can be carried across iterations
     (``FragmentCarry``): 3 stages or more; the body's one gemm, reading two pipelined tiles that nothing else in
-    the body reads, of tensors whose rows are whole 16-byte chunks (the specialization says so: the copies never
-    go element by element); a lowering that carries (``MmaSync.carries``). Else None."""
+    the body reads, of tensors 16-byte aligned with 16-byte strides (the specialization says so; their copies go
+    element by element only where an extent is not a multiple of 16 bytes either, e.g. a narrowed view); a
+    lowering that carries (``MmaSync.carries``). Else None."""
     gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
     if len(gemms) != 1 or gemms[0] not in body.ops or stages < 3 or not knobs.mma_overlap():
         return None
