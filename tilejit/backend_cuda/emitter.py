@@ -363,6 +363,12 @@ class Emitter:
         hook, self.overlap_hook = self.overlap_hook, None
         return hook
 
+    def run_overlap_hook(self) -> int | None:
+        """Emit that work here, if there is any (taken once); what the hook returns (a deferred gemm's pending
+        wgmma groups), else None."""
+        hook = self.take_overlap_hook()
+        return hook() if hook is not None else None
+
     def fresh(self, base: str) -> str:
         self.counter += 1
         return f"{base}{self.counter}"

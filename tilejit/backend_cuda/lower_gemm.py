@@ -131,7 +131,7 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         if carry is None:
             self._declare_fragments(em, op, layout, sa, sb)
         else:  # the fragments live across the loop's iterations; step 0's are loaded (lower_loops.FragmentCarry)
-            em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+            self._bases(em, sa, sb)
         if self.tf32x3:
             em.line(f"unsigned tj_al[2][{tm}][{self.a_regs}], tj_bl[2][{tn}][{self.b_regs}];")
         steps = k // self.k_atom
@@ -142,17 +142,13 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
                     f"tj_h[i] = (unsigned){name}[2 * i].bits | ((unsigned){name}[2 * i + 1].bits << 16);")
         if carry is None:
             self._load_fragments(em, op, layout, sa, sb, 0, 0)
-            hook = em.take_overlap_hook()
-            if hook is not None:
-                hook()
+            em.run_overlap_hook()
         acc_type = c_type(out.dtype)
         for kk in range(steps):
             if kk + 1 < steps:
                 self._load_fragments(em, op, layout, sa, sb, kk + 1, (kk + 1) % 2)
             if kk == 0 and carry is not None:  # the loop's prefetch, after step 1's fragment loads
-                hook = em.take_overlap_hook()
-                if hook is not None:
-                    hook()
+                em.run_overlap_hook()
             if kk == steps - 1 and carry is not None:
                 carry.next_iteration()
             em.line("#pragma unroll")
@@ -198,15 +194,19 @@ TJ_DEVICE void {name}({cd}& d0, {cd}& d1, {cd}& d2, {cd}& d3,
         """Step 0's fragments into buffer 0, from the slots the operands' shared tiles point at now."""
         sa, sb = em.shared[op.operands[0].id], em.shared[op.operands[1].id]
         em.open("")
-        em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
+        self._bases(em, sa, sb)
         self._load_fragments(em, op, op.result.type.layout, sa, sb, 0, 0)
         em.close()
 
     def _declare_fragments(self, em: Emitter, op: Op, layout: MmaLayout, sa, sb) -> None:
         """The operands' shared addresses and the double-buffered fragment registers."""
-        tm, tn = layout.atoms
+        self._bases(em, sa, sb)
+        self.declare_carried(em, op)
+
+    @staticmethod
+    def _bases(em: Emitter, sa, sb) -> None:
+        """``tj_a`` / ``tj_b``: the operands' shared addresses (the slots read now) the fragment loads count from."""
         em.line(f"const unsigned tj_a = {sa.base()}, tj_b = {sb.base()};")
-        em.line(f"unsigned tj_af[2][{tm}][{self.a_regs}], tj_bf[2][{tn}][{self.b_regs}];")
 
     def _a_fragment(self, op: Op, fa: str, buf: int, kk: int) -> list[str]:
         """The A registers of k step ``kk`` of m16 atom ``tj_am`` (a loop variable of the issuing code)."""

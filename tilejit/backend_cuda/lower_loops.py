@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import BinaryOp, Block, Op, OpKind, Value
+from ..ir import BinaryOp, Op, OpKind, Value
 from ..ir.rewrite import reads, use_counts
 from .. import dtypes as D
 from .. import knobs
 from ..target import REGISTRY
+from ..passes.copies import load_spec
 from ..passes.pipeline import (PRODUCER_THREADS, bounds_slice, compared_slice, deferred_gemm, in_flight_gemms,
                                multicast_loads, producer_slice)
 from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
@@ -164,11 +165,9 @@ def _carried_gemm(em: Emitter, body, piped: list[Op], stages: int):
     gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
     if len(gemms) != 1 or gemms[0] not in body.ops or stages < 3 or not knobs.mma_overlap():
         return None
-    specs = em.fn.attrs.get("tensor_specs", {})
     for load in piped:
-        tensor = load.operands[0]
-        spec = specs.get(tensor.name) if tensor.owner is None or isinstance(tensor.owner, Block) else None
-        if spec is None or not (spec.aligned16 and spec.strides16 and spec.rank - 1 in spec.unit_stride_dims):
+        spec = load_spec(em.fn, load)
+        if spec is None or not spec.chunks16():
             return None
     gemm = gemms[0]
     ids = {load.result.id for load in piped}
@@ -408,14 +407,12 @@ def _for(em: Emitter, op: Op) -> None:
                 em.overlap_hook = prefetch
                 em.fragment_carry = carry
                 if not any(o.kind is OpKind.GEMM for o in body.ops):
-                    em.take_overlap_hook()()
+                    em.run_overlap_hook()
         for inner in body.ops[:-1]:
             if late is not None and late.skips(inner):
                 continue
             RULES[inner.kind](em, inner)
-        hook = em.take_overlap_hook()
-        if hook is not None:
-            hook()
+        em.run_overlap_hook()
         if late is not None:
             late.end_iteration()
         for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
@@ -575,9 +572,7 @@ class Deferred:
 
     def settle(self) -> None:
         em = self.em
-        hook = em.take_overlap_hook()
-        if hook is not None:  # no gemm took it (the first gemm lowered otherwise): issue here, no overlap
-            hook()
+        em.run_overlap_hook()  # no gemm took it (the first gemm lowered otherwise): issue here, no overlap
         em.line("// the previous iteration's last gemm is complete: its accumulator is read next")
         self._wait_and_release()
         self.settled = True

@@ -270,9 +270,7 @@ class Tcgen05:
             return
         em.line("tj_tc_commit(tj_tc_bar);")
         em.close()
-        hook = em.take_overlap_hook()
-        if hook is not None:
-            hook()  # e.g. the next tiles' copies, while the tensor cores work
+        em.run_overlap_hook()  # e.g. the next tiles' copies, while the tensor cores work
         em.line("tj_mbar_wait(tj_tc_bar, tj_tc_phase);")
         em.line("tj_tc_phase ^= 1;")
         em.line("tj_tc_fence_after();")

@@ -137,8 +137,7 @@ def box_of(op: Op, lay: SharedLayout) -> tuple[int, ...]:
 def _tensor_ok(q: CopyQuery, target: Target) -> bool:
     s = q.spec
     rank = q.op.operands[0].type.rank
-    return (s is not None and s.aligned16 and s.strides16 and (rank - 1) in s.unit_stride_dims
-            and 2 <= rank <= 5)
+    return s is not None and s.chunks16() and 2 <= rank <= 5
 
 
 def _tile_ok(q: CopyQuery, target: Target) -> bool:

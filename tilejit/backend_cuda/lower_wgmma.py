@@ -230,9 +230,8 @@ class Wgmma:
                 ring.release()
             em.close()
             return
-        hook = em.take_overlap_hook()
         # e.g. the next tiles' cp.async while the tensor cores work; a deferred gemm's issue leaves its group pending
-        pending = (hook() if hook is not None else None) or 0
+        pending = em.run_overlap_hook() or 0
         wait_group(em, pending, d_name, d_regs, integer or f16_acc)
         if f16_acc:
             em.line("#pragma unroll")

@@ -16,6 +16,11 @@ class TensorSpec:
     strides16: bool = False                  # every non-unit stride is a multiple of 16 bytes (TMA's rule)
     shape_constants: tuple[tuple[int, int], ...] = ()  # (dim, size) pairs the kernel needs at compile time
 
+    def chunks16(self) -> bool:
+        """Whether windows along the last dim are whole 16-byte chunks as far as the specialization knows: the data
+        16-byte aligned, unit stride in the last dim, every other stride a multiple of 16 bytes (TMA's rule)."""
+        return self.aligned16 and self.strides16 and self.rank - 1 in self.unit_stride_dims
+
 
 @dataclass(frozen=True)
 class TensorListSpec:
