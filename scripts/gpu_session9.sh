@@ -1,10 +1,20 @@
 # The ninth session's GPU checks (device tool, repository root); logs under $OUT.
 # PART=probe80: the sm_80 path (issue 15) pinned on this GPU: TFLOP/s per config in plain and warp-specialized
-# mode next to cuBLAS, then ncu of two configs (CONFIGS80 / NCU80 override the lists).
+# mode next to cuBLAS, then ncu of two configs (CONFIGS80 / NCU80 override the lists). Every other part says what
+# it runs beside its `if`.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TILEJIT_CACHE_DIR=/tmp/tjc9
 python3 -m compileall -q tilejit benchmarks >/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 NCU=/usr/local/cuda/bin/ncu
+gpu_suite() {  # the whole GPU suite, its failures and count
+  (cd tests && timeout ${T_TESTS:-420} python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
+  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
+}
+sm80_matmul() {  # the sm_80 path tuned next to the native kernel and cuBLAS (dtypes: $1)
+  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes $1 --shapes 4096x4096x4096,8192x8192x8192 \
+    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
+  echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+}
 if [ "${PART:-probe80}" = probe80 ]; then
   export TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16
   timeout ${T_CONFIGS:-300} python3 -m benchmarks.configs --no-tuned --dtype bf16 \
@@ -63,61 +73,9 @@ if [ "${PART}" = ceiling80 ]; then  # the sm_80 path's best configs, cuBLAS and 
     ${CONFIGS80:-128x128x64w4s3 128x256x64w8s3 128x256x32w8s3} 2>&1 | tee $OUT/ceiling80.log
 fi
 if [ "${PART}" = verify9 ]; then  # the whole GPU suite, then the sm_80 path tuned next to the native kernel and cuBLAS
-  if [ -z "${SKIP_TESTS}" ]; then
-    (cd tests && timeout ${T_TESTS:-400} python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
-    echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -2 $OUT/gpu_suite.log
-  fi
+  [ -z "${SKIP_TESTS}" ] && gpu_suite
   python3 scripts/mma_ceiling.py | tee $OUT/ceiling.log
-  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16 --shapes ${SHAPES9:-4096x4096x4096,8192x8192x8192} \
-    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
-  echo "matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
-fi
-if [ "${PART}" = stress_sk ]; then  # the stream-K fix-up under repetition, alone and beside the GPU suite's stream-K tests
-  timeout 120 python3 scripts/stream_k_stress.py --launches 400 2>&1 | tail -15
-  timeout 60 python3 scripts/stream_k_stress.py 128 4096 4096 128 128 64 4 4 --launches 300 2>&1 | tail -5
-  (cd tests && for i in 1 2 3; do timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_stream_k.py gpu/test_gpu_split_k.py 2>&1 | tail -3; done)
-fi
-if [ "${PART}" = stress_sk2 ]; then  # the stress launches while other processes run GPU tests beside them
-  (cd tests && timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_split_k.py \
-     gpu/test_gpu_stream_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py > $OUT/beside.log 2>&1) &
-  sleep 8
-  timeout 140 python3 scripts/stream_k_stress.py --launches 1500 2>&1 | tail -12 &
-  timeout 140 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3000 2>&1 | tail -12
-  wait
-  tail -3 $OUT/beside.log
-fi
-if [ "${PART}" = stress_sk3 ]; then  # is a partial-sum slot read before it is written? (alone: no other process)
-  timeout 60 python3 scripts/stream_k_stress.py --launches 200 --poison-workspace 2>&1 | tail -6
-  timeout 60 python3 scripts/stream_k_stress.py --launches 200 --fresh-workspace 2>&1 | tail -6
-  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 300 --poison-workspace 2>&1 | tail -6
-  timeout 60 python3 scripts/stream_k_stress.py 128 4096 4096 128 128 64 4 4 --launches 200 --poison-workspace 2>&1 | tail -6
-fi
-if [ "${PART}" = stress_sk4 ]; then  # first launches beside other processes: own cache dir, other kernels beside
-  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_warp_specialize.py \
-     gpu/test_gpu_pingpong.py gpu/test_gpu_kernels.py > $OUT/beside.log 2>&1) &
-  sleep 10
-  for i in 1 2 3 4; do
-    TILEJIT_CACHE_DIR=/tmp/tjc_own$i timeout 60 python3 scripts/stream_k_stress.py --launches 20 2>&1 | tail -3 &
-  done
-  wait
-  for i in 1 2 3 4; do  # the same, the cache now warm (loaded from disk, no compile)
-    TILEJIT_CACHE_DIR=/tmp/tjc_own$i timeout 60 python3 scripts/stream_k_stress.py --launches 20 2>&1 | tail -3 &
-  done
-  (cd tests && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 gpu/test_gpu_kernels.py > /dev/null 2>&1) &
-  wait
-  tail -2 $OUT/beside.log
-fi
-if [ "${PART}" = stress_sk5 ]; then  # first launches beside the stream-K tests compiling the same kernels (shared cache)
-  export TILEJIT_CACHE_DIR=/tmp/tjc_shared5
-  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_stream_k.py > $OUT/beside.log 2>&1) &
-  sleep 6
-  for i in 1 2 3; do
-    timeout 80 python3 scripts/stream_k_stress.py --launches 30 2>&1 | tail -6 &
-    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 30 2>&1 | tail -6 &
-    sleep 3
-  done
-  wait
-  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
+  sm80_matmul bf16
 fi
 if [ "${PART}" = attn80 ]; then  # attention on the sm_80 path: backward config candidates, then the forward
   timeout 330 python3 scripts/attention_sm80.py > $OUT/attn80_bwd.log 2>&1
@@ -127,27 +85,10 @@ if [ "${PART}" = attn80 ]; then  # attention on the sm_80 path: backward config 
   echo "fwd rc=$?"; grep "^|" $OUT/attn80_fwd.log
 fi
 if [ "${PART}" = final9 ]; then  # the whole GPU suite; the sm_80 path next to the native kernel; the fp16 sweep
-  (cd tests && timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
-  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
-  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16,fp16 --shapes 4096x4096x4096,8192x8192x8192 \
-    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
-  echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+  gpu_suite
+  sm80_matmul bf16,fp16
   timeout 450 python3 -m benchmarks.matmul --dtypes fp16 --out $OUT/sweep --no-append --budget-s 330 > $OUT/sweep.log 2>&1
   echo "sweep rc=$?"; grep "^|" $OUT/sweep.log
-fi
-if [ "${PART}" = prefetch ]; then  # TMA descriptor prefetch: the GPU tests of TMA kernels, then A/B against tmp_base/
-  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_warp_specialize.py \
-    gpu/test_gpu_kernels.py gpu/test_gpu_pingpong.py gpu/test_gpu_split_k.py gpu/test_gpu_cluster.py 2>&1 | tail -2)
-  for round in 1 2; do
-    for side in base new; do
-      if [ $side = base ]; then PP=$PWD/tmp_base:$PWD; else PP=$PWD; fi
-      PYTHONPATH=$PP TILEJIT_CACHE_DIR=/tmp/tjc_$side timeout 150 python3 -m benchmarks.configs --no-tuned --dtype fp16 \
-        --shapes 512x512x512,1024x1024x1024,128x4096x4096,1x4096x4096,4096x4096x4096 \
-        --configs 64x64x64w4s12,64x128x64w4s4,128x256x64w8s4 --modes ws,persistent --out $OUT/pf_${side}_$round \
-        > $OUT/pf_${side}_$round.log 2>&1
-      echo "== $side round $round rc=$?"; grep "^| [0-9]" $OUT/pf_${side}_$round.log | cut -d'|' -f2-6 | tr '\n' ';' | head -c 2500; echo
-    done
-  done
 fi
 if [ "${PART}" = h100_80 ]; then  # issue 15's measurement on the GPU it names: ceiling, clocks, the tuned sm_80 path
   python3 scripts/mma_ceiling.py
@@ -155,64 +96,9 @@ if [ "${PART}" = h100_80 ]; then  # issue 15's measurement on the GPU it names: 
     256x128x64w8s3 2>&1 | tee $OUT/clock80_tma.log
   TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 TILEJIT_COPY_LOWERING=cp_async timeout 150 python3 scripts/clock_probe.py \
     mma80 128x128x64w4s3 256x128x64w8s3 2>&1 | tail -4 | tee $OUT/clock80_cp_async.log
-  timeout 300 python3 -m benchmarks.matmul --sm80-path --dtypes bf16 --shapes 4096x4096x4096,8192x8192x8192 \
-    --out $OUT/sm80_matmul --no-append --budget-s 240 > $OUT/sm80_matmul.log 2>&1
-  echo "sm80 matmul rc=$?"; grep "^|" $OUT/sm80_matmul.log
+  sm80_matmul bf16
 fi
-if [ "${PART}" = stress_sk6 ]; then  # the stress-2 scene: kernels loaded from a warm shared cache while the stream-K tests run
-  export TILEJIT_CACHE_DIR=/tmp/tjc_shared6
-  timeout 60 python3 scripts/stream_k_stress.py --launches 5 2>&1 | tail -1
-  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 5 2>&1 | tail -1
-  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 gpu/test_gpu_stream_k.py \
-     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
-  sleep 8
-  for i in 1 2 3; do
-    timeout 80 python3 scripts/stream_k_stress.py --launches 40 2>&1 | grep -v "^0 bad" &
-    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 40 2>&1 | grep -v "^0 bad" &
-    sleep 2
-  done
-  wait
-  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
-fi
-if [ "${PART}" = stress_sk7 ]; then  # stress-6's scene, the first launch after: a preallocated workspace / a sync
-  export TILEJIT_CACHE_DIR=/tmp/tjc_shared7
-  timeout 60 python3 scripts/stream_k_stress.py --launches 3 2>&1 | tail -1
-  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3 2>&1 | tail -1
-  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 10 gpu/test_gpu_stream_k.py \
-     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
-  sleep 8
-  for mode in --preallocate --sync-first ""; do
-    for i in 1 2; do
-      timeout 80 python3 scripts/stream_k_stress.py --launches 10 $mode 2>&1 | grep -E "bad|counters" | sed "s/^/[$mode] /" &
-      timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 10 $mode 2>&1 | grep -E "bad|counters" | sed "s/^/[$mode] /" &
-    done
-    sleep 1
-  done
-  wait
-  tail -1 $OUT/beside.log
-fi
-if [ "${PART}" = stress_sk8 ]; then  # stress-7's scene after the fix (the workspace zeroed on the launch stream)
-  export TILEJIT_CACHE_DIR=/tmp/tjc_shared8
-  timeout 60 python3 scripts/stream_k_stress.py --launches 3 2>&1 | tail -1
-  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3 2>&1 | tail -1
-  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 10 gpu/test_gpu_stream_k.py \
-     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
-  sleep 8
-  for i in 1 2 3 4; do
-    timeout 80 python3 scripts/stream_k_stress.py --launches 10 2>&1 | grep -E "bad|counters" &
-    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 10 2>&1 | grep -E "bad|counters" &
-    sleep 1
-  done
-  wait
-  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
-  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_stream_k.py \
-     gpu/test_gpu_split_k.py gpu/test_gpu_warp_specialize.py gpu/test_gpu_pingpong.py gpu/test_autotune_gpu.py \
-     gpu/test_runtime_gpu.py 2>&1 | tail -2)
-fi
-if [ "${PART}" = suite ]; then  # the whole GPU suite
-  (cd tests && timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
-  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
-fi
+if [ "${PART}" = suite ]; then gpu_suite; fi
 if [ "${PART}" = ragged ]; then  # the carry on sm_90a's own mma.sync loops (ragged shapes: TMA and cp.async mixed)
   for round in 1 2; do
     for overlap in 1 0; do
@@ -228,4 +114,27 @@ if [ "${PART}" = ragged2 ]; then  # after the mixed-loop wait fix: the ragged A/
   (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_sm80_path.py \
     gpu/test_gpu_mma_register_a.py gpu/test_gpu_wgmma_swizzle.py gpu/test_gpu_kernels.py gpu/test_gpu_corners.py \
     gpu/test_gpu_dtypes.py 2>&1 | tail -2)
+fi
+if [ "${PART}" = stress_sk ]; then  # the stream-K fix-up alone: repeated launches, the workspace poisoned or fresh
+  for flags in "" --poison-workspace --fresh-workspace; do
+    timeout 60 python3 scripts/stream_k_stress.py --launches 200 $flags 2>&1 | tail -3
+    timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 200 $flags 2>&1 | tail -3
+  done
+fi
+if [ "${PART}" = stress_shared ]; then  # first launches from a warm shared cache while the stream-K tests run beside
+  # them: the scene that found the workspace's zero fill on another stream (STRESS_FLAGS: --preallocate, ...)
+  export TILEJIT_CACHE_DIR=/tmp/tjc_shared
+  timeout 60 python3 scripts/stream_k_stress.py --launches 3 2>&1 | tail -1
+  timeout 60 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 3 2>&1 | tail -1
+  (cd tests && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 10 gpu/test_gpu_stream_k.py \
+     gpu/test_gpu_split_k.py > $OUT/beside.log 2>&1) &
+  sleep 8
+  for i in 1 2 3 4; do
+    timeout 80 python3 scripts/stream_k_stress.py --launches 10 $STRESS_FLAGS 2>&1 | grep -E "bad|counters" &
+    timeout 80 python3 scripts/stream_k_stress.py 1100 520 320 128 256 64 8 4 --launches 10 $STRESS_FLAGS 2>&1 \
+      | grep -E "bad|counters" &
+    sleep 1
+  done
+  wait
+  grep -E "^FAILED" $OUT/beside.log; tail -1 $OUT/beside.log
 fi
