@@ -43,6 +43,7 @@ MODES = {"off": {}, "ws": {"warp_specialize": True}, "persistent": {"persistent"
          "pingpong": {"pingpong": True}}
 MODES.update({f"{name}-c2": {**options, "cluster": 2} for name, options in list(MODES.items()) if options})
 MODES["stream-k"] = {"stream_k": True}  # persistent, the last waves' tiles shared out as K iterations
+MODES.update({f"split-k{n}": {"split_k": n} for n in (2, 4)})  # each tile's K loop cut over a cluster of n programs
 
 
 def _problem(dtype_name: str, m: int, n: int, k: int):
