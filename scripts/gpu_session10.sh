@@ -30,3 +30,14 @@ if [ "${PART}" = clusters ]; then  # clusters of 2 (TMA multicast) where the L2 
     64x128x64w4s4,128x64x64w4s4,128x128x64w4s4,128x128x64w8s4,64x64x64w4s8 ws,ws-c2,persistent,persistent-c2
   configs k1024b 8192x8192x1024 128x256x64w8s4,128x192x64w8s4 persistent,ws
 fi
+if [ "${PART}" = ncu ]; then  # where the time goes: tilejit next to cuBLAS under ncu on the weak shapes (CASES)
+  for case in ${CASES:-fp16:1024x1024x1024:64x128x64w4s4:ws fp16:128x11008x4096:128x128x64w4s4:ws fp16:1x4096x4096:64x64x128w4s6:sk2}; do
+    name=$(echo $case | cut -d: -f2)
+    timeout 150 $NCU -k regex:"tj_|nvjet|xmma|sm90|gemv|gemm" --section SpeedOfLight --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+      --metrics dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,sm__cycles_active.avg,gpc__cycles_elapsed.max \
+      python3 scripts/ncu_compare.py $case > $OUT/ncu_$name.log 2>&1
+    echo "== ncu $case rc=$?"
+    grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Elapsed Cycles|SM Frequency|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Grid Size|Block Size|Cluster Size|Registers Per|Dynamic Shared|Warp Cycles Per Issued|dram__bytes|lts__t_sectors|sm__cycles_active|Achieved Occupancy|Mem Busy|Max Bandwidth|L2 Hit" $OUT/ncu_$name.log | sed 's/  */ /g'
+  done
+fi

@@ -1,31 +1,52 @@
 """tilejit against cuBLAS on the same problems, for ncu (each launched twice; profile the second of each):
 
     ncu -k regex:"tj_|nvjet|xmma" --section SpeedOfLight --section ComputeWorkloadAnalysis \
-        --section WarpStateStats --section LaunchStats python scripts/ncu_compare.py
+        --section WarpStateStats --section LaunchStats python scripts/ncu_compare.py [CASE ...]
 
-Cases: tf32 4096^3 with B given N x K (tilejit persistent 128x256x32 w8 s4, then cuBLAS tf32), fp16 4096^3
-(tilejit persistent 256x128x64 w8 s4, then cuBLAS)."""
+A CASE is ``DTYPE:MxNxK:BMxBNxBKwWsS[:OPTION...]`` with DTYPE fp16, bf16 or tf32nt (float32, B given N x K) and
+options among ``ws``, ``persistent``, ``pingpong``, ``c2`` (a cluster of 2), ``sk2`` / ``sk4`` (split-K). Without
+cases: tf32 4096^3 with B given N x K (tilejit persistent 128x256x32 w8 s4, then cuBLAS tf32) and fp16 4096^3
+(tilejit persistent 256x128x64 w8 s4, then cuBLAS).
+"""
+import re
+import sys
+
 import torch
 
 import tilejit
 from benchmarks.kernels import matmul, tf32_mm_nt
 
-torch.backends.cuda.matmul.allow_tf32 = True
-n = 4096
-a32 = torch.randn(n, n, device="cuda")
-bt32 = torch.randn(n, n, device="cuda")
-c32 = torch.empty(n, n, device="cuda")
-kw = dict(BM=128, BN=256, BK=32, num_warps=8, num_stages=4, persistent=True)
-for _ in range(2):
-    tf32_mm_nt.kernel[(tilejit.cdiv(n, 128) * tilejit.cdiv(n, 256),)](a32, bt32, c32, **kw)
-for _ in range(2):
-    torch.mm(a32, bt32.t())
-a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-c = torch.empty(n, n, device="cuda", dtype=torch.float16)
-kw = dict(BM=256, BN=128, BK=64, num_warps=8, num_stages=4, persistent=True)
-for _ in range(2):
-    matmul.kernel[(tilejit.cdiv(n, 256) * tilejit.cdiv(n, 128),)](a, b, c, **kw)
-for _ in range(2):
-    torch.mm(a, b)
+DEFAULT_CASES = ["tf32nt:4096x4096x4096:128x256x32w8s4:persistent", "fp16:4096x4096x4096:256x128x64w8s4:persistent"]
+OPTIONS = {"ws": {"warp_specialize": True}, "persistent": {"persistent": True}, "pingpong": {"pingpong": True},
+           "c2": {"cluster": 2}, "sk2": {"split_k": 2}, "sk4": {"split_k": 4}}
+
+
+def run_case(case: str) -> None:
+    dtype_name, shape, config, *options = case.split(":")
+    m, n, k = (int(x) for x in shape.split("x"))
+    bm, bn, bk, warps, stages = (int(g) for g in re.match(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)$", config).groups())
+    kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    for option in options:
+        kw.update(OPTIONS[option])
+    grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
+    if dtype_name == "tf32nt":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        a, bt = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        c = torch.empty(m, n, device="cuda")
+        for _ in range(2):
+            tf32_mm_nt.kernel[grid](a, bt, c, **kw)
+        for _ in range(2):
+            torch.mm(a, bt.t())
+        return
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.empty(m, n, device="cuda", dtype=dtype)
+    for _ in range(2):
+        matmul.kernel[grid](a, b, c, **kw)
+    for _ in range(2):
+        torch.mm(a, b)
+
+
+for spec in sys.argv[1:] or DEFAULT_CASES:
+    run_case(spec)
 torch.cuda.synchronize()
