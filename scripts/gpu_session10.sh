@@ -41,3 +41,6 @@ if [ "${PART}" = ncu ]; then  # where the time goes: tilejit next to cuBLAS unde
     grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|Elapsed Cycles|SM Frequency|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Grid Size|Block Size|Cluster Size|Registers Per|Dynamic Shared|Warp Cycles Per Issued|dram__bytes|lts__t_sectors|sm__cycles_active|Achieved Occupancy|Mem Busy|Max Bandwidth|L2 Hit" $OUT/ncu_$name.log | sed 's/  */ /g'
   done
 fi
+if [ "${PART}" = events ]; then  # event time against kernel duration, tilejit and cuBLAS (scripts/kernel_vs_event.py)
+  timeout 200 python3 scripts/kernel_vs_event.py ${CASES} 2>&1 | tee $OUT/kernel_vs_event.log | grep -v Warning
+fi
