@@ -44,3 +44,9 @@ fi
 if [ "${PART}" = events ]; then  # event time against kernel duration, tilejit and cuBLAS (scripts/kernel_vs_event.py)
   timeout 200 python3 scripts/kernel_vs_event.py ${CASES} 2>&1 | tee $OUT/kernel_vs_event.log | grep -v Warning
 fi
+if [ "${PART}" = deep ]; then  # deeper rings where K is short or the operand stream is the limit
+  configs deep_small 1024x1024x1024,512x512x512 64x128x64w4s8,128x64x64w4s8,64x128x64w4s4,64x64x64w4s12 ws,persistent
+  configs deep_m128 128x11008x4096,128x4096x4096,128x4096x11008 \
+    128x128x64w4s6,128x128x64w4s4,128x64x64w4s8,64x128x64w4s8,128x96x64w4s6 ws,persistent
+  configs deep_decode 1x4096x4096,16x11008x4096 64x64x128w4s6,64x128x128w4s4,64x64x256w4s3,64x128x64w4s8 ws,split-k2,split-k4
+fi
