@@ -29,10 +29,14 @@ Shape = tuple[int, int, int]
 
 # Issue 3: the acceptance set (--quick runs only these).
 QUICK_SHAPES: list[Shape] = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (1000, 3000, 777)]
-# Issue 5: squares, LLM projections (decode to prefill M against Llama-7B-like N, K), a ragged shape.
+# Issues 5 and 14: squares, LLM projections (decode to prefill M against the N, K of Llama-7B: attention 4096 x
+# 4096, MLP up 11008 x 4096 and down 4096 x 11008; and of Llama-2-70B: attention output 8192 x 8192, MLP up 28672 x
+# 8192 and down 8192 x 28672), a ragged shape.
+LLAMA_NK: list[tuple[int, int]] = [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192),
+                                   (8192, 28672)]
 SWEEP_SHAPES: list[Shape] = (
     [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
-    + [(m, n, k) for m in (1, 16, 128, 4096) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008))]
+    + [(m, n, k) for m in (1, 16, 128, 4096) for n, k in LLAMA_NK]
     + [(1000, 3000, 777)]
 )
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

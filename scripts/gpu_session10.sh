@@ -50,3 +50,6 @@ if [ "${PART}" = deep ]; then  # deeper rings where K is short or the operand st
     128x128x64w4s6,128x128x64w4s4,128x64x64w4s8,64x128x64w4s8,128x96x64w4s6 ws,persistent
   configs deep_decode 1x4096x4096,16x11008x4096 64x64x128w4s6,64x128x128w4s4,64x64x256w4s3,64x128x64w4s8 ws,split-k2,split-k4
 fi
+if [ "${PART}" = c2skinny ]; then  # clusters of 2 sharing B (multicast) for the M = 128 shapes' deep 64-row rings
+  configs c2skinny 128x4096x4096,128x4096x11008,16x4096x4096 64x64x64w4s12,64x128x64w4s8,128x64x64w4s8 ws,ws-c2,persistent-c2
+fi

@@ -41,10 +41,11 @@ _MATMUL_TILES = [
 
 # (BM, BN, BK, num_warps, num_stages, split_k): the K loop of each output tile cut over a cluster of split_k
 # programs (sm_90+, ``passes/split_k.py``), for problems with fewer output tiles than SMs (M <= 128 LLM shapes,
-# small squares). ``matmul_prune`` keeps them only there.
+# small squares). ``matmul_prune`` keeps them only there. The 8-stage 64x128 one: 1x4096x4096 1.7 TFLOP/s against
+# 1.6 for 4 stages (NVIDIA H200, tenth session).
 _SPLIT_K_TILES = [
     (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 4), (64, 64, 64, 4, 8, 2), (64, 64, 64, 4, 8, 4),
-    (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4),
+    (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (64, 128, 64, 4, 8, 2),
     (128, 64, 64, 4, 4, 2), (128, 64, 64, 4, 4, 4),
     (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 4),
 ]
@@ -59,10 +60,16 @@ _SPLIT_K_TILES = [
 # tiles and long K: measured on an H100 (benchmarks/configs.py, RESULTS.md, eighth session, as corrected in the
 # ninth) against cuBLAS in the same run, 128x4096x4096 188 vs 187 TFLOP/s (12 stages; 160-166 for the 4-stage
 # 64x128 / 128x64 tiles), 128x4096x11008 243 vs 248 (231-234).
+#
+# Deeper rings for the 64x128 / 128x64 (8 stages) and 128x128 (6 stages) tiles, 192 KB each, where the problem is
+# short in K or streams one operand from memory: more bytes in flight per SM (benchmarks/configs.py, RESULTS.md,
+# tenth session, NVIDIA H200, cuBLAS in the same run): 1024^3 64x128 226.0 TFLOP/s persistent (195.1 with 4
+# stages; cuBLAS 224.4), 128x11008x4096 128x128 325.6 (284.0; 329.1), 16x11008x4096 64x128 41.9 (31.4 on an H100
+# with 4 stages; 42.4), 128x4096x4096 128x64 194.8.
 _WARP_SPECIALIZED_TILES = [
     (64, 64, 64, 4, 8), (64, 64, 64, 4, 12),
-    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
-    (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
+    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 8), (128, 64, 64, 4, 8),
+    (128, 128, 64, 4, 4), (128, 128, 64, 4, 6), (128, 128, 64, 8, 4),
     (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
     (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
 ]
@@ -74,7 +81,11 @@ _WARP_SPECIALIZED_TILES = [
 # 505 vs 468). Since the TMA store stages through 128-byte panels (2779cae) the 128x256 / 256x128 tiles keep their
 # 4-deep ring too: 256x128 persistent 679 against 618 plain / 626 warp-specialized at 4096^3, 128x256 on par
 # (648 / 642 / 650); before, they lost 10-15% and were not offered.
-_PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4)]
+# The deep-ring tiles of ``_WARP_SPECIALIZED_TILES`` persistent too (tenth session, above): there the producer
+# fills the next tile's ring during this one's epilogue, which matters where K is short (1024^3: 226.0 persistent
+# against 211.7 warp-specialized for 64x128 s8) and costs nothing where tiles are fewer than SMs.
+_PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4),
+                     (64, 128, 64, 4, 8), (128, 64, 64, 4, 8), (128, 128, 64, 4, 6), (64, 64, 64, 4, 12)]
 
 # (BM, BN, BK, num_warps, num_stages) run with ``pingpong=True`` (persistent, two groups of num_warps math warps
 # taking the walk's programs in turn, one group's epilogue under the other's main loop). Measured on an H100
