@@ -53,3 +53,9 @@ fi
 if [ "${PART}" = c2skinny ]; then  # clusters of 2 sharing B (multicast) for the M = 128 shapes' deep 64-row rings
   configs c2skinny 128x4096x4096,128x4096x11008,16x4096x4096 64x64x64w4s12,64x128x64w4s8,128x64x64w4s8 ws,ws-c2,persistent-c2
 fi
+if [ "${PART}" = sweep ]; then  # the full autotuned sweep (DTYPES, default fp16) against cuBLAS and Triton
+  timeout ${T_SWEEP:-560} python3 -m benchmarks.matmul --dtypes ${DTYPES:-fp16} --out $OUT/sweep --no-append \
+    --budget-s ${BUDGET:-520} > $OUT/sweep.log 2>&1
+  echo "sweep rc=$?"; grep -E "^\||geomean|^# matmul" $OUT/sweep.log
+fi
+if [ "${PART}" = suite ]; then gpu_suite; fi
