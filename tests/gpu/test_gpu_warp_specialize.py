@@ -172,3 +172,35 @@ def test_persistent_3d_grid(batch, m, n, k):
 def test_persistent_fused_epilogue_and_repeated_launches():
     """The same persistent kernel launched many times back to back (the ring's barriers start afresh each launch)."""
     check_linear_relu_launches((2000, 1000, 1000), dict(num_warps=8, num_stages=4, persistent=True), _specialized)
+
+
+def _deep_ring_configs():
+    from tilejit.configs import matmul_configs
+
+    return [c for c in matmul_configs() if c.num_stages > 4 and (c.warp_specialize or c.persistent)]
+
+
+@pytest.mark.parametrize("config", _deep_ring_configs(), ids=lambda c: c.identity.replace(" ", ""))
+@pytest.mark.parametrize("shape", [(1000, 1000, 1000), (128, 4104, 776), (16, 3000, 2056), (1, 520, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_default_deep_rings(dtype, shape, config):
+    """The default space's deep rings (6 to 12 stages, 192 KB of shared memory): K shorter than the ring, K not a
+    multiple of BK, a single row, grids smaller and larger than the GPU."""
+    from benchmarks.kernels import matmul
+
+    m, n, k = shape
+    torch.manual_seed(m + 5 * n + k)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    kw = config.all_kwargs()
+    compiled = matmul.kernel.compile(a, b, c, **kw)
+    _specialized(compiled)
+    assert compiled.meta["spills"] == 0 and compiled.shared_bytes <= 227 * 1024
+    matmul.kernel[(tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)](a, b, c, **kw)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
