@@ -59,3 +59,8 @@ if [ "${PART}" = sweep ]; then  # the full autotuned sweep (DTYPES, default fp16
   echo "sweep rc=$?"; grep -E "^\||geomean|^# matmul" $OUT/sweep.log
 fi
 if [ "${PART}" = suite ]; then gpu_suite; fi
+if [ "${PART}" = thin ]; then  # 16-row tiles (mma.sync on TMA rings, room for deep rings) on decode shapes; K=1024 pingpong rings
+  configs thin 1x4096x4096,16x11008x4096,16x4096x11008,1x8192x28672 \
+    16x128x64w4s11,16x64x64w4s12,16x256x64w4s6,16x128x128w4s6,16x64x128w4s8,64x64x64w4s8 off,split-k2,split-k4
+  configs k1024pp 8192x8192x1024 128x128x64w4s6,64x256x64w4s5,128x128x64w4s4,64x256x64w4s4 pingpong
+fi
