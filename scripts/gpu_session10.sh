@@ -64,3 +64,9 @@ if [ "${PART}" = thin ]; then  # 16-row tiles (mma.sync on TMA rings, room for d
     16x128x64w4s11,16x64x64w4s12,16x256x64w4s6,16x128x128w4s6,16x64x128w4s8,64x64x64w4s8 off,split-k2,split-k4
   configs k1024pp 8192x8192x1024 128x128x64w4s6,64x256x64w4s5,128x128x64w4s4,64x256x64w4s4 pingpong
 fi
+if [ "${PART}" = final10 ]; then  # the new tiles' GPU tests, then the fp16 sweep
+  (cd tests && timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_thin_tiles.py \
+    gpu/test_gpu_warp_specialize.py gpu/test_gpu_split_k.py > $OUT/tests10.log 2>&1)
+  echo "tests rc=$?"; grep -E "^FAILED|^ERROR" $OUT/tests10.log | head; tail -1 $OUT/tests10.log
+  PART=sweep bash scripts/gpu_session10.sh | grep -v "^NVIDIA"
+fi

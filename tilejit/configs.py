@@ -39,6 +39,19 @@ _MATMUL_TILES = [
     (256, 128, 32, 8, 3), (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
 ]
 
+# (BM, BN, BK, num_warps, num_stages, split_k; split_k 1 = not split): 16-row tiles for decode-like problems (M <=
+# 16, ``matmul_prune`` keeps them only there). Under 64 rows the gemm runs on mma.sync (wgmma's smallest M is 64),
+# which is no limit where the time is streaming B; the point is the ring: a 64-row tile spends as much of each
+# stage on A's mostly out-of-bounds rows as on B, a 16-row tile a sixteenth, so the same shared memory keeps 2-4x
+# more of B in flight. Measured (benchmarks/configs.py, RESULTS.md, tenth session, NVIDIA H200, cuBLAS in the same
+# run), against the 64x64x64 s8 tile in the same mode and cuBLAS: 1x4096x4096 17.8 us (16x64x128 s8) against 27.6
+# and 18.5; 1x8192x28672 122.6 (16x64x64 s12) against 197.3 and 118.6; 16x4096x11008 34.9 (16x64x128 s8 split-K
+# 2) against 40.5 and 36.2. The rings here are the deepest that fit the budget.
+_THIN_TILES = [
+    (16, 64, 128, 4, 10, 1), (16, 64, 64, 4, 16, 1), (16, 128, 128, 4, 5, 1), (16, 256, 64, 4, 5, 1),
+    (16, 64, 128, 4, 10, 2), (16, 64, 64, 4, 16, 2), (16, 128, 128, 4, 5, 2), (16, 256, 64, 4, 5, 4),
+]
+
 # (BM, BN, BK, num_warps, num_stages, split_k): the K loop of each output tile cut over a cluster of split_k
 # programs (sm_90+, ``passes/split_k.py``), for problems with fewer output tiles than SMs (M <= 128 LLM shapes,
 # small squares). ``matmul_prune`` keeps them only there. The 8-stage 64x128 one: 1x4096x4096 1.7 TFLOP/s against
@@ -127,7 +140,7 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2, st
     configs = [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s)
                for bm, bn, bk, w, s in _MATMUL_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s, split_k=sk)
-                for bm, bn, bk, w, s, sk in _SPLIT_K_TILES]
+                for bm, bn, bk, w, s, sk in _SPLIT_K_TILES + _THIN_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        warp_specialize=True) for bm, bn, bk, w, s in _WARP_SPECIALIZED_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
@@ -154,6 +167,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 
     - a tile larger than the power-of-2 rounded extent of M, N or K computes mostly zeros: keep
       ``BM <= max(64, next_pow2(M))`` and likewise for N and K (BK against 32);
+    - a tile under 64 rows (``_THIN_TILES``) serves only problems of at most that many rows (M <= BM): on more
+      rows it would re-read B once per 16 rows;
     - on large problems (M * N >= 4096^2, where a 128x128 grid already fills every SM many times) small tiles
       only cost tuning time: drop tiles below 128x128;
     - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
@@ -175,6 +190,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
+        if bm < 64 and m > bm:
+            return False
         tiles = -(-m // bm) * -(-n // bn)
         if c.split_k > 1:
             return bool(sms) and tiles < sms and tiles * c.split_k <= 2 * sms and -(-k // bk) >= 4 * c.split_k
@@ -185,7 +202,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    plain = [c for c in configs if c.split_k == 1 and not _hopper_only(c)] or configs
+    plain = [c for c in configs if c.split_k == 1 and not _hopper_only(c) and (c.kwargs["BM"] >= 64 or m <= c.kwargs["BM"])]
+    plain = plain or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
 
 

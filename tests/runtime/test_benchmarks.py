@@ -41,18 +41,21 @@ def test_matmul_configs_fit_shared_memory_and_are_unique():
     assert stream_k and all(c.num_warps == 4 and c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 for c in stream_k)
     # pingpong: groups of 4 warps (8 leave too few registers), 128x128-element accumulators at most
     assert pingpong and all(c.num_warps == 4 and c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 for c in pingpong)
-    assert 12 <= len(plain) <= 16 and 4 <= len([c for c in configs if c.split_k > 1]) <= 12
+    assert 12 <= len(plain) <= 20 and 4 <= len([c for c in configs if c.split_k > 1]) <= 16
     assert 4 <= len(specialized) <= 14 and all(c.split_k == 1 and c.kwargs["BK"] == 64 for c in specialized)
     # deep rings (more loads in flight per SM where tiles are few or K is short) only for tiles up to 128x128 on
-    # 4 warps, and never in the plain loop (they need the producer warpgroup's ring)
+    # 4 warps, and in the plain loop only for the 16-row tiles (mma.sync, decode-like problems)
     deep = [c for c in configs if c.num_stages > 4]
     assert deep and all(c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 and c.num_warps == 4 for c in deep)
-    assert not [c for c in deep if c in plain]
+    assert not [c for c in deep if c in plain and c.kwargs["BM"] >= 64]
+    thin = [c for c in configs if c.kwargs["BM"] < 64]
+    assert thin and all(c.kwargs["BM"] == 16 and not (c.warp_specialize or c.persistent or c.pingpong) for c in thin)
     assert len({c.identity for c in configs}) == len(configs)
     for c in configs:
         assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
-        assert c.kwargs["BM"] in (64, 128, 256) and c.kwargs["BN"] in (64, 128, 256) and c.kwargs["BK"] in (32, 64)
-        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 12 and c.split_k in (1, 2, 4)
+        assert c.kwargs["BM"] in (16, 64, 128, 256) and c.kwargs["BN"] in (64, 128, 256)
+        assert c.kwargs["BK"] in ((32, 64, 128) if c.kwargs["BM"] == 16 else (32, 64))
+        assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 16 and c.split_k in (1, 2, 4)
         # at most 128 f32 accumulator registers per thread
         assert c.kwargs["BM"] * c.kwargs["BN"] // (32 * c.num_warps) <= 128, c
     assert (64, 64) in _tiles(configs) and (128, 256) in _tiles(configs)
@@ -79,8 +82,9 @@ def test_matmul_prune_keeps_something_sensible(mnk):
     kept = matmul_prune(configs, _named(m, n, k))
     assert kept, mnk
     assert all(c in configs for c in kept)
-    if m <= 64:
-        assert all(c.kwargs["BM"] == 64 for c in kept)
+    if m <= 64:  # 16-row tiles only where M fits in them
+        assert all(c.kwargs["BM"] == 64 or (c.kwargs["BM"] == 16 and m <= 16) for c in kept)
+        assert (m <= 16 and k >= 128) == any(c.kwargs["BM"] == 16 for c in kept)  # (thin tiles take BK >= 64)
     if m == 128:
         assert all(c.kwargs["BM"] <= 128 for c in kept)
 
@@ -92,7 +96,21 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
     # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
     assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize
-                          and not c.persistent and not c.pingpong and not c.stream_k]
+                          and not c.persistent and not c.pingpong and not c.stream_k and c.kwargs["BM"] >= 64]
+
+
+def test_matmul_prune_thin_tiles_for_decode_only(monkeypatch):
+    """16-row tiles for M <= 16 (split ones only with clusters, as every split-K config); a 17-row problem gets
+    none, and a 1-row one on a GPU without clusters keeps the unsplit ones."""
+    from tilejit import configs as cfg
+
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 132)
+    decode = [c for c in matmul_prune(matmul_configs(), _named(1, 4096, 4096)) if c.kwargs["BM"] == 16]
+    assert {c.split_k for c in decode} == {1, 2, 4}
+    assert not [c for c in matmul_prune(matmul_configs(), _named(17, 4096, 4096)) if c.kwargs["BM"] < 64]
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 0)
+    plain = [c for c in matmul_prune(matmul_configs(), _named(1, 4096, 4096)) if c.kwargs["BM"] == 16]
+    assert plain and all(c.split_k == 1 for c in plain)
 
 
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
