@@ -78,7 +78,8 @@ _SPLIT_K_TILES = [
 # short in K or streams one operand from memory: more bytes in flight per SM (benchmarks/configs.py, RESULTS.md,
 # tenth session, NVIDIA H200, cuBLAS in the same run): 1024^3 64x128 226.0 TFLOP/s persistent (195.1 with 4
 # stages; cuBLAS 224.4), 128x11008x4096 128x128 325.6 (284.0; 329.1), 16x11008x4096 64x128 41.9 (31.4 on an H100
-# with 4 stages; 42.4), 128x4096x4096 128x64 194.8.
+# with 4 stages; 42.4), 128x4096x4096 128x64 194.8. ``matmul_prune`` drops them (and every ring deeper than 4)
+# on large problems.
 _WARP_SPECIALIZED_TILES = [
     (64, 64, 64, 4, 8), (64, 64, 64, 4, 12),
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 8), (128, 64, 64, 4, 8),
@@ -170,7 +171,9 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     - a tile under 64 rows (``_THIN_TILES``) serves only problems of at most that many rows (M <= BM): on more
       rows it would re-read B once per 16 rows;
     - on large problems (M * N >= 4096^2, where a 128x128 grid already fills every SM many times) small tiles
-      only cost tuning time: drop tiles below 128x128;
+      and deep rings (more than 4 stages, for few tiles or short K) only cost tuning time, or worse: drop tiles
+      below 128x128 and rings deeper than 4 (the 6-stage 128x128 tile won a noisy 4096^3 tuning on an H100 and
+      then ran at 610 TFLOP/s against 652 for the 128x256 one of the run before);
     - split-K configs run only on GPUs with thread-block clusters (sm_90+), and only where the plain grid leaves
       SMs idle: fewer output tiles than SMs, at most two programs per SM once split, and at least 4 K steps per
       program;
@@ -197,7 +200,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
             return bool(sms) and tiles < sms and tiles * c.split_k <= 2 * sms and -(-k // bk) >= 4 * c.split_k
         if c.stream_k:
             return bool(sms) and 2 * tiles <= sms and tiles * -(-k // bk) >= 8 * sms
-        return not (m * n >= 4096 * 4096 and bm * bn < 128 * 128)
+        return not (m * n >= 4096 * 4096 and (bm * bn < 128 * 128 or c.num_stages > 4))
 
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
