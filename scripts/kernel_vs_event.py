@@ -7,7 +7,6 @@ Cases as in ``scripts/ncu_compare.py``. Each case: ``do_bench`` (L2 flushed befo
 and of ``torch.matmul``, then 50 flushed runs of each under the profiler; prints the event median, the mean
 kernel duration and their difference (launch and front-end time the event sees), per implementation.
 """
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -15,13 +14,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tilejit  # noqa: E402
 from benchmarks.kernels import matmul  # noqa: E402
+from ncu_compare import parse_case  # noqa: E402
 from tilejit.testing import do_bench  # noqa: E402
 
-OPTIONS = {"ws": {"warp_specialize": True}, "persistent": {"persistent": True}, "pingpong": {"pingpong": True},
-           "c2": {"cluster": 2}, "sk2": {"split_k": 2}, "sk4": {"split_k": 4}}
 DEFAULT_CASES = ["fp16:1024x1024x1024:64x128x64w4s4:ws", "fp16:512x512x512:64x64x64w4s8:persistent",
                  "fp16:1x4096x4096:64x64x128w4s6:sk2"]
 
@@ -46,16 +45,11 @@ def main(cases):
     flush = flush_buf.zero_
     print(torch.cuda.get_device_name())
     for case in cases:
-        dtype_name, shape, config, *options = case.split(":")
-        m, n, k = (int(x) for x in shape.split("x"))
-        bm, bn, bk, warps, stages = (int(g) for g in re.match(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)$", config).groups())
-        kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
-        for option in options:
-            kw.update(OPTIONS[option])
+        dtype_name, (m, n, k), kw = parse_case(case)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
         a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         c = torch.empty(m, n, device="cuda", dtype=dtype)
-        launcher = matmul.kernel[(tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)]
+        launcher = matmul.kernel[(tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)]
         impls = {"tilejit": lambda: launcher(a, b, c, **kw), "cuBLAS": lambda: torch.matmul(a, b, out=c)}
         for name, fn in impls.items():
             event_us = do_bench(fn) * 1e3

@@ -21,14 +21,20 @@ OPTIONS = {"ws": {"warp_specialize": True}, "persistent": {"persistent": True}, 
            "c2": {"cluster": 2}, "sk2": {"split_k": 2}, "sk4": {"split_k": 4}}
 
 
-def run_case(case: str) -> None:
+def parse_case(case: str) -> tuple[str, tuple[int, int, int], dict]:
+    """``DTYPE:MxNxK:BMxBNxBKwWsS[:OPTION...]`` -> (dtype name, (M, N, K), the launch's keyword arguments)."""
     dtype_name, shape, config, *options = case.split(":")
     m, n, k = (int(x) for x in shape.split("x"))
     bm, bn, bk, warps, stages = (int(g) for g in re.match(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)$", config).groups())
     kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     for option in options:
         kw.update(OPTIONS[option])
-    grid = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
+    return dtype_name, (m, n, k), kw
+
+
+def run_case(case: str) -> None:
+    dtype_name, (m, n, k), kw = parse_case(case)
+    grid = (tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)
     if dtype_name == "tf32nt":
         torch.backends.cuda.matmul.allow_tf32 = True
         a, bt = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
@@ -47,6 +53,7 @@ def run_case(case: str) -> None:
         torch.mm(a, b)
 
 
-for spec in sys.argv[1:] or DEFAULT_CASES:
-    run_case(spec)
-torch.cuda.synchronize()
+if __name__ == "__main__":
+    for spec in sys.argv[1:] or DEFAULT_CASES:
+        run_case(spec)
+    torch.cuda.synchronize()

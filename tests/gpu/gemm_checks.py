@@ -70,6 +70,24 @@ def check_lowp_launch(kind: str, shape: tuple[int, int, int], kw: dict, check_co
     check_lowp(kind, a, b, c)
 
 
+def check_benchmark_matmul(dtype, shape: tuple[int, int, int], kw: dict, check_compiled) -> None:
+    """The benchmarks' grouped-order matmul (``benchmarks.kernels.matmul.kernel``) on fresh ``dtype`` operands at
+    the launch options of ``kw`` (a config's ``all_kwargs()``): ``check_compiled`` looks at the compiled kernel,
+    then the NaN-poisoned output is checked against float64."""
+    import tilejit
+    from benchmarks.kernels import matmul
+
+    m, n, k = shape
+    torch.manual_seed(m + 5 * n + k)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    check_compiled(matmul.kernel.compile(a, b, c, **kw))
+    matmul.kernel[(tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)](a, b, c, **kw)
+    torch.cuda.synchronize()
+    check_close(c, a.double() @ b.double())
+
+
 def check_linear_relu_launches(shape: tuple[int, int, int], kw: dict, check_compiled, launches: int = 20,
                                check_each: bool = False) -> None:
     """relu(x @ w + bias) in bfloat16 with 128x128 tiles and the launch options of ``kw``, launched ``launches``

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tilejit
-from gemm_checks import check_lowp, lowp_operands
+from gemm_checks import check_benchmark_matmul, check_lowp, lowp_operands
 from tilejit.configs import matmul_configs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("split-K thin tiles run on clusters")]
@@ -30,23 +30,11 @@ def _ids(config) -> str:
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_benchmark_kernel(dtype, shape, config):
-    from benchmarks.kernels import matmul
+    def check(compiled):
+        assert compiled.meta["spills"] == 0 and compiled.meta["split_k"] == config.split_k
+        assert "mma.sync.aligned.m16n8k16" in compiled.asm["ptx"]
 
-    m, n, k = shape
-    torch.manual_seed(m + 7 * n + k)
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    kw = config.all_kwargs()
-    compiled = matmul.kernel.compile(a, b, c, **kw)
-    assert compiled.meta["spills"] == 0 and compiled.meta["split_k"] == config.split_k
-    assert "mma.sync.aligned.m16n8k16" in compiled.asm["ptx"]
-    matmul.kernel[(tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)](a, b, c, **kw)
-    torch.cuda.synchronize()
-    ref = a.double() @ b.double()
-    assert not torch.isnan(c).any()
-    err = (c.double() - ref).abs().max().item()
-    assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
+    check_benchmark_matmul(dtype, shape, config.all_kwargs(), check)
 
 
 _LOWP = [(kind, config) for kind, elem in (("fp8", 1), ("int8", 1), ("tf32", 4)) for config in _thin(elem)]

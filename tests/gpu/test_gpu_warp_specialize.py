@@ -11,7 +11,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from gemm_checks import check_linear_relu_launches, check_lowp_launch
+from gemm_checks import check_benchmark_matmul, check_linear_relu_launches, check_lowp_launch
 from kernels import MAJORS as LAYOUTS, bmm_grid3, linear_relu, matmul_any
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("warp specialization")]
@@ -187,20 +187,8 @@ def _deep_ring_configs():
 def test_default_deep_rings(dtype, shape, config):
     """The default space's deep rings (6 to 12 stages, 192 KB of shared memory): K shorter than the ring, K not a
     multiple of BK, a single row, grids smaller and larger than the GPU."""
-    from benchmarks.kernels import matmul
+    def check(compiled):
+        _specialized(compiled)
+        assert compiled.meta["spills"] == 0 and compiled.shared_bytes <= 227 * 1024
 
-    m, n, k = shape
-    torch.manual_seed(m + 5 * n + k)
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    kw = config.all_kwargs()
-    compiled = matmul.kernel.compile(a, b, c, **kw)
-    _specialized(compiled)
-    assert compiled.meta["spills"] == 0 and compiled.shared_bytes <= 227 * 1024
-    matmul.kernel[(tilejit.cdiv(m, kw["BM"]) * tilejit.cdiv(n, kw["BN"]),)](a, b, c, **kw)
-    torch.cuda.synchronize()
-    ref = a.double() @ b.double()
-    assert not torch.isnan(c).any()
-    err = (c.double() - ref).abs().max().item()
-    assert err <= 1e-2 * ref.abs().max().item() + 1e-2, err
+    check_benchmark_matmul(dtype, shape, config.all_kwargs(), check)
