@@ -70,3 +70,7 @@ if [ "${PART}" = final10 ]; then  # the new tiles' GPU tests, then the fp16 swee
   echo "tests rc=$?"; grep -E "^FAILED|^ERROR" $OUT/tests10.log | head; tail -1 $OUT/tests10.log
   PART=sweep bash scripts/gpu_session10.sh | grep -v "^NVIDIA"
 fi
+if [ "${PART}" = last ]; then  # 192-column tiles for 128 x 11008 (116 programs, as cuBLAS's 96-column tile); 512^3 candidates
+  configs n192 128x11008x4096,128x28672x8192 64x192x64w4s6,128x128x64w4s6,64x192x64w4s4 ws,persistent
+  configs s512 512x512x512 64x64x64w4s8,64x32x64w4s8,64x64x128w4s4,64x64x64w4s4 ws,persistent
+fi
