@@ -74,3 +74,11 @@ if [ "${PART}" = last ]; then  # 192-column tiles for 128 x 11008 (116 programs,
   configs n192 128x11008x4096,128x28672x8192 64x192x64w4s6,128x128x64w4s6,64x192x64w4s4 ws,persistent
   configs s512 512x512x512 64x64x64w4s8,64x32x64w4s8,64x64x128w4s4,64x64x64w4s4 ws,persistent
 fi
+if [ "${PART}" = n192 ]; then  # the 64x192 persistent tile: the deep-ring GPU tests, then the M = 128 shapes tuned
+  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_gpu_warp_specialize.py \
+    gpu/test_gpu_thin_tiles.py > $OUT/tests_n192.log 2>&1)
+  echo "tests rc=$?"; grep -E "^FAILED|^ERROR" $OUT/tests_n192.log | head; tail -1 $OUT/tests_n192.log
+  timeout 200 python3 -m benchmarks.matmul --dtypes fp16 --out $OUT/m128 --no-append --budget-s 180 \
+    --shapes 128x4096x4096,128x11008x4096,128x4096x11008,128x8192x8192,128x28672x8192,128x8192x28672 > $OUT/m128.log 2>&1
+  echo "sweep rc=$?"; grep -E "^\|" $OUT/m128.log
+fi

@@ -98,8 +98,13 @@ _WARP_SPECIALIZED_TILES = [
 # The deep-ring tiles of ``_WARP_SPECIALIZED_TILES`` persistent too (tenth session, above): there the producer
 # fills the next tile's ring during this one's epilogue, which matters where K is short (1024^3: 226.0 persistent
 # against 211.7 warp-specialized for 64x128 s8) and costs nothing where tiles are fewer than SMs.
+#
+# 64x192 (6 stages, 192 KB) gives 128 x 11008 problems 116 programs on 132 SMs where 128x128 gives 86 and 64x128
+# 172 (cuBLAS's pick there has 96 columns and 115 programs): 254.2 TFLOP/s against 245.9 for 128x128 s6
+# persistent and cuBLAS 256.4 (NVIDIA H100 80GB HBM3, benchmarks/configs.py, tenth session).
 _PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4),
-                     (64, 128, 64, 4, 8), (128, 64, 64, 4, 8), (128, 128, 64, 4, 6), (64, 64, 64, 4, 12)]
+                     (64, 128, 64, 4, 8), (128, 64, 64, 4, 8), (128, 128, 64, 4, 6), (64, 64, 64, 4, 12),
+                     (64, 192, 64, 4, 6)]
 
 # (BM, BN, BK, num_warps, num_stages) run with ``pingpong=True`` (persistent, two groups of num_warps math warps
 # taking the walk's programs in turn, one group's epilogue under the other's main loop). Measured on an H100

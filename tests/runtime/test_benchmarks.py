@@ -53,7 +53,7 @@ def test_matmul_configs_fit_shared_memory_and_are_unique():
     assert len({c.identity for c in configs}) == len(configs)
     for c in configs:
         assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
-        assert c.kwargs["BM"] in (16, 64, 128, 256) and c.kwargs["BN"] in (64, 128, 256)
+        assert c.kwargs["BM"] in (16, 64, 128, 256) and c.kwargs["BN"] in (64, 128, 192, 256)
         assert c.kwargs["BK"] in ((32, 64, 128) if c.kwargs["BM"] == 16 else (32, 64))
         assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 16 and c.split_k in (1, 2, 4)
         # at most 128 f32 accumulator registers per thread
