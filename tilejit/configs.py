@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from .autotuner import Config
 
 __all__ = ["SMEM_BUDGET_BYTES", "cluster_sm_count", "is_sm90", "matmul_configs", "matmul_prune",
-           "matmul_shared_bytes"]
+           "matmul_shared_bytes", "shared_memory_per_block"]
 
 # H100/H200 allow 227 KB of dynamic shared memory per block; stay under 200 KB to leave room for scratch
 # (layout conversions, reductions) that a fused epilogue may add.
@@ -185,16 +185,23 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     - stream-K configs likewise, and only with at most half as many output tiles as SMs (each tile cut over two
       programs or more) and at least 8 K steps per program;
     - warp-specialized, persistent, pingpong and stream-K configs run only on sm_90 GPUs (the only arch where
-      those options change the kernel).
+      those options change the kernel);
+    - a config whose ring (``matmul_shared_bytes``) exceeds the GPU's shared memory per block is dropped: the
+      compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
+      duplicate of another config under a wrong name.
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
     sms = cluster_sm_count(named_args["A"])
     hopper = is_sm90(named_args["A"])
+    smem = shared_memory_per_block(named_args["A"])
+    elem = named_args["A"].element_size()
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
         if _hopper_only(c) and not hopper:
+            return False
+        if smem and matmul_shared_bytes(c, elem) > smem:
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
@@ -231,6 +238,20 @@ def is_sm90(tensor: Any) -> bool:
     """Whether ``tensor`` lives on an sm_90 GPU (H100/H200), where warp-specialized configs mean something."""
     index = _cuda_index(tensor)
     return index is not None and _capability(index) == (9, 0)
+
+
+def shared_memory_per_block(tensor: Any) -> int:
+    """The opt-in shared memory per block of ``tensor``'s GPU in bytes (227 KB on an H100, 163 KB on an A100), or 0
+    when it is not on one (CPU and meta tensors)."""
+    index = _cuda_index(tensor)
+    return 0 if index is None else _shared_memory_optin(index)
+
+
+@functools.cache
+def _shared_memory_optin(index: int) -> int:
+    from .runtime import libcuda
+
+    return libcuda.device_attribute(index, libcuda.DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
 
 
 def _cuda_index(tensor: Any) -> int | None:

@@ -113,6 +113,21 @@ def test_matmul_prune_thin_tiles_for_decode_only(monkeypatch):
     assert plain and all(c.split_k == 1 for c in plain)
 
 
+@pytest.mark.parametrize("limit", [163 * 1024, 99 * 1024], ids=["a100", "sm89"])
+@pytest.mark.parametrize("mnk", [(1, 4096, 4096), (128, 4096, 4096), (4096, 4096, 4096)])
+def test_matmul_prune_drops_rings_the_gpu_cannot_hold(monkeypatch, limit, mnk):
+    """On a GPU with less shared memory per block than a config's ring, the config is dropped (the compiler would
+    run it with fewer stages than it names); no GPU (meta tensors): nothing is dropped for it."""
+    from tilejit import configs as cfg
+
+    everything = matmul_prune(matmul_configs(), _named(*mnk))
+    assert [c for c in everything if matmul_shared_bytes(c) > limit]
+    monkeypatch.setattr(cfg, "shared_memory_per_block", lambda tensor: limit)
+    kept = matmul_prune(matmul_configs(), _named(*mnk))
+    assert kept and all(matmul_shared_bytes(c) <= limit for c in kept)
+    assert [c for c in everything if matmul_shared_bytes(c) <= limit] == kept
+
+
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
     from tilejit import configs as cfg
 
