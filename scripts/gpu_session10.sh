@@ -82,3 +82,12 @@ if [ "${PART}" = n192 ]; then  # the 64x192 persistent tile: the deep-ring GPU t
     --shapes 128x4096x4096,128x11008x4096,128x4096x11008,128x8192x8192,128x28672x8192,128x8192x28672 > $OUT/m128.log 2>&1
   echo "sweep rc=$?"; grep -E "^\|" $OUT/m128.log
 fi
+if [ "${PART}" = prune ]; then  # the prune's shared-memory query on the GPU: autotune and runtime tests, two tuned shapes
+  python3 -c "import torch; from tilejit.configs import shared_memory_per_block as s; print('smem per block', s(torch.empty(1, device='cuda')))"
+  (cd tests && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu/test_autotune_gpu.py \
+    gpu/test_runtime_gpu.py gpu/test_gpu_split_k.py > $OUT/tests_prune.log 2>&1)
+  echo "tests rc=$?"; grep -E "^FAILED|^ERROR" $OUT/tests_prune.log | head; tail -1 $OUT/tests_prune.log
+  timeout 120 python3 -m benchmarks.matmul --dtypes fp16 --out $OUT/prune --no-append --budget-s 100 \
+    --shapes 1x4096x4096,1024x1024x1024 > $OUT/prune.log 2>&1
+  echo "bench rc=$?"; grep -E "^\| [0-9]" $OUT/prune.log
+fi
