@@ -41,12 +41,13 @@ _MATMUL_TILES = [
 
 # (BM, BN, BK, num_warps, num_stages, split_k; split_k 1 = not split): 16-row tiles for decode-like problems (M <=
 # 16, ``matmul_prune`` keeps them only there). Under 64 rows the gemm runs on mma.sync (wgmma's smallest M is 64),
-# which is no limit where the time is streaming B; the point is the ring: a 64-row tile spends as much of each
-# stage on A's mostly out-of-bounds rows as on B, a 16-row tile a sixteenth, so the same shared memory keeps 2-4x
-# more of B in flight. Measured (benchmarks/configs.py, RESULTS.md, tenth session, NVIDIA H200, cuBLAS in the same
-# run), against the 64x64x64 s8 tile in the same mode and cuBLAS: 1x4096x4096 17.8 us (16x64x128 s8) against 27.6
-# and 18.5; 1x8192x28672 122.6 (16x64x64 s12) against 197.3 and 118.6; 16x4096x11008 34.9 (16x64x128 s8 split-K
-# 2) against 40.5 and 36.2. The rings here are the deepest that fit the budget.
+# which is no limit where the time is streaming B; the point is the ring: a 64-row tile spends a third to a half
+# of each stage on A's mostly out-of-bounds rows, a 16-row tile 6-20%, so the same shared memory keeps up to 1.9x
+# more of B in flight, in rings of 10 to 16 stages. Measured (benchmarks/configs.py, RESULTS.md, tenth session,
+# NVIDIA H200, cuBLAS in the same run), against the 64x64x64 s8 tile in the same mode and cuBLAS: 1x4096x4096 17.8
+# us (16x64x128 s8) against 27.6 and 18.5; 1x8192x28672 122.6 (16x64x64 s12) against 197.3 and 118.6;
+# 16x4096x11008 34.9 (16x64x128 s8 split-K 2) against 40.5 and 36.2. The rings here are the deepest that fit the
+# budget.
 _THIN_TILES = [
     (16, 64, 128, 4, 10, 1), (16, 64, 64, 4, 16, 1), (16, 128, 128, 4, 5, 1), (16, 256, 64, 4, 5, 1),
     (16, 64, 128, 4, 10, 2), (16, 64, 64, 4, 16, 2), (16, 128, 128, 4, 5, 2), (16, 256, 64, 4, 5, 4),
@@ -217,8 +218,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     kept = [c for c in configs if fits(c)]
     if kept or not configs:
         return kept
-    plain = [c for c in configs if c.split_k == 1 and not _hopper_only(c) and (c.kwargs["BM"] >= 64 or m <= c.kwargs["BM"])]
-    plain = plain or configs
+    plain = [c for c in configs
+             if c.split_k == 1 and not _hopper_only(c) and (c.kwargs["BM"] >= 64 or m <= c.kwargs["BM"])] or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
 
 
