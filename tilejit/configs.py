@@ -19,6 +19,8 @@ import functools
 from typing import Any, Sequence
 
 from .autotuner import Config
+from .errors import UsageValueError
+from .target import Arch
 
 __all__ = ["SMEM_BUDGET_BYTES", "cluster_sm_count", "is_sm90", "matmul_configs", "matmul_prune",
            "matmul_shared_bytes", "shared_memory_per_block"]
@@ -187,8 +189,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
       programs or more) and at least 8 K steps per program;
     - warp-specialized, persistent, pingpong and stream-K configs run only on sm_90 GPUs (the only arch where
       those options change the kernel);
-    - a config whose ring (``matmul_shared_bytes``) exceeds the GPU's shared memory per block is dropped: the
-      compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
+    - a config whose ring (``matmul_shared_bytes``) exceeds the GPU's shared memory per block
+      (``shared_memory_per_block``) is dropped: the compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
       duplicate of another config under a wrong name.
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
@@ -242,17 +244,16 @@ def is_sm90(tensor: Any) -> bool:
 
 
 def shared_memory_per_block(tensor: Any) -> int:
-    """The opt-in shared memory per block of ``tensor``'s GPU in bytes (227 KB on an H100, 163 KB on an A100), or 0
-    when it is not on one (CPU and meta tensors)."""
+    """The dynamic shared memory one block may use on ``tensor``'s GPU, the bound the compiler fits a kernel's rings
+    into (``Arch.max_shared_bytes``: 227 KB on an H100, 163 KB on an A100); 0 when it is not on a GPU tilejit
+    compiles for (CPU and meta tensors; an unsupported GPU, which the compile itself reports)."""
     index = _cuda_index(tensor)
-    return 0 if index is None else _shared_memory_optin(index)
-
-
-@functools.cache
-def _shared_memory_optin(index: int) -> int:
-    from .runtime import libcuda
-
-    return libcuda.device_attribute(index, libcuda.DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    if index is None:
+        return 0
+    try:
+        return Arch.for_capability(*_capability(index)).max_shared_bytes
+    except UsageValueError:
+        return 0
 
 
 def _cuda_index(tensor: Any) -> int | None:

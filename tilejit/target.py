@@ -313,8 +313,8 @@ class Registry:
                 f"the pinned {op_name} lowering {only!r} does not fit on {target.arch}", candidates=rejected,
                 filename=getattr(loc, "filename", None), lineno=getattr(loc, "lineno", None),
                 col=getattr(loc, "col", None), source_line=source_line,
-                hint=f"unset the pin (TILEJIT_{op_name.upper()}_LOWERING) or change the tile shape, dtypes, num_warps "
-                 "or arch")
+                hint=f"unset the pin (TILEJIT_{op_name.upper()}_LOWERING) or change the tile shape, dtypes, "
+                     "num_warps or arch")
         raise DispatchError(
             f"no lowering of {op_name} fits on {target.arch}" + ("" if rejected else ": none is registered"),
             candidates=rejected,

@@ -128,6 +128,18 @@ def test_matmul_prune_drops_rings_the_gpu_cannot_hold(monkeypatch, limit, mnk):
     assert [c for c in everything if matmul_shared_bytes(c) <= limit] == kept
 
 
+def test_shared_memory_per_block_is_the_compilers_bound(monkeypatch):
+    """The prune's bound is the one the compiler fits rings into (``Arch.max_shared_bytes``) for the GPU's compute
+    capability; 0 off a GPU and on one tilejit does not compile for."""
+    from tilejit import configs as cfg
+
+    assert cfg.shared_memory_per_block(torch.empty(1, device="meta")) == 0
+    monkeypatch.setattr(cfg, "_cuda_index", lambda tensor: 0)
+    for capability, limit in (((9, 0), 227 * 1024), ((8, 0), 163 * 1024), ((8, 9), 99 * 1024), ((7, 5), 0)):
+        monkeypatch.setattr(cfg, "_capability", lambda index, c=capability: c)
+        assert cfg.shared_memory_per_block(None) == limit, capability
+
+
 def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
     from tilejit import configs as cfg
 

@@ -41,7 +41,6 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuCtxPushCurrent_v2": [_p],
     "cuCtxPopCurrent_v2": [_P(_p)],
     "cuCtxGetDevice": [_P(_i)],
-    "cuDeviceGet": [_P(_i), _i],
     "cuDeviceGetAttribute": [_P(_i), _i, _i],
     "cuModuleLoadData": [_P(_p), ctypes.c_char_p],
     "cuModuleUnload": [_p],
@@ -170,15 +169,6 @@ def function_attribute(fn: int, attribute: int) -> int:
 def current_device_attribute(attribute: int) -> int:
     device, value = ctypes.c_int(), ctypes.c_int()
     check(function("cuCtxGetDevice")(ctypes.byref(device)), "cuCtxGetDevice")
-    check(function("cuDeviceGetAttribute")(ctypes.byref(value), attribute, device.value),
-          f"cuDeviceGetAttribute({attribute})")
-    return value.value
-
-
-def device_attribute(ordinal: int, attribute: int) -> int:
-    """An attribute of CUDA device ``ordinal`` (as torch numbers them), without making it current."""
-    device, value = ctypes.c_int(), ctypes.c_int()
-    check(function("cuDeviceGet")(ctypes.byref(device), ordinal), "cuDeviceGet")
     check(function("cuDeviceGetAttribute")(ctypes.byref(value), attribute, device.value),
           f"cuDeviceGetAttribute({attribute})")
     return value.value
