@@ -141,24 +141,13 @@ matmul_sm80 = tilejit.autotune(
 launches made with ``SM80_PINS`` set (``sm80_path``): the sm_80 path, run and tuned on a Hopper GPU."""
 
 
-class sm80_path:
+def sm80_path():
     """``with sm80_path():`` ``SM80_PINS`` set in the environment for the duration (the previous values restored
     after)."""
+    import os
+    from unittest import mock
 
-    def __enter__(self) -> None:
-        import os
-
-        self.saved = {name: os.environ.get(name) for name in SM80_PINS}
-        os.environ.update(SM80_PINS)
-
-    def __exit__(self, *exc) -> None:
-        import os
-
-        for name, value in self.saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return mock.patch.dict(os.environ, SM80_PINS)
 
 
 def nt_grid(meta):
