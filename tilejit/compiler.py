@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,7 @@ def _cuda_stage(st: Stages) -> None:
 
     out = emit_cuda(st.fn, st.target, st.spec.symbol)
     limit = st.target.arch.max_shared_bytes
+    asked, asked_bytes = _deepest_ring(st.fn), out.shared_bytes
     while out.shared_bytes > limit and _deepest_ring(st.fn) > 1:
         # Too deep a ring for this target's shared memory: pipeline one stage less (from a fresh frontend IR,
         # since the passes changed the old one) until it fits or nothing is pipelined any more.
@@ -246,6 +248,11 @@ def _cuda_stage(st: Stages) -> None:
         out = emit_cuda(st.fn, st.target, st.spec.symbol)
     if out.shared_bytes > limit:
         raise _shared_memory_error(st, out, limit)
+    if _deepest_ring(st.fn) < asked:
+        warnings.warn(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of shared "
+                      f"memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
+                      f"{_deepest_ring(st.fn)} stages (ask for fewer stages or smaller tiles to silence this)",
+                      RuntimeWarning, stacklevel=2)
     st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
                                                                  out.tensor_maps)
     st.stream_k_slot_bytes, st.stream_k_flags = out.stream_k_slot_bytes, out.stream_k_flags

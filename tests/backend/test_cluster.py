@@ -142,7 +142,10 @@ def test_persistent_structure_and_even_program_count():
     assert "tj_mbar_arrive_pair(" in consumer and "tj_mbar_arrive(" not in consumer
     assert "tj_cluster_sync" not in consumer and "tj_mbar_inval" not in head
     rest = after[after.index(consumer) + len(consumer):]
-    assert rest.strip().startswith("if (tj_ncta > 1) tj_cluster_sync();")
+    # the last TMA store's wait for its reads, deferred to the walk's end (each store waits for the one before)
+    assert rest.strip().startswith("if (tid == 0) tj_bulk_wait_read0();")
+    assert rest.index("tj_bulk_wait_read0();") < rest.index("if (tj_ncta > 1) tj_cluster_sync();")
+    assert consumer.count("tj_bulk_wait_read0();") == 1  # the store's first wait: its buffers are free again
     # an odd SM count: one SM stays idle so that no pair is split; without clusters every SM runs a program
     for cluster, programs in ((2, 132), (1, 133)):
         call = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64, "num_warps": 8, "num_stages": 4,

@@ -333,8 +333,10 @@ def _cuda(bm, bn, bk, warps, stages, arch="sm_80"):
 
 
 def _loop_text(cuda: str) -> str:
-    """The main loop's body: from its ``for`` to the wait for every copy after it (the kernel's last)."""
-    return cuda[cuda.index("for (int64_t"):cuda.rindex("tj_cp_async_wait<0>();")]
+    """The main loop's body: from its ``for`` to the wait for every copy after it (the kernel's last), or for a
+    TMA ring, which has no cp.async group to wait for, to the invalidation of its barriers."""
+    end = "tj_cp_async_wait<0>();" if "tj_cp_async_wait<0>();" in cuda else "tj_mbar_inval("
+    return cuda[cuda.index("for (int64_t"):cuda.rindex(end)]
 
 
 def test_the_barrier_moves_under_the_last_k_step():
@@ -427,3 +429,21 @@ def test_rows_not_in_16_byte_chunks_do_not_carry(k, arch):
     assert _CARRY not in cuda(k)
     if arch == "sm_80":
         assert _CARRY in cuda(776)
+
+
+# -- a ring deeper than the shared memory holds ------------------------------------------------------------------
+
+def test_a_ring_too_deep_is_shrunk_with_a_warning():
+    """8 stages of 128x128x64 halves need 256 KB: sm_80 (163 KB) compiles 5, and says so once, naming the stages
+    asked, the bytes and the limit; a ring that fits compiles silently."""
+    import warnings
+
+    with pytest.warns(RuntimeWarning, match=r"kernel matmul_staged: a pipeline of 8 stages needs 262,144 bytes of "
+                                            r"shared memory, more than sm_80 allows per block \(166,912\); compiled "
+                                            r"with 5 stages") as caught:
+        cuda = _cuda(128, 128, 64, 4, 8)
+    assert len([w for w in caught if "a pipeline of" in str(w.message)]) == 1
+    assert "software pipeline: 5 stages" in cuda
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _cuda(128, 128, 64, 4, 5)

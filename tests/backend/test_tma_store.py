@@ -26,7 +26,7 @@ def _design(c_dtype=torch.float16, c_shape=(1000, 904), arch="sm_90a", warps=8, 
 def test_accumulator_store_goes_through_swizzled_panels_and_tma():
     st = _design()
     cuda = st.cuda
-    assert "by TMA: registers -> swizzled shared panels -> global" in cuda
+    assert "by TMA: registers -> swizzled shared boxes -> global" in cuda
     # one bulk store per 128-byte panel of the 256 half columns, from two alternating 16 KB panel buffers
     stores = re.findall(r"tj_tma_store_2d\(&tj_tmap\d+, \(int\)\((\w+)\)(?: \+ (\d+))?, \(int\)\((\w+)\), "
                         r"tj_smem_u32 \+ (\d+)\);", cuda)
@@ -36,8 +36,10 @@ def test_accumulator_store_goes_through_swizzled_panels_and_tma():
     body = cuda[cuda.index("window by TMA"):]
     panel = ["__syncthreads();", "*reinterpret_cast<unsigned*>(tj_smem", "tj_fence_proxy_async();", "__syncthreads();",
              "tj_tma_store_2d(", "tj_bulk_commit();"]
-    # before panel p > 0: the store that read its buffer two panels ago is done (one group may stay in flight)
-    order = ["tj_bulk_wait_read0();", *panel] + (["tj_bulk_wait_read1();", *panel] * 3) + ["tj_bulk_wait_read0();"]
+    # the first wait frees both buffers for panels 0 and 1; before panel p > 1: the store that read its buffer two
+    # panels ago is done (one group may stay in flight)
+    order = ["tj_bulk_wait_read0();", *panel, *panel[1:]] + (["tj_bulk_wait_read1();", *panel] * 2) \
+        + ["tj_bulk_wait_read0();"]
     at = 0
     for needle in order:
         at = body.index(needle, at) + len(needle)
@@ -47,6 +49,34 @@ def test_accumulator_store_goes_through_swizzled_panels_and_tma():
     # the C tensor's map: a 64 x 128 box (innermost first) of 2-byte elements
     assert {"tensor": "C", "box": [64, 128], "elem_bytes": 2} in st.tensor_maps
     assert "st.global" not in cuda  # no element-wise fallback remains for this store
+
+
+def test_a_full_ring_stores_slab_boxes_through_two_buffers():
+    """A persistent 256x128 tile on a 4-deep ring leaves 33 KB of shared memory: not two buffers of a 256-row
+    panel (32 KB each), so the tile goes out in boxes of one register slab's 128 rows (a thread's registers fall
+    in one box whatever the thread) through two 16 KB buffers, alternating, each box's store waited for only when
+    its buffer comes round again; the walk's last store is waited for once, after the walk."""
+    from kernels import matmul_staged
+
+    c = _meta(1000, 904)
+    st = matmul_staged.compile(_meta(1000, 520), _meta(520, 904), c, BM=256, BN=128, BK=64, num_warps=8,
+                               num_stages=4, persistent=True, arch="sm_90a", stop_after="cuda")
+    cuda = st.cuda
+    stores = re.findall(r"tj_tma_store_2d\(&tj_tmap\d+, \(int\)\(\w+\)(?: \+ (\d+))?, \(int\)\(\w+\)(?: \+ (\d+))?, "
+                        r"tj_smem_u32 \+ (\d+)\);", cuda)
+    assert [(int(col or 0), int(row or 0)) for col, row, _ in stores] == [(0, 0), (64, 0), (0, 128), (64, 128)]
+    base = int(stores[0][2])
+    assert base % 1024 == 0 and [int(s[2]) - base for s in stores] == [0, 16384, 0, 16384]
+    assert {"tensor": "C", "box": [64, 128], "elem_bytes": 2} in st.tensor_maps
+    body = cuda[cuda.index("window by TMA"):]
+    assert body.count("tj_bulk_wait_read1();") == 2 and body.count("tj_bulk_wait_read0();") == 2
+    # the last one, after the walk's loop: once the walk ends, before the program leaves
+    assert body.rstrip().endswith("if (tid == 0) tj_bulk_wait_read0();  // the shared memory stays valid until the "
+                                  "last TMA store has read it\n}")
+    # slab s of both warpgroups (registers 64 s .. 64 s + 63) is box row s: column pairs of panel p in turn
+    writes = re.findall(r"for \(int tj_q = (\d+); tj_q < (\d+); \+\+tj_q\)", body)
+    assert [(int(a), int(b)) for a, b in writes] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert st.shared_bytes <= 232448
 
 
 def test_float32_accumulator_store_and_a_128_byte_row():

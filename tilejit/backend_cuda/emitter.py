@@ -257,6 +257,7 @@ class Emitter:
         self.ring_phase: str | None = None
         self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
+        self.store_reads_pending = False  # a persistent walk's TMA stores wait for their reads at its end
         self.partner_x = False  # T.program_id(0) reads the other program of a cluster pair (lower_loops._pair_flags)
         # a pingpong kernel's groups of math warps (passes/pipeline.specialize_warps): while ``grouped``, shared
         # memory is allocated in the region each group has a copy of (from ``tj_gsm_u32``), ``group_bytes`` long

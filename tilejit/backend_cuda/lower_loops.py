@@ -472,9 +472,10 @@ def _for(em: Emitter, op: Op) -> None:
             em.line("__syncwarp();  // the last iteration's MMAs are complete: release its slot")
             em.line(release(em, f"{empty} + 8 * ((tj_it - 1) % {stages})"))
             em.close()
-    if piped:
+    if per_thread:  # (TMA loads completed on the ring's barriers: no cp.async group left to wait for)
         em.line("tj_cp_async_wait<0>();")
-        em.barrier()
+    if piped and (per_thread or done):  # every thread is done with the ring before its memory is reused (a
+        em.barrier()                    # persistent walk keeps it, and its mbarriers order the slots' readers)
     if paired and done:  # the other program's last arrivals on this one's barriers are in before the memory is reused
         em.line("if (tj_ncta > 1) tj_cluster_sync();")
     if tma and done:
@@ -899,6 +900,10 @@ def emit_specialized(em: Emitter) -> None:
     if programs:
         em.barrier("this program's shared memory (the epilogue's) is free for the next one")
         em.close()
+        if em.store_reads_pending:  # (lower_tma.emit_store)
+            em.line("if (tid == 0) tj_bulk_wait_read0();  // the shared memory stays valid until the last TMA store "
+                    "has read it")
+            em.store_reads_pending = False
         em.group_shared(False)
         if em.fn.attrs.get("cluster"):
             em.line("if (tj_ncta > 1) tj_cluster_sync();  // the other program's last arrivals here are in")

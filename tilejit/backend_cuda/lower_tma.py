@@ -236,16 +236,25 @@ TJ_DEVICE void tj_bulk_wait_read1() { asm volatile("cp.async.bulk.wait_group.rea
 STORE_BUFFERS = 2
 
 
-def _store_staging(em, rows: int, cols: int, esize: int) -> tuple[SharedLayout, int] | None:
-    """The staging of a TMA-stored tile: one 128-byte panel's layout (or the whole tile, when its rows are not
-    panelled) and how many such buffers the store cycles through (two where the shared memory left holds them,
-    else one); None when not even one fits."""
+def _store_staging(em, rows: int, cols: int, esize: int, chunk_rows: int) -> tuple[SharedLayout, int] | None:
+    """The staging of a TMA-stored tile: the layout of one box (a 128-byte panel of columns, or the whole tile
+    when its rows are not panelled) and how many such buffers the store cycles through; None when not even one
+    fits the shared memory left.
+
+    A box holds all the tile's rows when two such buffers fit (or the tile is one box). Otherwise, where the rows
+    split into ``chunk_rows`` (the rows of one register slab across the warpgroups, so each register falls in one
+    box whatever the thread), boxes of that many rows in two buffers: the threads write one while the TMA reads
+    the other. Else one buffer of all the rows (each store waited for before the next box is written)."""
     whole = SharedLayout(rows, cols, esize)
-    lay = SharedLayout(rows, SPAN_BYTES // esize, esize) if whole.panelled else whole
+    panel_cols = SPAN_BYTES // esize if whole.panelled else cols
     free = em.target.arch.max_shared_bytes - em.scratch_bytes - 1024 - -(-em.smem_top // 1024) * 1024
-    for buffers in range(min(STORE_BUFFERS, whole.row_bytes // lay.row_bytes), 0, -1):
-        if buffers * lay.stage_bytes <= free:
-            return lay, buffers
+    heights = [rows] + ([chunk_rows] if chunk_rows < rows and rows % chunk_rows == 0 else [])
+    choices = [(h, 2) for h in heights] + [(h, 1) for h in heights]
+    for height, buffers in choices:
+        lay = SharedLayout(height, panel_cols, esize)
+        boxes = (rows // height) * (cols // panel_cols)
+        if min(buffers, boxes) * lay.stage_bytes <= free and (buffers == 1 or boxes > 1):
+            return lay, min(buffers, boxes)
     return None
 
 
@@ -268,51 +277,61 @@ def store_staging(em, op: Op) -> tuple[SharedLayout, int] | None:
     rows, cols = value.type.shape
     if (cols * esize) % SPAN_BYTES or rows > 256 or rows % 8:
         return None
-    return _store_staging(em, rows, cols, esize)
+    return _store_staging(em, rows, cols, esize, 64 * value.type.layout.groups)
 
 
 def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
-    """Registers -> 128-byte-swizzled shared panels -> one bulk tensor store per panel, issued by thread 0.
+    """Registers -> 128-byte-swizzled shared boxes -> one bulk tensor store per box, issued by thread 0.
 
-    The tile goes out one 128-byte panel of columns at a time through ``STORE_BUFFERS`` panel buffers: the
-    threads write panel p's column pairs (8 rows x 16 bytes per warp access, conflict-free) into buffer p % 2
-    once the store that last read it has (``cp.async.bulk.wait_group.read 1``), while the store of panel p - 1 is
-    still reading the other (one buffer, waiting for each store, where two do not fit). The staging memory is
-    panels, not the whole tile, so a persistent kernel's ring and the epilogue fit together."""
+    The tile goes out one box at a time (a 128-byte panel of columns, of all its rows or of one register slab's;
+    ``_store_staging``) through ``buffers`` box buffers: the threads write box b's column pairs (8 rows x 16 bytes
+    per warp access, conflict-free) into buffer b % 2 once the store that last read it has
+    (``cp.async.bulk.wait_group.read 1``), while the store of box b - 1 is still reading the other (one buffer,
+    waiting for each store, where two do not fit). The first boxes, one per buffer, wait for nothing more than the
+    first wait, for every earlier store, at the start. The staging memory is boxes, not the whole tile, so a
+    persistent kernel's ring and the epilogue fit together."""
     tensor, value = op.operands[0], op.operands[1]
     layout: WgmmaLayout = value.type.layout
     rows, cols = value.type.shape
     esize = value.dtype.itemsize
-    whole = SharedLayout(rows, cols, esize)
     lay, buffers = staging  # from store_staging
-    panel_cols = lay.cols
+    panel_cols, box_rows = lay.cols, lay.rows
+    rank = tensor.type.rank
+    row_dim = [d for d in range(rank) if d not in op.attrs.dropped][0]
     em.require_support("tma", SUPPORT)
     em.require_support("tma_store", STORE_SUPPORT)
     offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
     origin = em.smem_origin
     byte_origin = BYTE_ORIGINS[origin]
-    param = em.tensor_map_param(TensorMapSpec(tensor.name, box_of(op, whole), esize))
+    box = list(box_of(op, SharedLayout(rows, cols, esize)))
+    box[rank - 1 - row_dim] = box_rows
+    param = em.tensor_map_param(TensorMapSpec(tensor.name, tuple(box), esize))
     starts = [em.name(v) for v in op.operands[2:]]
     x = em.name(value)
-    # the register pairs of each panel (a pair's column does not depend on the thread beyond its 8-column block)
-    pairs: dict[int, list[int]] = {}
+    # the register pairs of each box: a pair's column does not depend on the thread beyond its 8-column block, nor
+    # its row beyond its slab (box_rows is all the rows or one slab's: lower_tma._store_staging)
+    pairs: dict[tuple[int, int], list[int]] = {}
     for q in range(layout.regs // 2):
-        pairs.setdefault(int(layout.coords(0, 2 * q)[1]) // panel_cols, []).append(q)
-    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared panels -> global")
+        row, col = (int(c) for c in layout.coords(0, 2 * q))
+        pairs.setdefault((row // box_rows, col // panel_cols), []).append(q)
+    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared boxes -> global")
     em.open("")
     em.line("if (tid == 0) tj_bulk_wait_read0();  // an earlier TMA store has finished reading shared memory")
-    for p, coords in _panel_boxes(whole, starts):
-        base = offset + (p % buffers) * lay.stage_bytes
-        if p:
-            em.line(f"if (tid == 0) tj_bulk_wait_read{int(buffers > 1)}();  // the store that last read this "
+    boxes = [(c, p) for c in range(rows // box_rows) for p in range(cols // panel_cols)]
+    for b, (c, p) in enumerate(boxes):
+        base = offset + (b % buffers) * lay.stage_bytes
+        if b >= buffers:  # (the first wait freed every buffer for the first boxes)
+            em.line(f"if (tid == 0) tj_bulk_wait_read{buffers - 1}();  // the store that last read this "
                     "buffer is done")
-        em.barrier("... and every earlier reader of this memory is done")
-        for first, count in _runs(pairs.get(p, [])):
+        if b == 0 or b >= buffers:
+            em.barrier("... and every earlier reader of this memory is done")
+        for first, count in _runs(pairs.get((c, p), [])):
             em.line("#pragma unroll")
             em.open(f"for (int tj_q = {first}; tj_q < {first + count}; ++tj_q)")
             em.line("const int i = 2 * tj_q;")
             row, col = em.coords(layout, "i")
-            off = c_text(lay.elem_offset(CExpr(f"({row})"), CExpr(f"(({col}) - {p * panel_cols})")))
+            off = c_text(lay.elem_offset(CExpr(f"(({row}) - {c * box_rows})"),
+                                         CExpr(f"(({col}) - {p * panel_cols})")))
             if esize == 2:
                 em.line(f"*reinterpret_cast<unsigned*>({byte_origin} + {base} + {off}) = "
                         f"(unsigned){x}[i].bits | ((unsigned){x}[i + 1].bits << 16);")
@@ -323,10 +342,17 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
             em.close()
         em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
         em.barrier()
-        rank = tensor.type.rank
+        shifts = {rank - 1: p * panel_cols, row_dim: c * box_rows}
+        coords = ", ".join(f"(int)({starts[d]})" + (f" + {shifts[d]}" if shifts.get(d) else "")
+                           for d in reversed(range(rank)))
         em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, {origin} + {base}); "
                 "tj_bulk_commit(); }")
-    em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
+    if em.fn.attrs.get("persistent") and em.ring_phase == "consumer":
+        # in a persistent walk the next program's store waits before it writes the buffers again, and the walk's
+        # end before the program leaves (lower_loops.emit_specialized): the math warps go on to the next main loop
+        em.store_reads_pending = True
+    else:
+        em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
     em.close()
 
 
