@@ -195,9 +195,13 @@ def test_fp8_formats_mix_and_other_dtypes_do_not():
 
 @pytest.mark.parametrize("elem_bytes,bks", [(1, {64, 128}), (2, {32, 64}), (4, {16, 32})])
 def test_matmul_configs_keep_the_bytes_of_k_per_stage(elem_bytes, bks):
-    """64 and 128 bytes of K per stage; the 16-row tiles (decode-like problems) also take 256."""
+    """64 and 128 bytes of K per stage; the 16-row tiles (decode-like problems) and one 64x64 tile (small squares)
+    also take 256."""
     configs = matmul_configs(elem_bytes=elem_bytes)
-    assert configs and {c.kwargs["BK"] for c in configs if c.kwargs["BM"] >= 64} == bks
+    wide = {2 * max(bks)}
+    assert configs and {c.kwargs["BK"] for c in configs if c.kwargs["BM"] >= 64} == bks | wide
+    assert {(c.kwargs["BM"], c.kwargs["BN"]) for c in configs if c.kwargs["BK"] in wide and c.kwargs["BM"] >= 64} \
+        == {(64, 64)}
     assert {c.kwargs["BK"] for c in configs if c.kwargs["BM"] < 64} == {max(bks), 2 * max(bks)}
     assert all(matmul_shared_bytes(c, elem_bytes) <= 200 * 1024 for c in configs)
     with pytest.raises(ValueError):
