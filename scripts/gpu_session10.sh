@@ -1,19 +1,7 @@
 # The tenth session's GPU checks (device tool, repository root); logs under $OUT.
 # PART=explore: candidate configs and launch modes on the sweep's weakest shapes (benchmarks.configs, cuBLAS in
 # the same run). Every other part says what it runs beside its `if`.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TILEJIT_CACHE_DIR=/tmp/tjc10
-python3 -m compileall -q tilejit benchmarks >/dev/null
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-NCU=/usr/local/cuda/bin/ncu
-configs() {  # name shapes configs modes: one benchmarks.configs run, its table
-  timeout ${T_CONFIGS:-240} python3 -m benchmarks.configs --no-tuned --dtype ${DTYPE:-fp16} --shapes $2 --configs $3 \
-    --modes $4 --out $OUT/$1 > $OUT/$1.log 2>&1
-  echo "== $1 rc=$?"; grep "^| [0-9]" $OUT/$1.log
-}
-gpu_suite() {  # the whole GPU suite, its failures and count
-  (cd tests && timeout ${T_TESTS:-420} python3 -m pytest -q -m gpu -p no:cacheprovider -n 14 gpu > $OUT/gpu_suite.log 2>&1)
-  echo "gpu suite rc=$?"; grep -E "^FAILED|^ERROR" $OUT/gpu_suite.log | head -20; tail -1 $OUT/gpu_suite.log
-}
+TJC=/tmp/tjc10 . scripts/gpu_common.sh  # PYTHONPATH, the cache, configs, gpu_suite, ncu_cycles
 if [ "${PART:-explore}" = explore ]; then
   configs decode 1x4096x4096,16x11008x4096,1x4096x11008 \
     64x32x64w4s12,64x32x128w4s8,64x16x128w4s8,64x64x64w4s8,64x64x128w4s6,64x128x64w4s4 off,ws,split-k2,split-k4
