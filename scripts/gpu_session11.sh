@@ -52,3 +52,12 @@ if [ "${PART}" = last ]; then  # the final tree: the whole GPU suite, then the c
   ncu_cycles last fp16:4096x4096x4096:256x128x64w8s4:persistent fp16:8192x8192x1024:256x128x64w8s4:persistent \
     fp16:8192x8192x1024:128x256x64w8s4:persistent
 fi
+if [ "${PART}" = sanitize ]; then  # the changed epilogue's synchronization under compute-sanitizer: slab boxes, pingpong
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in racecheck memcheck; do
+    (cd tests && timeout 110 $CS --tool $tool --report-api-errors no --error-exitcode 3 python3 -m pytest -q \
+      -p no:cacheprovider gpu/test_gpu_kernels.py -k "persistent_big_tiles and 256x128" \
+      > $OUT/sanitize_$tool.log 2>&1)
+    echo "== $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" $OUT/sanitize_$tool.log | tail -3
+  done
+fi
