@@ -248,10 +248,11 @@ def _cuda_stage(st: Stages) -> None:
         out = emit_cuda(st.fn, st.target, st.spec.symbol)
     if out.shared_bytes > limit:
         raise _shared_memory_error(st, out, limit)
-    if _deepest_ring(st.fn) < asked:
-        warnings.warn(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of shared "
-                      f"memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
-                      f"{_deepest_ring(st.fn)} stages (ask for fewer stages or smaller tiles to silence this)",
+    compiled = _deepest_ring(st.fn)
+    if compiled < asked:
+        warnings.warn(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of "
+                      f"shared memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
+                      f"{compiled} stages (ask for fewer stages or smaller tiles to silence this)",
                       RuntimeWarning, stacklevel=2)
     st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
                                                                  out.tensor_maps)

@@ -170,14 +170,16 @@ def _panel_boxes(lay: SharedLayout, starts: list[str]):
     """(panel index, box coordinates innermost first as C text) of each 128-byte panel of a tile whose window
     starts at ``starts`` (one per tensor dim): panel ``p`` starts ``p * 128`` bytes further along the last dim. A
     tile of 64- or 32-byte rows is one panel."""
-    rank = len(starts)
     panel_cols = lay.row_pitch // lay.elem_bytes
     for p in range(lay.row_bytes // lay.row_pitch):
-        coords = []
-        for d in reversed(range(rank)):
-            start = f"(int)({starts[d]})"
-            coords.append(f"{start} + {p * panel_cols}" if d == rank - 1 and p else start)
-        yield p, ", ".join(coords)
+        yield p, _box_coords(starts, {len(starts) - 1: p * panel_cols})
+
+
+def _box_coords(starts: list[str], shifts: dict[int, int]) -> str:
+    """A box's coordinates, innermost first, as C text: the window's ``starts`` (one per tensor dim), dim ``d``
+    moved ``shifts[d]`` elements further where given and non-zero."""
+    return ", ".join(f"(int)({starts[d]})" + (f" + {shifts[d]}" if shifts.get(d) else "")
+                     for d in reversed(range(len(starts))))
 
 
 def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: str, multicast: str = "") -> None:
@@ -252,9 +254,8 @@ def _store_staging(em, rows: int, cols: int, esize: int, chunk_rows: int) -> tup
     choices = [(h, 2) for h in heights] + [(h, 1) for h in heights]
     for height, buffers in choices:
         lay = SharedLayout(height, panel_cols, esize)
-        boxes = (rows // height) * (cols // panel_cols)
-        if min(buffers, boxes) * lay.stage_bytes <= free and (buffers == 1 or boxes > 1):
-            return lay, min(buffers, boxes)
+        if buffers <= (rows // height) * (cols // panel_cols) and buffers * lay.stage_bytes <= free:
+            return lay, buffers
     return None
 
 
@@ -297,7 +298,7 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     lay, buffers = staging  # from store_staging
     panel_cols, box_rows = lay.cols, lay.rows
     rank = tensor.type.rank
-    row_dim = [d for d in range(rank) if d not in op.attrs.dropped][0]
+    row_dim = CopyQuery(op, None, True).tile_dims[0]  # (store_staging: a 2-D window along the last dim)
     em.require_support("tma", SUPPORT)
     em.require_support("tma_store", STORE_SUPPORT)
     offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
@@ -342,9 +343,7 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
             em.close()
         em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
         em.barrier()
-        shifts = {rank - 1: p * panel_cols, row_dim: c * box_rows}
-        coords = ", ".join(f"(int)({starts[d]})" + (f" + {shifts[d]}" if shifts.get(d) else "")
-                           for d in reversed(range(rank)))
+        coords = _box_coords(starts, {rank - 1: p * panel_cols, row_dim: c * box_rows})
         em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, {origin} + {base}); "
                 "tj_bulk_commit(); }")
     if em.fn.attrs.get("persistent") and em.ring_phase == "consumer":
