@@ -295,9 +295,11 @@ class Target:
         return cls(Arch.parse(arch), LaunchOptions(**options), sm_count)
 
     def __getattr__(self, name: str) -> Any:
-        # only reached for names that are not attributes: the launch options (``options`` itself is a field)
-        if name in LaunchOptions.__dataclass_fields__:
-            return getattr(object.__getattribute__(self, "options"), name)
+        # only reached for names that are not attributes: the launch options (``options`` itself is a field, unset
+        # only while unpickling, when this raises AttributeError as it should)
+        options = object.__getattribute__(self, "options")
+        if name in options.names():
+            return getattr(options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
