@@ -16,6 +16,7 @@ it, and it imports nothing of tilejit but ``errors``:
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
@@ -255,8 +256,8 @@ class LaunchOptions:
         return tokens
 
     def in_effect(self, name: str) -> bool:
-        """Whether option ``name`` is on: set itself, or implied by a set option that is (pingpong and stream_k
-        imply persistent)."""
+        """Whether option ``name`` is on: set itself, or implied by an option that is on (pingpong and stream_k
+        imply persistent, which implies warp_specialize for the loops that do not say)."""
         return self.is_set(name) or any(spec.implies == name and self.in_effect(f.name)
                                         for f, spec in _declared(type(self)))
 
@@ -272,9 +273,10 @@ class LaunchOptions:
         return any(spec.sm90a_only and self.is_set(f.name) for f, spec in _declared(type(self)))
 
 
-def _declared(cls: type) -> list[tuple[Any, OptionSpec]]:
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[Any, OptionSpec], ...]:
     """The option fields of a :class:`LaunchOptions` class with their declarations, in order."""
-    return [(f, f.metadata[_OPTION]) for f in fields(cls)]
+    return tuple((f, f.metadata[_OPTION]) for f in fields(cls))
 
 
 # -- target --------------------------------------------------------------------------------------------------
@@ -298,7 +300,7 @@ class Target:
         # only reached for names that are not attributes: the launch options (``options`` itself is a field, unset
         # only while unpickling, when this raises AttributeError as it should)
         options = object.__getattribute__(self, "options")
-        if name in options.names():
+        if name in type(options).__dataclass_fields__:
             return getattr(options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
