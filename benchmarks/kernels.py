@@ -134,8 +134,7 @@ SM80_PINS = {"TILEJIT_GEMM_LOWERING": "mma_sync_m16n8k16", "TILEJIT_COPY_LOWERIN
 """The knobs that compile the sm_80 path (cp.async ring, ldmatrix, mma.sync) for a Hopper GPU (issue 15)."""
 
 matmul_sm80 = tilejit.autotune(
-    configs=[c for c in matmul_configs() if c.split_k == 1 and not (c.warp_specialize or c.persistent or c.pingpong
-                                                                     or c.stream_k or c.cluster > 1)],
+    configs=[c for c in matmul_configs() if c.split_k == 1 and not c.options.sm90a_only],
     key=["A", "B"], prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
 """The DESIGN matmul over the config space an sm_80 GPU tunes (no cluster, no TMA or Hopper launch options), for
 launches made with ``SM80_PINS`` set (``sm80_path``): the sm_80 path, run and tuned on a Hopper GPU."""

@@ -68,73 +68,60 @@ class AutotuneError(TilejitError):
 
 
 class Config:
-    """Constexpr values plus launch options for one autotuning candidate.
+    """Constexpr values plus launch options for one autotuning candidate: ``Config(kwargs, num_warps=8,
+    num_stages=4, split_k=2)``. Every option of ``tilejit.target.LaunchOptions`` is a keyword (the reserved ones,
+    ``num_warps`` and ``num_stages``, may also come by position) and an attribute: ``config.split_k``.
 
     ``pre_hook``, if given, is called with the dict of named arguments before every launch with this config
     (timed or not); it is not part of the config's identity.
     """
 
-    def __init__(
-        self,
-        kwargs: Mapping[str, Any],
-        num_warps: int = 4,
-        num_stages: int = 3,
-        pre_hook: Callable[[dict[str, Any]], None] | None = None,
-        split_k: int = 1,
-        warp_specialize: bool = False,
-        persistent: bool = False,
-        pingpong: bool = False,
-        cluster: int = 1,
-        stream_k: bool = False,
-    ) -> None:
+    def __init__(self, kwargs: Mapping[str, Any], *positional: Any,
+                 pre_hook: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> None:
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
-                raise ValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
+                raise UsageValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
+        reserved = LaunchOptions.reserved_names()
+        if len(positional) > len(reserved):
+            raise UsageTypeError(f"Config takes {', '.join(reserved)} by position, then keywords only: got "
+                                 f"{len(positional)} positional launch options")
+        for name, value in zip(reserved, positional):
+            if name in options:
+                raise UsageTypeError(f"Config got {name} both by position and by keyword")
+            options[name] = value
+        for name in options:
+            if name not in _LAUNCH_OPTIONS:
+                raise UsageTypeError(f"Config got an unexpected keyword argument {name!r}"
+                                     f"{did_you_mean(name, [*_LAUNCH_OPTIONS, 'pre_hook'])}; its launch options: "
+                                     f"{', '.join(_LAUNCH_OPTIONS)}")
         try:
-            self.options = LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent, pingpong,
-                                         cluster, stream_k)
+            self.options = LaunchOptions(**options)
         except ValueError as e:
-            raise ValueError(f"Config: {e}") from None
+            raise UsageValueError(f"Config: {e}") from None
         self.kwargs = dict(kwargs)
-        self.num_warps = num_warps
-        self.num_stages = num_stages
-        self.split_k = split_k
-        self.warp_specialize = warp_specialize
-        self.persistent = persistent
-        self.pingpong = pingpong
-        self.cluster = cluster
-        self.stream_k = stream_k
+        for name, value in self.options.as_dict().items():  # config.num_warps, config.split_k ...
+            setattr(self, name, value)
         self.pre_hook = pre_hook
         self.launch_kwargs = self.all_kwargs()  # built once: the launch fast path passes it on every call
 
     def all_kwargs(self) -> dict[str, Any]:
-        """The meta arguments a launch with this config passes: constexprs, num_warps, num_stages (and split_k
-        warp_specialize, persistent, pingpong, cluster and stream_k when they are not off)."""
-        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, **self._extra()}
-
-    def _extra(self) -> dict[str, Any]:
-        """The launch options that are left out when off (so records stored before they existed keep their keys)."""
-        return {**({"split_k": self.split_k} if self.split_k != 1 else {}),
-                **({"warp_specialize": True} if self.warp_specialize else {}),
-                **({"persistent": True} if self.persistent else {}),
-                **({"pingpong": True} if self.pingpong else {}),
-                **({"cluster": self.cluster} if self.cluster != 1 else {}),
-                **({"stream_k": True} if self.stream_k else {})}
+        """The meta arguments a launch with this config passes: constexprs, then the launch options as
+        ``LaunchOptions.listed`` gives them (num_warps and num_stages always, the others when set)."""
+        return {**self.kwargs, **self.options.listed()}
 
     @property
     def identity(self) -> str:
-        """Canonical text of the content (sorted constexprs, then launch options): the key of stored timings."""
+        """Canonical text of the content (sorted constexprs, then launch options): the key of stored timings. An
+        option left at its default is left out unless reserved, so records stored before it existed keep their
+        keys."""
         parts = [f"{name}={value!r}" for name, value in sorted(self.kwargs.items())]
-        parts += [f"num_warps={self.num_warps}", f"num_stages={self.num_stages}"]
-        parts += [f"{name}={value}" for name, value in self._extra().items()]
+        parts += [f"{name}={value}" for name, value in self.options.listed().items()]
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kwargs": {name: _jsonable(value) for name, value in sorted(self.kwargs.items())},
-            "num_warps": self.num_warps,
-            "num_stages": self.num_stages,
-            **self._extra(),
+            **self.options.listed(),
         }
 
     def __eq__(self, other: object) -> bool:
@@ -147,8 +134,8 @@ class Config:
         return self.identity
 
     def __repr__(self) -> str:
-        extra = "".join(f", {name}={value!r}" for name, value in self._extra().items())
-        return f"Config({self.kwargs!r}, num_warps={self.num_warps}, num_stages={self.num_stages}{extra})"
+        options = "".join(f", {name}={value!r}" for name, value in self.options.listed().items())
+        return f"Config({self.kwargs!r}{options})"
 
 
 class _TunedLaunch:

@@ -127,13 +127,7 @@ class Specialization:
             "source": self.source_hash,
             "globals": dict(self.constants),
             "args": [[name, spec_json(spec)] for name, spec in self.args],
-            "options": [self.options.num_warps, self.options.num_stages]
-                       + ([self.options.split_k] if self.options.split_k != 1 else [])
-                       + (["warp_specialize"] if self.options.warp_specialize else [])
-                       + (["persistent"] if self.options.persistent else [])
-                       + (["pingpong"] if self.options.pingpong else [])
-                       + ([f"cluster{self.options.cluster}"] if self.options.cluster != 1 else [])
-                       + (["stream_k"] if self.options.stream_k else []),
+            "options": self.options.key_tokens(),
             "target": target,
         }
 
@@ -482,9 +476,11 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "shared_bytes": st.shared_bytes, "param_kinds": st.param_kinds,
         "registers": registers, "spills": spills, "wgmma_serialized": wgmma_serialized(st.nvrtc_log),
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
-        "binary": "kernel.cubin", "num_warps": target.num_warps, "num_stages": target.num_stages,
-        "split_k": target.split_k, "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
-        "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
+        "binary": "kernel.cubin", "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
+        # every launch option as asked; then what the compile made of them where the launch reads that instead:
+        # the clustered programs (1 where the kernel multicasts nothing) and stream-K's program count (0: off)
+        **target.options.as_dict(),
+        "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
         "stream_k_flags": st.stream_k_flags,
     }

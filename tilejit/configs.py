@@ -230,8 +230,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 
 
 def _hopper_only(c: Config) -> bool:
-    """Whether ``c`` asks for a launch option that changes the kernel on sm_90 only."""
-    return bool(c.warp_specialize or c.persistent or c.pingpong or c.stream_k or c.cluster > 1)
+    """Whether ``c`` asks for a launch option that changes the kernel on sm_90 only (``OptionSpec.sm90a_only``)."""
+    return c.options.sm90a_only
 
 
 def cluster_sm_count(tensor: Any) -> int:

@@ -5,8 +5,9 @@ it, and it imports nothing of tilejit but ``errors``:
 
 * :class:`Arch` is an arch string parsed once ("sm_90a", "90a", 80 ...) with the features lowerings test
   (``has_wgmma``, ``has_tma``, ``has_tcgen05`` ...), so no other module parses arch strings.
-* :class:`LaunchOptions` is the one definition (and validation) of ``num_warps`` / ``num_stages`` / ``split_k``,
-  shared by ``Kernel.bind``, ``tilejit.Config``, :class:`Target` and the cache key.
+* :class:`LaunchOptions` declares the launch options once (``num_warps``, ``num_stages``, ``split_k`` ...): a
+  field each, with its check and doc; ``Kernel.bind``, ``tilejit.Config``, :class:`Target`, the cache key and
+  the autotune space read the fields.
 * :class:`Registry` is the lowering dispatch table: each op that has several lowerings (``gemm``, ``copy``)
   keeps implementations registered with an arch range, a priority and named predicates; ``select`` returns the
   first that fits and, when none does, a :class:`~tilejit.errors.DispatchError` lists every candidate with the
@@ -15,8 +16,9 @@ it, and it imports nothing of tilejit but ``errors``:
 """
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from .errors import DispatchError, UsageValueError
@@ -120,65 +122,161 @@ VALID_CLUSTER = (1, 2)  # TMA multicast clusters: one program, or a pair along x
 
 
 @dataclass(frozen=True)
+class Check:
+    """What a launch option's value must be: ``holds(value)``, and ``expected`` for the error ("num_warps must
+    be <expected>, got 3")."""
+    holds: Callable[[Any], bool]
+    expected: str
+
+
+def one_of(values: tuple[int, ...], why: str = "") -> Check:
+    """An int among ``values`` (a bool is not an int here)."""
+    return Check(lambda v: type(v) is int and v in values, f"one of {values}" + (f" ({why})" if why else ""))
+
+
+def int_at_least(low: int) -> Check:
+    return Check(lambda v: type(v) is int and v >= low, f"an int >= {low}")
+
+
+FLAG = Check(lambda v: type(v) is bool, "True or False")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """The declaration of one launch option, held in its field's metadata (see :func:`launch_option`)."""
+    check: Check
+    doc: str
+    # set, it turns this other option on too (pingpong implies persistent): see ``LaunchOptions.in_effect``
+    implies: str | None = None
+    # One of the original options (num_warps, num_stages): always listed, in the compile key, Config records and
+    # reprs, and no kernel parameter may take its name. An option added later is listed only when set, so the
+    # keys and records made before it existed keep their text, and a kernel parameter of its name (written
+    # before the option existed) takes that keyword for itself.
+    reserved: bool = False
+    # a set value enters the compile key as the bare value rather than tagged with the name (split_k's token,
+    # kept so that keys made before the other options existed stay equal)
+    bare_in_key: bool = False
+    # set, it changes the kernel on sm_90a only (elsewhere it is accepted and has no effect)
+    sm90a_only: bool = False
+
+
+_OPTION = "tilejit.launch_option"  # the metadata key of a field's OptionSpec
+
+
+def launch_option(default: Any, check: Check, doc: str, **spec: Any) -> Any:
+    """A field of :class:`LaunchOptions`: its default, the check of its values and a one-line doc (and the
+    :class:`OptionSpec` flags in ``spec``)."""
+    return field(default=default, metadata={_OPTION: OptionSpec(check, doc, **spec)})
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
-    """The reserved launch keywords: ``num_warps`` (threads = 32 x num_warps), ``num_stages`` (the pipeline
-    depth of ``T.range`` loops that do not give ``stages=``) and ``split_k`` (the K loop of a GEMM-like kernel
-    cut over that many programs of one thread-block cluster, their partial accumulators summed before the
-    epilogue; 1 = off; sm_90+, see ``passes/split_k.py``) and ``warp_specialize`` (the pipelined main loops that
-    qualify get a producer warpgroup issuing their TMA loads while the ``num_warps`` warps only compute; sm_90a,
-    see ``passes/pipeline.py``; a loop's own ``T.range(..., warp_specialize=)`` overrides it) and ``persistent``
-    (a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads the
-    next tile while the math warps finish this one; implies ``warp_specialize`` for loops that do not say) and
-    ``pingpong`` (a persistent kernel whose block holds two groups of ``num_warps`` warps, each running its own
-    programs from one shared ring: one group's epilogue runs while the other's main loop uses the tensor cores;
-    implies ``persistent``) and ``cluster`` (2: a warp-specialized kernel runs in clusters of two programs
-    adjacent along x, and each ring tile whose window is the same in both, like the DESIGN matmul's B, is loaded
-    once by TMA multicast into both; implies ``warp_specialize`` for loops that do not say; a grid whose x extent
-    is odd runs without clusters; see ``passes/pipeline.multicast_loads``) and ``stream_k`` (a persistent kernel
-    whose K loop is shared out in equal runs of iterations, so the output tiles of the last, partial wave are
-    computed by every SM in parts that one of them sums: no SM idles through the tail; implies ``persistent``;
-    see ``passes/split_k.stream_k``)."""
-    num_warps: int = 4
-    num_stages: int = 3
-    split_k: int = 1
-    warp_specialize: bool = False
-    persistent: bool = False
-    pingpong: bool = False
-    cluster: int = 1
-    stream_k: bool = False
+    """The launch keywords a kernel launch, ``tilejit.Config`` and :meth:`Target.of` take, declared once: each
+    field is one option, and its metadata (an :class:`OptionSpec`) holds its check and doc. Validation, ``names``,
+    ``as_dict``, the compile key's tokens, ``Config``'s keywords and records, which kernel parameters may shadow an
+    option and the autotune space's sm_90a-only test all read the fields, so adding an option is adding a field.
+    """
+    num_warps: int = launch_option(4, one_of(VALID_WARPS), "warps per program: threads = 32 x num_warps",
+                                   reserved=True)
+    num_stages: int = launch_option(
+        3, int_at_least(1), "the pipeline depth of T.range loops that do not give stages=", reserved=True)
+    split_k: int = launch_option(
+        1, one_of(VALID_SPLIT_K, "the programs of one thread-block cluster"),
+        "the K loop of a GEMM-like kernel cut over that many programs of one thread-block cluster, their partial "
+        "accumulators summed before the epilogue; 1 = off; sm_90+, see passes/split_k.py", bare_in_key=True)
+    warp_specialize: bool = launch_option(
+        False, FLAG,
+        "the pipelined main loops that qualify get a producer warpgroup issuing their TMA loads while the "
+        "num_warps warps only compute; a loop's own T.range(..., warp_specialize=) overrides it; see "
+        "passes/pipeline.py", sm90a_only=True)
+    persistent: bool = launch_option(
+        False, FLAG,
+        "a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads "
+        "the next tile while the math warps finish this one; warp-specializes loops that do not say",
+        implies="warp_specialize", sm90a_only=True)
+    pingpong: bool = launch_option(
+        False, FLAG,
+        "a persistent kernel whose block holds two groups of num_warps warps, each running its own programs from "
+        "one shared ring: one group's epilogue runs while the other's main loop uses the tensor cores",
+        implies="persistent", sm90a_only=True)
+    cluster: int = launch_option(
+        1, one_of(VALID_CLUSTER, "programs per thread-block cluster along x"),
+        "2: a warp-specialized kernel runs in clusters of two programs adjacent along x, and each ring tile whose "
+        "window is the same in both is loaded once by TMA multicast into both; a grid whose x extent is odd runs "
+        "without clusters; see passes/pipeline.multicast_loads", implies="warp_specialize", sm90a_only=True)
+    stream_k: bool = launch_option(
+        False, FLAG,
+        "a persistent kernel whose K loop is shared out in equal runs of iterations, so the output tiles of the "
+        "last, partial wave are computed by every SM in parts that one of them sums: no SM idles through the "
+        "tail; see passes/split_k.stream_k", implies="persistent", sm90a_only=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_warps, bool) or self.num_warps not in VALID_WARPS:
-            raise UsageValueError(f"num_warps must be one of {VALID_WARPS}, got {self.num_warps!r}")
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise UsageValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
-        if type(self.split_k) is not int or self.split_k not in VALID_SPLIT_K:
-            raise UsageValueError(f"split_k must be one of {VALID_SPLIT_K} (the programs of one thread-block "
-                                  f"cluster), got {self.split_k!r}")
-        if type(self.warp_specialize) is not bool:
-            raise UsageValueError(f"warp_specialize must be True or False, got {self.warp_specialize!r}")
-        if type(self.persistent) is not bool:
-            raise UsageValueError(f"persistent must be True or False, got {self.persistent!r}")
-        if type(self.pingpong) is not bool:
-            raise UsageValueError(f"pingpong must be True or False, got {self.pingpong!r}")
-        if type(self.cluster) is not int or self.cluster not in VALID_CLUSTER:
-            raise UsageValueError(f"cluster must be one of {VALID_CLUSTER} (programs per thread-block cluster along "
-                                  f"x), got {self.cluster!r}")
-        if type(self.stream_k) is not bool:
-            raise UsageValueError(f"stream_k must be True or False, got {self.stream_k!r}")
+        for f, spec in _declared(type(self)):
+            value = getattr(self, f.name)
+            if not spec.check.holds(value):
+                raise UsageValueError(f"{f.name} must be {spec.check.expected}, got {value!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return ("num_warps", "num_stages", "split_k", "warp_specialize", "persistent", "pingpong", "cluster",
-                "stream_k")
+        """Every option, in declaration order."""
+        return tuple(f.name for f, _ in _declared(cls))
 
-    def as_dict(self) -> dict[str, int]:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
-                "warp_specialize": self.warp_specialize, "persistent": self.persistent, "pingpong": self.pingpong,
-                "cluster": self.cluster, "stream_k": self.stream_k}
+    @classmethod
+    def reserved_names(cls) -> tuple[str, ...]:
+        """The options always listed, whose names no kernel parameter may take (``OptionSpec.reserved``)."""
+        return tuple(f.name for f, spec in _declared(cls) if spec.reserved)
+
+    @classmethod
+    def spec(cls, name: str) -> OptionSpec:
+        """The declaration of option ``name``."""
+        return cls.__dataclass_fields__[name].metadata[_OPTION]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f, _ in _declared(type(self))}
+
+    def is_set(self, name: str) -> bool:
+        """Whether option ``name`` differs from its default."""
+        return getattr(self, name) != type(self).__dataclass_fields__[name].default
+
+    def listed(self) -> dict[str, Any]:
+        """The options as records and reprs list them: the reserved ones always, the others when set."""
+        return {f.name: getattr(self, f.name) for f, spec in _declared(type(self))
+                if spec.reserved or self.is_set(f.name)}
+
+    def key_tokens(self) -> list[Any]:
+        """The options as they enter the compile key: a reserved option's value always, a set option's bare value
+        (``bare_in_key``), its name (a flag) or its name and value ("cluster2")."""
+        tokens: list[Any] = []
+        for f, spec in _declared(type(self)):
+            value = getattr(self, f.name)
+            if spec.reserved or spec.bare_in_key and self.is_set(f.name):
+                tokens.append(value)
+            elif self.is_set(f.name):
+                tokens.append(f.name if type(value) is bool else f"{f.name}{value}")
+        return tokens
+
+    def in_effect(self, name: str) -> bool:
+        """Whether option ``name`` is on: set itself, or implied by an option that is on (pingpong and stream_k
+        imply persistent, which implies warp_specialize for the loops that do not say)."""
+        return self.is_set(name) or any(spec.implies == name and self.in_effect(f.name)
+                                        for f, spec in _declared(type(self)))
+
+    @property
+    def walks_grid(self) -> bool:
+        """The kernel runs one program per SM walking the grid's programs (persistent, pingpong or stream_k), so
+        it is compiled for the GPU's SM count."""
+        return self.in_effect("persistent")
+
+    @property
+    def sm90a_only(self) -> bool:
+        """Whether an option is set that changes the kernel on sm_90a only (``OptionSpec.sm90a_only``)."""
+        return any(spec.sm90a_only and self.is_set(f.name) for f, spec in _declared(type(self)))
 
 
-LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[Any, OptionSpec], ...]:
+    """The option fields of a :class:`LaunchOptions` class with their declarations, in order."""
+    return tuple((f, f.metadata[_OPTION]) for f in fields(cls))
 
 
 # -- target --------------------------------------------------------------------------------------------------
@@ -186,54 +284,35 @@ LAUNCH_OPTION_DEFAULTS: dict[str, int] = LaunchOptions().as_dict()
 
 @dataclass(frozen=True)
 class Target:
-    """What a lowering may depend on: the arch and the launch options."""
+    """What a lowering may depend on: the arch and the launch options (``target.num_warps`` and every other
+    option name reads ``target.options``)."""
     arch: Arch
     options: LaunchOptions = LaunchOptions()
     # SMs of the GPU a persistent kernel is compiled for (its program count); 0: not known (no GPU at compile time)
     sm_count: int = 0
 
     @classmethod
-    def of(cls, arch: "str | int | Arch", num_warps: int = 4, num_stages: int = 3, split_k: int = 1,
-           warp_specialize: bool = False, persistent: bool = False, sm_count: int = 0,
-           pingpong: bool = False, cluster: int = 1, stream_k: bool = False) -> "Target":
-        return cls(Arch.parse(arch), LaunchOptions(num_warps, num_stages, split_k, warp_specialize, persistent,
-                                                   pingpong, cluster, stream_k), sm_count)
+    def of(cls, arch: "str | int | Arch", *, sm_count: int = 0, **options: Any) -> "Target":
+        """``Target.of("sm_90a", num_warps=8, persistent=True, sm_count=132)``: the launch options by keyword."""
+        return cls(Arch.parse(arch), LaunchOptions(**options), sm_count)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names that are not attributes: the launch options (``options`` itself is a field, unset
+        # only while unpickling, when this raises AttributeError as it should)
+        options = object.__getattribute__(self, "options")
+        if name in type(options).__dataclass_fields__:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def sm(self) -> int:
         return self.arch.sm
 
     @property
-    def num_warps(self) -> int:
-        return self.options.num_warps
-
-    @property
-    def num_stages(self) -> int:
-        return self.options.num_stages
-
-    @property
-    def split_k(self) -> int:
-        return self.options.split_k
-
-    @property
-    def warp_specialize(self) -> bool:
-        return self.options.warp_specialize
-
-    @property
     def persistent(self) -> bool:
-        return self.options.persistent or self.options.pingpong or self.options.stream_k
-
-    @property
-    def pingpong(self) -> bool:
-        return self.options.pingpong
-
-    @property
-    def cluster(self) -> int:
-        return self.options.cluster
-
-    @property
-    def stream_k(self) -> bool:
-        return self.options.stream_k
+        """The kernel walks the grid, one program per SM (``LaunchOptions.walks_grid``): persistent, pingpong or
+        stream_k."""
+        return self.options.walks_grid
 
     @property
     def threads(self) -> int:

@@ -150,7 +150,8 @@ def test_persistent_structure_and_even_program_count():
     for cluster, programs in ((2, 132), (1, 133)):
         call = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64, "num_warps": 8, "num_stages": 4,
                                  "persistent": True, "cluster": cluster})
-        target = Target.of("sm_90a", 8, 4, 1, False, True, 133, cluster=cluster)
+        target = Target.of("sm_90a", num_warps=8, num_stages=4, persistent=True, sm_count=133,
+                           cluster=cluster)
         stages = compiler.run_stages(call.spec, target, "cuda")
         assert stages.fn.attrs["persistent"] == programs
         assert f"if (tj_first >= {programs}) return;" in stages.cuda
@@ -334,9 +335,9 @@ def test_cache_key_and_config():
     assert on.key_material("t")["options"] == [8, 3, "cluster2"]
     assert off.key_material("t")["options"] == [8, 3]
     assert on.key("t") != off.key("t")
-    assert cache_key(on, Target.of("sm_90a", 8, cluster=2)) != cache_key(off, Target.of("sm_90a", 8))
+    assert cache_key(on, Target.of("sm_90a", num_warps=8, cluster=2)) != cache_key(off, Target.of("sm_90a", num_warps=8))
     ws = mm.bind(_args(), {**meta, "warp_specialize": True}).spec  # cluster implies it, but is not it
-    assert cache_key(on, Target.of("sm_90a", 8, cluster=2)) != cache_key(ws, Target.of("sm_90a", 8, 3, 1, True))
+    assert cache_key(on, Target.of("sm_90a", num_warps=8, cluster=2)) != cache_key(ws, Target.of("sm_90a", num_warps=8, warp_specialize=True))
 
     c2, c1 = Config({"BM": 128}, num_warps=8, cluster=2), Config({"BM": 128}, num_warps=8)
     assert c2.all_kwargs() == {"BM": 128, "num_warps": 8, "num_stages": 3, "cluster": 2}

@@ -266,7 +266,7 @@ def test_cache_key_differs():
 
     call_on = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64, "warp_specialize": True})
     call_off = mm.bind(_args(), {"BM": 128, "BN": 256, "BK": 64})
-    on = cache_key(call_on.spec, Target.of("sm_90a", 4, 3, 1, True))
+    on = cache_key(call_on.spec, Target.of("sm_90a", warp_specialize=True))
     off = cache_key(call_off.spec, Target.of("sm_90a"))
     assert on != off
 
@@ -279,8 +279,7 @@ def test_every_default_warp_specialized_config_compiles_without_spills(elem):
     from tilejit.configs import matmul_configs
 
     n = 2048
-    configs = [c for c in matmul_configs(elem_bytes=elem)
-               if c.warp_specialize or c.persistent or c.pingpong or c.stream_k]
+    configs = [c for c in matmul_configs(elem_bytes=elem) if c.options.sm90a_only]
     assert configs
     for config in configs:
         if elem == 1:
@@ -331,11 +330,11 @@ def test_persistent_program_count_and_cache_key():
     st = mm.compile(*_args(), BM=128, BN=128, BK=64, num_warps=8, persistent=True, arch="sm_90a", stop_after="cuda")
     assert "tj_prog += 132" in st.cuda  # no GPU here: an H100 SXM's SM count
     call = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "persistent": True})
-    keys = {cache_key(call.spec, Target.of("sm_90a", 4, 3, 1, False, True, sms)) for sms in (0, 114, 132)}
+    keys = {cache_key(call.spec, Target.of("sm_90a", persistent=True, sm_count=sms)) for sms in (0, 114, 132)}
     assert len(keys) == 3
     from tilejit import compiler
 
-    stages = compiler.run_stages(call.spec, Target.of("sm_90a", 4, 3, 1, False, True, 114), "passes")
+    stages = compiler.run_stages(call.spec, Target.of("sm_90a", persistent=True, sm_count=114), "passes")
     assert stages.fn.attrs["persistent"] == 114
 
 
@@ -444,8 +443,8 @@ def test_pingpong_cache_key_and_option_check():
 
     call = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "num_warps": 4})
     pp = mm.bind(_args(), {"BM": 128, "BN": 128, "BK": 64, "num_warps": 4, "pingpong": True})
-    target = Target.of("sm_90a", 4, 3, 1, False, True, 132)
-    assert cache_key(call.spec, target) != cache_key(pp.spec, Target.of("sm_90a", 4, 3, 1, False, True, 132,
+    target = Target.of("sm_90a", persistent=True, sm_count=132)
+    assert cache_key(call.spec, target) != cache_key(pp.spec, Target.of("sm_90a", persistent=True, sm_count=132,
                                                                          pingpong=True))
     with pytest.raises(TilejitError, match="pingpong must be True or False"):
         mm.compile(*_args(), BM=128, BN=128, BK=64, pingpong="yes", arch="sm_90a", stop_after="cuda")

@@ -36,8 +36,7 @@ SHAPES = [(1, 8, 16), (77, 130, 45), (200, 150, 100), (257, 383, 517), (512, 640
 CONFIGS = [(128, 128, 64, 4, 3), (128, 256, 64, 8, 3), (64, 64, 32, 4, 2), (64, 128, 32, 4, 4), (128, 128, 32, 4, 4),
            (64, 64, 16, 4, 3), (256, 128, 32, 8, 3)]
 DEFAULT_16BIT = sorted({(c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"], c.num_warps, c.num_stages)
-                        for c in matmul_configs() if c.split_k == 1 and not (c.warp_specialize or c.persistent
-                                                                               or c.pingpong or c.stream_k)})
+                        for c in matmul_configs() if c.split_k == 1 and not c.options.sm90a_only})
 
 
 @pytest.fixture(params=sorted(PATHS))

@@ -69,7 +69,7 @@ def test_rejections_are_listed_by_name():
     class FakeOp:
         pass
 
-    target = Target.of("sm_80", 4, 3)
+    target = Target.of("sm_80", num_warps=4, num_stages=3)
     reasons = {impl.name: impl.rejection(None, target) for impl in REGISTRY.candidates("gemm")
                if impl.name == "wgmma_m64nNk16"}
     assert reasons["wgmma_m64nNk16"].startswith("arch sm_80 outside sm_90")
@@ -83,7 +83,7 @@ def test_dispatch_error_lists_every_candidate_with_its_reason():
     registry.register("gemm", "only_f16", priority=1, predicates={"operands are f16": lambda op, t: False})(object())
     registry.register("gemm", "only_sm100", min_sm=100, priority=2)(object())
     with pytest.raises(DispatchError) as info:
-        registry.select("gemm", None, Target.of("sm_90a", 4, 3))
+        registry.select("gemm", None, Target.of("sm_90a", num_warps=4, num_stages=3))
     text = str(info.value)
     assert "only_f16" in text and "operands are f16" in text
     assert "only_sm100" in text and "outside sm_100" in text

@@ -32,8 +32,7 @@ def _tiles(configs) -> set[tuple[int, int]]:
 
 def test_matmul_configs_fit_shared_memory_and_are_unique():
     configs = matmul_configs(stream_k=True)
-    plain = [c for c in configs if c.split_k == 1
-             and not (c.warp_specialize or c.persistent or c.pingpong or c.stream_k)]
+    plain = [c for c in configs if c.split_k == 1 and not c.options.sm90a_only]
     specialized = [c for c in configs if c.warp_specialize]
     pingpong = [c for c in configs if c.pingpong]
     stream_k = [c for c in configs if c.stream_k]
@@ -51,7 +50,7 @@ def test_matmul_configs_fit_shared_memory_and_are_unique():
     assert deep and all(c.kwargs["BM"] * c.kwargs["BN"] <= 128 * 128 and c.num_warps == 4 for c in deep)
     assert not [c for c in deep if c in plain and c.kwargs["BM"] >= 64]
     thin = [c for c in configs if c.kwargs["BM"] < 64]
-    assert thin and all(c.kwargs["BM"] == 16 and not (c.warp_specialize or c.persistent or c.pingpong) for c in thin)
+    assert thin and all(c.kwargs["BM"] == 16 and not c.options.sm90a_only for c in thin)
     assert len({c.identity for c in configs}) == len(configs)
     for c in configs:
         assert matmul_shared_bytes(c) <= H100_MAX_DYNAMIC_SMEM, c
@@ -97,8 +96,8 @@ def test_matmul_prune_large_problem_drops_small_tiles():
     assert (128, 256) in _tiles(kept)
     everything = matmul_prune(matmul_configs(), _named(1000, 3000, 777))
     # meta tensors: no clusters, not an sm_90 GPU (so no split-K and no warp-specialized configs)
-    assert everything == [c for c in matmul_configs() if c.split_k == 1 and not c.warp_specialize
-                          and not c.persistent and not c.pingpong and not c.stream_k and c.kwargs["BM"] >= 64]
+    assert everything == [c for c in matmul_configs()
+                          if c.split_k == 1 and not c.options.sm90a_only and c.kwargs["BM"] >= 64]
 
 
 def test_matmul_prune_thin_tiles_for_decode_only(monkeypatch):
@@ -149,8 +148,7 @@ def test_matmul_prune_offers_warp_specialized_configs_on_sm90_only(monkeypatch):
     kept = matmul_prune(matmul_configs(), _named(4096, 4096, 4096))
     assert {(128, 256), (256, 128), (128, 128)} <= _tiles([c for c in kept if c.warp_specialize])
     monkeypatch.setattr(cfg, "is_sm90", lambda tensor: False)
-    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096))
-                if c.warp_specialize or c.persistent]
+    assert not [c for c in matmul_prune(matmul_configs(), _named(4096, 4096, 4096)) if c.options.sm90a_only]
 
 
 def test_matmul_prune_offers_split_k_only_where_tiles_leave_sms_idle(monkeypatch):

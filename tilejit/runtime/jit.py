@@ -23,15 +23,13 @@ from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorListSpec, TensorSpec
-from ..target import LAUNCH_OPTION_DEFAULTS as LAUNCH_OPTIONS
 from ..target import LaunchOptions, Target
-
-# Launch options added after kernels were written with parameters of the same name: such a parameter wins.
-_PARAMETER_MAY_SHADOW = frozenset({"split_k", "warp_specialize", "persistent", "pingpong", "cluster", "stream_k"})
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
 from .launch import launcher_for, pack_values, resolve_arch
 from .tensor_lists import TABLES, capturing, is_tensor_list, tensor_list_spec
+
+LAUNCH_OPTIONS = LaunchOptions().as_dict()  # every launch option, by name, with its default
 # Roles of parameters on the launch fast path: folded at compile time, passed at run time, or a tensor
 # whose extents are compile-time constants (its shape is then part of the call signature).
 _CONSTEXPR, _RUNTIME, _SHAPED = "constexpr", "runtime", "shaped"
@@ -106,9 +104,10 @@ class Kernel:
         self.constexpr_names = {n for n, p in self.signature.parameters.items()
                                 if _is_constexpr_annotation(p.annotation)}
         for name in self.arg_names:
-            if name in LAUNCH_OPTIONS and name not in _PARAMETER_MAY_SHADOW:
+            if name in LaunchOptions.reserved_names():
                 raise UsageTypeError(f"kernel {self.__name__}: parameter '{name}' clashes with a launch option")
-        # The launch options of this kernel: a parameter named ``split_k`` takes that keyword for itself.
+        # The launch options of this kernel: a parameter named like an option added after kernels were written
+        # with such parameters (``split_k`` ..., not a reserved one) takes that keyword for itself.
         self._options = {k: v for k, v in LAUNCH_OPTIONS.items() if k not in self.arg_names}
         self._parsed: ParsedSource | None = None
         self._constructs_checked = False
@@ -167,6 +166,11 @@ class Kernel:
         return out
 
     # -- binding -----------------------------------------------------------------------------
+    def _launch_options_of(self, call: BoundCall) -> dict[str, Any]:
+        """The launch options of ``call`` that this kernel takes (those no parameter shadows), by name: what a grid
+        callable sees beside the arguments, as on the fast path."""
+        return {name: getattr(call.options, name) for name in self._options}
+
     def _signature_text(self) -> str:
         return f"{self.__name__}{self.signature}"
 
@@ -282,8 +286,8 @@ class Kernel:
         is added to the specialization and the compile starts again.
         """
         options = call.options
-        walks = options.persistent or options.pingpong or options.stream_k  # one program per SM: how many SMs
-        target = Target(resolve_arch(arch, device_index), options, sm_count=_sm_count(device_index) if walks else 0)
+        target = Target(resolve_arch(arch, device_index), options,
+                        sm_count=_sm_count(device_index) if options.walks_grid else 0)  # one program per SM
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
@@ -461,8 +465,7 @@ class Kernel:
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
         fast path under the call's cheap signature. Returns the launcher (None in the interpreter)."""
         call = self.bind(args, dict(kwargs))
-        grid3 = resolve_grid(grid, {**call.values, "num_warps": call.options.num_warps,
-                                    "num_stages": call.options.num_stages}, self.__name__)
+        grid3 = resolve_grid(grid, {**call.values, **self._launch_options_of(call)}, self.__name__)
         tensors = {n: v for n, v in call.values.items() if _is_tensor(v)}
         # a tensor list's items share a device (checked when binding): its first stands for it
         tensors.update({f"{n}[0]": v[0] for n, v in call.values.items() if isinstance(call.specs[n], TensorListSpec)})
@@ -544,8 +547,7 @@ class Kernel:
 
         if self._quiet:
             return
-        described = {**{name: repr(spec) for name, spec in call.specs.items()},
-                     "num_warps": call.options.num_warps, "num_stages": call.options.num_stages}
+        described = {**{name: repr(spec) for name, spec in call.specs.items()}, **self._launch_options_of(call)}
         self._specializations[call.spec.key("ir")] = described
         if len(self._specializations) != 8:
             return
