@@ -1,5 +1,5 @@
-"""Kernels the tests of every layer share: the DESIGN.md matmul and its variants, a batched matmul with a fused
-epilogue, a row softmax and the single mma atom.
+"""Kernels the tests of every layer share: the matmul of examples/matmul.py and its variants, a batched matmul
+with a fused epilogue, a row softmax and the single mma atom.
 
 A test that needs a kernel object of its own (fresh in-memory caches, specialization counters or warnings) builds
 one from these with ``tilejit.kernel(kernels.matmul.fn)``. The error corpus keeps its own kernels.
@@ -12,7 +12,7 @@ import tilejit.language as T
 
 @tilejit.kernel
 def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """The DESIGN.md matmul, as written there (a 3-stage pipelined K loop)."""
+    """The matmul of examples/matmul.py (a 3-stage pipelined K loop)."""
     M, K = A.shape
     N = B.shape[1]
     m0 = T.program_id(0) * BM
@@ -25,7 +25,7 @@ def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
 
 @tilejit.kernel
 def matmul_staged(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """The DESIGN matmul with the pipeline depth left to the launch's num_stages."""
+    """That matmul with the pipeline depth left to the launch's num_stages."""
     M, K = A.shape
     N = B.shape[1]
     m0 = T.program_id(0) * BM
