@@ -15,6 +15,7 @@ import pytest
 
 #: The user's kernel caches as the run found them (path -> ``cache_snapshot``), kept by the controlling process.
 _USER_CACHES = pytest.StashKey[dict]()
+_USER_CACHE_DIRS = pytest.StashKey[list]()
 
 
 @functools.cache
@@ -67,8 +68,9 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_USER_CACHE_DIRS] = user_cache_dirs()  # before private_kernel_cache sets TILEJIT_CACHE_DIR
     if not _is_xdist_worker(config):  # recorded before any test (and any worker) runs
-        config.stash[_USER_CACHES] = {d: cache_snapshot(d) for d in user_cache_dirs()}
+        config.stash[_USER_CACHES] = {d: cache_snapshot(d) for d in config.stash[_USER_CACHE_DIRS]}
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "requires_sm(major): needs a GPU of compute capability >= major (80, 90, ...)")
     config.addinivalue_line("markers", "sm90a(what): runs only on an sm_90 GPU (kernels built for sm_90a's wgmma and "
@@ -86,6 +88,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                    "the private cache of tests/conftest.py (private_kernel_cache), and a subprocess must inherit "
                    "its TILEJIT_CACHE_DIR")
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -135,6 +138,12 @@ def private_kernel_cache(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILEJIT_CACHE_DIR", str(root))
         yield root
+
+
+@pytest.fixture
+def user_kernel_caches(request) -> list[Path]:
+    """The user's kernel cache directories as the run found them (``user_cache_dirs`` before any test)."""
+    return request.config.stash[_USER_CACHE_DIRS]
 
 
 @pytest.fixture(autouse=True)
