@@ -135,3 +135,14 @@ def test_every_file_the_docs_mention_exists(doc):
         markdown_names |= {f for f in files if f.endswith(".md")}
     cited = set(re.findall(r"\b([\w-]+\.md)\b", text))  # in prose too: "see RESULTS.md"
     assert cited <= markdown_names, f"{doc} cites {sorted(cited - markdown_names)}, which the repository lacks"
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """.ci/run installs the test extra and runs the README's test command, word for word; the command runs
+    the suite in parallel with pytest-xdist, which the test extra installs."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = [line.strip() for line in readme.splitlines() if "python -m pytest" in line and "pip install" in line]
+    tail = command[command.index("pip install -e '.[test]'"):]
+    assert " -n " in tail
+    assert tail in (REPO / ".ci" / "run").read_text()
+    assert '"pytest-xdist"' in (REPO / "pyproject.toml").read_text()
