@@ -131,8 +131,8 @@ def private_kernel_cache(tmp_path_factory) -> Path:
     workers of one pytest-xdist run share it (the cache is safe across processes), so a kernel compiled by one
     worker is a hit for the others; each run starts with it empty."""
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the run's folder, above the worker's own basetemp
+    if os.environ.get("PYTEST_XDIST_WORKER") and base.name.startswith("popen-"):
+        base = base.parent  # the run's folder (the controller's basetemp), above the worker's own
     root = base / "tilejit-cache"
     root.mkdir(mode=0o700, exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
@@ -162,8 +162,9 @@ _COMPILE_KNOBS = ("TILEJIT_INTERPRET", "TILEJIT_ARCH", "TILEJIT_GEMM_LOWERING")
 
 @pytest.fixture(scope="module")
 def fresh_compile_cache(tmp_path_factory):
-    """A kernel cache of the module's own (its compiles start cold and leave the user's cache alone), with the
-    compile-changing knobs unset. Use with ``pytestmark = pytest.mark.usefixtures("fresh_compile_cache")``."""
+    """A kernel cache of the module's own, for modules whose compiles must start cold (every test already
+    compiles into the run's private cache, ``private_kernel_cache``), with the compile-changing knobs unset.
+    Use with ``pytestmark = pytest.mark.usefixtures("fresh_compile_cache")``."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
         for knob in _COMPILE_KNOBS:

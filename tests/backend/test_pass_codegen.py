@@ -48,6 +48,8 @@ def lowered(name: str):
     return lower(kernel, *args, **kwargs)
 
 
+# -- the matmul of examples/matmul.py on sm_80 ------------------------------------------------------------------
+
 def test_example_matmul_sm80_cuda_and_ptx(compiled):
     c = compiled("mm80")
     body = kernel_body(c.asm["cuda"])

@@ -32,7 +32,7 @@ def lowered(name: str):
     return lower(kernel, *args, **kwargs)
 
 
-# -- the matmul of examples/matmul.py on sm_80 -------- ----------------------------------------------------------------------------------
+# -- the matmul of examples/matmul.py on sm_80 ------------------------------------------------------------------
 
 def test_example_matmul_sm80_ir():
     filecheck(final_ir("mm80"), r"""
