@@ -22,7 +22,7 @@ ARCHS = ("sm_80", "sm_90a", "sm_100a")
 
 
 def _cases() -> dict:
-    for sub in ("tests", "tests/frontend", "tests/gpu", "tests/backend"):
+    for sub in ("tests", "tests/frontend", "tests/backend"):
         sys.path.insert(0, str(ROOT / sub))
     sys.path.insert(0, str(ROOT))
     import torch

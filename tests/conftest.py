@@ -1,9 +1,21 @@
-"""Shared pytest setup: `gpu` tests run only where torch sees a CUDA GPU; `requires_sm(major)` gates by arch."""
+"""Shared pytest setup: `gpu` tests run only where torch sees a CUDA GPU; `requires_sm(major)` gates by arch.
+
+Every test compiles into a kernel cache of the run's own (``private_kernel_cache``): the suite never writes the
+user's cache, the configured one (``$TILEJIT_CACHE_DIR``) nor the default (``~/.cache/tilejit``,
+``$XDG_CACHE_HOME/tilejit``). The process that runs the session (the controller under pytest-xdist) records
+those directories before any test and fails the run if they changed (``pytest_sessionfinish``).
+"""
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
+
+#: The user's kernel caches as the run found them (path -> ``cache_snapshot``), kept by the controlling process.
+_USER_CACHES = pytest.StashKey[dict]()
+_USER_CACHE_DIRS = pytest.StashKey[list]()
 
 
 @functools.cache
@@ -21,11 +33,64 @@ def _capability() -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]
 
 
+def user_cache_dirs() -> list[Path]:
+    """The kernel caches a tilejit process of this user would write outside the test suite: the configured one
+    and the defaults (``~/.cache/tilejit``, and ``$XDG_CACHE_HOME/tilejit`` when set)."""
+    dirs = [Path.home() / ".cache" / "tilejit"]
+    if os.environ.get("XDG_CACHE_HOME"):
+        dirs.append(Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "tilejit")
+    if os.environ.get("TILEJIT_CACHE_DIR"):
+        dirs.append(Path(os.environ["TILEJIT_CACHE_DIR"]).expanduser())
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def cache_snapshot(directory: Path) -> frozenset[tuple[str, int, int]] | None:
+    """Every file and folder under ``directory`` with its mtime and size (None when it does not exist): a test
+    run that compiled into it, touched an entry or swept it changes the snapshot."""
+    if not directory.exists():
+        return None
+    found = set()
+    for parent, folders, files in os.walk(directory):
+        for name in folders + files:
+            path = os.path.join(parent, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            found.add((os.path.relpath(path, directory), st.st_mtime_ns, st.st_size))
+    st = os.lstat(directory)
+    found.add((".", st.st_mtime_ns, 0))
+    return frozenset(found)
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_USER_CACHE_DIRS] = user_cache_dirs()  # before private_kernel_cache sets TILEJIT_CACHE_DIR
+    if not _is_xdist_worker(config):  # recorded before any test (and any worker) runs
+        config.stash[_USER_CACHES] = {d: cache_snapshot(d) for d in config.stash[_USER_CACHE_DIRS]}
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "requires_sm(major): needs a GPU of compute capability >= major (80, 90, ...)")
     config.addinivalue_line("markers", "sm90a(what): runs only on an sm_90 GPU (kernels built for sm_90a's wgmma and "
                                        "TMA); ``what`` names the feature in the skip reason")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_USER_CACHES, None)
+    if before is None:  # an xdist worker: the controller checks once every worker is done
+        return
+    changed = [str(d) for d, snapshot in before.items() if cache_snapshot(d) != snapshot]
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"the test suite wrote the user's kernel cache {', '.join(changed)}: every compile must go to "
+                   "the private cache of tests/conftest.py (private_kernel_cache), and a subprocess must inherit "
+                   "its TILEJIT_CACHE_DIR")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,6 +125,27 @@ def requires_sm():
     return check
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_kernel_cache(tmp_path_factory) -> Path:
+    """The run's own kernel cache, set as TILEJIT_CACHE_DIR for every test and the processes they start. The
+    workers of one pytest-xdist run share it (the cache is safe across processes), so a kernel compiled by one
+    worker is a hit for the others; each run starts with it empty."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") and base.name.startswith("popen-"):
+        base = base.parent  # the run's folder (the controller's basetemp), above the worker's own
+    root = base / "tilejit-cache"
+    root.mkdir(mode=0o700, exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILEJIT_CACHE_DIR", str(root))
+        yield root
+
+
+@pytest.fixture
+def user_kernel_caches(request) -> list[Path]:
+    """The user's kernel cache directories as the run found them (``user_cache_dirs`` before any test)."""
+    return request.config.stash[_USER_CACHE_DIRS]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_compiler_fingerprint():
     """Every cache key hashes tilejit's own source, read once per process. The tree may be edited while the
@@ -76,8 +162,9 @@ _COMPILE_KNOBS = ("TILEJIT_INTERPRET", "TILEJIT_ARCH", "TILEJIT_GEMM_LOWERING")
 
 @pytest.fixture(scope="module")
 def fresh_compile_cache(tmp_path_factory):
-    """A kernel cache of the module's own (its compiles start cold and leave the user's cache alone), with the
-    compile-changing knobs unset. Use with ``pytestmark = pytest.mark.usefixtures("fresh_compile_cache")``."""
+    """A kernel cache of the module's own, for modules whose compiles must start cold (every test already
+    compiles into the run's private cache, ``private_kernel_cache``), with the compile-changing knobs unset.
+    Use with ``pytestmark = pytest.mark.usefixtures("fresh_compile_cache")``."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILEJIT_CACHE_DIR", str(tmp_path_factory.mktemp("tilejit-cache")))
         for knob in _COMPILE_KNOBS:

@@ -1,10 +1,10 @@
-"""Kernels the tests of every layer share: the DESIGN.md matmul and its variants, a batched matmul with a fused
-epilogue, a row softmax and the single mma atom.
-
-A test that needs a kernel object of its own (fresh in-memory caches, specialization counters or warnings) builds
-one from these with ``tilejit.kernel(kernels.matmul.fn)``. The error corpus keeps its own kernels.
-"""
+"""Kernels the tests of several layers share, and the specializations the pass-pipeline tests compile."""
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
 
 import tilejit
 import tilejit.language as T
@@ -12,7 +12,7 @@ import tilejit.language as T
 
 @tilejit.kernel
 def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """The DESIGN.md matmul, as written there (a 3-stage pipelined K loop)."""
+    """The matmul of examples/matmul.py (a 3-stage pipelined K loop)."""
     M, K = A.shape
     N = B.shape[1]
     m0 = T.program_id(0) * BM
@@ -25,7 +25,7 @@ def matmul(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
 
 @tilejit.kernel
 def matmul_staged(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
-    """The DESIGN matmul with the pipeline depth left to the launch's num_stages."""
+    """That matmul with the pipeline depth left to the launch's num_stages."""
     M, K = A.shape
     N = B.shape[1]
     m0 = T.program_id(0) * BM
@@ -156,3 +156,217 @@ def bmm_grid3(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
     for k0 in T.range(0, K, BK):
         acc += A[z, m0:m0 + BM, k0:k0 + BK] @ B[z, k0:k0 + BK, n0:n0 + BN]
     C[z, m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+# A test that needs a kernel object of its own (fresh in-memory caches, specialization counters or warnings)
+# builds one from the kernels above with ``tilejit.kernel(kernels.matmul.fn)``. The error corpus keeps its own
+# kernels. The line numbers of the kernels above appear in the generated code (scripts/codegen_digest.py
+# compiles them): add new kernels below, not above.
+
+
+# -- the pass-pipeline cases -------------------------------------------------------------------------------------
+# tests/passes/test_passes.py checks the IR the passes leave for these specializations,
+# tests/backend/test_pass_codegen.py the CUDA and PTX made from it.
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_example_matmul():
+    spec = importlib.util.spec_from_file_location("tilejit_examples_matmul", REPO / "examples" / "matmul.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.matmul
+
+
+example_matmul = _load_example_matmul()  # the kernel of examples/matmul.py: T.range(0, K, BK, stages=3)
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@tilejit.kernel
+def matmul_nt_view(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ Bt[n0:n0 + BN, k0:k0 + BK].T
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def softmax_2d(X, Y, BM: T.constexpr, BN: T.constexpr):
+    m0 = T.program_id(0) * BM
+    x = X[m0:m0 + BM, 0:BN].to(T.float32)
+    e = T.exp(x - T.max(x, 1)[:, None])
+    Y[m0:m0 + BM, 0:BN] = (e / T.sum(e, 1)[:, None]).to(Y.dtype)
+
+
+@tilejit.kernel
+def bias_epilogue(A, B, bias, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=2):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    y = acc + bias[n0:n0 + BN][None, :]
+    C[m0:m0 + BM, n0:n0 + BN] = T.maximum(y, 0.0).to(C.dtype)
+
+
+@tilejit.kernel
+def row_max_epilogue(A, B, C, R, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """A reduction of the accumulator broadcast back over it: slice of #mma, free broadcast."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    mx = T.max(acc, 1)
+    C[m0:m0 + BM, n0:n0 + BN] = (acc - mx[:, None]).to(C.dtype)
+    R[m0:m0 + BM] = mx
+
+
+@tilejit.kernel
+def copy_rows(X, Y, BM: T.constexpr, BN: T.constexpr):
+    """A register tile loaded and stored whole: BM x BN / 128 registers per thread."""
+    m0 = T.program_id(0) * BM
+    Y[m0:m0 + BM, 0:BN] = X[m0:m0 + BM, 0:BN]
+
+
+@tilejit.kernel
+def matmul_stages1(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK, stages=1):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def register_operand(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """The A operand is computed in registers, so it has to be written to shared memory for ldmatrix."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        a = (A[m0:m0 + BM, k0:k0 + BK] * 2.0).to(T.float16)
+        acc += a @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def staged_and_elementwise(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """One load feeds a gemm (staged in shared memory) and an elementwise op (read back to registers)."""
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    a = A[m0:m0 + BM, 0:BK]
+    acc = T.zeros((BM, BN), T.float32)
+    acc += a @ B[0:BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+    D[m0:m0 + BM, 0:BK] = a + 1.0
+
+
+@tilejit.kernel
+def carried_offsets(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """A's window moves with a loop-carried offset: it cannot be prefetched; B's can."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    off = 0
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, off:off + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+        off = off + BK
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def carried_only(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Both windows move with a loop-carried offset: nothing is prefetched."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    off = 0
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, off:off + BK] @ B[off:off + BK, n0:n0 + BN]
+        off = off + BK
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def induction_arith(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """Window starts computed from the induction variable inside the body are still prefetchable."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for i in T.range(0, K // BK, 1, stages=4):
+        k0 = i * BK
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def acc_from_load(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    """C += A @ B with the accumulator initialised from C."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = C[m0:m0 + BM, n0:n0 + BN].to(T.float32)
+    for k0 in T.range(0, K, BK, stages=3):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+def _mm(kernel, bm, bn, bk, arch, warps=4, dtype=torch.float16, a=(256, 256), b=(256, 256), **extra):
+    return kernel, (meta(*a, dtype=dtype), meta(*b, dtype=dtype), meta(256, 256, dtype=dtype)), \
+        dict(BM=bm, BN=bn, BK=bk, num_warps=warps, arch=arch, **extra)
+
+
+PASS_CASES = {
+    "mm80": lambda: _mm(example_matmul, 128, 128, 32, "sm_80"),
+    "mm80_bf16": lambda: _mm(example_matmul, 64, 64, 32, "sm_80", dtype=torch.bfloat16),
+    "mm90": lambda: _mm(example_matmul, 128, 128, 64, "sm_90a"),
+    "mm90_wg2": lambda: _mm(example_matmul, 128, 256, 64, "sm_90a", warps=8),
+    "mm90_bk32": lambda: _mm(example_matmul, 128, 128, 32, "sm_90a"),
+    "nt": lambda: _mm(matmul_nt_view, 128, 128, 32, "sm_80"),
+    "nt_gemm": lambda: _mm(matmul_nt, 64, 128, 32, "sm_80"),
+    "tn": lambda: _mm(matmul_tn, 128, 64, 32, "sm_80"),
+    "softmax_rows": lambda: (softmax_rows, (meta(64, 1000), meta(64, 1000)),
+                             dict(BN=1024, arch="sm_80")),
+    "softmax_2d": lambda: (softmax_2d, (meta(64, 100), meta(64, 100)), dict(BM=4, BN=128, arch="sm_80")),
+    "softmax_2d_f32": lambda: (softmax_2d, (meta(64, 100, dtype=torch.float32), meta(64, 100, dtype=torch.float32)),
+                               dict(BM=4, BN=128, arch="sm_80")),
+    "softmax_strided": lambda: (softmax_rows, (meta(64, 2000)[:, ::2], meta(64, 1000)),
+                                dict(BN=1024, arch="sm_80")),
+    "bias": lambda: (bias_epilogue, (meta(256, 256), meta(256, 256), meta(256, dtype=torch.float32),
+                                     meta(256, 256)), dict(BM=64, BN=64, BK=32, arch="sm_80")),
+    "rowmax": lambda: (row_max_epilogue, (meta(256, 256), meta(256, 256), meta(256, 256),
+                                          meta(256, dtype=torch.float32)), dict(BM=64, BN=64, BK=32, arch="sm_80")),
+    "num_stages1": lambda: _mm(matmul_staged, 64, 64, 32, "sm_80", num_stages=1),
+    "stages1": lambda: _mm(matmul_stages1, 64, 64, 32, "sm_80"),
+    "register_operand": lambda: _mm(register_operand, 64, 64, 32, "sm_80"),
+    "staged_elementwise": lambda: (staged_and_elementwise, (meta(256, 256), meta(256, 256), meta(256, 256),
+                                                           meta(256, 256)), dict(BM=64, BN=64, BK=32, arch="sm_80")),
+    "carried": lambda: _mm(carried_offsets, 64, 64, 32, "sm_80"),
+    "carried_only": lambda: _mm(carried_only, 64, 64, 32, "sm_80"),
+    "induction": lambda: _mm(induction_arith, 64, 64, 32, "sm_80"),
+    "acc_from_load": lambda: _mm(acc_from_load, 64, 64, 32, "sm_80"),
+}
+# Kernels with no loop, gemm or layout conversion (nothing for the layout invariants of tests/passes to check).
+PLAIN_PASS_CASES = {
+    "copy_i8": lambda: (copy_rows, (meta(64, 256, dtype=torch.int8), meta(64, 256, dtype=torch.int8)),
+                        dict(BM=16, BN=256, arch="sm_80")),
+    "copy_f32": lambda: (copy_rows, (meta(64, 256, dtype=torch.float32), meta(64, 256, dtype=torch.float32)),
+                         dict(BM=16, BN=256, arch="sm_86")),
+    "copy_f32_sm90": lambda: (copy_rows, (meta(64, 256, dtype=torch.float32), meta(64, 256, dtype=torch.float32)),
+                              dict(BM=16, BN=256, arch="sm_90a")),
+}

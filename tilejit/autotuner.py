@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
-from tilejit.errors import TilejitError, UsageTypeError, UsageValueError, did_you_mean, entry_point
+from tilejit.errors import TilejitError, UsageTypeError, UsageValueError, did_you_mean, entry_point, user_stacklevel
 from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
@@ -617,17 +617,17 @@ class _TuningStore:
             return {}  # nothing stored yet (or a cache path that cannot exist, reported when writing)
         except OSError as error:
             warnings.warn(f"tilejit: cannot read autotune record {self.path}: {error}; tuning again",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=user_stacklevel())
             return {}
         try:
             data = json.loads(text)
         except ValueError as error:
             warnings.warn(f"tilejit: ignoring corrupt autotune record {self.path}: {error}", RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=user_stacklevel())
             return {}
         if not isinstance(data, dict):
             warnings.warn(f"tilejit: ignoring autotune record {self.path}: not a JSON object", RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=user_stacklevel())
             return {}
         valid = {}
         for key, record in data.items():
@@ -636,7 +636,7 @@ class _TuningStore:
                 valid[key] = record
             elif not quiet:
                 warnings.warn(f"tilejit: ignoring the autotune record for {key!r} in {self.path}: {problem}; "
-                              "tuning again", RuntimeWarning, stacklevel=2)
+                              "tuning again", RuntimeWarning, stacklevel=user_stacklevel())
         return valid
 
     def save(self, key: str, record: dict[str, Any]) -> None:

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Callable
 
 from tilejit import knobs, private_io
+from tilejit.errors import user_stacklevel
 from tilejit.private_io import UntrustedPathError, read_private
 
 DEFAULT_BINARY = "kernel.cubin"
@@ -358,7 +359,7 @@ class KernelCache:
             warnings.warn(
                 f"tilejit: cannot write the kernel cache at {self.root} ({err.strerror or err}); compiled "
                 "kernels are kept in memory for this process only. Set TILEJIT_CACHE_DIR to a writable "
-                "directory to keep them.", RuntimeWarning, stacklevel=3)
+                "directory to keep them.", RuntimeWarning, stacklevel=user_stacklevel())
 
     # ---- the per-entry lock --------------------------------------------------------------------------------
 
@@ -398,7 +399,7 @@ class KernelCache:
                 warnings.warn(
                     f"tilejit: waiting for {_describe_holder(holder)} to compile cache entry {key[:12]} "
                     f"(waited {now - start:.0f}s of {knobs.lock_timeout_s():g}s; lock file {lock})",
-                    RuntimeWarning, stacklevel=4)
+                    RuntimeWarning, stacklevel=user_stacklevel())
             time.sleep(random.uniform(*_POLL_S))
 
     def _release_lock(self, key: str, token: str) -> None:

@@ -281,6 +281,21 @@ def _is_library_file(filename: str) -> bool:
     return path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` issued by the caller that makes the warning name the user's line
+    (their launch, ``compile`` or autotuned call), not tilejit's: the first frame out from the caller that is
+    neither tilejit's nor a library's that tilejit runs under (else the first frame outside tilejit)."""
+    frame, level, outside_tilejit = sys._getframe(1), 1, None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_tilejit_file(filename):
+            if not _is_library_file(filename):
+                return level
+            outside_tilejit = outside_tilejit or level
+        frame, level = frame.f_back, level + 1
+    return outside_tilejit or 1
+
+
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """``tb`` without tilejit's frames and the library frames tilejit called (``ast``, torch ...): the user's
     own frames are kept, with the library frames they called."""

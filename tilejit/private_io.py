@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 from . import knobs
+from .errors import user_stacklevel
 
 # Files the cache reads are small (a cubin is at most a few MiB); a larger one is not ours.
 MAX_READ_BYTES = 256 << 20
@@ -168,7 +169,7 @@ def usable_root(configured: Path) -> Path:
             warnings.warn(f"tilejit: refusing the cache directory {configured}: it is {error.strerror}, and a "
                           f"cache others can write could make this process run their code; using the private "
                           f"directory {fallback} for this process (fix the owner or mode, or set "
-                          "TILEJIT_CACHE_DIR)", RuntimeWarning, stacklevel=3)
+                          "TILEJIT_CACHE_DIR)", RuntimeWarning, stacklevel=user_stacklevel())
             return fallback
         except OSError:
             return configured  # cannot even stat it (a parent of mode 000): reads miss, writes degrade

@@ -83,14 +83,14 @@ def test_a_tile_too_large_for_shared_memory_is_a_located_compile_error():
 def test_a_ring_too_deep_for_shared_memory_is_made_shallower():
     """4 stages of 128x256 + 256x64... do not fit sm_80's 163 KB: the compiler pipelines 3 deep instead."""
     a = torch.empty(1024, 1024, dtype=torch.float16, device="meta")
-    import test_gpu_kernels as gk
+    from kernels import matmul_staged
 
-    stages = gk.matmul.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_80",
-                               stop_after="cuda")
+    stages = matmul_staged.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_80",
+                                   stop_after="cuda")
     assert stages.shared_bytes <= 163 * 1024
     assert "stages=3" in stages.final_ir and "stages=4" not in stages.final_ir
-    deep = gk.matmul.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_90a",
-                             stop_after="cuda")
+    deep = matmul_staged.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=4, arch="sm_90a",
+                                 stop_after="cuda")
     assert "stages=4" in deep.final_ir  # 227 KB on sm_90a: the ring the user asked for
 
 

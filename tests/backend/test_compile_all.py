@@ -1,9 +1,9 @@
 """Every kernel the repository ships compiles to a cubin on the CPU (NVRTC), for sm_80 and sm_90a.
 
-The kernels of tests/gpu/test_gpu_kernels.py (kernels from tests/kernels.py) (with a representative subset of the tile configurations those GPU
-tests launch), examples/matmul.py (also for sm_100a when the installed NVRTC knows it), benchmarks/kernels.py
-(the plain kernel under the autotuner, with a few of its default configs) and the module-level kernels of
-tests/frontend/test_interpreter.py. Meta tensors stand in for the arguments; one fresh cache directory per module, so a
+The kernels tests/gpu/test_gpu_kernels.py launches (from tests/kernels.py, with a representative subset of the tile
+configurations those GPU tests launch), examples/matmul.py (also for sm_100a when the installed NVRTC knows it),
+benchmarks/kernels.py (the plain kernel under the autotuner, with a few of its default configs) and the
+module-level kernels of tests/frontend/test_interpreter.py. Meta tensors stand in for the arguments; one fresh cache directory per module, so a
 specialization compiled twice is a cache hit.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tilejit.backend_cuda.nvrtc import nvrtc_supports
 from tilejit.configs import matmul_configs
 from tilejit.runtime.jit import Kernel
 
-import test_gpu_kernels as gk
+import kernels as gk
 import test_interpreter as ti
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,21 +81,21 @@ WGMMA = "wgmma_m64nNk16"
 BOTH_MMA = {"sm_80": MMA, "sm_90a": MMA}
 WG_ON_90 = {"sm_80": MMA, "sm_90a": WGMMA}
 
-# -- tests/gpu/test_gpu_kernels.py (kernels from tests/kernels.py) ----------------------------------------------------------------------------------
+# -- the kernels of tests/gpu/test_gpu_kernels.py (tests/kernels.py) -----------------------------------------------
 
 GPU_CASES = {
-    "matmul-f16-128x128x32": _mm(gk.matmul, 128, 128, 32, expect=WG_ON_90),
-    "matmul-bf16-128x128x32": _mm(gk.matmul, 128, 128, 32, dtype=bf16, expect=WG_ON_90),
-    "matmul-64x64x32-w1-s1": _mm(gk.matmul, 64, 64, 32, warps=1, stages=1, expect=BOTH_MMA),
-    "matmul-64x64x32-w8-s4": _mm(gk.matmul, 64, 64, 32, warps=8, stages=4, expect=BOTH_MMA),
-    "matmul-strided-a-colmajor-b-f32-out": _mm(gk.matmul, 64, 64, 32, out=f32, a=m(300, 500)[:, ::2],
+    "matmul-f16-128x128x32": _mm(gk.matmul_staged, 128, 128, 32, expect=WG_ON_90),
+    "matmul-bf16-128x128x32": _mm(gk.matmul_staged, 128, 128, 32, dtype=bf16, expect=WG_ON_90),
+    "matmul-64x64x32-w1-s1": _mm(gk.matmul_staged, 64, 64, 32, warps=1, stages=1, expect=BOTH_MMA),
+    "matmul-64x64x32-w8-s4": _mm(gk.matmul_staged, 64, 64, 32, warps=8, stages=4, expect=BOTH_MMA),
+    "matmul-strided-a-colmajor-b-f32-out": _mm(gk.matmul_staged, 64, 64, 32, out=f32, a=m(300, 500)[:, ::2],
                                                b=m(130, 250).T, expect=WG_ON_90),
-    "matmul-wgmma-128x128x64-w4": _mm(gk.matmul, 128, 128, 64, stages=3, expect=WG_ON_90),
-    "matmul-wgmma-128x256x64-w8-bf16": _mm(gk.matmul, 128, 256, 64, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
-    "matmul-wgmma-64x128x64-w4": _mm(gk.matmul, 64, 128, 64, stages=3, expect=WG_ON_90),
-    "matmul-wgmma-128x64x128-w8-bf16": _mm(gk.matmul, 128, 64, 128, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
-    "matmul-wgmma-stages1": _mm(gk.matmul, 128, 128, 64, stages=1, dtype=bf16, expect=WG_ON_90),
-    "matmul-wgmma-stages5": _mm(gk.matmul, 128, 128, 64, stages=5, dtype=bf16, expect=WG_ON_90),
+    "matmul-wgmma-128x128x64-w4": _mm(gk.matmul_staged, 128, 128, 64, stages=3, expect=WG_ON_90),
+    "matmul-wgmma-128x256x64-w8-bf16": _mm(gk.matmul_staged, 128, 256, 64, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
+    "matmul-wgmma-64x128x64-w4": _mm(gk.matmul_staged, 64, 128, 64, stages=3, expect=WG_ON_90),
+    "matmul-wgmma-128x64x128-w8-bf16": _mm(gk.matmul_staged, 128, 64, 128, warps=8, stages=3, dtype=bf16, expect=WG_ON_90),
+    "matmul-wgmma-stages1": _mm(gk.matmul_staged, 128, 128, 64, stages=1, dtype=bf16, expect=WG_ON_90),
+    "matmul-wgmma-stages5": _mm(gk.matmul_staged, 128, 128, 64, stages=5, dtype=bf16, expect=WG_ON_90),
     "matmul_nt-64x128x32": _mm(gk.matmul_nt, 64, 128, 32, expect=WG_ON_90),
     "matmul_nt-wgmma-128x128x64": _mm(gk.matmul_nt, 128, 128, 64, dtype=bf16, expect=WG_ON_90),
     "matmul_tn-128x64x32-bf16": _mm(gk.matmul_tn, 128, 64, 32, dtype=bf16, expect=WG_ON_90),

@@ -447,3 +447,20 @@ def test_a_ring_too_deep_is_shrunk_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _cuda(128, 128, 64, 4, 5)
+
+
+@pytest.mark.parametrize("stop_after", ["cuda", None], ids=["stop_after_cuda", "through_the_cache"])
+def test_the_shrunk_ring_warning_names_the_callers_line(stop_after, tmp_path, monkeypatch):
+    """The warning points at the line that asked for the compile, not at the compiler's stage runner."""
+    import inspect
+
+    import tilejit
+
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))  # a cold cache: the full compile runs, and warns
+    kernel = tilejit.kernel(matmul_staged.fn)  # no in-memory specializations from other tests
+    args = (_meta(4096, 4096), _meta(4096, 4096), _meta(4096, 4096))
+    with pytest.warns(RuntimeWarning, match="a pipeline of 8 stages") as caught:
+        line = inspect.currentframe().f_lineno + 1
+        kernel.compile(*args, BM=128, BN=128, BK=64, num_warps=4, num_stages=8, arch="sm_80", stop_after=stop_after)
+    (warning,) = [w for w in caught if "a pipeline of" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line)

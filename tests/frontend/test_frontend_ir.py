@@ -575,7 +575,7 @@ def test_python_builtins_on_constants_are_folded():
     assert "log" not in text.replace("@folding", "")
 
 
-from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
+from kernels import matmul  # noqa: E402  (the matmul of examples/matmul.py, shared by the test layers)
 
 
 def test_design_matmul():

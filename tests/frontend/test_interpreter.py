@@ -46,7 +46,7 @@ def poisoned(*shape, dtype=torch.float32) -> torch.Tensor:
 
 # -- matmul -------------------------------------------------------------------------------------------------
 
-from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
+from kernels import matmul  # noqa: E402  (the matmul of examples/matmul.py, shared by the test layers)
 
 
 @tilejit.kernel

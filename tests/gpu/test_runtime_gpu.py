@@ -25,7 +25,7 @@ def axpb(X, Y, a, b, BLOCK: T.constexpr):
     Y[i:i + BLOCK] = X[i:i + BLOCK] * a + b
 
 
-from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
+from kernels import matmul  # noqa: E402  (the matmul of examples/matmul.py, shared by the test layers)
 
 
 def device_or_skip(index: int) -> torch.device:

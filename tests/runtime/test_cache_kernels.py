@@ -37,7 +37,7 @@ def scale(X, Y, s, n, BLOCK: T.constexpr):
     Y[i:i + BLOCK] = X[i:i + BLOCK] * s + n
 
 
-from kernels import matmul  # noqa: E402  (the DESIGN.md matmul, shared by the test layers)
+from kernels import matmul  # noqa: E402  (the matmul of examples/matmul.py, shared by the test layers)
 
 
 def compile_scale(arch: str = "sm_80", device: str = "meta"):

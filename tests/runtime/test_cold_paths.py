@@ -54,7 +54,8 @@ def compile_design_matmul(arch: str = "sm_80"):
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEJIT_")}
+    # no knob set, but the suite's private kernel cache kept (tests/conftest.py)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEJIT_") or k == "TILEJIT_CACHE_DIR"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     return {**env, **extra}
 

@@ -34,6 +34,7 @@ from types import ModuleType
 # load an already built library or never launch on a GPU.
 
 from .. import knobs, private_io
+from ..errors import user_stacklevel
 
 SOURCE = Path(__file__).with_name("_launch.c")
 # Parameter kinds as _launch.c numbers them (driver.PARAM_KINDS names).
@@ -63,7 +64,7 @@ def load() -> ModuleType | None:
                 _failure = str(error)
                 warnings.warn(f"tilejit: the native launcher is unavailable ({error}); kernels launch through the "
                               "Python path (several microseconds more per launch). Set TILEJIT_NATIVE_LAUNCH=0 to "
-                              "choose that path and silence this warning.", RuntimeWarning, stacklevel=3)
+                              "choose that path and silence this warning.", RuntimeWarning, stacklevel=user_stacklevel())
     return _module
 
 
@@ -162,7 +163,7 @@ def _library_directory() -> tuple[Path, bool]:
     except private_io.UntrustedPathError as error:
         warnings.warn(f"tilejit: not building the launcher in {directory}: {error.filename} is "
                       f"{error.strerror}; building it in a private temporary directory for this process",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=user_stacklevel())
     except OSError:
         pass
     try:
