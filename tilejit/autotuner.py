@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
-from tilejit.errors import TilejitError, UsageTypeError, UsageValueError, did_you_mean, entry_point, user_stacklevel
+from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
+                            entry_point, raised_in_user_code, user_stacklevel)
+from tilejit.runtime.jit import call_grid_function
 from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
@@ -350,10 +352,10 @@ class Autotuner:
         if config.pre_hook is not None or callable(grid):
             meta = dict(named) if named is not None else self._named_args(args, kwargs)
             meta.update(config.launch_kwargs)
-            if config.pre_hook is not None:
-                config.pre_hook(dict(meta))  # its own copy: what it changes does not reach the grid
+            if config.pre_hook is not None:  # its own copy: what it changes does not reach the grid
+                call_user_function(config.pre_hook, "the Config's pre_hook", _PRE_HOOK_TAKES, dict(meta))
             if callable(grid):
-                grid = grid(meta)
+                grid = call_grid_function(grid, meta)
         self.kernel[grid](*args, **kwargs, **config.launch_kwargs)
 
     # -- choosing -----------------------------------------------------------------------------------------------
@@ -397,7 +399,8 @@ class Autotuner:
         """The configs worth timing for these arguments: early_config_prune, then perf_model's top_k."""
         configs = list(self.configs)
         if self.early_config_prune is not None:
-            configs = list(self.early_config_prune(configs, named, **kwargs))
+            configs = list(call_user_function(self.early_config_prune, "prune_configs_by's early_config_prune",
+                                              _EARLY_PRUNE_TAKES, configs, named, **kwargs))
             if not configs:
                 raise AutotuneError(self.__name__, self._key_string(named),
                                     [(c, "removed by early_config_prune") for c in self.configs])
@@ -406,7 +409,8 @@ class Autotuner:
             if isinstance(top_k, float) and top_k <= 1.0:
                 top_k = max(1, int(len(configs) * top_k))
             if len(configs) > top_k:
-                estimates = {c: self.perf_model(**named, **kwargs, **c.all_kwargs()) for c in configs}
+                estimates = {c: call_user_function(self.perf_model, "prune_configs_by's perf_model", _PERF_MODEL_TAKES,
+                                                   **named, **kwargs, **c.all_kwargs()) for c in configs}
                 configs = sorted(configs, key=estimates.__getitem__)[: int(top_k)]
         return configs
 
@@ -506,6 +510,8 @@ class Autotuner:
             try:
                 ms = float(bench(run))
             except Exception as error:  # noqa: BLE001 - any launch failure disqualifies only this config
+                if raised_in_user_code(error):  # a grid function's or pre_hook's mistake: the user's, every config's
+                    raise
                 self._record_failure(config, "launch", error, failures, stats)
                 # A failed launch may leave a restore_value argument half-written.
                 for name, original in saved.items():
@@ -565,6 +571,13 @@ class Autotuner:
 FINALIST_MARGIN = 0.15
 FINALISTS = 4
 FINAL_ROUNDS = 3
+
+
+_PRE_HOOK_TAKES = "a pre_hook takes one argument, the dict of the launch's arguments by name: pre_hook=lambda args: ..."
+_EARLY_PRUNE_TAKES = ("early_config_prune takes the list of configs, the dict of the launch's arguments by name and "
+                      "the launch's keywords: def prune(configs, named_args, **kwargs): return [...]")
+_PERF_MODEL_TAKES = ("perf_model takes the launch's arguments, keywords and the config's values by name and returns "
+                     "an estimate in ms: def perf_model(**kwargs): ...")
 
 
 def _tuning(kernel: Any) -> Any:

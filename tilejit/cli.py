@@ -50,6 +50,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _cmd_port(args: argparse.Namespace) -> int:
+    from .port import port_source
+
+    try:
+        source = open(args.file, encoding="utf-8").read()
+    except OSError as err:
+        raise CliError(f"cannot read {args.file}: {err.strerror}") from None
+    try:
+        text = port_source(source)
+    except SyntaxError as err:
+        raise CliError(f"{args.file}:{err.lineno}: not Python: {err.msg}") from None
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def version() -> str:
     from importlib import metadata
     try:
@@ -62,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tilejit", description="tilejit: a Python JIT for tensor cores.")
     parser.add_argument("--version", action="version", version=f"tilejit {version()}")
     commands = parser.add_subparsers(title="commands")
+
+    port = commands.add_parser("port", help="print tilejit versions of a file's @triton.jit kernels",
+                               description="Translate the common subset of a Python file's @triton.jit kernels "
+                                           "(read with ast; Triton is not imported); lines outside it are kept "
+                                           "as comments saying why.")
+    port.add_argument("file", help="a Python file with @triton.jit kernels")
+    port.add_argument("-o", "--output", help="write here instead of printing")
+    port.set_defaults(run=_cmd_port)
 
     cache = commands.add_parser(
         "cache", help="inspect and maintain the compiled-kernel cache",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import linecache
 import os
 import sys
@@ -41,8 +42,13 @@ def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
 
 
 def close_matches(name: str, candidates: Iterable[str]) -> list[str]:
-    """Up to three of ``candidates`` that look like a misspelling of ``name``, best first."""
-    return difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=3, cutoff=0.6)
+    """Up to three of ``candidates`` that look like a misspelling of ``name``, best first. Case is ignored
+    (``n`` suggests ``N``): names that differ only in case are the likeliest slips."""
+    by_folded: dict[str, list[str]] = {}
+    for candidate in sorted(set(candidates) - {name}):
+        by_folded.setdefault(candidate.casefold(), []).append(candidate)
+    folded = difflib.get_close_matches(name.casefold(), list(by_folded), n=3, cutoff=0.6)
+    return [candidate for f in folded for candidate in by_folded[f]][:3]
 
 
 def source_line(loc: Any) -> str | None:
@@ -326,7 +332,7 @@ def _walk(tb: types.TracebackType | None) -> list[types.TracebackType]:
 def is_tilejit_bug(error: BaseException) -> bool:
     """Whether ``error`` is a tilejit bug: not a :class:`TilejitError`, and raised by tilejit's code (or by a
     library it called) rather than by the user's own code that tilejit called (a grid function, a hook)."""
-    if isinstance(error, TilejitError):
+    if isinstance(error, TilejitError) or getattr(error, _RAISED_IN_USER_CODE, False):
         return False
     for t in reversed(_walk(error.__traceback__)):
         filename = t.tb_frame.f_code.co_filename
@@ -335,6 +341,68 @@ def is_tilejit_bug(error: BaseException) -> bool:
         if not _is_library_file(filename):
             return False
     return True
+
+
+# set on an exception that left a user's function called through call_user_function: the user's, whatever
+# frames it passed (a grid function calling tilejit.cdiv wrongly is still the grid function's mistake)
+_RAISED_IN_USER_CODE = "_tilejit_raised_in_user_code"
+
+
+def call_user_function(fn: Callable[..., Any], role: str, expects: str, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` for a function of the user's that tilejit calls back (a grid function, a Config's
+    pre_hook, a prune function, a heuristic). What goes wrong there is the user's mistake, never a tilejit bug:
+    a function whose parameters cannot take the call raises a :class:`UsageTypeError` naming it, where it is
+    defined and what it must take (``role`` says what the function is, ``expects`` how to write it); an exception
+    raised inside it keeps its traceback (the user's lines) and is marked as the user's."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - re-raised, or replaced by the user's signature mistake
+        if isinstance(error, TypeError) and not _can_take(fn, args, kwargs):
+            mistake = UsageTypeError(f"{role} ({describe_function(fn)}) cannot be called as tilejit calls it: "
+                                     f"{_call_error_text(fn, error)}; {expects}")
+            setattr(mistake, _RAISED_IN_USER_CODE, True)
+            raise mistake from None
+        try:
+            setattr(error, _RAISED_IN_USER_CODE, True)
+        except AttributeError:  # an exception class without a __dict__: judged by its frames
+            pass
+        raise
+
+
+def raised_in_user_code(error: BaseException) -> bool:
+    """Whether ``error`` left a user's function that tilejit called back (see :func:`call_user_function`): the
+    same mistake would recur with any config, so the autotuner raises it instead of skipping a config."""
+    return bool(getattr(error, _RAISED_IN_USER_CODE, False))
+
+
+def describe_function(fn: Callable[..., Any]) -> str:
+    """``<lambda> at /path/file.py:12``: a function's name and where it is defined, when Python knows."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}"
+
+
+def _can_take(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Whether ``fn``'s signature accepts these arguments (True when it has no readable signature)."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature
+        return True
+    return True
+
+
+def _call_error_text(fn: Callable[..., Any], error: TypeError) -> str:
+    """Python's call error without the function's qualified name in front (``takes 0 positional arguments ...``)."""
+    text = str(error)
+    qualname = getattr(fn, "__qualname__", "")
+    if qualname and text.startswith(qualname + "() "):
+        rest = text[len(qualname) + 3:]
+        return ("it is " if rest.startswith("missing") else "it ") + rest
+    return text
 
 
 F = TypeVar("F", bound=Callable[..., Any])

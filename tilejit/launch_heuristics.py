@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from .errors import UsageTypeError, call_user_function, entry_point
+
+_HEURISTIC_TAKES = ("a heuristic takes one argument, the dict of the launch's arguments by name, and returns its "
+                    "parameter's value: {'EVEN_K': lambda args: args['K'] % args['BK'] == 0}")
+
 
 def heuristics(values: Mapping[str, Callable[[dict[str, Any]], Any]]) -> Callable[[Any], "Heuristics"]:
     """Decorator: ``@tilejit.heuristics({"NAME": lambda args: ...})`` above ``@tilejit.kernel``."""
@@ -45,25 +50,29 @@ class Heuristics:
         """``kwargs`` with every computed parameter added."""
         given = [n for n in self.values if n in kwargs or n in self.arg_names[:len(args)]]
         if given:
-            raise TypeError(f"{self.__name__}: {', '.join(given)} are computed by tilejit.heuristics; do not pass "
-                            "them")
+            raise UsageTypeError(f"{self.__name__}: {', '.join(given)} are computed by tilejit.heuristics; do not "
+                                 "pass them")
         named = {**dict(zip(self.arg_names, args)), **kwargs}
         out = dict(kwargs)
         for name, fn in self.values.items():
-            out[name] = named[name] = fn(named)
+            out[name] = named[name] = call_user_function(fn, f"the heuristic computing {name!r}", _HEURISTIC_TAKES,
+                                                         named)
         return out
 
     # -- the kernel interface, so decorators compose -------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        @entry_point
         def launch(*args: Any, **kwargs: Any) -> None:
             self.kernel[grid](*args, **self.fill(args, kwargs))
 
         return launch
 
+    @entry_point
     def compile(self, *args: Any, arch: str | None = None, stop_after: str | None = None, **kwargs: Any) -> Any:
         return self.kernel.compile(*args, arch=arch, stop_after=stop_after, **self.fill(args, kwargs))
 
+    @entry_point
     def ir(self, *args: Any, **kwargs: Any) -> str:
         return self.kernel.ir(*args, **self.fill(args, kwargs))
 

@@ -643,7 +643,7 @@ def k_dict_literal(X, BN: T.constexpr):
 
 @tilejit.kernel
 def k_list_literal(X, BN: T.constexpr):
-    sizes = [BN, BN]  # ERR
+    sizes = [BN, X.shape[0]]  # ERR
     X[0:BN] = 0.0
 
 
@@ -689,7 +689,7 @@ NEW_CASES = [
     Case(k_tile_method, X2, dict(BN=16), NameResolutionError, "has no attribute 'sum'", "x.sum",
          hint="write T.sum(x, ...)"),
     Case(k_broadcast_transposed, X2, dict(BN=16), TypeCheckError, "cannot broadcast shapes (16, 32) and (32, 16)",
-         "a + b", hint="use x.T"),
+         "a + b", hint="each other's transpose"),
     Case(k_gemm_transposed, lambda: (meta(64, 64), meta(64, 64), meta(64, 64)), dict(BM=16, BK=32), TypeCheckError,
          "matrix product inner dimensions differ: 16x32 @ 16x32", "a @ b", hint="a @ b.T"),
     Case(k_store_transposed, X2, dict(BN=16), TypeCheckError,
@@ -700,8 +700,8 @@ NEW_CASES = [
     Case(k_tuple_append, X1, dict(BN=16), NameResolutionError, "tuple () has no attribute 'append'", "parts.append",
          hint="tiles are values, not lists"),
     Case(k_dict_literal, X1, dict(BN=16), UnsupportedSyntaxError, "a dict literal ({...}) is not supported", "{"),
-    Case(k_list_literal, X1, dict(BN=16), UnsupportedSyntaxError, "a list literal ([...]) is not supported", "[BN",
-         hint="use a tuple"),
+    Case(k_list_literal, X1, dict(BN=16), UnsupportedSyntaxError,
+         "a list literal ([...]) of run-time values is not supported", "[BN", hint="a list of constants"),
     Case(k_fstring, X1, dict(BN=16), UnsupportedSyntaxError, "an f-string is not supported", 'f"block'),
     Case(k_matmul_augassign, lambda: (meta(64, 64), meta(64, 64)), dict(BM=16), UnsupportedSyntaxError,
          "'@=' is not supported in kernels", "acc @=", hint="acc = T.gemm(a, b, acc)"),

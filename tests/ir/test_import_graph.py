@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"cache"},                                                # entries on disk
     {"compiler"},                                             # the staged compile, through the cache
     {"runtime"},                                              # kernels, launches, the driver
-    {"autotuner", "configs", "testing", "cli", "launch_heuristics", "torch_ops", "__init__"},  # tools on top
+    {"autotuner", "configs", "testing", "cli", "launch_heuristics", "torch_ops", "port", "__init__"},  # tools on top
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -48,7 +48,8 @@ CONSTRUCTS: dict[str, tuple[str, str]] = {
     "TypeAlias": ("a 'type' alias", "define type aliases outside kernels"),
     "Dict": ("a dict literal ({...})", _NO_CONTAINERS),
     "Set": ("a set literal ({a, b})", _NO_CONTAINERS),
-    "List": ("a list literal ([...])", "use a tuple (a, b) for a compile-time sequence, or a tile for values"),
+    "List": ("a list literal ([...])", "a list of constants is a compile-time sequence; for values, build a tile "
+             "(T.arange, T.full, T.where) or pass separate arguments"),
     "JoinedStr": ("an f-string", "kernels cannot format strings; use plain string constants or constexprs"),
     "FormattedValue": ("an f-string", "kernels cannot format strings; use plain string constants or constexprs"),
     "Starred": ("a starred expression (*x)", "pass arguments one by one"),

@@ -20,6 +20,8 @@ from .semantic import describe, is_const
 from .source import JITFunction
 from .spec import NeedsShape
 from .builtins import BUILTINS, python_minmax
+from .constructs import construct_words
+from .triton_names import triton_spelling
 
 
 @dataclass
@@ -125,6 +127,16 @@ class Expressions:
     def visit_Tuple(self, node: ast.Tuple) -> tuple:
         return tuple(self.visit(e) for e in node.elts)
 
+    def visit_List(self, node: ast.List) -> tuple:
+        """A list of compile-time constants (``w = [0.25, 0.5, 0.25]``, as Triton accepts) is the tuple of them:
+        it is read, indexed and iterated, never changed. A list of run-time values stays an error."""
+        items = tuple(self.visit(e) for e in node.elts)
+        if all(is_const(item) for item in items):
+            return items
+        words, hint = construct_words(node)
+        raise self.error(node, f"{words} of run-time values is not supported in kernels (a list of constants is)",
+                         hint, UnsupportedSyntaxError)
+
     def lookup(self, name: str, node: ast.AST) -> Any:
         if name in self.scope:
             return self.scope[name]
@@ -177,6 +189,10 @@ class Expressions:
             if not hasattr(base, attr):
                 public = getattr(base, "__all__", None) or [n for n in dir(base) if not n.startswith("_")]
                 alias = node.value.id + "." if isinstance(node.value, ast.Name) else ""
+                triton_hint = triton_spelling(attr) if base is lang else None
+                if triton_hint is not None:  # a Triton habit: its spelling, not a name that merely looks alike
+                    raise self.error(node, f"module '{base.__name__}' has no attribute '{attr}'",
+                                     f"{triton_hint} ({docs_link('coming-from-triton')})", NameResolutionError)
                 hint = (f"the language's functions and dtypes are listed in {docs_link('reference')}"
                         if base is lang else None)
                 raise self.error(node, f"module '{base.__name__}' has no attribute '{attr}'"

@@ -118,24 +118,35 @@ def _swapped(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 def _broadcast_hint(a: tuple[int, ...], b: tuple[int, ...]) -> str:
-    if _swapped(a, b):
-        return f"one of the tiles is the other's transpose: use x.T (a {b} tile's .T has shape {a})"
+    if _swapped(a, b):  # either transpose makes the shapes agree, with different results: name both
+        return (f"the left operand {a} and the right operand {b} are each other's transpose; .T on the one stored "
+                f"transposed: the left's .T gives {b} results, the right's .T gives {a} results")
     if len(a) != len(b):
         return (f"use x[:, None] or x[None, :] to add the missing dimension "
                 f"({docs_link('broadcasting')})")
     return f"dimensions broadcast when they are equal or one of them is 1 ({docs_link('broadcasting')})"
 
 
-def _gemm_hint(m: int, k: int, k2: int, n: int, transpose_a: bool, transpose_b: bool) -> str:
-    """How to make an ``(m, k) @ (k2, n)`` product fit, when transposing one operand would."""
-    fixes = []
+def _gemm_hint(m: int, k: int, k2: int, n: int, transpose_a: bool, transpose_b: bool,
+               acc_shape: tuple[int, ...] | None = None) -> str:
+    """How to make an ``(m, k) @ (k2, n)`` product fit. A transpose is prescribed only when it is the one fix that
+    gives the accumulator's shape (``acc_shape``, known for ``T.gemm``); otherwise a slice of the wrong length
+    is as likely as a transposed operand, so the hint names both operands' shapes and what each transpose gives."""
+    fixes = []  # (the product written with a transpose, its T.gemm flag, the result's shape)
     if k == n:
-        fixes.append("a @ b.T (T.gemm(..., transpose_b=%s))" % (not transpose_b))
+        fixes.append(("a @ b.T", f"transpose_b={not transpose_b}", (m, k2)))
     if m == k2:
-        fixes.append("a.T @ b (T.gemm(..., transpose_a=%s))" % (not transpose_a))
-    if fixes:
-        return f"an operand looks transposed: {' or '.join(fixes)}"
-    return f"a @ b needs a of shape (M, K) and b of shape (K, N) ({docs_link('matrix-products')})"
+        fixes.append(("a.T @ b", f"transpose_a={not transpose_a}", (k, n)))
+    if acc_shape is not None:
+        fitting = [fix for fix in fixes if fix[2] == tuple(acc_shape)]
+        if len(fitting) == 1:
+            written, flag, _ = fitting[0]
+            return f"b's rows must match a's columns; the operand looks transposed: T.gemm(..., {flag}) ({written})"
+    shapes = f"a is {m}x{k} and b is {k2}x{n}: b's rows must match a's columns ({k} != {k2})"
+    if not fixes:
+        return f"{shapes}; check the slices' lengths ({docs_link('matrix-products')})"
+    gives = "; ".join(f"{written} (T.gemm(..., {flag})) gives {r[0]}x{r[1]}" for written, flag, r in fixes)
+    return f"{shapes}: fix the slice of the wrong length, or, if an operand is stored transposed, {gives}"
 
 
 _PY_BINARY = {
@@ -422,15 +433,18 @@ class Semantic:
         k2, n = b.type.shape[::-1] if transpose_b else b.type.shape
         if k != k2:
             raise SemanticError(f"matrix product inner dimensions differ: {m}x{k} @ {k2}x{n}",
-                                _gemm_hint(m, k, k2, n, transpose_a, transpose_b))
+                                _gemm_hint(m, k, k2, n, transpose_a, transpose_b,
+                                           acc.type.shape if isinstance(acc, Value) and acc.is_tile else None))
         if acc is None:
             acc = self.full((m, n), 0, acc_dtype)
         elif not (isinstance(acc, Value) and acc.is_tile):
             raise SemanticError(f"accumulator must be a tile, got {describe(acc)}")
         if acc.type.shape != (m, n):
             raise SemanticError(f"accumulator shape {acc.type.shape} does not match the product {m}x{n}",
-                                "the product's operands are transposed: swap them or transpose the "
-                                "accumulator with .T" if _swapped(acc.type.shape, (m, n)) else None)
+                                f"the accumulator has the product's transposed shape: compute the transposed product "
+                                f"b.T @ a.T, T.gemm(b, a, acc, transpose_a={not transpose_b}, "
+                                f"transpose_b={not transpose_a}), or make the accumulator {m}x{n}"
+                                if _swapped(acc.type.shape, (m, n)) else None)
         self._check_acc_dtype(acc, acc_dtype, a.dtype, out_dtype)
         return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
                               GemmAttrs(bool(transpose_a), bool(transpose_b), precision))

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 from .. import compiler
 from .. import dtypes as D
 from .. import knobs
-from ..errors import (ArgumentError, ArgumentValueError, UsageTypeError, UsageValueError, close_matches, docs_link,
-                      entry_point)
+from ..errors import (ArgumentError, ArgumentValueError, UsageTypeError, UsageValueError, call_user_function,
+                      close_matches, docs_link, entry_point)
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
@@ -88,7 +88,17 @@ def _scalar_spec(name: str, v: Any) -> ScalarSpec:
     if isinstance(v, float):
         return ScalarSpec(D.float32)
     raise ArgumentError(f"argument '{name}' has type {type(v).__name__}; kernels take torch tensors, "
-                         "ints, floats and bools (mark compile-time parameters with T.constexpr)")
+                         f"ints, floats and bools (mark compile-time parameters with T.constexpr){_numpy_hint(v)}")
+
+
+def _numpy_hint(v: Any) -> str:
+    """What to pass instead of a NumPy array or scalar ("" for other values)."""
+    if type(v).__module__ != "numpy":
+        return ""
+    if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
+        return ("; a NumPy array is not a tensor: pass torch.from_numpy(a) (on the GPU: torch.from_numpy(a).cuda(); "
+                "under TILEJIT_INTERPRET=1 the CPU tensor itself)")
+    return "; a NumPy scalar is not a Python number: pass v.item()"
 
 
 class Kernel:
@@ -442,7 +452,7 @@ class Kernel:
 
     def _fast_grid(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any]):
         if callable(grid):
-            grid = grid({**self._defaults, **dict(zip(self.arg_names, args)), **kwargs})
+            grid = call_grid_function(grid, {**self._defaults, **dict(zip(self.arg_names, args)), **kwargs})
         if type(grid) is not tuple:
             return None
         n = len(grid)
@@ -630,9 +640,18 @@ def _raw_stream(device: int) -> int:
     return _raw_stream(device)
 
 
+GRID_FUNCTION_TAKES = ("a grid function takes one argument, the dict of the launch's arguments and constexprs by name: "
+                       "lambda meta: (tilejit.cdiv(N, meta['BLOCK']),)")
+
+
+def call_grid_function(grid: Callable[[dict[str, Any]], Any], meta: dict[str, Any]) -> Any:
+    """The grid a user's grid function returns for ``meta``; its mistakes are the user's."""
+    return call_user_function(grid, "the grid function", GRID_FUNCTION_TAKES, meta)
+
+
 def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, int]:
     if callable(grid):
-        grid = grid(meta)
+        grid = call_grid_function(grid, meta)
     if isinstance(grid, int):
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
