@@ -40,10 +40,10 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
+from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
                             entry_point, raised_in_user_code, user_stacklevel)
 from tilejit.runtime.jit import call_grid_function
@@ -418,7 +418,7 @@ class Autotuner:
               named: dict[str, Any]) -> Config:
         self.stats = stats = AutotuneStats()
         candidates = self.prune_configs(named, kwargs)
-        store = _TuningStore(self._store_path())
+        store = _TuningStore(current_layout(), self.__name__, self.source_hash())
         previous = store.load().get(key, {})
         timings: dict[str, float] = dict(previous.get("timings_ms", {}))
         failures: dict[str, str] = dict(previous.get("failures", {}))
@@ -562,10 +562,6 @@ class Autotuner:
         stats.failed.append(config.identity)
         logger.info("%s: skipping config %s: %s", self.__name__, config, reason)
 
-    def _store_path(self) -> Path:
-        return private_io.cache_root() / "autotune" / f"{self.__name__}-{self.source_hash()}.json"
-
-
 #: The first pass's configs within this fraction of its best are timed again in turns (``_time_finalists``), at
 #: most ``FINALISTS`` of them, ``FINAL_ROUNDS`` times each.
 FINALIST_MARGIN = 0.15
@@ -615,10 +611,12 @@ def _wall_clock_bench(run: Callable[[], None], repeats: int = 3) -> float:
 
 
 class _TuningStore:
-    """The JSON file of one kernel source hash: ``{key string: record}``, rewritten atomically."""
+    """The JSON file of one kernel source hash: ``{key string: record}``, rewritten atomically. Where it lives
+    is the cache layout's (``CacheLayout.autotune_record``)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, layout: CacheLayout, kernel_name: str, source_hash: str) -> None:
+        self.root = layout.root
+        self.path = layout.autotune_record(kernel_name, source_hash)
 
     def load(self, quiet: bool = False) -> dict[str, dict[str, Any]]:
         """The valid records of the file; a file that is not a private regular file (a symlink, a FIFO, another
@@ -657,7 +655,7 @@ class _TuningStore:
         data = self.load(quiet=True)  # (told about bad records when tuning began)
         data[key] = record
         try:
-            private_io.make_private_root(self.path.parent.parent)
+            private_io.make_private_root(self.root)
             private_io.make_private_dir(self.path.parent)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
             try:

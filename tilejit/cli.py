@@ -17,7 +17,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from tilejit.cache import CacheEntry, KernelCache, as_timestamp
+from tilejit.cache import maintenance
+from tilejit.cache.entries import CacheEntry
+from tilejit.cache.layout import CacheLayout, current_layout
+from tilejit.cache.records import as_timestamp, autotune_records
 
 WIDTH = 80
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
@@ -126,16 +129,16 @@ def _parser() -> argparse.ArgumentParser:
 # ---- commands ----------------------------------------------------------------------------------------------
 
 def _cmd_path(args) -> int:
-    print(KernelCache().root)
+    print(current_layout().root)
     return 0
 
 
 def _cmd_list(args) -> int:
-    cache = KernelCache()
-    entries, records = cache.entries(), cache.autotune_records()
+    layout = current_layout()
+    entries, records = maintenance.list_entries(layout), autotune_records(layout)
     if args.json:
         print(json.dumps({
-            "root": str(cache.root),
+            "root": str(layout.root),
             "entries": [{"key": e.key, "path": str(e.path), "size_bytes": e.size_bytes(), "meta": e.meta}
                         for e in entries],
             "autotune": records,
@@ -191,7 +194,7 @@ def _column_widths(headers: list[str], rows: list[list], width: int | None,
 
 
 def _cmd_show(args) -> int:
-    entry = _find_entry(KernelCache(), args.key)
+    entry = _find_entry(current_layout(), args.key)
     wanted = [flag for flag in _CONTENT_FLAGS if getattr(args, flag)]
     if not wanted:
         _print_meta(entry)
@@ -205,21 +208,21 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_clear(args) -> int:
-    cache = KernelCache()
+    layout = current_layout()
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError("not clearing without --yes (standard input is not a terminal)")
-        answer = input(f"remove every entry under {cache.root}? [y/N] ")
+        answer = input(f"remove every entry under {layout.root}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 0
-    removed = cache.clear()
+    removed = maintenance.clear(layout)
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} (kernels and autotune records)")
     return 0
 
 
 def _cmd_prune(args) -> int:
-    removed = KernelCache().prune(args.older_than)
+    removed = maintenance.prune(current_layout(), args.older_than)
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
           f"{format_duration(args.older_than)}")
     return 0
@@ -303,8 +306,8 @@ def _best_ms(timings) -> str:
     return f"{min(numbers):.4g}" if numbers else "?"
 
 
-def _find_entry(cache: KernelCache, prefix: str) -> CacheEntry:
-    matches = cache.find(prefix) if re.fullmatch(r"[0-9a-fA-F]{1,64}", prefix) else []
+def _find_entry(layout: CacheLayout, prefix: str) -> CacheEntry:
+    matches = maintenance.find(layout, prefix) if re.fullmatch(r"[0-9a-fA-F]{1,64}", prefix) else []
     if not matches:
         raise CliError(f"no cache entry with key {prefix!r} (see `tilejit cache list`)")
     if len(matches) > 1:

@@ -19,10 +19,10 @@ PACKAGE = Path(tilejit.__file__).resolve().parent
 # top-level module, its own name.
 LAYERS: list[set[str]] = [
     {"errors", "knobs", "dtypes", "version", "target", "private_io"},  # facts everything reads; private files
+    {"cache"},                                                # the cache directory's layout, entries, locks
     {"ir", "language"},                                      # the IR; the user-facing language stubs
     {"frontend", "passes", "interpreter"},                   # AST -> IR; IR -> IR; IR run on CPU tensors
     {"backend_cuda"},                                         # IR -> CUDA C++ -> NVRTC
-    {"cache"},                                                # entries on disk
     {"compiler"},                                             # the staged compile, through the cache
     {"runtime"},                                              # kernels, launches, the driver
     {"autotuner", "configs", "testing", "cli", "launch_heuristics", "torch_ops", "port", "__init__"},  # tools on top

@@ -5,6 +5,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tilejit import cache as cache_mod
-from tilejit.cache import CacheLockTimeout, KernelCache, make_key
+import tilejit
+from tilejit.cache import CacheLockTimeout, KernelCache, kernel_cache, make_key
+from tilejit.cache.layout import CacheLayout
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = make_key({"kernel": "add", "arch": "sm_90"})
@@ -49,7 +51,7 @@ def root(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(root))
     monkeypatch.delenv("TILEJIT_ALWAYS_COMPILE", raising=False)
     monkeypatch.delenv("TILEJIT_LOCK_TIMEOUT", raising=False)
-    monkeypatch.setattr(cache_mod, "_warned_unwritable", False)
+    monkeypatch.setattr(kernel_cache, "_warned_unwritable", False)
     return root
 
 
@@ -57,6 +59,28 @@ def test_make_key_is_canonical_json_sha256():
     assert make_key({"a": 1, "b": [1, 2]}) == make_key({"b": [1, 2], "a": 1})
     assert make_key({"a": 1}) != make_key({"a": 2})
     assert len(make_key({})) == 64 and int(make_key({}), 16) >= 0
+
+
+def test_layout_names_every_path_under_the_root():
+    layout = CacheLayout(Path("/r"))
+    assert layout.entry_dir(KEY) == Path("/r") / KEY[:2] / KEY
+    assert layout.lock_path(KEY) == Path("/r") / KEY[:2] / f"{KEY}.lock"
+    assert layout.autotune_record("matmul", "c0ffee") == Path("/r/autotune/matmul-c0ffee.json")
+    assert layout.extents_record("c0ffee") == Path("/r/extents/c0ffee.json")
+    assert layout.nvrtc_record == Path("/r/nvrtc.json") and layout.native_dir == Path("/r/native")
+    for bad in ("../etc", "AB", "", "a"):
+        with pytest.raises(ValueError, match="lowercase hex"):
+            layout.entry_dir(bad)
+    with pytest.raises(ValueError, match="lowercase hex"):
+        layout.extents_record("../x")
+
+
+def test_only_the_layout_joins_paths_under_the_cache_root():
+    """The cache root is reached through a CacheLayout everywhere but where it is decided (private_io) and the
+    layout itself, so a path under it has one owner."""
+    package = Path(tilejit.__file__).resolve().parent
+    reaching = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "cache_root()" in p.read_text())
+    assert reaching == ["cache/layout.py", "private_io.py"]
 
 
 def test_store_writes_private_json_entry(root):
@@ -76,7 +100,7 @@ def test_store_writes_private_json_entry(root):
 def test_second_lookup_in_a_process_does_not_touch_disk(root):
     cache = KernelCache()
     first, _ = cache.get_or_compile(KEY, fake_compile())
-    cache_mod.shutil.rmtree(first.path)
+    shutil.rmtree(first.path)
     again, compiled = cache.get_or_compile(KEY, fake_compile())
     assert again is first and not compiled
 
@@ -164,7 +188,7 @@ def _missing_cubin(path: Path) -> None:
 
 def _temp_dir_left_behind(path: Path) -> None:
     # A writer killed before its rename: a temp dir with some files and no meta.json, no final entry.
-    cache_mod.shutil.rmtree(path)
+    shutil.rmtree(path)
     tmp = path.with_name(f"{path.name}.tmp-99999-deadbeef")
     tmp.mkdir()
     (tmp / "kernel.cubin").write_bytes(b"\x7fE")

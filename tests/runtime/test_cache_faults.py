@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tilejit import cache as cache_mod, cli, compiler, private_io
+from tilejit import cli, compiler, private_io
+from tilejit.cache import entries as cache_entries, kernel_cache, locks as cache_locks
 from tilejit.cache import CacheLockTimeout, KernelCache, make_key
 from tilejit.runtime import native
 
@@ -38,7 +39,7 @@ def root(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(root))
     monkeypatch.delenv("TILEJIT_ALWAYS_COMPILE", raising=False)
     monkeypatch.delenv("TILEJIT_LOCK_TIMEOUT", raising=False)
-    monkeypatch.setattr(cache_mod, "_warned_unwritable", False)
+    monkeypatch.setattr(kernel_cache, "_warned_unwritable", False)
     monkeypatch.setattr(private_io, "_fallback_roots", {})
     return root
 
@@ -283,7 +284,7 @@ def test_row4_a_bad_cache_root_never_stops_a_kernel(root, tmp_path, monkeypatch,
     if expect == "full":
         def no_space(path, data):
             raise OSError(28, "No space left on device", str(path))
-        monkeypatch.setattr(cache_mod, "_write_new", no_space)
+        monkeypatch.setattr(cache_entries, "_write_new", no_space)
         expect = "degrade"
     marker = tmp_path / "compiles"
     with warnings.catch_warnings(record=True) as caught:
@@ -345,7 +346,7 @@ def test_row5_a_stale_or_malformed_lock_is_broken_without_errors(root, tmp_path,
 
 def test_row5_a_live_holder_is_named_within_seconds_then_a_clear_timeout(root, tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_LOCK_TIMEOUT", "1.5")
-    monkeypatch.setattr(cache_mod, "_LOCK_REPORT_AFTER_S", 0.3)
+    monkeypatch.setattr(cache_locks, "_LOCK_REPORT_AFTER_S", 0.3)
     lock = _lock(root, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time() - 42,
                                    "token": "x"}), age_s=0)
     began = time.monotonic()
@@ -377,13 +378,13 @@ def test_row6_temp_dirs_left_by_killed_writers_are_swept(root, tmp_path):
 
 def test_row6_temp_names_are_not_predictable(root, tmp_path, monkeypatch):
     seen = []
-    real = cache_mod.tempfile.mkdtemp
+    real = cache_entries.tempfile.mkdtemp
 
     def spy(*args, **kwargs):
         made = real(*args, **kwargs)
         seen.append(made)
         return made
-    monkeypatch.setattr(cache_mod.tempfile, "mkdtemp", spy)
+    monkeypatch.setattr(cache_entries.tempfile, "mkdtemp", spy)
     stored(tmp_path / "m")
     assert len(seen) == 1 and f".tmp-{os.getpid()}" not in seen[0]
 

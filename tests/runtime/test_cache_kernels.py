@@ -22,8 +22,7 @@ import tilejit
 import tilejit.language as T
 from tilejit import cli
 from tilejit.backend_cuda import nvrtc
-from tilejit import cache as cache_mod
-from tilejit import cache as tj_cache
+from tilejit.cache import kernel_cache
 from tilejit.cache import KernelCache
 from tilejit.backend_cuda.sass import find_tool
 
@@ -75,8 +74,8 @@ def root(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(root))
     for name in ("TILEJIT_ALWAYS_COMPILE", "TILEJIT_KEEP_PTX", "TILEJIT_ARCH", "TILEJIT_LOCK_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tj_cache, "_default_cache", None)
-    monkeypatch.setattr(cache_mod, "_warned_unwritable", False)
+    monkeypatch.setattr(kernel_cache, "_default_cache", None)
+    monkeypatch.setattr(kernel_cache, "_warned_unwritable", False)
     return root
 
 
@@ -90,7 +89,7 @@ def nvrtc_calls(monkeypatch):
 
 def new_process_state(monkeypatch) -> None:
     """Forget the in-memory cache, as a new process would (the disk stays)."""
-    monkeypatch.setattr(tj_cache, "_default_cache", None)
+    monkeypatch.setattr(kernel_cache, "_default_cache", None)
 
 
 def child_env(root: Path) -> dict[str, str]:

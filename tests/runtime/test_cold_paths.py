@@ -26,7 +26,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda import nvrtc
-from tilejit import cache as tj_cache
+from tilejit.cache import kernel_cache
 
 REPO = Path(__file__).resolve().parents[2]
 # Measured on the 2-core CPU machine (NVRTC 12.9), kernel.compile of DESIGN's matmul for sm_80 with a cold
@@ -72,7 +72,7 @@ def cold_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TILEJIT_ALWAYS_COMPILE", raising=False)
     monkeypatch.delenv("TILEJIT_KEEP_PTX", raising=False)
-    monkeypatch.setattr(tj_cache, "_default_cache", None)
+    monkeypatch.setattr(kernel_cache, "_default_cache", None)
     return tmp_path / "cache"
 
 
@@ -95,7 +95,7 @@ def _timed_cold_compile(monkeypatch, runs: int = 1) -> tuple[float, float, int]:
     monkeypatch.setenv("TILEJIT_ALWAYS_COMPILE", "1")
     best = None
     for _ in range(runs):
-        monkeypatch.setattr(tj_cache, "_default_cache", None)
+        monkeypatch.setattr(kernel_cache, "_default_cache", None)
         inside[0], calls[0] = 0.0, 0
         start = time.perf_counter()
         compiled = compile_design_matmul("sm_80")

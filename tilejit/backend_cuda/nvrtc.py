@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from tilejit import knobs, private_io
+from tilejit.cache.layout import current_layout
 from tilejit.errors import BackendCompileError, BackendUnavailableError
 from tilejit.target import Arch
 
@@ -128,7 +129,7 @@ def nvrtc_version() -> tuple[int, int]:
 # ---- the NVRTC version record ---------------------------------------------------------------------------------
 
 def _record_path():
-    return private_io.cache_root() / "nvrtc.json"
+    return current_layout().nvrtc_record
 
 
 def _library_probe() -> dict:

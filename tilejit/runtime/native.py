@@ -8,15 +8,16 @@ opened at the first launch), so it builds in well under a second on any machine 
 built, or with ``TILEJIT_NATIVE_LAUNCH=0``, launches take the Python path (``runtime/jit.py``), which stays the
 reference; when it cannot be built, one warning says why. The switch is read at a kernel's first GPU launch.
 
-The shared object lives at ``<cache dir>/native/launch-<digest><ext>``, the digest covering the C source, the
-Python version and the platform, so a change to any of them builds a new one; beside it ``<name>.sha256`` holds
-the sha256 of the library's bytes, written by the build. It is executable code, so it is trusted only as the
-README's "Who may write the cache" says: the cache root and ``native/`` must be this user's and writable by
-nobody else (else the library is built in a private temporary directory, removed once loaded), and loading
-opens the file once (no symlink followed, a regular private file by ``fstat``), reads it, checks the bytes
-against the recorded digest and loads exactly those bytes from an anonymous memory file (``memfd_create``), so
-nothing swapped in after the check can be run. A library that fails any of this is removed and built again;
-every failure to build or load is a NativeBuildError, and launches then take the Python path.
+The shared object lives at ``<cache dir>/native/launch-<digest><ext>`` (the directory is
+``CacheLayout.native_dir``), the digest covering the C source, the Python version and the platform, so a change to
+any of them builds a new one; beside it ``<name>.sha256`` holds the sha256 of the library's bytes, written by the
+build. It is executable code, so it is trusted only as the README's "Who may write the cache" says: the cache root
+and ``native/`` must be this user's and writable by nobody else (else the library is built in a private temporary
+directory, removed once loaded), and loading opens the file once (no symlink followed, a regular private file by
+``fstat``), reads it, checks the bytes against the recorded digest and loads exactly those bytes from an anonymous
+memory file (``memfd_create``), so nothing swapped in after the check can be run. A library that fails any of this
+is removed and built again; every failure to build or load is a NativeBuildError, and launches then take the Python
+path.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from types import ModuleType
 # load an already built library or never launch on a GPU.
 
 from .. import knobs, private_io
+from ..cache.layout import current_layout
 from ..errors import user_stacklevel
 
 SOURCE = Path(__file__).with_name("_launch.c")
@@ -75,7 +77,7 @@ def load_async() -> ModuleType | None:
     global _builder
     if _module is not None or _failure is not None or not knobs.native_launch():
         return _module
-    built = library_path(private_io.cache_root() / "native")
+    built = library_path(current_layout().native_dir)
     if built.is_file() and _private(built) and _digest_path(built).is_file():
         return load()  # built by an earlier process: loading takes about a millisecond
     with _lock:
@@ -154,9 +156,10 @@ def _library_directory() -> tuple[Path, bool]:
     (second item True: remove it after loading)."""
     import tempfile
 
-    directory = private_io.cache_root() / "native"
+    layout = current_layout()
+    directory = layout.native_dir
     try:
-        private_io.make_private_root(directory.parent)
+        private_io.make_private_root(layout.root)
         private_io.make_private_dir(directory)
         if os.access(directory, os.W_OK | os.X_OK):
             return directory, False

@@ -1,0 +1,167 @@
+"""Where everything under the cache root lives: the one place that joins a path under it.
+
+The root is ``knobs.cache_dir()`` when it is this user's alone, else a private temporary directory
+(``private_io.usable_root``)::
+
+    <root>/<key[:2]>/<key>/                 one kernel entry (``entries``): kernel.cubin, kernel.cu, kernel.ptx,
+                                            kernel.ir, meta.json, meta.sha256
+    <root>/<key[:2]>/<key>.lock             held by the one process compiling <key> (``locks``)
+    <root>/<key[:2]>/<key>.tmp-*/           an entry being written (or left behind by a killed process)
+    <root>/<key[:2]>/<key>.trash-*/         an entry being removed
+    <root>/autotune/<kernel>-<source hash>.json   best configs written by the autotuner (``records``)
+    <root>/extents/<source hash>.json       which tensor extents a kernel source needs at compile time (``records``)
+    <root>/nvrtc.json                       the NVRTC version last loaded, and what identifies its library
+                                            (backend_cuda/nvrtc.py)
+    <root>/native/                          the compiled launcher, built from runtime/_launch.c (runtime/native.py
+                                            names the library inside); not an entry: `clear` and `prune` leave it
+
+Walking the root never follows a symlink and lists only private directories (``scan``): what a planted link
+points to is not the cache's to list or remove.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilejit import private_io
+
+_KEY_RE = re.compile(r"[0-9a-f]{2,128}")
+_TEMP_MARK = ".tmp-"
+_TRASH_MARK = ".trash-"
+_LOCK_SUFFIX = ".lock"
+
+
+def check_key(key: str) -> None:
+    # Keys become path components: only hex, so nothing like "../" can reach the filesystem.
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        raise ValueError(f"cache key must be a lowercase hex string, got {key!r}")
+
+
+def is_leftover_name(name: str) -> bool:
+    """An entry being written or removed (or left so by a killed process)."""
+    return _TEMP_MARK in name or _TRASH_MARK in name
+
+
+def trash_path(entry_dir: Path) -> Path:
+    """A fresh name beside ``entry_dir`` to rename it to before removing it, so no reader sees it half-deleted."""
+    return entry_dir.with_name(f"{entry_dir.name}{_TRASH_MARK}{os.getpid()}-{random.getrandbits(32):08x}")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The paths under one cache root."""
+
+    root: Path
+
+    # ---- kernel entries and their locks --------------------------------------------------------------------
+
+    def shard(self, key: str) -> Path:
+        check_key(key)
+        return self.root / key[:2]
+
+    def entry_dir(self, key: str) -> Path:
+        return self.shard(key) / key
+
+    def lock_path(self, key: str) -> Path:
+        return self.shard(key) / (key + _LOCK_SUFFIX)
+
+    @staticmethod
+    def temp_entry_prefix(key: str) -> str:
+        """The name prefix of an entry being written, made in the entry's shard with ``mkdtemp``."""
+        return key + _TEMP_MARK
+
+    # ---- records beside the entries ------------------------------------------------------------------------
+
+    @property
+    def autotune_dir(self) -> Path:
+        return self.root / "autotune"
+
+    def autotune_record(self, kernel_name: str, source_hash: str) -> Path:
+        return self.autotune_dir / f"{kernel_name}-{source_hash}.json"
+
+    @property
+    def extents_dir(self) -> Path:
+        return self.root / "extents"
+
+    def extents_record(self, source_hash: str) -> Path:
+        check_key(source_hash)
+        return self.extents_dir / f"{source_hash}.json"
+
+    @property
+    def nvrtc_record(self) -> Path:
+        return self.root / "nvrtc.json"
+
+    @property
+    def native_dir(self) -> Path:
+        return self.root / "native"
+
+    # ---- walking what is there -----------------------------------------------------------------------------
+
+    def shards(self) -> list[Path]:
+        # Real directories only (is_dir without following): a symlinked shard is not walked into.
+        return [Path(e.path) for e in scan(self.root) if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+
+    def entry_dirs(self) -> list[Path]:
+        return [Path(e.path) for shard in self.shards() for e in scan(shard)
+                if _KEY_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+
+    def leftovers(self) -> list[Path]:
+        return [Path(e.path) for shard in self.shards() for e in scan(shard) if is_leftover_name(e.name)]
+
+    def locks(self) -> list[Path]:
+        return [Path(e.path) for shard in self.shards() for e in scan(shard) if e.name.endswith(_LOCK_SUFFIX)]
+
+
+def current_layout() -> CacheLayout:
+    """The layout of the cache root this process uses now (``private_io.cache_root()``)."""
+    return CacheLayout(private_io.cache_root())
+
+
+def scan(directory: Path) -> list[os.DirEntry]:
+    """The entries of a private, real directory (not a symlink to one); [] otherwise."""
+    try:
+        private_io.check_private_dir(directory)
+        with os.scandir(directory) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def files_in(directory: Path, suffix: str = "") -> list[Path]:
+    """Entries of ``directory`` ending in ``suffix``, unless ``directory`` is a symlink or not private (then
+    nothing: what it points to is not the cache's to list or remove)."""
+    return [Path(e.path) for e in scan(directory) if e.name.endswith(suffix)]
+
+
+def make_private_dirs(root: Path, shard: Path) -> None:
+    """Create the cache root and a shard with mode 0700 (cached kernels are the user's own code); the
+    root's parents (e.g. ~/.cache) get ordinary permissions. Both must then be this user's and writable by
+    nobody else (UntrustedPathError, an OSError: the cache degrades to memory)."""
+    private_io.make_private_root(root)
+    private_io.make_private_dir(shard)
+    if not os.access(shard, os.W_OK | os.X_OK):
+        raise PermissionError(13, "Permission denied", str(shard))
+
+
+def mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def remove(path: Path) -> int:
+    """Remove a file, a symlink (the link itself) or a directory tree (rmtree does not follow links in it)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        return 0
+    return 1
