@@ -12,7 +12,7 @@ of the online softmax in registers, and rescales the output accumulator as the m
   query rows past ``Lens[b]`` (padding) get the attention of those padding queries over the same keys;
 - on Hopper, ``default_config`` warp-specializes the key/value loop with a 3-deep ring for head dims 128 and 256,
   where the compiler defers each block's ``p @ v`` to run under the next block's ``q @ k^T``
-  (``passes.pipeline.deferred_gemm``);
+  (``passes.warp_specialize.deferred_gemm``);
 - ``STORE_LSE``: also the rows' log-sum-exp, in base 2 (``log2 sum_j 2^(s_ij * sm_scale * log2 e)``, the
   natural one times log2 e), float32 (B, H, S), which the backward reads.
 

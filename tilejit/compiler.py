@@ -9,7 +9,7 @@ The stages, in order (``STAGES``); each reads what the one before made and fills
 
 ======== ===================================================================== ==================================
 ir       frontend: the kernel's AST -> tile IR of this specialization, verified  ``frontend.visitor``
-passes   the target's pass pipeline, the IR verified after each pass          ``backend_cuda.pipeline``
+passes   the target's pass list, the IR verified after each pass              ``backend_cuda.stages``
 cuda     CUDA C++ emission (self-contained, with its prelude)                 ``backend_cuda.emitter``
 ptx      NVRTC, keeping the PTX (run when asked for, or ``TILEJIT_KEEP_PTX``) ``backend_cuda.nvrtc``
 cubin    NVRTC -> cubin for exactly the target's arch                         ``backend_cuda.nvrtc``
@@ -220,14 +220,14 @@ def _ir_stage(st: Stages) -> None:
 
 
 def _passes_stage(st: Stages) -> None:
-    from .backend_cuda.pipeline import run_passes
+    from .backend_cuda.stages import run_passes
 
     run_passes(st.fn, st.target)
     st.final_ir = print_function(st.fn)
 
 
 def _cuda_stage(st: Stages) -> None:
-    from .backend_cuda.pipeline import emit_cuda
+    from .backend_cuda.stages import emit_cuda
 
     out = emit_cuda(st.fn, st.target, st.spec.symbol)
     limit = st.target.arch.max_shared_bytes
@@ -295,7 +295,7 @@ def _cubin_stage(st: Stages) -> None:
 
 
 def _nvrtc(st: Stages, keep_ptx: bool) -> None:
-    from .backend_cuda.pipeline import register_shortage, run_nvrtc
+    from .backend_cuda.stages import register_shortage, run_nvrtc
     from .errors import BackendCompileError
 
     try:
@@ -463,7 +463,7 @@ def _versions() -> dict[str, str]:
 
 def _entry_files(st: Stages) -> tuple[dict, dict]:
     """The cache entry of a finished compile: its files and its meta.json."""
-    from .backend_cuda.pipeline import ptxas_resources, wgmma_serialized
+    from .backend_cuda.stages import ptxas_resources, wgmma_serialized
 
     spec, target = st.spec, st.target
     files = {"kernel.cubin": st.cubin, "kernel.cu": st.cuda, "kernel.ir": st.final_ir}
@@ -490,7 +490,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
 def _threads(st: Stages) -> int:
     """Threads per block: the launch's warps (twice over for ``pingpong``), and a warp-specialized loop's producer
     warpgroup."""
-    from .passes.pipeline import launched_threads
+    from .passes.warp_specialize import launched_threads
 
     return launched_threads(st.fn, st.target)
 

@@ -93,7 +93,7 @@ CODEGEN_PIN_VARIABLES = ("TILEJIT_GEMM_LOWERING", "TILEJIT_COPY_LOWERING", "TILE
 
 def mma_overlap() -> bool:
     """TILEJIT_MMA_OVERLAP=0: keep each gemm's work in its own loop iteration: no deferred last gemm in
-    warp-specialized loops (``passes.pipeline.deferred_gemm``), no mma.sync fragments carried into the next
+    warp-specialized loops (``passes.warp_specialize.deferred_gemm``), no mma.sync fragments carried into the next
     iteration (``backend_cuda.lower_loops.FragmentCarry``); for measuring what the overlap is worth. Part of the
     cache key."""
     return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -188,7 +188,7 @@ class LaunchOptions:
         False, FLAG,
         "the pipelined main loops that qualify get a producer warpgroup issuing their TMA loads while the "
         "num_warps warps only compute; a loop's own T.range(..., warp_specialize=) overrides it; see "
-        "passes/pipeline.py", sm90a_only=True)
+        "passes/warp_specialize.py", sm90a_only=True)
     persistent: bool = launch_option(
         False, FLAG,
         "a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads "
@@ -203,7 +203,7 @@ class LaunchOptions:
         1, one_of(VALID_CLUSTER, "programs per thread-block cluster along x"),
         "2: a warp-specialized kernel runs in clusters of two programs adjacent along x, and each ring tile whose "
         "window is the same in both is loaded once by TMA multicast into both; a grid whose x extent is odd runs "
-        "without clusters; see passes/pipeline.multicast_loads", implies="warp_specialize", sm90a_only=True)
+        "without clusters; see passes/warp_specialize.multicast_loads", implies="warp_specialize", sm90a_only=True)
     stream_k: bool = launch_option(
         False, FLAG,
         "a persistent kernel whose K loop is shared out in equal runs of iterations, so the output tiles of the "

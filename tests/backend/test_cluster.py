@@ -1,6 +1,6 @@
 """2-CTA thread-block clusters along x with TMA multicast (the ``cluster=2`` launch option), on CPU: the two
 programs of a pair load a ring tile whose window they share once, into both (each issuing every other 128-byte
-panel), and each releases a slot to both producers. Which tiles (``passes/pipeline.multicast_loads``): a window
+panel), and each releases a slot to both producers. Which tiles (``passes/warp_specialize.multicast_loads``): a window
 whose values do not depend on ``T.program_id(0)`` is shared statically (the DESIGN matmul's B, a 3-D grid's A);
 one that does is compared at run time with the other program's, recomputed by the producer; one that depends on
 what the producer cannot recompute is loaded by each program, and a kernel with no shared tile compiles as without
@@ -21,7 +21,7 @@ from kernels import bmm_grid3, matmul_staged as mm
 from tilejit.autotuner import Config
 from tilejit.errors import TilejitError, UsageValueError
 from tilejit.ir import OpKind
-from tilejit.passes.pipeline import multicast_loads
+from tilejit.passes.warp_specialize import multicast_loads
 from tilejit.target import LaunchOptions, Target
 from test_warp_specialize import _args, _compile, _meta, _section  # the same compile helpers and shapes
 

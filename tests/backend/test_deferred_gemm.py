@@ -1,4 +1,4 @@
-"""A warp-specialized loop's last gemm issued one iteration late (``passes.pipeline.deferred_gemm``,
+"""A warp-specialized loop's last gemm issued one iteration late (``passes.warp_specialize.deferred_gemm``,
 ``lower_loops.Deferred``): FlashAttention-3's intra-warpgroup overlap, derived from the ordinary attention loop.
 Iteration j issues q @ k_j^T, then iteration j-1's p @ v, waits for the first alone and runs the softmax while the
 second works; the accumulator is read only after its wait. The first iteration is emitted on its own (no previous

@@ -27,7 +27,7 @@ import torch
 
 from kernels import matmul, matmul_staged
 from tilejit.backend_cuda import nvrtc
-from tilejit.backend_cuda.pipeline import ptxas_resources
+from tilejit.backend_cuda.stages import ptxas_resources
 from tilejit.configs import matmul_configs
 
 _LABEL = re.compile(r"^(\$?[A-Za-z_][\w$]*):$")

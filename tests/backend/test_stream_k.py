@@ -1,4 +1,4 @@
-"""Stream-K (the ``stream_k`` launch option; passes/split_k.stream_k, lower_loops._stream_k_schedule,
+"""Stream-K (the ``stream_k`` launch option; passes/split_k.stream_k, lower_specialized._stream_k_schedule,
 lower_split_k._stream_k_fixup), on CPU: the rewritten IR (the loop's bounds from the current run, one fix-up of
 the accumulators, the epilogue guarded by its owner bit), the generated CUDA (the grid and workspace parameters,
 the last wave's schedule, the counter protocol in which nobody waits), cubins without spills, the cache key and

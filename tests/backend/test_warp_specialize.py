@@ -15,7 +15,7 @@ import tilejit.language as T
 from _lowering import braced_block
 from kernels import matmul_any
 from tilejit.autotuner import Config
-from tilejit.backend_cuda import lower_loops
+from tilejit.backend_cuda import lower_specialized
 from tilejit.errors import CompilationError, TilejitError
 
 F16 = torch.float16
@@ -184,7 +184,7 @@ def test_cubin_reports_the_producer_threads():
 @pytest.mark.parametrize("warps,bm,bn", [(4, 128, 128), (8, 128, 256), (8, 256, 128), (4, 64, 256)])
 def test_register_split(warps, bm, bn):
     compiled = _compile(mm, *_args(), stop_after=None, BM=bm, BN=bn, num_warps=warps, warp_specialize=True)
-    regs = lower_loops.consumer_registers(32 * warps, 128)
+    regs = lower_specialized.consumer_registers(32 * warps, 128)
     assert regs % 8 == 0 and 24 <= regs <= 256
     assert 32 * warps * regs + 128 * 40 <= 65536
     assert f"tj_setmaxnreg_inc<{regs}>" in compiled.asm["cuda"]

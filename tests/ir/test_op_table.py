@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from tilejit import interpreter
-from tilejit.backend_cuda import emitter, pipeline  # noqa: F401  (pipeline imports every lowering module)
+from tilejit.backend_cuda import emitter, stages  # noqa: F401  (stages imports every lowering module)
 from tilejit.ir import OpKind, Trait
 from tilejit.ir.ops import no_rule
 from tilejit.passes import layouts

@@ -1,1 +1,3 @@
-"""CUDA backend: the prelude, NVRTC compilation to cubin, and loading/launching with the CUDA driver."""
+"""The CUDA backend: the pass list and the backend's compile stages (``stages.py``), CUDA C++ emission
+(``emitter.py`` with one ``lower_*.py`` module per op family, and the prelude), NVRTC compilation to cubin
+(``nvrtc.py``) and disassembly (``sass.py``). Loading and launching cubins is the runtime's (``tilejit/runtime``)."""

@@ -15,7 +15,7 @@ from ..dtypes import DType
 from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
 from .prelude import PRELUDE
-from ..passes.pipeline import launched_threads
+from ..passes.warp_specialize import launched_threads
 from ..target import Target
 
 C_TYPES = {
@@ -198,10 +198,6 @@ def emits(*kinds: OpKind):
 #: each hook is called with the emitter before the body is emitted and may return a function that emits the
 #: matching tear-down after it.
 KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
-#: How the body of a kernel whose warp-specialized loop is set up at its start (persistent, or producer first) is
-#: emitted (registered by lower_loops, which owns the ring it is built on).
-SPECIALIZED_BODY: list[Callable[["Emitter"], None]] = []
-
 
 @dataclass
 class AsyncMma:
@@ -223,8 +219,16 @@ class AsyncMma:
 
 
 class Emitter:
-    def __init__(self, fn: Function, target: Target, kernel_name: str) -> None:
+    """The emission of one kernel: its lines, names, shared memory and the state that lowerings share.
+
+    ``specialized_body`` emits the body of a kernel whose warp-specialized loop is set up at its start
+    (``fn.attrs["persistent"]`` or ``["producer_first"]``): ``lower_specialized.emit_specialized``, given by
+    ``stages.emit_cuda`` (that module builds on the ``for`` rule, so the emitter cannot import it)."""
+
+    def __init__(self, fn: Function, target: Target, kernel_name: str,
+                 specialized_body: Callable[["Emitter"], None] | None = None) -> None:
         self.fn = fn
+        self.specialized_body = specialized_body
         self.target = target
         self.kernel_name = kernel_name
         self.lines: list[str] = []
@@ -252,14 +256,15 @@ class Emitter:
         self.hoisted_exprs: dict[str, tuple[str, str]] = {}  # its name -> (C type, expression)
         self.counter = 0
         self.split_at: int | None = None  # index in lines where a producer warpgroup left (consumers_only)
-        # a persistent kernel emits its warp-specialized loop in two parts (lower_loops.emit_persistent): the
+        # a persistent kernel emits its warp-specialized loop in two parts (lower_specialized.emit_specialized): the
         # ring and the producer ("prelude") before the walk over the programs, the math ("consumer") inside it
         self.ring_phase: str | None = None
         self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
         self.store_reads_pending = False  # a persistent walk's TMA stores wait for their reads at its end
-        self.partner_x = False  # T.program_id(0) reads the other program of a cluster pair (lower_loops._pair_flags)
-        # a pingpong kernel's groups of math warps (passes/pipeline.specialize_warps): while ``grouped``, shared
+        # T.program_id(0) reads the other program of a cluster pair (lower_specialized._pair_flags)
+        self.partner_x = False
+        # a pingpong kernel's groups of math warps (passes/warp_specialize.specialize_warps): while ``grouped``, shared
         # memory is allocated in the region each group has a copy of (from ``tj_gsm_u32``), ``group_bytes`` long
         self.groups = int(fn.attrs.get("groups", 1))
         self.grouped = False
@@ -482,7 +487,8 @@ class Emitter:
             kinds += ["i32", "i32", "i32", "ptr", "ptr", "i32"]
         finish = [f for f in (hook(self) for hook in KERNEL_HOOKS) if f is not None]
         if self.fn.attrs.get("persistent") or self.fn.attrs.get("producer_first"):
-            SPECIALIZED_BODY[0](self)
+            assert self.specialized_body is not None, "a warp-specialized kernel's body needs specialized_body"
+            self.specialized_body(self)
         else:
             self.emit_block(self.fn.body)
         for f in reversed(finish):
@@ -491,7 +497,7 @@ class Emitter:
             decls.append(f"const __grid_constant__ CUtensorMap tj_tmap{n}")
             kinds.append("tmap")
         body = self.lines
-        # a warp-specialized loop's producer warpgroup (passes/pipeline.specialize_warps) is launched beyond the
+        # a warp-specialized loop's producer warpgroup (passes/warp_specialize.specialize_warps) is launched beyond the
         # num_warps warps (each group's, pingpong); the compiler's meta counts them the same way
         launched = launched_threads(self.fn, self.target)
         self.smem_top = max(self.smem_top, self.smem_peak)
@@ -512,7 +518,7 @@ class Emitter:
             + (f" + tj_group * {scratch};" if self.groups > 1 else ";"),
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
-        if self.fn.attrs.get("cluster"):  # a TMA multicast pair (lower_loops.CLUSTER_SUPPORT)
+        if self.fn.attrs.get("cluster"):  # a TMA multicast pair (lower_specialized.CLUSTER_SUPPORT)
             head += ["  const unsigned tj_ncta = tj_cluster_ctas(), tj_crank = tj_cluster_rank();  // 1 and 0 without a "
                      "cluster"]
         if self.group_bytes:
@@ -551,7 +557,7 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         if op.kind is OpKind.NUM_PROGRAMS and em.fn.attrs.get("stream_k"):
             return f"tj_grid{op.attrs.axis}"  # launched one program per SM: the user's grid is a parameter
         if op.kind is OpKind.PROGRAM_ID and em.fn.attrs.get("persistent"):
-            return f"tj_pid{op.attrs.axis}"  # the program this persistent one is running now (emit_persistent)
+            return f"tj_pid{op.attrs.axis}"  # the program this persistent one is running now (emit_specialized)
         if op.kind is OpKind.PROGRAM_ID and op.attrs.axis == 0 and em.partner_x:
             return "(int32_t)(blockIdx.x ^ 1u)"  # the cluster pair's other program
         splits = em.fn.attrs.get("split_k", 1)
@@ -652,6 +658,18 @@ def declare_var(em: Emitter, v: Value) -> str:
     name = em.name(v)
     em.line(f"{c_type(v.dtype)} {name};")
     return name
+
+
+def is_positive_constant(v: Value) -> bool:
+    """Whether scalar ``v`` is a constant above 0 (a loop step whose sign the loop's test need not look at)."""
+    op = v.owner
+    return isinstance(op, Op) and op.kind is OpKind.CONSTANT and op.attrs.value > 0
+
+
+def in_range(x: str, hi: str, step: str, positive: bool) -> str:
+    """Whether induction value ``x`` is still inside a loop to ``hi`` by ``step`` (of either sign, unless
+    ``positive``)."""
+    return f"({x} < {hi})" if positive else f"(({step}) > 0 ? {x} < {hi} : {x} > {hi})"
 
 
 @emits(OpKind.IF)

@@ -1,6 +1,6 @@
 """``for`` loops, including the software-pipelined form of ``T.range(..., stages=S)``.
 
-Pipelined shared loads (marked by ``passes/pipeline.py``) are issued ``S - 1`` iterations ahead into a
+Pipelined shared loads (marked by ``passes/software_pipeline.py``) are issued ``S - 1`` iterations ahead into a
 ring of ``S`` shared buffers with cp.async; one commit group per iteration (empty groups included) keeps
 the group count aligned with the iteration count, so ``cp.async.wait_group S-2`` at the top of iteration
 ``k`` guarantees that iteration ``k``'s tiles have landed (PTX 9.7.9.25.3).
@@ -11,12 +11,13 @@ iterations (``wgmma.wait_group`` leaves this iteration's groups pending) and the
 ``k - 1`` is handed back through an "empty" mbarrier (one arrival per warp, after its wait) instead of a
 block-wide barrier; thread 0 waits on it before refilling the slot with iteration ``k + S - 1``.
 
-A warp-specialized loop (``ForAttrs.producer_warpgroup``, sm_90a) moves the refills to a producer warpgroup
-launched beyond the ``num_warps`` warps: after the barriers are set up, its warps give registers back
-(``setmaxnreg.dec``) and its first thread runs the loop's iterations issuing TMA loads, each into a slot once
-the math has released it; then the producer leaves the kernel. The ``num_warps`` warps take the registers
-(``setmaxnreg.inc``) and run the loop waiting only for loaded slots; from there on their block-wide barriers
-count them alone (``Emitter.consumers_only``).
+A warp-specialized loop (``ForAttrs.producer_warpgroup``, sm_90a) has its refills issued by a producer warpgroup
+(``lower_specialized.emit_producer``); the ``num_warps`` warps run the loop here, waiting only for loaded slots and
+handing each back on its "empty" mbarrier, and may issue the body's last gemm one iteration late (``Deferred``).
+
+``_for`` emits a loop in the named steps of ``LoopEmission``: the TMA ring's barriers, the producer or the
+prefetch of the first iterations, the cp.async ring's slot addresses, each iteration (wait for its tiles, arm the
+prefetch, the body, the end of the iteration), and the drain after the loop.
 
 A cp.async ring (the sm_80 main loop) whose one gemm runs on mma.sync carries its fragments across iterations
 (``FragmentCarry``): the wait for iteration ``k + 1``'s tiles and the block-wide barrier move from the top of
@@ -31,64 +32,22 @@ pinned on sm_90a), where it measured from +5% to -10%.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from ..ir import BinaryOp, Op, OpKind, Value
 from ..ir.rewrite import reads, use_counts
 from .. import dtypes as D
 from .. import knobs
 from ..target import REGISTRY
 from ..passes.copies import load_spec
-from ..passes.pipeline import (PRODUCER_THREADS, bounds_slice, compared_slice, deferred_gemm, in_flight_gemms,
-                               multicast_loads, producer_slice)
-from .emitter import (SPECIALIZED_BODY, RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits,
-                      scalar_expr)
+from ..passes.software_pipeline import in_flight_gemms
+from ..passes.warp_specialize import deferred_gemm, multicast_loads
+from .emitter import (RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, in_range,
+                      is_positive_constant, scalar_expr)
 from . import lower_tcgen05, lower_tma
+from .lower_specialized import CLUSTER_SUPPORT, emit_producer, group_turn, release
 from .lower_wgmma import wait_group
 from .lower_wgmma_rs import pack_a
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
 
-
-CLUSTER_SUPPORT = r"""
-/// A cluster's programs (1 when launched without clusters) and this one's rank in it (PTX 10.14, special registers).
-TJ_DEVICE unsigned tj_cluster_ctas() { unsigned n; asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n)); return n; }
-TJ_DEVICE unsigned tj_cluster_rank() { unsigned r; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
-/// Every non-exited thread of the cluster gets here (PTX 9.7.13.4, barrier.cluster).
-TJ_DEVICE void tj_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-/// ... with the mbarrier initializations before it visible to the cluster (PTX 9.7.13.14, fence.mbarrier_init).
-TJ_DEVICE void tj_cluster_sync_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  tj_cluster_sync();
-}
-/// Arrive on a ring slot's "empty" mbarrier, here and at the same offset in the cluster's other program, whose
-/// producer multicasts into this program's slot as well (PTX 9.7.9.18 mapa, 9.7.13.15.13 mbarrier.arrive). The
-/// default semantics (release at CTA scope): the slot's readers are wgmma groups already waited for. With
-/// .release.cluster here the GEMM ran at half its speed on an H100.
-TJ_DEVICE void tj_mbar_arrive_pair(unsigned bar, unsigned ncta, unsigned rank) {
-  tj_mbar_arrive(bar);
-  if (ncta > 1) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank ^ 1u));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-  }
-}
-"""
-
-
-def release(em: Emitter, bar: str) -> str:
-    """The statement by which a warp (its lane 0) hands a ring slot back on its "empty" mbarrier ``bar``: in a
-    cluster's programs (``fn.attrs["cluster"]``), in both."""
-    if em.fn.attrs.get("cluster"):
-        em.require_support("cluster_ring", CLUSTER_SUPPORT)
-        return f"if ((tid & 31) == 0) tj_mbar_arrive_pair({bar}, tj_ncta, tj_crank);"
-    return f"if ((tid & 31) == 0) tj_mbar_arrive({bar});"
-
-
-def _positive_constant(v: Value) -> bool:
-    op = v.owner
-    return isinstance(op, Op) and op.kind is OpKind.CONSTANT and op.attrs.value > 0
 
 
 def _iv_coefficient(v: Value, body_ops: dict[int, Op], iv_id: int) -> int | None:
@@ -182,315 +141,418 @@ def _carried_gemm(em: Emitter, body, piped: list[Op], stages: int):
 
 @emits(OpKind.FOR)
 def _for(em: Emitter, op: Op) -> None:
-    lo, hi, step = (em.name(v) for v in op.operands[:3])
-    body = op.regions[0]
-    iv, carried = body.args[0], body.args[1:]
-    iv_t = c_type(iv.dtype)
-    # a specialized loop set up at the kernel's start comes here twice (emit_specialized): "prelude", "consumer"
-    phase = em.ring_phase if op.attrs.producer_warpgroup else None
-    # Loop-carried values live in variables declared before the loop; the results are those variables.
-    for arg, init, res in zip(carried, op.operands[3:], op.results) if phase != "prelude" else ():
-        name = declare_var(em, arg)
-        assign_value(em, name, init)
-        em.alias(res, name)
-    positive = _positive_constant(op.operands[2])
+    """A ``for`` loop in the steps of ``LoopEmission``: its scope and TMA ring, the producer warpgroup or the
+    prefetch of the first iterations, the cp.async ring's rotating addresses, the loop, then the drain."""
+    loop = LoopEmission(em, op)
+    loop.open()
+    if loop.producer:
+        if loop.phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)
+            loop.split_off_producer()
+        if loop.phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
+            loop.end_prelude()
+            return
+    elif loop.piped:
+        loop.prefetch_first_iterations()
+    if loop.ring:
+        loop.set_up_cp_async_ring()
+    loop.start()
+    loop.run()
+    loop.drain()
 
-    def in_range(x: str) -> str:
-        return _in_range(x, hi, step, positive)
 
-    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
-    stages = op.attrs.stages or 1
-    body_ops = {r.id: o for o in body.ops for r in o.results}
+class LoopEmission:
+    """The emission of one ``for`` op, in the steps ``_for`` calls. What the steps share is read off the op here:
+    its pipelined loads (``tma``: filled by TMA, on mbarriers; ``per_thread``: by cp.async groups), the gemms left
+    in flight, whether a producer warpgroup fills the ring, and a specialized loop's ``phase`` (set up at the
+    kernel's start, it comes here twice: ``emit_specialized``'s "prelude", then "consumer")."""
 
-    def starts_at(load: Op, iv_expr: str) -> list[str]:
-        return [_rematerialize(em, v, body_ops, iv.id, iv_expr) for v in load.operands[1:]]
+    def __init__(self, em: Emitter, op: Op) -> None:
+        self.em, self.op = em, op
+        self.lo, self.hi, self.step = (em.name(v) for v in op.operands[:3])
+        self.body = body = op.regions[0]
+        self.iv, self.carried = body.args[0], body.args[1:]
+        self.iv_t = c_type(self.iv.dtype)
+        self.phase = em.ring_phase if op.attrs.producer_warpgroup else None
+        self.positive = is_positive_constant(op.operands[2])
+        self.piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
+        self.stages = stages = op.attrs.stages or 1
+        self.body_ops = {r.id: o for o in body.ops for r in o.results}
+        self.tma = [o for o in self.piped if o.attrs.copy == "tma_bulk_tensor"]
+        self.per_thread = [o for o in self.piped if o not in self.tma]
+        self.in_flight = in_flight_gemms(body) if op.attrs.async_mma else []
+        # tcgen05: thread 0 issues the MMAs and commits them to the slot's "empty" barrier (one arrival); the
+        # accumulators live in tensor memory for the whole loop
+        self.tmem = op.attrs.async_mma == "tcgen05"
+        self.producer = bool(op.attrs.producer_warpgroup) and bool(self.tma) and not self.per_thread
+        self.late = Deferred(em, body, stages) if op.attrs.defer_mma and self.producer and not self.in_flight \
+            else None
+        # a cluster's two programs fill each other's slots with the tiles they share (TMA multicast)
+        self.paired = self.producer and bool(em.fn.attrs.get("cluster"))
+        self.multicast = multicast_loads(em.fn, op) if self.paired else []
+        # cp.async rings (no TMA in the loop): the shared addresses of each ring's slots read and refilled live in
+        # variables rotated by a constant per iteration, and windows wholly inside their tensor take InteriorCopy
+        self.ring = bool(self.piped) and not self.tma
+        self.rd: dict[int, str] = {}
+        self.wr: dict[int, str] = {}
+        self.interior: list[tuple[Op, InteriorCopy]] = []
+        # the TMA ring's mbarriers ("full": loaded; "empty": released), bytes per slot and tensor maps
+        self.full = self.empty = ""
+        self.tma_bytes = self.nbars = 0
+        self.maps: dict[int, str] = {}
+        self.carry: FragmentCarry | None = None
+        self.own_slots = False
+        self.iv_name = self.nxt = ""
+        # set by open(): the in-flight gemms' result names, what an enclosing loop had set, whether the ring is
+        # given back after the loop, and the shared memory it gives back to
+        self.carried_names: list[str] = []
+        self.outer_hook = self.outer_async = None
+        self.done = False
+        self.smem_mark = 0
 
-    tma = [o for o in piped if o.attrs.copy == "tma_bulk_tensor"]
-    per_thread = [o for o in piped if o not in tma]
-    in_flight = in_flight_gemms(body) if op.attrs.async_mma else []
-    # tcgen05: thread 0 issues the MMAs and commits them to the slot's "empty" barrier (one arrival); the
-    # accumulators live in tensor memory for the whole loop
-    tmem = op.attrs.async_mma == "tcgen05"
-    producer = bool(op.attrs.producer_warpgroup) and bool(tma) and not per_thread
-    late = Deferred(em, body, stages) if op.attrs.defer_mma and producer and not in_flight else None
-    # a cluster's two programs fill each other's slots with the tiles they share (TMA multicast)
-    paired = producer and bool(em.fn.attrs.get("cluster"))
-    multicast = multicast_loads(em.fn, op) if paired else []
-    yielded = body.terminator.operands
-    carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)]) for g in in_flight]
-    # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
-    outer_hook, em.overlap_hook = em.overlap_hook, None
-    outer_async, em.async_mma = em.async_mma, None
-    # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the ring
-    # (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second loop.
-    done = phase is None or phase == "consumer" and not em.fn.attrs.get("persistent")
-    # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
-    smem_mark = em.smem_top
-    if phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
-        em.open("")
-    if phase == "consumer":
-        full, empty, tma_bytes, maps, nbars, smem_mark = em.rings[id(op)]
-    elif tma:
+    def in_loop(self, x: str) -> str:
+        """The loop's test: whether induction value ``x`` is still inside it."""
+        return in_range(x, self.hi, self.step, self.positive)
+
+    def starts_at(self, load: Op, iv_expr: str) -> list[str]:
+        """The C expressions of ``load``'s window start at induction value ``iv_expr``."""
+        return [_rematerialize(self.em, v, self.body_ops, self.iv.id, iv_expr) for v in load.operands[1:]]
+
+    def open(self) -> None:
+        """Declare the carried variables, open the loop's scope, and set up its TMA ring (or find it set up)."""
+        em, op = self.em, self.op
+        # Loop-carried values live in variables declared before the loop; the results are those variables.
+        for arg, init, res in zip(self.carried, op.operands[3:], op.results) if self.phase != "prelude" else ():
+            name = declare_var(em, arg)
+            assign_value(em, name, init)
+            em.alias(res, name)
+        yielded = self.body.terminator.operands
+        self.carried_names = [em.name(op.results[next(j for j, y in enumerate(yielded) if y is g.result)])
+                              for g in self.in_flight]
+        # An enclosing loop's prefetch waits for the enclosing body's first gemm, not for one inside this loop.
+        self.outer_hook, em.overlap_hook = em.overlap_hook, None
+        self.outer_async, em.async_mma = em.async_mma, None
+        # A persistent kernel's ring stays: the next program's loads land while this one finishes. Otherwise the
+        # ring (a producer's too: its last loads have been consumed) is given back for what follows, e.g. a second
+        # loop.
+        self.done = self.phase is None or self.phase == "consumer" and not em.fn.attrs.get("persistent")
+        # The shared tiles (and mbarriers) made inside the loop die with it: a later loop reuses their memory.
+        self.smem_mark = em.smem_top
+        if self.phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
+            em.open("")
+        if self.phase == "consumer":
+            self.full, self.empty, self.tma_bytes, self.maps, self.nbars, self.smem_mark = em.rings[id(op)]
+        elif self.tma:
+            self._set_up_tma_ring()
+
+    def _set_up_tma_ring(self) -> None:
+        """The ring's mbarriers, initialized: "full" per slot, and "empty" where the math hands slots back."""
+        em, stages, tma = self.em, self.stages, self.tma
         em.require_support("tma", lower_tma.SUPPORT)
-        released = bool(in_flight) or producer  # the math warps hand slots back on "empty" mbarriers
-        nbars = 2 * stages if released else stages
-        bars = em.allocate_shared(8 * nbars, 8)
-        full, empty = f"{em.smem_origin} + {bars}", f"{em.smem_origin} + {bars + 8 * stages}"
-        tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
-        maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
+        released = bool(self.in_flight) or self.producer  # the math warps hand slots back on "empty" mbarriers
+        self.nbars = 2 * stages if released else stages
+        bars = em.allocate_shared(8 * self.nbars, 8)
+        full = self.full = f"{em.smem_origin} + {bars}"
+        empty = self.empty = f"{em.smem_origin} + {bars + 8 * stages}"
+        self.tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
+        self.maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
             o.operands[0].name, lower_tma.box_of(o, stage_shared(em, o.result).layout), o.result.dtype.itemsize))
             for o in tma}
-        em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {tma_bytes} bytes on it")
+        em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {self.tma_bytes} "
+                "bytes on it")
         em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({full} + 8 * s, 1); }}")
         if released:
-            arrivals = 1 if tmem else em.target.num_warps
-            em.line(f"// and one per slot that {'the MMA commit' if tmem else 'every warp'} arrives on once the MMAs "
-                    f"have read the slot ({arrivals} arrival(s)" + (", from each program of the cluster)" if paired
-                                                                  else ")"))
-            count = f"{arrivals} * tj_ncta" if paired else f"{arrivals}"
-            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {count}); }}")
-            if tmem:
-                lower_tcgen05.store_accumulators(em, in_flight, carried_names)
+            arrivals = 1 if self.tmem else em.target.num_warps
+            em.line(f"// and one per slot that {'the MMA commit' if self.tmem else 'every warp'} arrives on once the "
+                    f"MMAs have read the slot ({arrivals} arrival(s)"
+                    + (", from each program of the cluster)" if self.paired else ")"))
+            count = f"{arrivals} * tj_ncta" if self.paired else f"{arrivals}"
+            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({empty} + 8 * s, {count}); "
+                    "}")
+            if self.tmem:
+                lower_tcgen05.store_accumulators(em, self.in_flight, self.carried_names)
         em.line("tj_fence_proxy_async();")
         em.barrier()
-        if paired:
+        if self.paired:
             em.require_support("cluster_ring", CLUSTER_SUPPORT)
             em.line("if (tj_ncta > 1) tj_cluster_sync_init();  // the barriers, initialized in both programs")
-        em.rings[id(op)] = (full, empty, tma_bytes, maps, nbars, smem_mark)
+        em.rings[id(self.op)] = (full, empty, self.tma_bytes, self.maps, self.nbars, self.smem_mark)
 
-    def issue_tma(at: str, slot: str, guard: str, refill: bool = False) -> None:
-        if not tma or producer:
+    def issue_tma(self, at: str, slot: str, guard: str, refill: bool = False) -> None:
+        """Thread 0 loads the ring's TMA tiles of iteration ``at`` into ``slot`` (none when a producer does)."""
+        if not self.tma or self.producer:
             return
+        em = self.em
         em.open(f"if (tid == 0 && ({guard}))")
         if refill:  # the slot's previous iteration (k - 1) must have been released by every warp
-            em.line(f"if (tj_it > 0) tj_mbar_wait({empty} + 8 * ({slot}), ((tj_it - 1) / {stages}) & 1);")
-        bar = f"{full} + 8 * ({slot})"
-        em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
-        for o in tma:
-            lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, at), slot, bar, maps[o.result.id])
+            em.line(f"if (tj_it > 0) tj_mbar_wait({self.empty} + 8 * ({slot}), ((tj_it - 1) / {self.stages}) & 1);")
+        bar = f"{self.full} + 8 * ({slot})"
+        em.line(f"tj_mbar_expect_tx({bar}, {self.tma_bytes});")
+        for o in self.tma:
+            lower_tma.tma_issue(em, o, em.shared[o.result.id], self.starts_at(o, at), slot, bar,
+                                self.maps[o.result.id])
         em.close()
 
-    # cp.async rings (no TMA in the loop): the shared addresses of each ring's slots read and refilled live in
-    # variables rotated by a constant per iteration, and windows wholly inside their tensor take InteriorCopy
-    ring = bool(piped) and not tma
-    rd: dict[int, str] = {}
-    wr: dict[int, str] = {}
-    interior: list[tuple[Op, InteriorCopy]] = []
-    if producer:
-        if phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)
-            for load in piped:
-                stage_shared(em, load.result)
-            _producer(em, op, tma, stages, tma_bytes, full, empty, maps, starts_at, in_range, em.per_program,
-                      multicast)
-        if phase == "prelude":  # the math part comes inside the walk over programs; the ring's count spans it
-            em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
-            em.async_mma, em.overlap_hook = outer_async, outer_hook
-            return
-    elif piped:
-        for load in piped:
+    def split_off_producer(self) -> None:
+        """The ring's shared tiles, then the producer warpgroup's part (``lower_specialized.emit_producer``)."""
+        for load in self.piped:
+            stage_shared(self.em, load.result)
+        emit_producer(self.em, self.op, self.tma, self.stages, self.tma_bytes, self.full, self.empty, self.maps,
+                      self.starts_at, self.in_loop, self.em.per_program, self.multicast)
+
+    def end_prelude(self) -> None:
+        """A specialized loop's prelude ends with the ring's count; its math comes later (phase "consumer")."""
+        em = self.em
+        em.line("int tj_it = 0;  // the ring's iteration, counted across programs")
+        em.async_mma, em.overlap_hook = self.outer_async, self.outer_hook
+
+    def prefetch_first_iterations(self) -> None:
+        """The ring's shared tiles, and iterations 0 .. S-2 issued into them (TMA and cp.async alike)."""
+        em, stages, lo, step = self.em, self.stages, self.lo, self.step
+        for load in self.piped:
             stage_shared(em, load.result)
-        em.line(f"// software pipeline: {stages} stages, {len(piped)} tile(s) prefetched {stages - 1} iteration(s) ahead"
-                + (f", {len(tma)} by TMA" if tma else ""))
+        em.line(f"// software pipeline: {stages} stages, {len(self.piped)} tile(s) prefetched {stages - 1} "
+                "iteration(s) ahead" + (f", {len(self.tma)} by TMA" if self.tma else ""))
         # A rolled loop over the prefetched stages: unrolled, it repeated every copy's code (fast and
         # element-wise paths) per stage for NVRTC to compile, to save a few instructions run once.
         em.line("#pragma unroll 1")
         em.open(f"for (int tj_s = 0; tj_s < {stages - 1}; ++tj_s)")
-        at = f"{lo} + ({iv_t})tj_s * {step}"
-        issue_tma(at, "tj_s", in_range(f"({at})"))
-        for load in per_thread:
-            issue_shared_load(em, load, starts_at(load, at), "tj_s", guard=in_range(f"({at})"))
+        at = f"{lo} + ({self.iv_t})tj_s * {step}"
+        self.issue_tma(at, "tj_s", self.in_loop(f"({at})"))
+        for load in self.per_thread:
+            issue_shared_load(em, load, self.starts_at(load, at), "tj_s", guard=self.in_loop(f"({at})"))
         em.line("tj_cp_async_commit();")
         em.close()
-    if ring:
-        for load in piped:
+
+    def set_up_cp_async_ring(self) -> None:
+        """The variables holding the slots read and refilled, and the interior copies' loop-invariant test."""
+        em, stages = self.em, self.stages
+        for load in self.piped:
             tile = em.shared[load.result.id]
-            rd[load.result.id], wr[load.result.id] = em.fresh("tj_rd"), em.fresh("tj_wr")
-            em.line(f"unsigned {rd[load.result.id]} = {tile.origin} + {tile.offset}, {wr[load.result.id]} = "
-                    f"{tile.origin} + {tile.offset + (stages - 1) * tile.layout.stage_bytes};  // slots read and refilled")
-        first = f"{lo} + ({iv_t}){stages - 1} * {step}"
-        for load in per_thread:
-            coefs = [_iv_coefficient(v, body_ops, iv.id) for v in load.operands[1:]]
-            if positive and None not in coefs:
-                copy = InteriorCopy(em, load, starts_at(load, first), coefs, step)
+            rd = self.rd[load.result.id] = em.fresh("tj_rd")
+            wr = self.wr[load.result.id] = em.fresh("tj_wr")
+            last = tile.offset + (stages - 1) * tile.layout.stage_bytes
+            em.line(f"unsigned {rd} = {tile.origin} + {tile.offset}, {wr} = {tile.origin} + {last};"
+                    "  // slots read and refilled")
+        first = f"{self.lo} + ({self.iv_t}){stages - 1} * {self.step}"
+        for load in self.per_thread:
+            coefs = [_iv_coefficient(v, self.body_ops, self.iv.id) for v in load.operands[1:]]
+            if self.positive and None not in coefs:
+                copy = InteriorCopy(em, load, self.starts_at(load, first), coefs, self.step)
                 if copy.fits:
-                    interior.append((load, copy))
-        if interior:
-            ok = [term for _, copy in interior for term in copy.setup()]
+                    self.interior.append((load, copy))
+        if self.interior:
+            ok = [term for _, copy in self.interior for term in copy.setup()]
             em.line(f"const bool tj_inner_ok = {' && '.join(f'({t})' for t in ok)};")
-    if piped and phase is None:
-        em.line("int tj_it = 0;")
-    carried_gemm = _carried_gemm(em, body, piped, stages) \
-        if ring and phase is None and not in_flight and late is None else None
-    carry = None
-    if carried_gemm is not None:
-        carry = FragmentCarry(em, *carried_gemm, piped, rd, stages)
-        carry.prologue()
-    # a pingpong group's programs take turns on the ring with the other group's: the slot before this program's
-    # first is another group's to release, and this program's last is released here, after the loop
-    own_slots = phase == "consumer" and em.groups > 1
-    if own_slots:
-        _group_turn(em, arrive=False)
-        em.line("const int tj_it0 = tj_it;  // this program's first ring slot")
-    if late is not None:
-        late.declare()
-    iv_name = em.name(iv)
-    incr = f"{iv_name} += {step}" + (", ++tj_it" if piped else "")
 
-    def iteration() -> None:
+    def start(self) -> None:
+        """The ring's count, the carried fragments, a pingpong group's turn and the deferred gemm's state."""
+        em, piped = self.em, self.piped
+        if piped and self.phase is None:
+            em.line("int tj_it = 0;")
+        carried_gemm = _carried_gemm(em, self.body, piped, self.stages) \
+            if self.ring and self.phase is None and not self.in_flight and self.late is None else None
+        if carried_gemm is not None:
+            self.carry = FragmentCarry(em, *carried_gemm, piped, self.rd, self.stages)
+            self.carry.prologue()
+        # a pingpong group's programs take turns on the ring with the other group's: the slot before this
+        # program's first is another group's to release, and this program's last is released here, after the loop
+        self.own_slots = self.phase == "consumer" and em.groups > 1
+        if self.own_slots:
+            group_turn(em, arrive=False)
+            em.line("const int tj_it0 = tj_it;  // this program's first ring slot")
+        if self.late is not None:
+            self.late.declare()
+        self.iv_name = em.name(self.iv)
+        self.nxt = f"{self.iv_name} + ({self.iv_t}){self.stages - 1} * {self.step}"
+
+    def run(self) -> None:
+        """The loop (after its first iteration on its own, when a deferred gemm's has nothing to issue)."""
+        em, late, lo, iv_t, iv_name = self.em, self.late, self.lo, self.iv_t, self.iv_name
+        incr = f"{iv_name} += {self.step}" + (", ++tj_it" if self.piped else "")
+        if late is not None:  # the first iteration on its own: it has no previous one's gemm to issue
+            em.open(f"if ({self.in_loop(lo)})")
+            em.line(f"const {iv_t} {iv_name} = {lo};")
+            late.first = True
+            self.iteration()
+            late.first = False
+            em.line("++tj_it;")
+            em.close()
+        first = f"{lo} + {self.step}" if late is not None else lo
+        em.open(f"for ({iv_t} {iv_name} = {first}; {self.in_loop(iv_name)}; {incr})")
+        self.iteration()
+        em.close()
+
+    def iteration(self) -> None:
         """One iteration's code: wait for its tiles, its ops, hand back or refill, the carried values."""
+        em, late = self.em, self.late
         copies: list[SharedCopy] = []
-        if piped:
-            if carry is not None:
-                em.line("// this iteration's tiles landed, and the slot refilled next was released, in the last one")
-            elif per_thread:
-                em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
-                em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
-            if tma:
-                em.line(("if (tid == 0) " if tmem else "")
-                        + f"tj_mbar_wait({full} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
-                        + "  // TMA tiles landed")
-            if not in_flight and not producer and carry is None:
-                em.barrier("... for every thread, and everyone is done with the slot refilled next")
-            nxt = f"{iv_name} + ({iv_t}){stages - 1} * {step}"
-            if not producer:
-                em.line(f"const bool tj_prefetch = {in_range(f'({nxt})')};")
-            if ring:
-                for load in piped:
-                    em.shared[load.result.id].address = rd[load.result.id]
-                if interior:
-                    inside = [c for load, copy in interior for c in copy.inside(starts_at(load, nxt))]
-                    em.line(f"const bool tj_inner = tj_prefetch && tj_inner_ok{''.join(f' && {c}' for c in inside)};"
-                            "  // every window wholly inside")
-            else:
-                em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
-                for load in piped:
-                    em.shared[load.result.id].slot = f"(tj_it % {stages})"
-            inner_ids = {load.result.id for load, _ in interior}
-            for load in per_thread:
-                if load.result.id not in inner_ids:
-                    copies.append(SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
-                                             address=wr.get(load.result.id)))
-            for copy in copies:  # the prefetch's scalars, ahead of everything
-                copy.begin()
-
-            def prefetch() -> None:
-                em.line(f"// prefetch iteration +{stages - 1} (placed to overlap the tensor-core math)")
-                issue_tma(nxt, "tj_slot_next", "tj_prefetch")
-                for load, copy in interior:
-                    copy.issue(wr[load.result.id], "tj_inner")
-                for copy in copies:
-                    copy.fast()
-                if not ring:
-                    em.line("tj_cp_async_commit();")
-
-            def release_and_refill() -> None:
-                if tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
-                    em.line(f"// refill iteration -1's slot with iteration +{stages - 1} once its MMAs completed")
-                else:
-                    em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
-                            f"+{stages - 1}")
-                    em.open(f"if (tj_it > {'tj_it0' if own_slots else '0'})")
-                    em.line("__syncwarp();")
-                    em.line(release(em, f"{empty} + 8 * (tj_slot_next)"))
-                    em.close()
-                issue_tma(nxt, "tj_slot_next", "tj_prefetch", refill=True)
-
-            if in_flight:
-                em.async_mma = AsyncMma(in_flight, release_and_refill, f"{empty} + 8 * (tj_it % {stages})")
-            elif late is not None:
-                late.empty = empty
-                if not late.first:
-                    em.overlap_hook = late.issue_under_first_gemm
-            else:
-                # The first gemm of the body emits the prefetch after its first fragment loads; without one,
-                # it goes first.
-                em.overlap_hook = prefetch
-                em.fragment_carry = carry
-                if not any(o.kind is OpKind.GEMM for o in body.ops):
-                    em.run_overlap_hook()
-        for inner in body.ops[:-1]:
+        if self.piped:
+            self._wait_for_tiles()
+            copies = self._arm_prefetch()
+        for inner in self.body.ops[:-1]:
             if late is not None and late.skips(inner):
                 continue
             RULES[inner.kind](em, inner)
         em.run_overlap_hook()
         if late is not None:
             late.end_iteration()
+        self._end_iteration(copies)
+
+    def _wait_for_tiles(self) -> None:
+        em, stages = self.em, self.stages
+        if self.carry is not None:
+            em.line("// this iteration's tiles landed, and the slot refilled next was released, in the last one")
+        elif self.per_thread:
+            em.line(f"tj_cp_async_wait<{stages - 2}>();  // this iteration's tiles have landed")
+            em.line("tj_fence_proxy_async();  // ... and visible to wgmma's async proxy")
+        if self.tma:
+            em.line(("if (tid == 0) " if self.tmem else "")
+                    + f"tj_mbar_wait({self.full} + 8 * (tj_it % {stages}), (tj_it / {stages}) & 1);"
+                    + "  // TMA tiles landed")
+        if not self.in_flight and not self.producer and self.carry is None:
+            em.barrier("... for every thread, and everyone is done with the slot refilled next")
+
+    def _arm_prefetch(self) -> list[SharedCopy]:
+        """Point the ring's tiles at this iteration's slot and set up the prefetch of iteration +S-1: where it
+        goes (the first gemm's overlap hook, the in-flight gemms' release, a deferred gemm's issue). Returns the
+        cp.async copies of the prefetch, whose element-wise part runs at the iteration's end."""
+        em, stages, nxt = self.em, self.stages, self.nxt
+        if not self.producer:
+            em.line(f"const bool tj_prefetch = {self.in_loop(f'({nxt})')};")
+        if self.ring:
+            for load in self.piped:
+                em.shared[load.result.id].address = self.rd[load.result.id]
+            if self.interior:
+                inside = [c for load, copy in self.interior for c in copy.inside(self.starts_at(load, nxt))]
+                em.line(f"const bool tj_inner = tj_prefetch && tj_inner_ok{''.join(f' && {c}' for c in inside)};"
+                        "  // every window wholly inside")
+        else:
+            em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
+            for load in self.piped:
+                em.shared[load.result.id].slot = f"(tj_it % {stages})"
+        inner_ids = {load.result.id for load, _ in self.interior}
+        copies = [SharedCopy(em, load, self.starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
+                             address=self.wr.get(load.result.id))
+                  for load in self.per_thread if load.result.id not in inner_ids]
+        for copy in copies:  # the prefetch's scalars, ahead of everything
+            copy.begin()
+        if self.in_flight:
+            em.async_mma = AsyncMma(self.in_flight, self._release_and_refill, f"{self.empty} + 8 * (tj_it % {stages})")
+        elif self.late is not None:
+            self.late.empty = self.empty
+            if not self.late.first:
+                em.overlap_hook = self.late.issue_under_first_gemm
+        else:
+            # The first gemm of the body emits the prefetch after its first fragment loads; without one,
+            # it goes first.
+            em.overlap_hook = lambda: self._prefetch(copies)
+            em.fragment_carry = self.carry
+            if not any(o.kind is OpKind.GEMM for o in self.body.ops):
+                em.run_overlap_hook()
+        return copies
+
+    def _prefetch(self, copies: list[SharedCopy]) -> None:
+        em = self.em
+        em.line(f"// prefetch iteration +{self.stages - 1} (placed to overlap the tensor-core math)")
+        self.issue_tma(self.nxt, "tj_slot_next", "tj_prefetch")
+        for load, copy in self.interior:
+            copy.issue(self.wr[load.result.id], "tj_inner")
+        for copy in copies:
+            copy.fast()
+        if not self.ring:
+            em.line("tj_cp_async_commit();")
+
+    def _release_and_refill(self) -> None:
+        em = self.em
+        if self.tmem:  # the commit releases the slot; thread 0 refills the one of iteration -1 once it is free
+            em.line(f"// refill iteration -1's slot with iteration +{self.stages - 1} once its MMAs completed")
+        else:
+            em.line(f"// iteration -1's MMAs are complete: release its slot, then refill it with iteration "
+                    f"+{self.stages - 1}")
+            em.open(f"if (tj_it > {'tj_it0' if self.own_slots else '0'})")
+            em.line("__syncwarp();")
+            em.line(release(em, f"{self.empty} + 8 * (tj_slot_next)"))
+            em.close()
+        self.issue_tma(self.nxt, "tj_slot_next", "tj_prefetch", refill=True)
+
+    def _end_iteration(self, copies: list[SharedCopy]) -> None:
+        """After the iteration's math: the element-wise copies, a slot handed back to the producer, the cp.async
+        ring's commit and rotation, and the carried values."""
+        em, stages, late = self.em, self.stages, self.late
         for copy in copies:  # windows cp.async cannot copy: element-wise, after this iteration's math
             copy.slow()
-        if interior:  # windows not wholly inside: zero fill past the edges, or element by element
+        if self.interior:  # windows not wholly inside: zero fill past the edges, or element by element
             em.open("if (tj_prefetch && !tj_inner)")
-            for load, _ in interior:
+            for load, _ in self.interior:
                 em.open("")
-                edge = SharedCopy(em, load, starts_at(load, nxt), "tj_slot_next", "true", address=wr[load.result.id])
+                edge = SharedCopy(em, load, self.starts_at(load, self.nxt), "tj_slot_next", "true",
+                                  address=self.wr[load.result.id])
                 edge.begin()
                 edge.fast()
                 edge.slow()
                 em.close()
             em.close()
-        if producer and not in_flight and late is None:
+        if self.producer and not self.in_flight and late is None:
             em.line("__syncwarp();  // this warp is done with the iteration's slot: hand it back to the producer")
-            em.line(release(em, f"{empty} + 8 * (tj_it % {stages})"))
-        if ring:
+            em.line(release(em, f"{self.empty} + 8 * (tj_it % {stages})"))
+        if self.ring:
             # one group per iteration, closed after every copy of the iteration (the edge copies above included)
             em.line("tj_cp_async_commit();")
-            for copy in (c for _, c in interior):
+            for copy in (c for _, c in self.interior):
                 copy.advance()
-            for load in piped:  # the slot read now is refilled next; the next one is read
-                tile, r, w = em.shared[load.result.id], rd[load.result.id], wr[load.result.id]
-                em.line(f"{w} = {r}; {r} = {r} == {tile.origin} + {tile.offset + (stages - 1) * tile.layout.stage_bytes} ? "
-                        f"{tile.origin} + {tile.offset} : {r} + {tile.layout.stage_bytes};")
-        _assign_yields(em, carried, late.yielded() if late is not None else body.terminator.operands)
+            for load in self.piped:  # the slot read now is refilled next; the next one is read
+                tile, r, w = em.shared[load.result.id], self.rd[load.result.id], self.wr[load.result.id]
+                last = tile.offset + (stages - 1) * tile.layout.stage_bytes
+                em.line(f"{w} = {r}; {r} = {r} == {tile.origin} + {last} ? {tile.origin} + {tile.offset} : "
+                        f"{r} + {tile.layout.stage_bytes};")
+        _assign_yields(em, self.carried, late.yielded() if late is not None else self.body.terminator.operands)
 
-    if late is not None:  # the first iteration on its own: it has no previous one's gemm to issue
-        em.open(f"if ({in_range(lo)})")
-        em.line(f"const {iv_t} {iv_name} = {lo};")
-        late.first = True
-        iteration()
-        late.first = False
-        em.line("++tj_it;")
+    def drain(self) -> None:
+        """After the loop: the last gemms waited for (or the accumulators out of tensor memory), the ring's last
+        copies waited for, its barriers invalidated, and its shared memory given back."""
+        em, stages, empty = self.em, self.stages, self.empty
+        if self.own_slots:
+            group_turn(em, arrive=True)
+        if self.late is not None:
+            self.late.drain()
+        if self.ring:
+            for load in self.piped:
+                em.shared[load.result.id].address = None
+        em.async_mma = self.outer_async
+        if self.tmem:  # the accumulators, from tensor memory back into the loop's result registers
+            lower_tcgen05.load_accumulators(em, self.in_flight, self.carried_names,
+                                            f"{empty} + 8 * ((tj_it - 1) % {stages})", f"((tj_it - 1) / {stages}) & 1")
+        else:
+            for gemm, name in zip(self.in_flight, self.carried_names):  # the last iteration's groups
+                wait_group(em, 0, name, gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
+            if self.in_flight and self.own_slots:
+                em.open("if (tj_it > tj_it0)")
+                em.line("__syncwarp();  // the last iteration's MMAs are complete: release its slot")
+                em.line(release(em, f"{empty} + 8 * ((tj_it - 1) % {stages})"))
+                em.close()
+        done = self.done
+        if self.per_thread:  # (TMA loads completed on the ring's barriers: no cp.async group left to wait for)
+            em.line("tj_cp_async_wait<0>();")
+        # every thread is done with the ring before its memory is reused (a persistent walk keeps it, and its
+        # mbarriers order the slots' readers)
+        if self.piped and (self.per_thread or done):
+            em.barrier()
+        # the other program's last arrivals on this one's barriers are in before the memory is reused
+        if self.paired and done:
+            em.line("if (tj_ncta > 1) tj_cluster_sync();")
+        if self.tma and done:
+            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {self.nbars}; ++s) tj_mbar_inval({self.full} + 8 * s); }}"
+                    "  // before the memory is reused")
         em.close()
-    first = f"{lo} + {step}" if late is not None else lo
-    em.open(f"for ({iv_t} {iv_name} = {first}; {in_range(iv_name)}; {incr})")
-    iteration()
-    em.close()
-    if own_slots:
-        _group_turn(em, arrive=True)
-    if late is not None:
-        late.drain()
-    if ring:
-        for load in piped:
-            em.shared[load.result.id].address = None
-    em.async_mma = outer_async
-    if tmem:  # the accumulators, from tensor memory back into the loop's result registers
-        lower_tcgen05.load_accumulators(em, in_flight, carried_names, f"{empty} + 8 * ((tj_it - 1) % {stages})",
-                                        f"((tj_it - 1) / {stages}) & 1")
-    else:
-        for gemm, name in zip(in_flight, carried_names):  # the last iteration's groups
-            wait_group(em, 0, name, gemm.result.type.layout.regs, gemm.result.dtype == D.int32)
-        if in_flight and own_slots:
-            em.open("if (tj_it > tj_it0)")
-            em.line("__syncwarp();  // the last iteration's MMAs are complete: release its slot")
-            em.line(release(em, f"{empty} + 8 * ((tj_it - 1) % {stages})"))
-            em.close()
-    if per_thread:  # (TMA loads completed on the ring's barriers: no cp.async group left to wait for)
-        em.line("tj_cp_async_wait<0>();")
-    if piped and (per_thread or done):  # every thread is done with the ring before its memory is reused (a
-        em.barrier()                    # persistent walk keeps it, and its mbarriers order the slots' readers)
-    if paired and done:  # the other program's last arrivals on this one's barriers are in before the memory is reused
-        em.line("if (tj_ncta > 1) tj_cluster_sync();")
-    if tma and done:
-        em.line(f"if ({em.leader}) {{ for (int s = 0; s < {nbars}; ++s) tj_mbar_inval({full} + 8 * s); }}"
-                "  // before the memory is reused")
-    em.close()
-    em.overlap_hook = outer_hook
-    em.smem_peak = max(em.smem_peak, em.smem_top)
-    if done:
-        em.smem_top = smem_mark
+        em.overlap_hook = self.outer_hook
+        em.smem_peak = max(em.smem_peak, em.smem_top)
+        if done:
+            em.smem_top = self.smem_mark
 
 
 class Deferred:
-    """Emits a warp-specialized loop whose last gemm is issued one iteration late (``passes.pipeline.deferred_gemm``,
-    FlashAttention-3's intra-warpgroup overlap). Iteration ``j``: wait for slot ``j``; issue the first gemm; issue
+    """Emits a warp-specialized loop whose last gemm is issued one iteration late
+    (``passes.warp_specialize.deferred_gemm``, FlashAttention-3's intra-warpgroup overlap). Iteration ``j``: wait for slot ``j``; issue the first gemm; issue
     iteration ``j - 1``'s last gemm (its ring tiles still in slot ``j - 1``, its A operand packed when ``j - 1``
     made it); wait for the first gemm alone (one group left); the math up to the first read of the gemm's
     accumulator runs while it works; then wait for it and hand slot ``j - 1`` back. The body yields what the gemm
@@ -599,318 +661,6 @@ class Deferred:
         em.close()
 
 
-# setmaxnreg (PTX 9.7.17.1): registers per thread after the split, a multiple of 8 in 24..256. The producer keeps
-# few; the math warps take what the register file then holds (65,536 per SM, one block per SM).
-_PRODUCER_REGISTERS = 40
-_REGISTER_FILE = 65536
-
-SETMAXNREG = r"""
-/// Give back or take registers, per thread of the warpgroup (PTX 9.7.17.1, setmaxnreg; sm_90a).
-template <int N> TJ_DEVICE void tj_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
-template <int N> TJ_DEVICE void tj_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
-"""
-
-
-def consumer_registers(consumers: int, producers: int) -> int:
-    """Registers per math thread once the producer warpgroup has given its back (a multiple of 8, <= 256)."""
-    return min(256, (_REGISTER_FILE - producers * _PRODUCER_REGISTERS) // consumers // 8 * 8)
-
-
-def _producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, full: str, empty: str,
-              maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None,
-              multicast: list[tuple[Op, list[Value]]] = ()) -> None:
-    """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. Set up at
-    the kernel's start (``per_program`` given), the producer first computes what its loop needs (``per_program``);
-    in a persistent kernel it walks the same programs as the math warps, doing so for each program."""
-    lo, step = em.name(op.operands[0]), em.name(op.operands[2])
-    iv_t = c_type(op.regions[0].args[0].dtype)
-    consumers = em.groups * em.target.threads
-    em.require_support("setmaxnreg", SETMAXNREG)
-    em.line(f"// warp specialization: threads {consumers}..{consumers + PRODUCER_THREADS - 1} (the producer "
-            f"warpgroup) fill the {stages}-slot ring; the {em.target.num_warps} warps before them do the math")
-    em.open(f"if (tid >= {consumers})")
-    em.line(f"tj_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
-    em.open(f"if (tid == {consumers})")
-    em.line("int tj_pit = 0;")
-    walk = per_program is not None and em.fn.attrs.get("persistent")
-    if walk:
-        _open_walk(em)
-    if per_program is not None:
-        per_program()
-    flags = _pair_flags(em, op, multicast) if multicast else {}
-    em.line("#pragma unroll 1")
-    em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
-    em.line(f"const int tj_pslot = tj_pit % {stages};")
-    em.line(f"if (tj_pit >= {stages}) tj_mbar_wait({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
-            "  // the math released the slot" + (" (in both programs of a cluster)" if em.fn.attrs.get("cluster") else ""))
-    bar = f"{full} + 8 * tj_pslot"
-    em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
-    for o in tma:
-        lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
-                            maps[o.result.id], multicast=flags.get(o.result.id, ""))
-    em.close()
-    if walk:
-        em.close()
-    em.close()
-    em.line("return;  // the producer's part of the kernel ends with the loop")
-    em.close()
-    em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
-    em.consumers_only()
-
-
-def _pair_flags(em: Emitter, loop: Op, multicast: list[tuple[Op, list[Value]]]) -> dict[int, str]:
-    """For the producer, per program: the C condition under which each load of ``multicast`` (``multicast_loads``)
-    is loaded once for both programs of the cluster. A load whose window depends on ``T.program_id(0)`` compares
-    the values it depends on with the other program's, computed here again in a nested scope for that program
-    (``tj_prog ^ 1`` in a persistent walk, ``blockIdx.x ^ 1`` otherwise); equality is symmetric, so both programs
-    decide alike."""
-    flags = {o.result.id: "tj_ncta > 1" for o, compared in multicast if not compared}
-    checked = [(o, compared) for o, compared in multicast if compared]
-    if not checked:
-        return flags
-    values = list({v.id: v for _, compared in checked for v in compared}.values())
-    mine = {v.id: f"tj_mine{i}" for i, v in enumerate(values)}
-    em.line("// the tiles whose windows the other program of the cluster loads alike: compared with its values")
-    for v in values:
-        em.line(f"const {c_type(v.dtype)} {mine[v.id]} = {em.name(v)};")
-    for o, _ in checked:
-        flags[o.result.id] = em.fresh("tj_mc")
-        em.line(f"bool {flags[o.result.id]} = tj_ncta > 1;")
-    em.open("if (tj_ncta > 1)")
-    persistent = em.fn.attrs.get("persistent")
-    if persistent:
-        _as_program(em, "tj_prog ^ 1", "  // the other program of the pair walks its neighbour")
-    em.partner_x = not persistent
-    em.emit_ops(compared_slice(em.fn, loop, values))
-    em.partner_x = False
-    for o, compared in checked:
-        flag = flags[o.result.id]
-        em.line(f"{flag} = " + " && ".join(f"{mine[v.id]} == {em.name(v)}" for v in compared) + ";")
-    if persistent:
-        em.close()
-    em.close()
-    return flags
-
-
-def _program_walk(em: Emitter, groups: int = 1) -> str:
-    """The header of a persistent program's loop over the grid's programs (``tj_pid0..2`` are set inside by
-    ``_program_ids``): program p < P runs programs p, p + P, p + 2P, ... in the grid's linear order. With
-    ``groups`` (a pingpong kernel's math warps), group g runs the g-th of every ``groups`` of them."""
-    programs = em.fn.attrs["persistent"]
-    if groups == 1:
-        return f"for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += {programs})"
-    return (f"for (long long tj_prog = tj_first + (long long)tj_group * {programs}; tj_prog < tj_nprogs; "
-            f"tj_prog += {groups * programs})")
-
-
-def _open_walk(em: Emitter, groups: int = 1) -> None:
-    """Open a persistent program's loop over its work (``_program_walk``), or a stream-K program's: its whole
-    tiles of the first waves (``tj_prog``), then its run of the last waves' K iterations, as the part of one tile
-    after another it covers (iterations ``tj_sk_k0`` to ``tj_sk_k1`` of tile ``tj_prog``; ``_stream_k_schedule``)."""
-    if not em.fn.attrs.get("stream_k"):
-        em.open(_program_walk(em, groups))
-        return
-    programs = em.fn.attrs["persistent"]
-    # (computed by each side of the producer split: values live across setmaxnreg would be spilled)
-    _stream_k_schedule(em, next(o for o in em.fn.body.ops if o.kind is OpKind.FOR and o.attrs.producer_warpgroup))
-    em.line("long long tj_w = tj_first;")
-    em.line("int tj_sk_it = tj_sk_begin;")
-    em.open("while (tj_w < tj_sk_dp || tj_sk_it < tj_sk_end)")
-    em.line("long long tj_prog = tj_w;  // a whole tile of the first waves")
-    em.line("int tj_sk_k0 = 0, tj_sk_k1 = tj_sk_units;")
-    em.open("if (tj_w < tj_sk_dp)")
-    em.line(f"tj_w += {programs};")
-    em.close()
-    em.open("else")
-    em.line("// the next part of this program's run of the last waves' iterations")
-    em.line("const int tj_tile = tj_sk_it / tj_sk_units;")
-    em.line("tj_prog = tj_sk_dp + tj_tile;")
-    em.line("tj_sk_k0 = tj_sk_it - tj_tile * tj_sk_units;")
-    em.line("tj_sk_k1 = min(tj_sk_units, tj_sk_k0 + (tj_sk_end - tj_sk_it));")
-    em.line("tj_sk_it += tj_sk_k1 - tj_sk_k0;")
-    em.close()
-
-
-def _stream_k_schedule(em: Emitter, loop: Op) -> None:
-    """A stream-K kernel's work split (passes/split_k.stream_k), computed alike by every thread at the kernel's
-    start: with T tiles of U iterations each and P programs, the first T - S tiles run whole (S = T mod P, the
-    last wave's), program p taking tiles p, p + P, ...; the last S * U iterations are cut into P runs as equal as
-    integers allow, program p's from ``tj_sk_begin`` to ``tj_sk_end`` (counted over those tiles' iterations).
-    Measured on an H200: cutting one more wave (T mod P + P tiles) was slower at every shape tried, since runs
-    that start at different K offsets share less of A and B in L2, and each cut tile costs a workspace round
-    trip. U is the K loop's trip count, the same in every tile (the pass checked), computed here
-    from the loop's own bounds as program 0 would."""
-    programs = em.fn.attrs["persistent"]
-    bound = next(o for o in em.fn.body.ops if o.kind is OpKind.STREAM_K_BOUND)
-    lo, hi, step = bound.operands
-    em.line("int tj_sk_units;  // the K loop's iterations per tile")
-    em.open("")
-    em.line("const long long tj_prog = 0;")
-    _program_ids(em)
-    em.emit_ops(compared_slice(em.fn, loop, [lo, hi, step]))
-    x, s = em.name(lo), em.name(step)
-    em.line(f"tj_sk_units = {em.name(hi)} > {x} ? (int)(({em.name(hi)} - {x} + {s} - 1) / {s}) : 0;")
-    em.close()
-    em.line("if (tj_sk_units < 1) tj_sk_units = 1;  // a loop of no iterations: one empty run per tile, whole")
-    em.line(f"const int tj_sk_tiles = (int)(tj_nprogs % {programs});  // the last wave's tiles, cut into runs")
-    em.line("const long long tj_sk_dp = tj_nprogs - tj_sk_tiles;  // the tiles run whole, first")
-    em.line("// this program's run: iterations tj_sk_begin to tj_sk_end of the last tj_sk_tiles tiles' tj_sk_total")
-    em.line("const int tj_sk_total = tj_sk_tiles * tj_sk_units;")
-    em.require_support("stream_k", STREAM_K_SUPPORT)
-    em.line(f"const int tj_sk_begin = tj_sk_run_start(tj_first, tj_sk_total, {programs});")
-    em.line(f"const int tj_sk_end = tj_sk_run_start(tj_first + 1, tj_sk_total, {programs});")
-
-
-STREAM_K_SUPPORT = r"""
-/// Where stream-K program p's run starts among the last wave's `total` iterations: `programs` runs as equal as
-/// integers allow, program p + 1's start being p's end (lower_loops._stream_k_schedule, the fix-up's readers).
-TJ_DEVICE int tj_sk_run_start(long long p, int total, int programs) { return (int)(p * total / programs); }
-"""
-
-
-def _grid_dim(em: Emitter, axis: int) -> str:
-    """The user's grid extent along ``axis``: a stream-K kernel is launched with one program per SM and is told
-    the grid it stands for (``tj_grid0..2``)."""
-    return f"tj_grid{axis}" if em.fn.attrs.get("stream_k") else f"gridDim.{'xyz'[axis]}"
-
-
-def _program_ids(em: Emitter) -> None:
-    g0, g1 = _grid_dim(em, 0), _grid_dim(em, 1)
-    em.line(f"const int32_t tj_pid0 = (int32_t)(tj_prog % {g0});")
-    em.line(f"const int32_t tj_pid1 = (int32_t)((tj_prog / {g0}) % {g1});")
-    em.line(f"const int32_t tj_pid2 = (int32_t)(tj_prog / ((long long){g0} * {g1}));")
-    em.line("(void)tj_pid0; (void)tj_pid1; (void)tj_pid2;")
-
-
-def _as_program(em: Emitter, other: str, comment: str = "") -> None:
-    """Open a scope in which the walk's ``tj_prog`` and the program ids are those of program ``other`` (a C
-    expression of the current ``tj_prog``); the caller emits what it computes for that program and closes it."""
-    em.line(f"const long long tj_other = {other};{comment}")
-    em.open("")
-    em.line("const long long tj_prog = tj_other;")
-    _program_ids(em)
-
-
-def _skip_other_groups(em: Emitter, loop: Op) -> None:
-    """In a pingpong kernel's walk, before a group runs program ``tj_prog``: count into ``tj_it`` the ring slots
-    the producer filled for the programs of the other groups since this group's last one (the walk's programs
-    ``tj_prog - j * P``, j = 1 .. groups - 1, from the first on). Their bounds are computed again here for
-    each (``bounds_slice``: scalar math, from their program ids)."""
-    programs = em.fn.attrs["persistent"]
-    lo, hi, step = loop.operands[:3]
-    iv_t = c_type(loop.regions[0].args[0].dtype)
-    em.line("// the ring slots the other group's programs took since this group's last one")
-    for j in range(1, em.groups):
-        em.open(f"if (tj_prog - {j * programs} >= tj_first)")
-        _as_program(em, f"tj_prog - {j * programs}")
-        em.emit_ops(bounds_slice(em.fn, loop))
-        x, s = em.name(lo), em.name(step)
-        if _positive_constant(step):
-            em.line(f"if ({em.name(hi)} > {x}) tj_it += (int)(({em.name(hi)} - {x} + {s} - 1) / {s});")
-        else:
-            em.line(f"for ({iv_t} tj_x = {x}; {_in_range('tj_x', em.name(hi), s, False)}; tj_x += {s}) ++tj_it;")
-        em.close()
-        em.close()
-
-
-def _group_turn(em: Emitter, arrive: bool) -> None:
-    """A pingpong group's main loops take turns in the walk's order (named barrier ``1 + groups + g``: group g's
-    turn). The wait: a ring slot's mbarrier tells phases apart by parity alone, so a group may wait for its first
-    slot only once every earlier one has been waited for, by the group of the previous program. The arrival,
-    after the loop's last wait for a slot (its MMAs may still run): the next program's group may start, if the
-    walk has a next program (a barrier left half-arrived would be another launch's problem)."""
-    programs, groups = em.fn.attrs["persistent"], em.groups
-    count = groups * em.target.threads
-    if arrive:
-        em.line(f'if (tj_prog + {programs} < tj_nprogs) asm volatile("bar.arrive %0, {count};" :: '
-                f'"r"({1 + groups} + (tj_group + 1) % {groups}) : "memory");  // the next program\'s group: its turn')
-    else:
-        em.line(f'if (tj_prog != tj_first) asm volatile("bar.sync %0, {count};" :: "r"({1 + groups} + tj_group) : '
-                '"memory");  // this group\'s turn: the previous program\'s group has waited for all its slots')
-
-
-def _in_range(x: str, hi: str, step: str, positive: bool) -> str:
-    """Whether induction value ``x`` is still inside a loop to ``hi`` by ``step`` (of either sign, unless
-    ``positive``)."""
-    return f"({x} < {hi})" if positive else f"(({step}) > 0 ? {x} < {hi} : {x} > {hi})"
-
-
-def emit_specialized(em: Emitter) -> None:
-    """The body of a kernel whose warp-specialized loop is set up at the kernel's start: a persistent kernel
-    (``fn.attrs["persistent"]`` = P programs, one per SM), or one whose producer splits off first
-    (``fn.attrs["producer_first"]``: something before the loop needs memory; passes/pipeline.specialize_warps).
-
-    Persistent: the grid is launched as the user gave it; programs P and above leave at once (the hardware starts
-    them once the first P finish, so they cost a moment at the end), and program p < P runs the grid's programs
-    p, p + P, ... in turn, with ``T.program_id`` / ``T.num_programs`` meaning what they mean in a normal launch.
-    The loop's ring and producer are set up once, before the walk: the producer runs every program's K loop back
-    to back, so it fills the ring for the next program while the math warps run this one's epilogue. The ring's
-    slot count runs on across programs. What precedes the loop is emitted twice (it computes scalars and
-    registers only): in the producer's walk and in the math warps'.
-
-    Producer first: the ring is set up and the producer leaves with only the scalars its loop needs
-    (``producer_slice``, emitted in its branch); the math warps then run everything before the loop (with the
-    named barrier of the math warps), the loop's math part and the rest.
-
-    Pingpong (``fn.attrs["groups"]``, persistent): the walk is the producer's, and its programs are dealt to the
-    groups of math warps in turn. Each group runs its own with its own shared memory (``Emitter.group_shared``)
-    and barriers, and skips the ring slots of the others' (``_skip_other_groups``). The producer, filling the
-    slots in the walk's order, staggers them: a group's main loop starts as the previous one's ends, and its
-    epilogue runs under the next group's main loop."""
-    ops = em.fn.body.ops
-    at = next(i for i, o in enumerate(ops) if o.kind is OpKind.FOR and o.attrs.producer_warpgroup)
-    before, loop, after = ops[:at], ops[at], ops[at + 1:]
-    programs = em.fn.attrs.get("persistent")
-    if programs:
-        if em.fn.attrs.get("stream_k"):
-            em.line(f"// stream-K: launched as {programs} programs (one per SM) that share out the work of the grid "
-                    "tj_grid0 x tj_grid1 x tj_grid2")
-            em.line("const long long tj_nprogs = (long long)tj_grid0 * tj_grid1 * tj_grid2;")
-            em.line("const long long tj_first = blockIdx.x;")
-        else:
-            em.line(f"// persistent: programs 0..{programs - 1} (one per SM) run the grid's programs in turn; the "
-                    "others leave at once")
-            em.line("const long long tj_nprogs = (long long)gridDim.x * gridDim.y * gridDim.z;")
-            em.line("const long long tj_first = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)"
-                    "gridDim.y * blockIdx.z);")
-            em.line(f"if (tj_first >= {programs}) return;")
-
-        def per_program() -> None:  # what precedes the loop, for the producer's walk and the math warps' alike
-            _program_ids(em)
-            em.emit_ops(before)
-    else:
-        needed = producer_slice(em.fn, loop)
-
-        def per_program() -> None:  # the producer's scalars (the math warps run all of `before` below)
-            em.emit_ops(needed)
-
-    em.per_program, em.ring_phase = per_program, "prelude"
-    RULES[OpKind.FOR](em, loop)
-    em.ring_phase = "consumer"
-    if programs:
-        em.group_shared(True)
-        _open_walk(em, em.groups)
-        if em.groups > 1:
-            _skip_other_groups(em, loop)
-        per_program()
-    else:
-        em.emit_ops(before)
-    RULES[OpKind.FOR](em, loop)
-    em.emit_ops(after)
-    if programs:
-        em.barrier("this program's shared memory (the epilogue's) is free for the next one")
-        em.close()
-        if em.store_reads_pending:  # (lower_tma.emit_store)
-            em.line("if (tid == 0) tj_bulk_wait_read0();  // the shared memory stays valid until the last TMA store "
-                    "has read it")
-            em.store_reads_pending = False
-        em.group_shared(False)
-        if em.fn.attrs.get("cluster"):
-            em.line("if (tj_ncta > 1) tj_cluster_sync();  // the other program's last arrivals here are in")
-    em.per_program = em.ring_phase = None
-
-
-SPECIALIZED_BODY.append(emit_specialized)
 
 
 @emits(OpKind.WHILE)

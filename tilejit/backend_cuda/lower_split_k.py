@@ -91,7 +91,7 @@ def _split_reduce(em: Emitter, op: Op) -> None:
 
 @emits(OpKind.STREAM_K_BOUND)
 def _stream_k_bound(em: Emitter, op: Op) -> None:
-    # (lower_loops._open_walk sets tj_sk_k0 / tj_sk_k1 for each part of the walk)
+    # (lower_specialized._open_walk sets tj_sk_k0 / tj_sk_k1 for each part of the walk)
     em.line(f"const int32_t {em.name(op.result)} = (int32_t)tj_sk_k{int(op.attrs.end)};")
 
 
@@ -114,7 +114,7 @@ def _stream_k_fixup(em: Emitter, op: Op) -> None:
     owner = em.name(op.results[-1])
     for operand, result in zip(op.operands, op.results):
         em.alias(result, em.name(operand))  # summed in place: the loop's results have no other reader
-    assert em.groups == 1, "stream-K kernels have one group of math warps (passes/pipeline.specialize_warps)"
+    assert em.groups == 1, "stream-K kernels have one group of math warps (passes/warp_specialize.specialize_warps)"
     threads, programs = em.target.threads, em.fn.attrs["persistent"]
     regs = [em.layout(v).regs for v in op.operands]
     offsets = [sum(r * threads for r in regs[:i]) for i in range(len(regs))]

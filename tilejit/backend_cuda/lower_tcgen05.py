@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .. import dtypes as D
 from ..ir import Op, OpKind
-from ..passes.pipeline import in_flight_gemms
+from ..passes.software_pipeline import in_flight_gemms
 from ..ir.layouts import TmemLayout
 from ..target import REGISTRY, Target
 from . import lower_tma

@@ -348,7 +348,7 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
                 "tj_bulk_commit(); }")
     if em.fn.attrs.get("persistent") and em.ring_phase == "consumer":
         # in a persistent walk the next program's store waits before it writes the buffers again, and the walk's
-        # end before the program leaves (lower_loops.emit_specialized): the math warps go on to the next main loop
+        # end before the program leaves (lower_specialized.emit_specialized): the math warps go on to the next main loop
         em.store_reads_pending = True
     else:
         em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")

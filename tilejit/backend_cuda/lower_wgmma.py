@@ -170,7 +170,7 @@ class Wgmma:
         sb = em.shared[b.id]
         em.require_support("wgmma", SUPPORT)
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
-        assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.pipeline.mma_family)"
+        assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.software_pipeline.mma_family)"
         if ring is not None:  # accumulate into the loop-carried registers in place
             name = em.name(acc)
             em.alias(out, name)

@@ -284,15 +284,16 @@ class AtomicAttrs:
 class ForAttrs:
     kind: LoopKind = LoopKind.RANGE
     stages: int | None = None  # None: take the launch's num_stages
-    # set by the backend (passes/pipeline.mark_async_mma): the loop's gemms stay in flight across iterations,
+    # set by the backend (passes/software_pipeline.mark_async_mma): the loop's gemms stay in flight across iterations,
     # "wgmma" (sm_90a) or "tcgen05" (sm_100a, accumulators kept in tensor memory for the whole loop)
     async_mma: str | None = None
     # the user's T.range(..., warp_specialize=) (None: the launch option decides)
     warp_specialize: bool | None = None
-    # set by the backend (mark_async_mma): a producer warpgroup issues the ring's TMA loads while the launch's
-    # warps only compute (lower_loops emits both roles; the kernel launches one warpgroup more)
+    # set by the backend (passes/warp_specialize.specialize_warps): a producer warpgroup issues the ring's TMA
+    # loads while the launch's warps only compute (lower_specialized emits the producer, lower_loops the math; the
+    # kernel launches one warpgroup more)
     producer_warpgroup: bool | None = None  # None when not (so the printer leaves it out)
-    # set by the backend (specialize_warps, ``passes.pipeline.deferred_gemm``): the body's last gemm is issued in
+    # set by the backend (specialize_warps, ``passes.warp_specialize.deferred_gemm``): the body's last gemm is issued in
     # the next iteration, after that iteration's first gemm, so it runs under the math between them
     # (FlashAttention-3's intra-warpgroup overlap; lower_loops emits the rotation)
     defer_mma: bool | None = None
@@ -540,8 +541,8 @@ def _for(op) -> str | None:
     for init, arg, res, y in zip(inits, body.args[1:], op.results, term.operands):
         inside = arg.type
         if op.attrs.async_mma == "tcgen05" and isinstance(inside, TileType) and inside.scope is Scope.TMEM:
-            # an accumulator kept in tensor memory through the loop (passes/pipeline.mark_async_mma): a TMEM tile
-            # in the body, registers where it enters and leaves
+            # an accumulator kept in tensor memory through the loop (passes/software_pipeline.mark_async_mma): a TMEM
+            # tile in the body, registers where it enters and leaves
             inside = inside.with_scope(Scope.REGISTER)
         if not (init.type == inside == res.type) or y.type != arg.type:
             return f"carried value types differ: {init.type}, {arg.type}, {res.type}, {y.type}"

@@ -4,7 +4,7 @@ Gemm operands are read by the tensor cores from shared memory, so a load that fe
 (cp.async writes it, ldmatrix reads it); a gemm operand computed in registers is written to shared memory
 first. Accumulators and every elementwise result live in registers. A staged tile that is also used
 elementwise is read back into registers for those uses. (A tcgen05 accumulator that a TMA main loop keeps in
-tensor memory takes scope tmem in the loop's body later, in ``pipeline.mark_async_mma``: that needs the gemm's
+tensor memory takes scope tmem in the loop's body later, in ``software_pipeline.mark_async_mma``: that needs the gemm's
 lowering and the loads' copies, which are chosen after this pass.)
 """
 from __future__ import annotations

@@ -1,88 +1,20 @@
-"""Software pipelining of ``T.range(..., stages=S)`` loops.
-
-A shared-memory load in the body of a pipelined loop is prefetched ``S - 1`` iterations ahead into a ring
-of ``S`` buffers, when its window can be computed for a future iteration: its start indices may depend
-only on the induction variable, on values defined before the loop and on scalar arithmetic over those
-(not on loop-carried values or loaded data). The code generator then emits the prologue (iterations
-``0 .. S-2`` issued up front), the steady state (wait for the oldest group, prefetch iteration
-``k + S - 1``, compute iteration ``k``) and the drain. Trip counts below ``S`` are guarded per stage.
+"""Warp specialization of wgmma main loops: a producer warpgroup issues the ring's TMA loads while the launch's
+warps do the math (``specialize_warps``), and the forms built on it: a persistent walk over the grid's programs,
+pingpong groups of math warps, cluster pairs that multicast shared tiles, stream-K, and the deferred gemm
+(``deferred_gemm``). It runs after ``software_pipeline.mark_async_mma``, whose marks it reads; the CUDA backend
+emits what it decides (``backend_cuda/lower_specialized.py``).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import dtypes as D
 from .. import knobs
 from ..errors import CompilationError
 from ..target import Target
-from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
-from ..ir.layouts import SharedLayout
+from ..ir import Function, Op, OpKind, Scope
 from ..ir.rewrite import reads, use_counts
+from .software_pipeline import mma_family
 from .split_k import StreamKError, stream_k
-from .transpose_operands import IN_FLIGHT_COPIES
-
-
-def _prefetchable_values(body) -> set[int]:
-    """Ids of scalar values in ``body`` computable from the induction variable and outer values."""
-    inside = {a.id for a in body.args}
-    for op in body.walk():
-        inside.update(r.id for r in op.results)
-    ok = {body.args[0].id}
-    for op in body.ops:
-        if op.regions or op.kind.family not in (Family.SCALAR, Family.ARITH):
-            continue
-        if all(r.is_scalar for r in op.results) and all(v.id in ok or v.id not in inside for v in op.operands):
-            ok.update(r.id for r in op.results)
-    return ok | set()  # outer values are checked by the caller
-
-
-def pipeline_loops(fn: Function, target: Target) -> None:
-    for loop in fn.walk():
-        if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED:
-            continue
-        stages = loop.attrs.stages or target.num_stages
-        # a cap set by the compiler when a deeper ring did not fit the target's shared memory
-        stages = min(stages, fn.attrs.get("max_stages", stages))
-        if stages < 2:
-            continue
-        body = loop.regions[0]
-        inside = {a.id for a in body.args}
-        for op in body.walk():
-            inside.update(r.id for r in op.results)
-        ok = _prefetchable_values(body)
-        piped = 0
-        for op in body.ops:
-            if op.kind is not OpKind.LOAD or not op.result.is_tile or op.result.type.scope is not Scope.SHARED:
-                continue
-            # the tensor too: a view (T.bounded) made inside the body cannot be read ahead of it
-            if all(v.id in ok or v.id not in inside for v in op.operands):
-                op.attrs = replace(op.attrs, pipeline=stages)
-                t: TileType = op.result.type
-                layout: SharedLayout = t.layout
-                op.result.type = t.with_layout(replace(layout, stages=stages))
-                piped += 1
-        if piped:
-            loop.attrs = replace(loop.attrs, stages=stages)
-
-
-def mark_async_mma(fn: Function, target: Target) -> None:
-    """Mark the pipelined loops whose gemms may stay in flight across iterations (``ForAttrs.async_mma``): a
-    plain MMA main loop (``in_flight_gemms``) at least 2 stages deep; a tcgen05 loop's accumulators take scope
-    tmem in its body. Runs after the copies are chosen: the ring must be filled by TMA, whose mbarriers carry the
-    hand-back. Then the wgmma loops asked to (``warp_specialize``) get a producer warpgroup."""
-    for loop in fn.walk():
-        if loop.kind is not OpKind.FOR or loop.attrs.kind is not LoopKind.PIPELINED or (loop.attrs.stages or 1) < 2:
-            continue
-        gemms = in_flight_gemms(loop.regions[0])
-        if gemms:
-            loop.attrs = replace(loop.attrs, async_mma=mma_family(gemms[0]))
-            if loop.attrs.async_mma == "tcgen05":
-                for gemm in gemms:
-                    _keep_in_tmem(gemm)
-            for copy in (o for o in loop.regions[0].ops if o.kind is OpKind.TRANSPOSE_COPY):
-                t: TileType = copy.result.type
-                copy.result.type = t.with_layout(replace(t.layout, stages=IN_FLIGHT_COPIES))
-    specialize_warps(fn, target)
 
 
 #: The ring depth from which a warp-specialized loop's last gemm is deferred (``deferred_gemm``): it holds a slot
@@ -109,13 +41,13 @@ def specialize_warps(fn: Function, target: Target) -> None:
     after the loop. When every op before the loop computes registers or scalars only, the producer runs them too
     and splits off at the loop; otherwise (a tile loaded before the loop, attention's Q) it splits off at the
     kernel's start and computes only the scalars its loads and bounds need (``producer_slice``, which must be
-    scalar math or scalar reads: ``fn.attrs["producer_first"]``, ``lower_loops.emit_specialized``). A loop that
+    scalar math or scalar reads: ``fn.attrs["producer_first"]``, ``lower_specialized.emit_specialized``). A loop that
     asks and does not qualify is refused with the reason; the launch option passes over it.
 
     With the ``persistent`` launch option (which implies ``warp_specialize`` for loops that do not say), a kernel
     whose loop is specialized and split off at the loop runs as one program per SM (``fn.attrs["persistent"]``,
     the program count): each walks the grid's programs, and the producer loads the next program's tiles while
-    the math warps finish this one's epilogue (``lower_loops.emit_specialized``). With ``pingpong`` as well, and
+    the math warps finish this one's epilogue (``lower_specialized.emit_specialized``). With ``pingpong`` as well, and
     loop bounds computed by scalar math (``bounds_slice``), the block holds two groups of ``num_warps`` math warps
     (``fn.attrs["groups"]``), each running every other program of the walk with its own registers, shared memory
     and barriers; the producer fills one ring for both, in the walk's order, so one group's main loop runs while
@@ -151,7 +83,8 @@ def specialize_warps(fn: Function, target: Target) -> None:
         loop.attrs = replace(loop.attrs, producer_warpgroup=True)
         fn.attrs["producer_threads"] = PRODUCER_THREADS
         if not _prelude_on_extra_threads(fn, loop):
-            # the producer leaves at the kernel's start with the scalars its loads need (lower_loops.emit_specialized)
+            # the producer leaves at the kernel's start with the scalars its loads need
+            # (lower_specialized.emit_specialized)
             fn.attrs["producer_first"] = True
         elif target.persistent and all(_runs_on_one_thread(o) for o in _before(fn, loop)):
             # (what precedes the loop is repeated per program by the producer's one thread: no reduction there)
@@ -341,14 +274,6 @@ def _refusal(loop: Op, message: str) -> CompilationError:
                                                        "loop as a plain main loop at the kernel's top level")
 
 
-def _keep_in_tmem(gemm: Op) -> None:
-    """A tcgen05 accumulator stays in tensor memory through the loop: in the body, the carried value the gemm
-    reads and the result it yields are TMEM tiles (still in their TmemLayout: the registers the loop's entry stores
-    into TMEM and its exit loads back); what enters the loop and its result stay registers."""
-    for v in (gemm.operands[2], gemm.result):
-        v.type = v.type.with_scope(Scope.TMEM)
-
-
 def deferred_gemm(body) -> Op | None:
     """The gemm of a warp-specialized body (not left in flight) that may be issued one iteration late, or None.
 
@@ -392,41 +317,3 @@ def deferred_gemm(body) -> Op | None:
     if readers and min(readers) <= at[id(first)]:
         return None
     return last
-
-
-def in_flight_gemms(body) -> list[Op]:
-    """The gemms of a TMA-pipelined body that may stay in flight across iterations, or [] when the body is
-    not a plain MMA main loop: every ring tile read only by asynchronous gemms of one family (wgmma, or
-    tcgen05 with the accumulator kept in tensor memory), each accumulating into its own loop-carried value
-    (read nowhere else) and yielding the result to the same place, the rest scalar math."""
-    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
-    if not piped or any(o.attrs.copy != "tma_bulk_tensor" for o in piped):
-        return []
-    ring = {o.result.id for o in piped}
-    # a ring tile copied transposed for wgmma (transpose_operands) counts as read from the ring
-    transposed = {o.result.id for o in body.ops if o.kind is OpKind.TRANSPOSE_COPY and o.operands[0].id in ring}
-    carried, yields = body.args[1:], body.terminator.operands
-    uses = use_counts(body)  # (nested regions count too; a body with any is refused below anyway)
-    gemms = []
-    for o in body.ops[:-1]:
-        if any(o is p for p in piped) or o.result.id in transposed:
-            continue
-        if o.kind is OpKind.GEMM and mma_family(o) is not None:
-            a, b, acc = o.operands
-            slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
-            fed = all(v.id in ring or v.id in transposed and mma_family(o) == "wgmma" for v in (a, b))
-            if fed and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:
-                gemms.append(o)
-                continue
-            return []
-        scalar = all(v.is_scalar for v in (*o.operands, *o.results))
-        if o.regions or not scalar or o.kind.family not in (Family.SCALAR, Family.ARITH):
-            return []
-    return gemms if len({mma_family(g) for g in gemms}) == 1 else []
-
-
-def mma_family(op: Op) -> str | None:
-    impl = op.attrs.impl or ""
-    if impl.startswith("wgmma") and op.result.dtype == D.float16:
-        return None  # its f16x2 registers are packed around each product: never left in flight
-    return next((f for f in ("wgmma", "tcgen05") if impl.startswith(f)), None)

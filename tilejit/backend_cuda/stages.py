@@ -1,4 +1,4 @@
-"""The CUDA backend's stages: the pass pipeline per arch, CUDA emission and NVRTC.
+"""The CUDA backend's stages: the pass list, CUDA emission and NVRTC.
 
 ``tilejit.compiler`` runs these in order (``ir`` -> ``passes`` -> ``cuda`` -> ``ptx`` -> ``cubin``); this module
 holds the backend's part of that chain, once. Importing it registers every lowering in the dispatch registry
@@ -18,20 +18,22 @@ from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
 from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
-from ..passes.pipeline import mark_async_mma, pipeline_loops
 from ..passes.scopes import infer_scopes
+from ..passes.software_pipeline import mark_async_mma, pipeline_loops
 from ..passes.split_k import split_k
 from ..passes.transpose_operands import transpose_operands
+from ..passes.warp_specialize import specialize_warps
 from ..target import Target
 from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_mma_rs,  # noqa: F401
                lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_transpose, lower_wgmma,
                lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
+from .lower_specialized import emit_specialized
 from .nvrtc import CompileResult, compile_cuda
 
 Pass = Callable[[Function, Target], None]
 
-# One pipeline for the sm_80 instruction path (mma.sync), which sm_90a and sm_100a also run for now.
+# One pass list for the sm_80 instruction path (mma.sync), which sm_90a and sm_100a also run for now.
 PIPELINE_SM80: list[tuple[str, Pass]] = [
     # fuse `acc += a @ b` into gemm(a, b, acc) and fold .T into gemm flags before scopes are decided
     ("canonicalize", lambda fn, t: canonicalize(fn)),
@@ -46,7 +48,7 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     # the dispatch registry picks each gemm's lowering, which fixes the accumulator's fragment layout
     ("infer-layouts", infer_layouts),
     # multi-buffer the shared loads of T.range loops (needs the shared layouts from the step before)
-    ("pipeline", pipeline_loops),
+    ("software-pipeline", pipeline_loops),
     # pick each shared load's copy lowering (TMA only for pipelined loads, so after the step before)
     ("select-copies", select_copies),
     # drop what the rewrites left unused
@@ -54,6 +56,9 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     # plain MMA main loops filled by TMA keep their gemms in flight (wgmma; tcgen05 with TMEM accumulators);
     # after cleanup, which removes the dead values a loop body may still hold
     ("async-mma", mark_async_mma),
+    # the wgmma loops asked to (or a launch option: warp_specialize, persistent, pingpong, cluster, stream_k) get a
+    # producer warpgroup; after async-mma, whose marks tell the loops that qualify
+    ("warp-specialize", specialize_warps),
     # what each int scalar is known to be a multiple of (and >= 0), which lets the emitter drop run-time
     # alignment tests; last, so the facts are of the IR the emitter reads
     ("divisibility", analyze_divisibility),
@@ -91,7 +96,7 @@ class Emitted:
 
 def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
     """The ``cuda`` stage: CUDA C++ for the lowered IR (self-contained: the prelude is included)."""
-    emitter = Emitter(fn, target, kernel_name)
+    emitter = Emitter(fn, target, kernel_name, specialized_body=emit_specialized)
     source, kinds, shared_bytes = emitter.generate()
     values = {v.id: v for v in _shared_values(fn)}
     tiles = [(values[vid], tile.layout.bytes) for vid, tile in emitter.shared.items() if vid in values]
