@@ -69,7 +69,7 @@ def specialize_warps(fn: Function, target: Target) -> None:
         if loop.kind is not OpKind.FOR:
             continue
         asked = loop.attrs.warp_specialize
-        if asked is False or asked is None and not (target.warp_specialize or target.persistent or target.cluster > 1):
+        if asked is False or asked is None and not target.options.in_effect("warp_specialize"):
             continue
         why = _why_not_specialized(fn, loop)
         if why is None and chosen:
