@@ -1,4 +1,5 @@
-"""Benchmarks of tilejit against cuBLAS, Triton and torch; results go to benchmarks/RESULTS.md.
+"""Benchmarks of tilejit against cuBLAS, Triton and torch; each run appends to
+benchmarks/history/runs.md; benchmarks/RESULTS.md holds the current table of each workload.
 
     python -m benchmarks.matmul [--quick]     # TFLOP/s: tilejit vs cuBLAS vs Triton
     python -m benchmarks.launch               # host overhead per launch, compile and cache-hit times

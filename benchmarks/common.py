@@ -1,4 +1,4 @@
-"""What every benchmark shares: the machine stamp, TFLOP/s arithmetic, Markdown tables and RESULTS.md."""
+"""What every benchmark shares: the machine stamp, TFLOP/s arithmetic, Markdown tables and the run log."""
 from __future__ import annotations
 
 import datetime
@@ -11,14 +11,15 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
+# Every run appends its table here; benchmarks/RESULTS.md holds the current table of each workload, kept by hand.
+RUN_LOG_PATH = Path(__file__).resolve().parent / "history" / "runs.md"
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
-_RESULTS_HEADER = """# Benchmark results
+_RUN_LOG_HEADER = """# Benchmark runs, as appended
 
-Appended by `python -m benchmarks.matmul` and `python -m benchmarks.launch` (see `benchmarks/device_run.sh`).
-Every section names the GPU, driver and versions it was measured with; numbers from different GPUs are not
-comparable.
+Every run of `python -m benchmarks.matmul` and `python -m benchmarks.launch` appends its table here, with the GPU,
+driver and versions it ran with. Numbers from different GPUs or runs are not comparable; the current figure of
+each workload is in `benchmarks/RESULTS.md`.
 """
 
 
@@ -180,9 +181,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 def append_results(section_title: str, markdown_table_text: str, meta: dict[str, Any],
                    path: Path | str | None = None, notes: Sequence[str] = ()) -> Path:
-    """Append a section (heading with the GPU name, stamp line, table, bulleted notes) to RESULTS.md."""
-    path = Path(path) if path is not None else RESULTS_PATH
-    text = path.read_text() if path.exists() else _RESULTS_HEADER
+    """Append a section (heading with the GPU name, stamp line, table, bulleted notes) to the run log."""
+    path = Path(path) if path is not None else RUN_LOG_PATH
+    text = path.read_text() if path.exists() else _RUN_LOG_HEADER
     if not text.endswith("\n"):
         text += "\n"
     section = [f"\n## {section_title} — {meta.get('gpu', 'unknown GPU')} ({meta.get('date', '')[:10]})\n",

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The one script to run on a GPU machine: GPU tests, launch/compile costs, matmul TFLOP/s, then a short summary.
+# The first thing to run on a GPU machine: the GPU tests, memcheck on a
+# subset, launch/compile costs and matmul TFLOP/s against cuBLAS and Triton, then a short summary. For one part
+# alone (the full sweep, configs side by side, ncu cycles, attention, sanitizers) see scripts/gpu_check.sh.
 #
 #   OUT=/some/dir bash benchmarks/device_run.sh          # ~5-9 minutes: tests, launch costs, matmul --quick
 #   OUT=/some/dir FULL=1 bash benchmarks/device_run.sh   # the full matmul sweep only (tests and launch off)
 #
 # Files written to $OUT (8, flat): gpu_tests.log, memcheck.log, launch.log, matmul.log, launch.json, matmul.json,
-# matmul.png (with matplotlib), RESULTS.md (benchmarks/RESULTS.md with the new sections appended).
+# matmul.png (with matplotlib), runs.md (benchmarks/history/runs.md with the new tables appended; copy the figures
+# that supersede a table of benchmarks/RESULTS.md there by hand).
 # Limits per step (seconds) can be changed: T_TESTS, T_LAUNCH, T_MATMUL; RUN_TESTS=0 / RUN_LAUNCH=0 / RUN_MATMUL=0
 # skip a step.
 # Nothing here needs a package index; Triton is optional (its columns read n/a without it).
@@ -69,7 +72,7 @@ elif [ "$FULL" = 1 ]; then
 else
     step matmul "$T_MATMUL" python3 -m benchmarks.matmul --quick --budget-s "$BUDGET" --out "$OUT"
 fi
-cp benchmarks/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null || echo "no benchmarks/RESULTS.md was written"
+cp benchmarks/history/runs.md "$OUT/runs.md" 2>/dev/null || echo "no benchmarks/history/runs.md was written"
 
 echo
 echo "=== summary"

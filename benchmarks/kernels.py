@@ -131,7 +131,7 @@ transposing copy of B."""
 
 
 SM80_PINS = {"TILEJIT_GEMM_LOWERING": "mma_sync_m16n8k16", "TILEJIT_COPY_LOWERING": "cp_async"}
-"""The knobs that compile the sm_80 path (cp.async ring, ldmatrix, mma.sync) for a Hopper GPU (issue 15)."""
+"""The knobs that compile the sm_80 path (cp.async ring, ldmatrix, mma.sync) for a Hopper GPU."""
 
 matmul_sm80 = tilejit.autotune(
     configs=[c for c in matmul_configs() if c.split_k == 1 and not c.options.sm90a_only],

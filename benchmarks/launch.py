@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, machine_stamp, markdown_table,
+from benchmarks.common import (DEFAULT_OUT, RUN_LOG_PATH, append_results, machine_stamp, markdown_table,
                                stamp_line, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hit-runs", type=int, default=5, help="fresh processes hitting the disk cache (default 5)")
     parser.add_argument("--import-runs", type=int, default=5, help="fresh processes timing imports (default 5)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for launch.json (default {DEFAULT_OUT})")
-    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="Markdown file the table is appended to")
-    parser.add_argument("--no-append", action="store_true", help="do not append to the results file")
+    parser.add_argument("--results", type=Path, default=RUN_LOG_PATH, help="Markdown file the table is appended to")
+    parser.add_argument("--no-append", action="store_true", help="do not append to the run log")
     args = parser.parse_args(argv)
 
     import torch

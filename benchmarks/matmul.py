@@ -6,11 +6,11 @@
 Before timing, every implementation's output is compared with cuBLAS's (max abs error relative to the largest
 |reference| value); a mismatch is reported as FAIL and not timed. Times are medians of ``tilejit.testing.do_bench``
 (CUDA events, L2 flushed before every run). Writes ``matmul.json`` (after every shape, so an interrupted run
-keeps what it measured) and, with matplotlib, ``matmul.png`` into --out; appends the table to
-benchmarks/RESULTS.md.
+keeps what it measured) and, with matplotlib, ``matmul.png`` into --out; appends the table to the run log,
+benchmarks/history/runs.md.
 
 ``--sm80-path`` adds a column on Hopper GPUs: the same matmul through the sm_80 path (``kernels.SM80_PINS``:
-mma.sync and cp.async pinned, the config space of an sm_80 GPU), tuned and timed in the same run (issue 15).
+mma.sync and cp.async pinned, the config space of an sm_80 GPU), tuned and timed in the same run.
 """
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import (DEFAULT_OUT, RESULTS_PATH, append_results, bar_chart, fmt, machine_stamp,
+from benchmarks.common import (DEFAULT_OUT, RUN_LOG_PATH, append_results, bar_chart, fmt, machine_stamp,
                                markdown_table, matmul_tflops, stamp_line, write_json)
 
 Shape = tuple[int, int, int]
 
-# Issue 3: the acceptance set (--quick runs only these).
+# The quick set: large squares, a short K and a ragged shape (--quick runs only these).
 QUICK_SHAPES: list[Shape] = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (1000, 3000, 777)]
-# Issues 5 and 14: squares, LLM projections (decode to prefill M against the N, K of Llama-7B: attention 4096 x
+# The sweep: squares, LLM projections (decode to prefill M against the N, K of Llama-7B: attention 4096 x
 # 4096, MLP up 11008 x 4096 and down 4096 x 11008; and of Llama-2-70B: attention output 8192 x 8192, MLP up 28672 x
 # 8192 and down 8192 x 28672), a ragged shape.
 LLAMA_NK: list[tuple[int, int]] = [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192),
@@ -40,14 +40,14 @@ SWEEP_SHAPES: list[Shape] = (
     + [(1000, 3000, 777)]
 )
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-# Issue 11: operand dtypes with their own kernels and baselines (bench_lowp_shape).
+# Operand dtypes with their own kernels and baselines (bench_lowp_shape).
 LOWP_DTYPES = ("fp8", "int8", "tf32")
 REL_TOL = 2e-2  # max |out - ref| / max |ref|: 16-bit rounding of outputs is ~4e-3 of the value
 IMPLS = ("tilejit", "cublas", "triton")
 
 
 def all_shapes(quick: bool) -> list[Shape]:
-    """Quick: the issue-3 set. Full: the issue-3 set first (so a time budget covers it), then the sweep."""
+    """Quick: the quick set. Full: the quick set first (so a time budget covers it), then the sweep."""
     shapes = list(QUICK_SHAPES)
     if not quick:
         shapes += [s for s in SWEEP_SHAPES if s not in shapes]
@@ -386,7 +386,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.matmul", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="only the issue-3 shapes " + ", ".join(
+    parser.add_argument("--quick", action="store_true", help="only the quick set: " + ", ".join(
         f"{m}x{n}x{k}" for m, n, k in QUICK_SHAPES))
     parser.add_argument("--shapes", type=parse_shapes, help="comma-separated MxNxK list (overrides --quick)")
     parser.add_argument("--dtypes", type=parse_dtypes, default=["fp16", "bf16"],
@@ -394,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for JSON/PNG (default {DEFAULT_OUT})")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no new shape after this many seconds (default 420); report what ran")
-    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="Markdown file the table is appended to")
-    parser.add_argument("--no-append", action="store_true", help="do not append to the results file")
+    parser.add_argument("--results", type=Path, default=RUN_LOG_PATH, help="Markdown file the table is appended to")
+    parser.add_argument("--no-append", action="store_true", help="do not append to the run log")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every autotuning decision")
     parser.add_argument("--sm80-path", action="store_true",
                         help="also tune and time the sm_80 path (mma.sync and cp.async pinned; Hopper GPUs only)")

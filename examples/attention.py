@@ -275,7 +275,7 @@ BWD_CONFIGS = {
 
 
 # The backward's defaults on sm_80/86/89 (mma.sync), head dims 64 and 128: measured through the sm_80 path on an
-# H200 (scripts/attention_sm80.py; bf16, S = 4096; benchmarks/RESULTS.md, ninth session): D=64 218.8 TFLOP/s
+# H200 (scripts/probes/attention_sm80.py, bf16, S = 4096, 2026-11-26; attention_sm80_bwd_h200.log): D=64 218.8 TFLOP/s
 # against 174.8 for BWD_CONFIGS' first (which spill 40 and 16 bytes on sm_80; these none); D=128 232.8 against
 # 217.7, the dQ config without spills (140 bytes before), dK/dV's 64x64 w4 with 32 bytes (every config without
 # spills there holds 32 keys a program and ran at 101-138).

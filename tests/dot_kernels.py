@@ -1,4 +1,4 @@
-"""Kernels of issue 16's matrix-product items: ``out_dtype`` (float16 accumulation), batched products of 3-D
+"""Kernels of the matrix-product features: ``out_dtype`` (float16 accumulation), batched products of 3-D
 tiles, and the multiply-broadcast-sum form of a product. Shared by the interpreter tests (tests/frontend), the
 compile tests (tests/backend) and the GPU tests (tests/gpu)."""
 from __future__ import annotations

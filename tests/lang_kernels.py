@@ -1,4 +1,4 @@
-"""Kernels of the language constructs Triton users reach for (issue 16): scalar indexing, atomics, gather and
+"""Kernels of the language constructs Triton users reach for: scalar indexing, atomics, gather and
 scatter, the extra math functions. Shared by the interpreter tests (tests/frontend), the compile tests
 (tests/backend) and the GPU tests (tests/gpu)."""
 from __future__ import annotations

@@ -41,15 +41,14 @@ _MATMUL_TILES = [
     (256, 128, 32, 8, 3), (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
 ]
 
-# (BM, BN, BK, num_warps, num_stages, split_k; split_k 1 = not split): 16-row tiles for decode-like problems (M <=
-# 16, ``matmul_prune`` keeps them only there). Under 64 rows the gemm runs on mma.sync (wgmma's smallest M is 64),
-# which is no limit where the time is streaming B; the point is the ring: a 64-row tile spends a third to a half
-# of each stage on A's mostly out-of-bounds rows, a 16-row tile 6-20%, so the same shared memory keeps up to 1.9x
-# more of B in flight, in rings of 10 to 16 stages. Measured (benchmarks/configs.py, RESULTS.md, tenth session,
-# NVIDIA H200, cuBLAS in the same run), against the 64x64x64 s8 tile in the same mode and cuBLAS: 1x4096x4096 17.8
-# us (16x64x128 s8) against 27.6 and 18.5; 1x8192x28672 122.6 (16x64x64 s12) against 197.3 and 118.6;
-# 16x4096x11008 34.9 (16x64x128 s8 split-K 2) against 40.5 and 36.2. The rings here are the deepest that fit the
-# budget.
+# (BM, BN, BK, num_warps, num_stages, split_k; split_k 1 = not split): 16-row tiles for decode-like problems (M <= 16,
+# ``matmul_prune`` keeps them only there). Under 64 rows the gemm runs on mma.sync (wgmma's smallest M is 64), which is
+# no limit where the time is streaming B; the point is the ring: a 64-row tile spends a third to a half of each stage on
+# A's mostly out-of-bounds rows, a 16-row tile 6-20%, so the same shared memory keeps up to 1.9x more of B in flight, in
+# rings of 10 to 16 stages. Measured (benchmarks/configs.py, NVIDIA H200, 2026-11-26, cuBLAS in the same run;
+# benchmarks/history/results/configs_thin_tiles_h200.log), against the 64x64x64 s8 tile in the same mode and cuBLAS:
+# 1x4096x4096 17.8 us (16x64x128 s8) against 27.6 and 18.5; 1x8192x28672 122.6 (16x64x64 s12) against 197.3 and 118.6;
+# 16x4096x11008 34.9 (16x64x128 s8 split-K 2) against 40.5 and 36.2. The rings here are the deepest that fit the budget.
 _THIN_TILES = [
     (16, 64, 128, 4, 10, 1), (16, 64, 64, 4, 16, 1), (16, 128, 128, 4, 5, 1), (16, 256, 64, 4, 5, 1),
     (16, 64, 128, 4, 10, 2), (16, 64, 64, 4, 16, 2), (16, 128, 128, 4, 5, 2), (16, 256, 64, 4, 5, 4),
@@ -58,7 +57,7 @@ _THIN_TILES = [
 # (BM, BN, BK, num_warps, num_stages, split_k): the K loop of each output tile cut over a cluster of split_k
 # programs (sm_90+, ``passes/split_k.py``), for problems with fewer output tiles than SMs (M <= 128 LLM shapes,
 # small squares). ``matmul_prune`` keeps them only there. The 8-stage 64x128 one: 1x4096x4096 1.7 TFLOP/s against
-# 1.6 for 4 stages (NVIDIA H200, tenth session).
+# 1.6 for 4 stages (NVIDIA H200, 2026-11-26).
 _SPLIT_K_TILES = [
     (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 4), (64, 64, 64, 4, 8, 2), (64, 64, 64, 4, 8, 4),
     (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (64, 128, 64, 4, 8, 2),
@@ -72,21 +71,21 @@ _SPLIT_K_TILES = [
 # 256x128 +1-11%, 128x256 3 stages +2-7%, 128x256 4 stages within +-1.5% (so both stay). ``matmul_prune`` keeps
 # them on sm_90 GPUs only (elsewhere the option means nothing and they would repeat the plain configs).
 #
-# The deep 64x64 rings (8 and 12 stages, 128 and 192 KB) keep many loads in flight per SM where there are few
-# tiles and long K: measured on an H100 (benchmarks/configs.py, RESULTS.md, eighth session, as corrected in the
-# ninth) against cuBLAS in the same run, 128x4096x4096 188 vs 187 TFLOP/s (12 stages; 160-166 for the 4-stage
-# 64x128 / 128x64 tiles), 128x4096x11008 243 vs 248 (231-234).
+# The deep 64x64 rings (8 and 12 stages, 128 and 192 KB) keep many loads in flight per SM where there are few tiles and
+# long K: measured on an H100 (benchmarks/configs.py, 2026-11-26, each config's first timing over its own grid:
+# benchmarks/history/investigations.md) against cuBLAS in the same run, 128x4096x4096 188 vs 187 TFLOP/s (12 stages;
+# 160-166 for the 4-stage 64x128 / 128x64 tiles), 128x4096x11008 243 vs 248 (231-234).
 #
-# Deeper rings for the 64x128 / 128x64 (8 stages) and 128x128 (6 stages) tiles, 192 KB each, where the problem is
-# short in K or streams one operand from memory: more bytes in flight per SM (benchmarks/configs.py, RESULTS.md,
-# tenth session, NVIDIA H200, cuBLAS in the same run): 1024^3 64x128 226.0 TFLOP/s persistent (195.1 with 4
-# stages; cuBLAS 224.4), 128x11008x4096 128x128 325.6 (284.0; 329.1), 16x11008x4096 64x128 41.9 (31.4 on an H100
-# with 4 stages; 42.4), 128x4096x4096 128x64 194.8. ``matmul_prune`` drops them (and every ring deeper than 4)
-# on large problems.
+# Deeper rings for the 64x128 / 128x64 (8 stages) and 128x128 (6 stages) tiles, 192 KB each, where the problem is short
+# in K or streams one operand from memory: more bytes in flight per SM (benchmarks/configs.py, NVIDIA H200, 2026-11-26,
+# cuBLAS in the same run; benchmarks/history/results/configs_deep_rings_h200.log): 1024^3 64x128 226.0 TFLOP/s
+# persistent (195.1 with 4 stages; cuBLAS 224.4), 128x11008x4096 128x128 325.6 (284.0; 329.1), 16x11008x4096 64x128 41.9
+# (31.4 on an H100 with 4 stages; 42.4), 128x4096x4096 128x64 194.8. ``matmul_prune`` drops them (and every ring deeper
+# than 4) on large problems.
 #
 # A 64x64 tile with 128-element K steps (4 stages, 128 KB) for small squares: fewer, larger TMA copies in flight per
 # program where every program loads its whole K at once: 512^3 38.8 TFLOP/s against 37.3 for 64x64x64 s8 and
-# cuBLAS 39.0 (NVIDIA H100 80GB HBM3, benchmarks/configs.py, tenth session, configs_n192_s512_tenth_h100.log).
+# cuBLAS 39.0 (NVIDIA H100 80GB HBM3, 2026-11-26, benchmarks/history/results/configs_n192_tile_and_512_square_h100.log).
 _WARP_SPECIALIZED_TILES = [
     (64, 64, 64, 4, 8), (64, 64, 64, 4, 12), (64, 64, 128, 4, 4),
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 8), (128, 64, 64, 4, 8),
@@ -102,13 +101,13 @@ _WARP_SPECIALIZED_TILES = [
 # 505 vs 468). Since the TMA store stages through 128-byte panels (2779cae) the 128x256 / 256x128 tiles keep their
 # 4-deep ring too: 256x128 persistent 679 against 618 plain / 626 warp-specialized at 4096^3, 128x256 on par
 # (648 / 642 / 650); before, they lost 10-15% and were not offered.
-# The deep-ring tiles of ``_WARP_SPECIALIZED_TILES`` persistent too (tenth session, above): there the producer
+# The deep-ring tiles of ``_WARP_SPECIALIZED_TILES`` persistent too (the deeper rings above): there the producer
 # fills the next tile's ring during this one's epilogue, which matters where K is short (1024^3: 226.0 persistent
 # against 211.7 warp-specialized for 64x128 s8) and costs nothing where tiles are fewer than SMs.
 #
 # 64x192 (6 stages, 192 KB) gives 128 x 11008 problems 116 programs on 132 SMs where 128x128 gives 86 and 64x128
 # 172 (cuBLAS's pick there has 96 columns and 115 programs): 254.2 TFLOP/s against 245.9 for 128x128 s6
-# persistent and cuBLAS 256.4 (NVIDIA H100 80GB HBM3, benchmarks/configs.py, tenth session).
+# persistent and cuBLAS 256.4 (NVIDIA H100 80GB HBM3, benchmarks/configs.py, 2026-11-26).
 _PERSISTENT_TILES = [(128, 128, 64, 8, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4),
                      (64, 128, 64, 4, 8), (128, 64, 64, 4, 8), (128, 128, 64, 4, 6), (64, 64, 64, 4, 12),
                      (64, 192, 64, 4, 6)]
@@ -128,10 +127,11 @@ _PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
 # 696: runs at different K offsets share less of A and B in L2, and each cut tile costs a workspace round trip),
 # so ``matmul_prune`` keeps them for few tiles only.
 #
-# Not in the default space (``matmul_configs(stream_k=True)`` adds them): in the eighth session's sweeps (H100,
-# RESULTS.md) the tuner never picked one, the deep 64x64 rings won every few-tile shape, so they only cost tuning
-# time. (They left the space in the ninth session while a stream-K launch intermittently left tiles unwritten; the
-# cause was the workspace's zero fill on a stream other than the launch's, fixed in runtime/launch.py.)
+# Not in the default space (``matmul_configs(stream_k=True)`` adds them): in the fp16 sweeps of 2026-11-26 (NVIDIA H100
+# 80GB HBM3, benchmarks/history/results/matmul_sweep_fp16_rotating_rounds_h100.json) the tuner never picked one, the
+# deep 64x64 rings won every few-tile shape, so they only cost tuning time. (They had left the space while a stream-K
+# launch intermittently left tiles unwritten; the cause was the workspace's zero fill on a stream other than the
+# launch's, fixed in runtime/launch.py.)
 _STREAM_K_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4)]
 
 

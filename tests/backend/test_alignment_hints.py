@@ -2,7 +2,7 @@
 (``passes/divisibility.py`` read by ``backend_cuda/lower_memory.py``): T.multiple_of promises, int arguments that
 are multiples of 16 at the call, the tensors' specialization (16-byte pointers and strides, compile-time extents).
 When every term is known only the vector (cp.async) variant is generated; the unhinted kernels keep the test and
-the element-wise variant. Kernels: tests/lang_kernels.py (run on the GPU by tests/gpu/test_gpu_lang_issue16.py)."""
+the element-wise variant. Kernels: tests/lang_kernels.py (run on the GPU by tests/gpu/test_gpu_lang_constructs.py)."""
 from __future__ import annotations
 
 import pytest

@@ -197,7 +197,7 @@ def test_default_backward_configs_compile(fresh_compile_cache, arch, dim):
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("dim", sorted(attention.SM80_BWD_CONFIGS))
 def test_sm80_backward_defaults_do_not_spill(fresh_compile_cache, dim, varlen):
-    """The sm_80 defaults (issue 15): dQ without spills; dK/dV without at head dim 64, with 32 bytes at 128 (every
+    """The sm_80 defaults: dQ without spills; dK/dV without at head dim 64, with 32 bytes at 128 (every
     config without spills there holds 32 keys a program and measured 40-55% slower on the sm_80 path). The
     variable-length kernels (masks on keys) spill more: dK/dV 8 and 136 bytes, dQ at 128 48 bytes, as ptxas reported
     when these were chosen (the configs before spilled too)."""

@@ -1,4 +1,4 @@
-"""Issue 16's matrix-product kernels (tests/dot_kernels.py) compile to cubins with NVRTC for sm_80, sm_90a and
+"""The matrix-product kernels (tests/dot_kernels.py) compile to cubins with NVRTC for sm_80, sm_90a and
 sm_100a, each gemm on the lowering expected for its arch and accumulator."""
 from __future__ import annotations
 

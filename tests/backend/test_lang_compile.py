@@ -1,4 +1,4 @@
-"""The issue-16 language constructs (tests/lang_kernels.py) compile to cubins with NVRTC for sm_80 and sm_90a."""
+"""The language constructs of tests/lang_kernels.py compile to cubins with NVRTC for sm_80 and sm_90a."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The sm_80 main loop (issue 15): address math hoisted out of the pipelined loop, no call in it, one barrier per
+"""The sm_80 main loop: address math hoisted out of the pipelined loop, no call in it, one barrier per
 iteration, ldmatrix.x4, and no spills for the default BK=32 configs.
 
 The instruction counts are read from the PTX NVRTC makes, with a small parser of its own:
@@ -14,7 +14,7 @@ The instruction counts are read from the PTX NVRTC makes, with a small parser of
   rarer ones) with only integer or predicate types (``.s32``, ``.u64``, ``.b32``, ``.pred``, ...); a float
   ``mov.f32`` or ``cvt.rn.f16.f32`` is not one.
 
-Before issue 15 (HEAD aa7e02b) that count was 166 per 64 mma.sync (2.59) for the 128x256x32 / 8 warps / 3 stages
+Before the loop was reworked (HEAD aa7e02b) that count was 166 per 64 mma.sync (2.59) for the 128x256x32 / 8 warps / 3 stages
 fp16 matmul, with two calls in the loop.
 """
 from __future__ import annotations

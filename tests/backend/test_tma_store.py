@@ -1,4 +1,4 @@
-"""The TMA store epilogue on sm_90a (issue 14, deliverable 3): a wgmma accumulator tile (after its cast) stored
+"""The TMA store epilogue on sm_90a: a wgmma accumulator tile (after its cast) stored
 into a tensor TMA can describe goes registers -> 128-byte-swizzled shared tile -> one bulk tensor store per
 128-byte panel; every other store keeps the masked element-wise path."""
 from __future__ import annotations

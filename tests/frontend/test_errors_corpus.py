@@ -426,7 +426,7 @@ def X2():
     return (meta(64, 64),)
 
 
-# -- issue 16 constructs: atomics, index tiles, math, bounded views ------------------------------------------------
+# -- language constructs: atomics, index tiles, math, bounded views ------------------------------------------------
 
 @tilejit.kernel
 def k_atomic_on_bool(X, BN: T.constexpr):
@@ -562,7 +562,7 @@ CASES = [
 ]
 
 
-# -- issue 17: close names and hints that fit ---------------------------------------------------------------
+# -- close names and hints that fit -------------------------------------------------------------------------
 
 @tilejit.kernel
 def k_undefined_close(X, alpha, BN: T.constexpr):
@@ -712,7 +712,7 @@ NEW_CASES = [
 ]
 
 
-# -- issue 16 products: out_dtype, batched products --------------------------------------------------------------
+# -- matrix products: out_dtype, batched products ----------------------------------------------------------------
 
 @tilejit.kernel
 def k_out_dtype_f16_bf16(A, B, C, BM: T.constexpr):

@@ -1,4 +1,4 @@
-"""Issue 16's matrix-product items through the interpreter and the IR: ``T.gemm(..., out_dtype=)`` (float16
+"""The matrix-product features through the interpreter and the IR: ``T.gemm(..., out_dtype=)`` (float16
 accumulation rounded once per 16-wide k step), batched products of 3-D tiles, and
 ``T.sum(a[:, :, None] * b[None, :, :], 1)`` recognized as ``a @ b``. The located errors of their misuse are in
 test_errors_corpus.py; cubins for every arch in tests/backend/test_dot_compile.py."""

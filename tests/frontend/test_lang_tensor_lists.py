@@ -1,4 +1,4 @@
-"""Tensor lists as kernel arguments (issue 16, deliverable 6): the interpreter against torch (grouped GEMMs of
+"""Tensor lists as kernel arguments: the interpreter against torch (grouped GEMMs of
 ragged groups), the IR and CUDA text, cubins, the specialization key, the device-table cache, the launch path's
 signature, and located errors / launch errors for misuse."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sm_80 path (issue 15) run whole on a Hopper GPU: ``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` with
+"""The sm_80 path run whole on a Hopper GPU: ``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` with
 ``TILEJIT_COPY_LOWERING=cp_async`` compiles an sm_90a kernel whose main loop is the one an A100 runs (cp.async
 ring, ldmatrix, mma.sync), and with the gemm pinned alone the loop reads TMA-filled slots with mma.sync.
 

@@ -1,10 +1,11 @@
-"""The benchmark harness on CPU: the matmul config space and its pruning, tables, RESULTS.md, the CLIs, and one
+"""The benchmark harness on CPU: the matmul config space and its pruning, tables, the run log, the CLIs, and one
 matmul benchmark row end to end through the IR interpreter."""
 from __future__ import annotations
 
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -215,13 +216,13 @@ def test_markdown_table():
 
 
 def test_append_results(tmp_path):
-    path = tmp_path / "RESULTS.md"
+    path = tmp_path / "runs.md"
     meta = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.1", "date": "2025-01-02T03:04:05+00:00",
             "versions": {"tilejit": "0.1.0", "triton": None}}
     common.append_results("matmul", "| a |\n| --- |\n| 1 |", meta, path, notes=["first note"])
     common.append_results("launch", "| b |\n| --- |\n| 2 |", {**meta, "gpu": "NVIDIA H200"}, path)
     text = path.read_text()
-    assert text.startswith("# Benchmark results")
+    assert text.startswith("# Benchmark runs")
     assert "## matmul — NVIDIA H100 80GB HBM3 (2025-01-02)" in text
     assert "## launch — NVIDIA H200 (2025-01-02)" in text
     assert text.index("| 1 |") < text.index("## launch") < text.index("| 2 |")
@@ -287,17 +288,17 @@ def test_matmul_benchmark_end_to_end_on_the_interpreter(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tilejit.testing, "do_bench", wall_clock_bench)
     monkeypatch.setattr(bench_matmul, "bench_shape", functools.partial(bench_matmul.bench_shape, device="cpu"))
-    results = tmp_path / "RESULTS.md"
+    run_log = tmp_path / "runs.md"
     rc = bench_matmul.main(["--shapes", "40x70x50", "--dtypes", "fp16", "--out", str(tmp_path),
-                            "--results", str(results)])
+                            "--results", str(run_log)])
     assert rc == 0
     data = json.loads((tmp_path / "matmul.json").read_text())
     assert data["complete"] and len(data["rows"]) == 1
     row = data["rows"][0]
     assert row["tilejit"]["status"] == "ok" and row["tilejit"]["rel_err"] <= bench_matmul.REL_TOL
     assert row["tilejit"]["timed"] >= 1 and row["cublas"]["status"] == "ok"
-    assert "| 40x70x50 | fp16 |" in results.read_text()
-    assert "CPU interpreter" in results.read_text()
+    assert "| 40x70x50 | fp16 |" in run_log.read_text()
+    assert "CPU interpreter" in run_log.read_text()
 
 
 def test_launch_overheads_take_turns_and_include_timers(monkeypatch):
@@ -426,3 +427,33 @@ def test_sm80_rows_put_the_pinned_path_next_to_the_native_kernel_and_cublas():
         ["4096x4096x4096", "bf16", "450.0", "700.0", "720.0", "0.62", "128x128x64 w4 s3"]]
     row["tilejit_sm80"] = {"status": "FAIL", "rel_err": 0.5}
     assert bench_matmul.sm80_rows([row])[0][2:6] == ["FAIL (err 0.5)", "700.0", "720.0", None]
+
+
+def _expand_braces(name: str) -> list[str]:
+    """``a_{x,y}_b.*`` -> [``a_x_b.*``, ``a_y_b.*``] (the file-name shorthand of RESULTS.md)."""
+    start = name.find("{")
+    if start < 0:
+        return [name]
+    end = name.index("}", start)
+    return [full for part in name[start + 1:end].split(",")
+            for full in _expand_braces(name[:start] + part + name[end + 1:])]
+
+
+def test_results_md_holds_current_tables_with_their_stamps():
+    """benchmarks/RESULTS.md stays a page of current tables: at most 400 lines, every workload's section stamped with
+    its GPU and date, and every raw file it quotes present in benchmarks/results/."""
+    text = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    assert len(text.splitlines()) <= 400
+    sections = text.split("\n## ")[1:]
+    assert len(sections) >= 6
+    for section in sections:
+        title, _, body = section.partition("\n")
+        stamp = next((line for line in body.splitlines() if line.startswith("_")), "")
+        assert "NVIDIA" in stamp and re.search(r"20\d\d-\d\d-\d\d", stamp), f"section {title!r} has no GPU/date stamp"
+    quoted = set(re.findall(r"benchmarks/results/([\w.{},*-]+)", text))
+    quoted |= set(re.findall(r"`([a-z0-9_{},]+_h[12]00[\w.{},*]*)`", text))
+    assert quoted
+    for name in quoted:
+        for pattern in _expand_braces(name.rstrip(".")):
+            pattern = pattern if "." in pattern else pattern + ".*"
+            assert list((REPO / "benchmarks" / "results").glob(pattern)), f"RESULTS.md quotes {pattern}, not there"

@@ -1,4 +1,4 @@
-"""Issue 13's fault table, one test (or parametrized family) per row: inject the fault, assert the clean outcome.
+"""The cache's fault table, one test (or parametrized family) per row: inject the fault, assert the clean outcome.
 
 Rows: damaged entries; meta.json intact but wrong; planted entries; a bad cache root; lock files; concurrency
 and killed writers; nvrtc.json and FIFOs; the CLI; tampered autotune records; the launcher library; a library

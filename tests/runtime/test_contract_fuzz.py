@@ -1,4 +1,4 @@
-"""Property-based fuzz of the launch contract (issue 13, deliverable 5).
+"""Property-based fuzz of the launch contract.
 
 Random small kernels (a family of templates with their op, scale, transpose and reduction chosen by constexprs)
 and random launches go through the interpreter (TILEJIT_INTERPRET=1), an sm_90a compile that stops after

@@ -1,9 +1,9 @@
 """Launch one stream-K matmul many times with a NaN-poisoned output and report every launch that leaves a tile
-unwritten (NaN) or wrong, with the tiles affected and the tile counters left behind. It found the ninth session's
-stream-K failure: run beside other processes, the first launch lost counter arrivals when the workspace's zero
+unwritten (NaN) or wrong, with the tiles affected and the tile counters left behind. It found a
+stream-K failure (2026-11-26, NVIDIA H200): run beside other processes, the first launch lost counter arrivals when the workspace's zero
 fill ran on another stream than the launch's (runtime/launch.stream_k_workspace).
 
-    python scripts/stream_k_stress.py [M N K BM BN BK WARPS STAGES] [--launches 300] [--poison-workspace]
+    python scripts/probes/stream_k_stress.py [M N K BM BN BK WARPS STAGES] [--launches 300] [--poison-workspace]
                                       [--fresh-workspace] [--preallocate] [--sync-first]
 """
 from __future__ import annotations

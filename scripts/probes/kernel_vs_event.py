@@ -1,9 +1,9 @@
 """Where a short GEMM's measured time goes: CUDA-event time (what ``do_bench`` reports) next to the kernel's own
 duration on the GPU (the torch profiler's CUPTI record), for tilejit at a fixed config and for cuBLAS.
 
-    python scripts/kernel_vs_event.py [DTYPE:MxNxK:BMxBNxBKwWsS[:OPTION...] ...]
+    python scripts/probes/kernel_vs_event.py [DTYPE:MxNxK:BMxBNxBKwWsS[:OPTION...] ...]
 
-Cases as in ``scripts/ncu_compare.py``. Each case: ``do_bench`` (L2 flushed before each run) of the tilejit launch
+Cases as in ``scripts/probes/ncu_compare.py``. Each case: ``do_bench`` (L2 flushed before each run) of the tilejit launch
 and of ``torch.matmul``, then 50 flushed runs of each under the profiler; prints the event median, the mean
 kernel duration and their difference (launch and front-end time the event sees), per implementation.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tilejit  # noqa: E402

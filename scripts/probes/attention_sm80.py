@@ -1,10 +1,10 @@
-"""The attention backward's configs on the sm_80 path (issue 15, deliverable 4), run on a Hopper GPU with
+"""The attention backward's configs on the sm_80 path, run on a Hopper GPU with
 ``benchmarks.kernels.SM80_PINS`` (mma.sync and cp.async pinned): each candidate dK/dV config with the first dQ
 config, then each dQ config with the fastest dK/dV one, bf16, B=4 H=16 S=4096, each checked against float64
 first (``benchmarks.attention._backward``). The candidates are BWD_CONFIGS' and the ones ptxas compiles for
 sm_80 without spills (CPU: tests/backend/test_attention_backward.py).
 
-    python scripts/attention_sm80.py
+    python scripts/probes/attention_sm80.py
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One launch of the benchmark matmul, persistent 256x128x64 w8 s4, 4096^3 fp16 (after a warm-up launch), for ncu:
 
-    ncu --launch-skip 1 --launch-count 1 -k regex:tj_matmul --section SpeedOfLight ... python scripts/ncu_persistent.py
+    ncu --launch-skip 1 --launch-count 1 -k regex:tj_matmul --section SpeedOfLight ... python scripts/probes/ncu_persistent.py
 """
 import torch
 

@@ -1,9 +1,9 @@
 """SM clock and board power while one kernel runs back to back for ~2 s, for tilejit's and cuBLAS's kernels on
 the same problem (read with NVML through torch.cuda): does a kernel lose speed to clocks lowered for power?
 
-    python scripts/clock_probe.py            # tf32 and fp16, tilejit's usual configs and cuBLAS
-    TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 python scripts/clock_probe.py mma80 [BMxBNxBKwWsS ...]
-                                             # bf16 through the sm_80 lowering at each config (issue 15)
+    python scripts/probes/clock_probe.py            # tf32 and fp16, tilejit's usual configs and cuBLAS
+    TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16 python scripts/probes/clock_probe.py mma80 [BMxBNxBKwWsS ...]
+                                             # bf16 through the sm_80 lowering at each config
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def mma80(specs: list[str]) -> None:
         probe(f"tilejit bf16 {bm}x{bn}x{bk} w{warps} s{stages}",
               lambda: matmul.kernel[(grid,)](a, b, c, **kw), flops)
     probe("cuBLAS bf16", lambda: torch.mm(a, b), flops)
-    from mma_ceiling import ceiling_launch  # (scripts/ is on sys.path when this file is run)
+    from mma_ceiling import ceiling_launch  # (scripts/probes/ is on sys.path when this file is run)
 
     probe("mma.sync register-only ceiling", *ceiling_launch())
 

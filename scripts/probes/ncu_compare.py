@@ -1,7 +1,7 @@
 """tilejit against cuBLAS on the same problems, for ncu (each launched twice; profile the second of each):
 
     ncu -k regex:"tj_|nvjet|xmma" --section SpeedOfLight --section ComputeWorkloadAnalysis \
-        --section WarpStateStats --section LaunchStats python scripts/ncu_compare.py [CASE ...]
+        --section WarpStateStats --section LaunchStats python scripts/probes/ncu_compare.py [CASE ...]
 
 A CASE is ``DTYPE:MxNxK:BMxBNxBKwWsS[:OPTION...]`` with DTYPE fp16, bf16 or tf32nt (float32, B given N x K) and
 options among ``ws``, ``persistent``, ``pingpong``, ``c2`` (a cluster of 2), ``sk2`` / ``sk4`` (split-K). Without

@@ -2,7 +2,7 @@
 the compiled one) on an even grid x, then once on an odd one, for ``ncu --section LaunchStats`` to show each
 launch's cluster size (2, 2, 2, 2, then 0: no cluster):
 
-    ncu --section LaunchStats python scripts/cluster_launch_check.py
+    ncu --section LaunchStats python scripts/probes/cluster_launch_check.py
 """
 import sys
 

@@ -1,11 +1,11 @@
 """Launch one kernel a few times with a fixed config, for ``ncu`` to profile (no autotuning, no timing loop).
 
-    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny|tf32
+    ncu --launch-skip 2 --launch-count 1 -k regex:tj_ python scripts/probes/profile_kernels.py attention|gemm|gemm_ws|gemm_skinny|tf32
 
 ``gemm_ws`` is ``gemm`` (4096^3 fp16, 128x256x64, 8 warps, 4 stages) with a producer warpgroup (warp_specialize).
 ``gemm:BMxBNxBKwWsS[:OPTION...]`` launches the 4096^3 DESIGN matmul at that config, with launch options among
 ``ws``, ``persistent``, ``bf16`` (operands in bf16 instead of fp16); e.g. with
-``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` it profiles the sm_80 path (issue 15).
+``TILEJIT_GEMM_LOWERING=mma_sync_m16n8k16`` it profiles the sm_80 path.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,9 +1,9 @@
 """The mma.sync m16n8k16 ceiling of this GPU: a kernel that issues only mma.sync on operands in registers (16
 independent accumulators per warp, 16 warps per SM, operands changed every iteration so the data toggles), to
-compare the sm_80 path's GEMMs with (issue 15). ``ceiling_launch()`` gives (launch, flops) for
-``scripts/clock_probe.py mma80``, which times it back to back next to the GEMMs and reads the SM clock.
+compare the sm_80 path's GEMMs with. ``ceiling_launch()`` gives (launch, flops) for
+``scripts/probes/clock_probe.py mma80``, which times it back to back next to the GEMMs and reads the SM clock.
 
-    python scripts/mma_ceiling.py            # TFLOP/s by do_bench (L2 flushed between runs)
+    python scripts/probes/mma_ceiling.py            # TFLOP/s by do_bench (L2 flushed between runs)
 """
 from __future__ import annotations
 

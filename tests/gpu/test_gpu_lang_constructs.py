@@ -1,5 +1,6 @@
-"""Issue 16's language constructs on the GPU: scalar indexing, atomics under contention, split-K, gather and
-scatter with duplicate and out-of-range indices, the extra math functions. Outputs are NaN-poisoned where a
+"""The language constructs of tests/lang_kernels.py on the GPU: scalar indexing, atomics under contention, split-K,
+gather and scatter with duplicate and out-of-range indices, the extra math functions, bounded views, matrix
+products, tensor lists, alignment promises. Outputs are NaN-poisoned where a
 missed element would otherwise go unnoticed; shapes are not multiples of the tiles."""
 from __future__ import annotations
 
@@ -548,7 +549,7 @@ def test_layer_norm_autograd_function_gpu():
     torch.testing.assert_close(b.grad.double(), rdb, rtol=1e-2, atol=1e-1)
 
 
-# -- tensor lists (deliverable 6) ---------------------------------------------------------------------------------
+# -- tensor lists -------------------------------------------------------------------------------------------------
 
 from tilejit.runtime.tensor_lists import TABLES  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Which kernels cuBLAS runs for the benchmark's shapes (their names carry tile, cluster and schedule), read with
-torch.profiler on the GPU at hand: ``python scripts/cublas_kernels.py``."""
+torch.profiler on the GPU at hand: ``python scripts/probes/cublas_kernels.py``."""
 from __future__ import annotations
 
 import torch
