@@ -25,8 +25,8 @@ iteration ``k + 1`` to just before the mma.sync of iteration ``k``'s last k step
 registers, and the first k step's fragments of iteration ``k + 1`` load while those mma.sync run. The barrier no
 longer stands between a warp's last mma.sync of one iteration and its first of the next. The ring then waits with
 ``wait_group S-3`` (the group of the iteration in progress is committed at its end), so it needs S >= 3. Measured
-on an H200 on 2026-11-26 (benchmarks/history/investigations.md, "The sm_80 path run whole"): +4-23% where every copy moves whole 16-byte chunks; where a
-tensor's rows are not 16-byte multiples the copies go element by element after the math, and only the last k
+on an H200 on 2026-11-26 (benchmarks/history/investigations.md, "The sm_80 path run whole"): +4-23% where every
+copy moves whole 16-byte chunks; where a tensor's rows are not 16-byte multiples the copies go element by element after the math, and only the last k
 step's mma.sync were left to hide them (-47%), so those loops do not carry; nor do loops fed by TMA (mma.sync
 pinned on sm_90a), where it measured from +5% to -10%.
 """
