@@ -652,11 +652,13 @@ class _KernelPort:
         iteration = counter if low == "0" else f"({counter} - {low})"
         iteration = iteration if step == "1" else f"{iteration} // {step}"
         names = {a[0] for a in advances.values()}
-        last = max(advances)
-        later_uses = {n.id for s in stmt.body[last + 1:] for n in ast.walk(s) if isinstance(n, ast.Name)}
-        if len(names) != len(advances) or names & later_uses:
-            self.body(stmt.body, indent + 1)
-            return
+        assigned_in_loop = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for position, (name, _, amount) in advances.items():
+            used_after = {n.id for s in stmt.body[position + 1:] for n in ast.walk(s) if isinstance(n, ast.Name)}
+            step_names = {n.id for n in ast.walk(ast.parse(amount, mode="eval")) if isinstance(n, ast.Name)}
+            if name in used_after or step_names & assigned_in_loop or len(names) != len(advances):
+                self.body(stmt.body, indent + 1)  # the advances are refused, each saying why
+                return
         saved = {name: self.env[name] for name in names}
         for name, dim, amount in advances.values():
             pointer: Pointer = self.env[name]  # type: ignore[assignment]

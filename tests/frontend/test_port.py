@@ -151,6 +151,16 @@ def advanced_then_read(X, Y, stride, BLOCK: tl.constexpr):
         acc += tl.load(ptrs)
         ptrs += BLOCK * stride
     tl.store(Y + offs, tl.load(ptrs) + acc)
+
+@triton.jit
+def read_after_its_advance(X, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    ptrs = X + offs
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(4):
+        ptrs += BLOCK
+        acc += tl.load(ptrs)
+    tl.store(Y + offs, acc)
 """
 
 
@@ -191,3 +201,4 @@ def test_a_wrap_by_an_unproven_modulus_and_a_pointer_read_after_its_loop_are_ref
     assert any("a store through offsets wrapped by % M" in m for m in marked)
     assert any("tl.load(ptrs) + acc" in m and "advanced in a loop and is used after it" in m for m in marked)
     assert "acc += X[i * BLOCK:i * BLOCK + BLOCK]" in text  # inside the loop the advance is the counter
+    assert any("ptrs += BLOCK" in m and "after its last use in the body" in m for m in marked)
