@@ -62,7 +62,8 @@ def test_wgmma_kernel_uses_hgmma_and_descriptors():
     cuda = compiled.asm["cuda"]
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in cuda
     assert "tj_wgmma_desc(" in cuda and "wgmma.wait_group.sync.aligned 0" in cuda
-    assert "fence.proxy.async.shared::cta" in cuda
+    # the proxy fence (a helper of tilejit/support.cuh) is called, and reaches the PTX
+    assert "tj_fence_proxy_async();" in cuda and "fence.proxy.async.shared::cta" in compiled.asm["ptx"]
 
 
 def test_rejections_are_listed_by_name():
