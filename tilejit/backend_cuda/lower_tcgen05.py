@@ -33,7 +33,7 @@ from .. import dtypes as D
 from ..ir import Op, OpKind
 from ..passes.pipeline import in_flight_gemms
 from ..ir.layouts import TmemLayout
-from ..target import REGISTRY, Target
+from ..target import REGISTRY, GemmLowering, Target
 from .emitter import KERNEL_HOOKS, Emitter
 from .lower_gemm import _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from .lower_wgmma import b_fields, k_step_offset
@@ -189,7 +189,7 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
     em.close()
 
 
-class Tcgen05:
+class Tcgen05(GemmLowering):
     """``tcgen05.mma.cta_group::1`` M = 128 per slab (or M = 64 for a 64-row tile), N = the tile's columns, 32
     bytes of K per instruction."""
 

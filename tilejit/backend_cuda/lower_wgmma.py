@@ -36,7 +36,7 @@ from ..ir import Op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
 from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
-from ..target import REGISTRY, Target
+from ..target import REGISTRY, GemmLowering, Target
 
 #: The descriptor's layout type (bits 62-63) for each swizzle span in bytes (PTX 9.7.15.5.1.2.2).
 LAYOUT_TYPES = {128: 1, 64: 2, 32: 3}
@@ -138,7 +138,7 @@ def _int8_n(op: Op, target: Target) -> bool:
     return n % 16 == 0 or n in (8, 24)
 
 
-class Wgmma:
+class Wgmma(GemmLowering):
     """``wgmma.mma_async`` m64nNk{K} with both operands in shared memory; one instruction covers 32 bytes of K
     (k16 for 16-bit operands, k32 for fp8 and int8, k8 for tf32). Only 16-bit operands may be MN-major (the
     instruction's transpose immediates exist for them alone)."""
