@@ -12,10 +12,10 @@ translation unit NVRTC compiles: each tilejit include line replaced by what foll
 ``#pragma once`` line (its own include lines expanded the same way), a header already included by nothing, as
 the preprocessor does. An include directive is emitted after a newline of its own (:func:`include_directive`),
 which keeps each directive on a line of its own and separates the helpers by a blank line, as the helper text
-did when it lived in Python strings; the expansion of today's generated source is byte for byte what the
-emitter generated then, so the codegen digests (``scripts/codegen_digest.py``, taken over the expansion) carried
-over unchanged. It is what to read, or hand to another compiler, when the source with its include lines
-(``kernel.asm["cuda"]``, the cache's ``kernel.cu``) is not enough.
+did when it lived in Python strings: the expansion is byte for byte the source the emitter generated then, so
+the codegen digests (``scripts/codegen_digest.py``, taken over the expansion) stayed valid. It is what to read,
+or hand to another compiler, when the source with its include lines (``kernel.asm["cuda"]``, the cache's
+``kernel.cu``) is not enough.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import functools
 import re
 from pathlib import Path
 
-#: The directory given to a compiler as ``-I``: headers are included as ``tilejit/<name>.cuh`` under it.
+#: The directory holding ``tilejit/<name>.cuh``: what to give another compiler as ``-I`` (NVRTC gets the text).
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 
 _INCLUDE_LINE = re.compile(r'^#include "tilejit/(\w+)\.cuh"\n', re.MULTILINE)
