@@ -8,6 +8,10 @@ A refactor of the compiler that should not change the generated code is checked 
 The cases are the compile-everything cases of the test suite (tests/backend/test_compile_all.py: the GPU test
 kernels, the example and benchmark matmuls, the interpreter kernels) plus every config of the default matmul
 autotune space, for sm_80, sm_90a and sm_100a. Only the pass pipeline and the CUDA emitter run (no NVRTC).
+
+The digest is of the translation unit NVRTC compiles: the generated source with tilejit's own
+``#include "tilejit/<name>.cuh"`` lines expanded to the headers' text (``backend_cuda.headers.expand_includes``),
+so moving a helper between the emitter and a header changes no digest, and editing a header's code does.
 """
 from __future__ import annotations
 
@@ -53,7 +57,10 @@ def _cases() -> dict:
 
 
 def cuda_source(kernel, args, kwargs, arch: str) -> str:
-    return kernel.compile(*args, arch=arch, stop_after="cuda", **kwargs).cuda
+    """The translation unit NVRTC compiles for this case: its generated source, tilejit's headers expanded."""
+    from tilejit.backend_cuda.headers import expand_includes
+
+    return expand_includes(kernel.compile(*args, arch=arch, stop_after="cuda", **kwargs).cuda)
 
 
 def digests() -> dict[str, str]:

@@ -54,16 +54,18 @@ STAGES: tuple[str, ...] = ("ir", "passes", "cuda", "ptx", "cubin")
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """sha256 of tilejit's own source files, read once per process (at the first compile, not at import).
+    """sha256 of tilejit's own source files (the Python modules and the CUDA headers the generated code includes),
+    read once per process (at the first compile, not at import).
 
-    Part of every kernel's source hash, so editing the compiler (not only bumping ``__version__``) makes old
-    cache entries and autotune records unreachable instead of silently reusing code an older compiler made.
+    Part of every kernel's source hash, so editing the compiler or a device helper (not only bumping
+    ``__version__``) makes old cache entries and autotune records unreachable instead of silently reusing code an
+    older compiler made.
     """
     return package_digest(Path(__file__).resolve().parent)
 
 
 def package_digest(root: Path) -> str:
-    """sha256 over every ``*.py`` under ``root``: relative path and contents, in sorted path order.
+    """sha256 over every ``*.py`` and ``*.cuh`` under ``root``: relative path and contents, in sorted path order.
 
     Plain ``os`` calls rather than pathlib: this runs on the way to a fresh process's first launch, where
     pathlib's per-file objects cost ~5 ms of the ~15 ms budget (H200 host).
@@ -73,7 +75,7 @@ def package_digest(root: Path) -> str:
         subdirs[:] = [d for d in subdirs if d != "__pycache__"]
         rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
         for name in names:
-            if name.endswith(".py"):
+            if name.endswith((".py", ".cuh")):
                 files.append((name if rel_dir == "." else f"{rel_dir}/{name}", os.path.join(directory, name)))
     h = hashlib.sha256()
     for rel, path in sorted(files):

@@ -12,12 +12,15 @@ it, and it imports nothing of tilejit but ``errors``:
   keeps implementations registered with an arch range, a priority and named predicates; ``select`` returns the
   first that fits and, when none does, a :class:`~tilejit.errors.DispatchError` lists every candidate with the
   predicate that rejected it. Backends register into :data:`REGISTRY` when imported; passes select from it.
+* :class:`GemmLowering` is what a ``gemm`` lowering provides (the registry refuses a payload that is not one):
+  the methods the layout pass and the emitter call, required or with a default that says "does not apply".
 * :class:`CopyQuery` is what the ``copy`` predicates look at.
 """
 from __future__ import annotations
 
 import functools
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
@@ -332,7 +335,7 @@ class Impl:
     max_sm: int
     priority: int
     predicates: tuple[tuple[str, Predicate], ...]
-    payload: Any = None  # what the lowering needs (an object with emit / layout methods)
+    payload: Any = None  # the lowering itself (for gemm a GemmLowering: its layouts and its emission)
 
     def rejection(self, op: Any, target: Target) -> str | None:
         """Why this implementation does not fit, or None when it does."""
@@ -344,6 +347,80 @@ class Impl:
         return None
 
 
+class GemmLowering(ABC):
+    """What a lowering of ``gemm`` registered in the dispatch registry provides (``REGISTRY.register("gemm", ...)``
+    refuses any other payload).
+
+    Required: :meth:`acc_layout` (the layout pass seeds the gemm's result with it) and :meth:`emit` (the emitter's
+    gemm rule calls it). The rest is optional; each default says the feature does not apply:
+
+    * reading operand A from registers: :attr:`register_a`, :attr:`register_a_of`;
+    * an accumulator with the warps along M only, for a result that feeds another gemm's register operand A:
+      :meth:`rows_acc_layout`, :meth:`fits_rows`;
+    * operand fragments carried across the iterations of a pipelined loop (``lower_loops.FragmentCarry``):
+      :meth:`carries`, with :meth:`declare_carried` and :meth:`load_first`, which a lowering whose ``carries``
+      may hold overrides (the registry checks that it does).
+
+    ``op`` is the gemm (an ``ir.Op``), ``target`` a :class:`Target`, ``em`` the backend's emitter.
+    """
+
+    #: Operand A is read from registers: the layout pass may hand this lowering a register tile for A
+    #: (``passes.layouts.keep_register_operands``).
+    register_a: bool = False
+    #: The name of the shared-A lowering whose pin (``TILEJIT_GEMM_LOWERING``) admits this register-A form too.
+    register_a_of: str | None = None
+
+    @abstractmethod
+    def acc_layout(self, op: Any, target: Target) -> Any:
+        """The register layout of the accumulator (and result) of ``op``."""
+
+    @abstractmethod
+    def emit(self, em: Any, op: Any) -> None:
+        """Emit the CUDA for ``op`` into ``em``."""
+
+    def rows_acc_layout(self, op: Any, target: Target) -> Any:
+        """The accumulator layout that gives each warp whole rows, or None (the default: this lowering has none,
+        and the layout pass keeps :meth:`acc_layout`)."""
+        return None
+
+    def fits_rows(self, op: Any, target: Target) -> bool:
+        """Whether this lowering (one reading A from registers) fits ``op`` once its accumulator and operand A give
+        each warp whole rows, judged on what does not depend on layouts. Default: no."""
+        return False
+
+    def carries(self, op: Any) -> bool:
+        """Whether a pipelined loop may carry this gemm's operand fragments across iterations. Default: no."""
+        return False
+
+    def declare_carried(self, em: Any, op: Any) -> None:
+        """Declare the carried fragment registers before the loop; called only where :meth:`carries` holds."""
+        raise NotImplementedError(f"{type(self).__name__} carries no fragments")
+
+    def load_first(self, em: Any, op: Any) -> None:
+        """Load the first step's fragments before the loop; called only where :meth:`carries` holds."""
+        raise NotImplementedError(f"{type(self).__name__} carries no fragments")
+
+    @classmethod
+    def violations(cls, payload: Any) -> list[str]:
+        """How ``payload`` breaks this contract (empty when it keeps it)."""
+        if not isinstance(payload, cls):
+            return [f"{type(payload).__name__} is not a {cls.__name__}"]
+        found = []
+        kind = type(payload)
+        if kind.carries is not GemmLowering.carries:
+            found += [f"it overrides carries but not {method}" for method in ("declare_carried", "load_first")
+                      if getattr(kind, method) is getattr(GemmLowering, method)]
+        if not isinstance(payload.register_a, bool):
+            found.append(f"register_a is {payload.register_a!r}, not a bool")
+        if payload.register_a_of is not None and not payload.register_a:
+            found.append(f"register_a_of names {payload.register_a_of!r} but register_a is False")
+        return found
+
+
+#: The contract each op's payloads must keep, checked at registration.
+CONTRACTS: dict[str, type] = {"gemm": GemmLowering}
+
+
 @dataclass
 class Registry:
     impls: dict[str, list[Impl]] = field(default_factory=dict)
@@ -351,6 +428,11 @@ class Registry:
     def register(self, op: str, name: str, *, min_sm: int = 80, max_sm: int = 999, priority: int = 0,
                  predicates: dict[str, Predicate] | None = None):
         def add(payload):
+            contract = CONTRACTS.get(op)
+            problems = contract.violations(payload) if contract is not None else []
+            if problems:
+                raise TypeError(f"{op} implementation {name!r} does not keep the {contract.__name__} contract "
+                                f"(tilejit/target.py): {'; '.join(problems)}")
             impl = Impl(name, op, min_sm, max_sm, priority, tuple((predicates or {}).items()), payload)
             table = self.impls.setdefault(op, [])
             if any(i.name == name for i in table):

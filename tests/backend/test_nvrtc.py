@@ -1,4 +1,5 @@
-"""NVRTC compilation of the prelude for every supported arch, and NVRTC's error paths. CPU only."""
+"""NVRTC compilation of the prelude (included from tilejit's headers) for every supported arch, and NVRTC's error
+paths. CPU only."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,10 @@ import pytest
 from tilejit.backend_cuda import nvrtc
 from tilejit.backend_cuda.nvrtc import compile_cuda, nvrtc_supports, nvrtc_version
 from tilejit.target import SUPPORTED_ARCHS, Arch
-from tilejit.backend_cuda.prelude import PRELUDE, prelude_for
+from tilejit.backend_cuda.headers import include_directive
 from tilejit.errors import BackendCompileError, BackendUnavailableError, TilejitError
+
+PRELUDE = include_directive("prelude")
 
 # Calls every prelude function once, so a typo in any inline PTX string fails to compile here.
 PROBE_KERNEL = r"""
@@ -78,7 +81,7 @@ def test_this_nvrtc_supports_every_arch_it_should():
 
 @pytest.mark.parametrize("arch", ARCHS_HERE)
 def test_prelude_probe_compiles_to_cubin_and_ptx(arch):
-    result = compile_cuda(prelude_for(arch) + PROBE_KERNEL, name="tj_prelude_probe", arch=arch)
+    result = compile_cuda(PRELUDE + PROBE_KERNEL, name="tj_prelude_probe", arch=arch)
     assert result.cubin[:4] == b"\x7fELF"
     assert result.ptx is not None and ".entry tj_prelude_probe" in result.ptx
     assert f".target {arch}" in result.ptx

@@ -19,6 +19,7 @@ import tilejit
 import tilejit.language as T
 from kernels import matmul_any
 from tilejit import dtypes as D
+from tilejit.backend_cuda.headers import header_text
 from tilejit.backend_cuda import lower_tcgen05 as tc
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
 from tilejit.ir import Op, OpKind
@@ -75,8 +76,8 @@ def test_shared_memory_descriptor_fields():
     assert _field(desc, 0, 13) == 0x12340 >> 4 and _field(desc, 16, 29) == 1 and _field(desc, 32, 45) == 64
     assert _field(desc, 46, 48) == 1 and _field(desc, 49, 52) == 0 and _field(desc, 53, 60) == 0
     assert _field(desc, 61, 63) == 2  # 128-byte swizzle
-    # the device function ORs in the same constant part
-    assert f"0x{tc.UMMA_DESC_FIXED:x}ull" in tc.SUPPORT
+    # the device function (include/tilejit/tcgen05.cuh) ORs in the same constant part
+    assert f"0x{tc.UMMA_DESC_FIXED:x}ull" in header_text("tcgen05")
     # and it is the sm_90 descriptor (swizzle 1 << 62) with the version bit added
     assert tc.UMMA_DESC_FIXED == (1 << 62) | (1 << 46)
 

@@ -10,8 +10,10 @@ import pytest
 
 from tilejit.backend_cuda.nvrtc import compile_cuda
 from tilejit.target import Arch
-from tilejit.backend_cuda.prelude import PRELUDE
+from tilejit.backend_cuda.headers import include_directive
 from tilejit.errors import LaunchError
+
+PRELUDE = include_directive("prelude")
 
 KERNELS = r"""
 extern "C" __global__ void convert_probe(const float* x, int n, unsigned short* h, unsigned short* b,

@@ -14,7 +14,7 @@ from .. import dtypes as D
 from ..dtypes import DType
 from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
-from .prelude import PRELUDE
+from .headers import header_text, include_directive
 from ..passes.warp_specialize import launched_threads
 from ..target import Target
 
@@ -24,42 +24,6 @@ C_TYPES = {
     D.int32: "int32_t", D.int64: "int64_t", D.uint8: "uint8_t", D.bool_: "bool",
 }
 STORAGE = {D.float16, D.bfloat16, D.float8_e4m3fn, D.float8_e5m2}
-
-SUPPORT = r"""
-// ===== tilejit generated-code support =====
-struct alignas(16) tj_v16 { unsigned x, y, z, w; };
-struct alignas(8) tj_v8 { unsigned x, y; };
-/// Python floor division and modulo (the language's // and %).
-template <class T> TJ_DEVICE T tj_floordiv(T a, T b) { T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
-template <class T> TJ_DEVICE T tj_pymod(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-/// cp.async of 16 bytes (src_bytes of them read, the rest zero-filled) issued only when pred holds;
-/// a PTX predicate, so the copy stays branch-free and schedulable next to the tensor-core work.
-TJ_DEVICE void tj_cp_async_16_if(unsigned smem_addr, const void* gptr, int src_bytes, bool pred) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, %2; }"
-               :: "r"(smem_addr), "l"(gptr), "r"(src_bytes), "r"((int)pred) : "memory");
-}
-/// 16-byte cp.async issued when pred holds, copying zeros instead of reading when zero holds (the
-/// ignore-src operand; PTX 9.7.9.25.3): no src-size arithmetic on the address path.
-TJ_DEVICE void tj_cp_async_16_zfill_if(unsigned smem_addr, const void* gptr, bool zero, bool pred) {
-  asm volatile("{ .reg .pred p, z; setp.ne.b32 p, %2, 0; setp.ne.b32 z, %3, 0; @p cp.async.cg.shared.global [%0], [%1], 16, z; }"
-               :: "r"(smem_addr), "l"(gptr), "r"((int)pred), "r"((int)zero) : "memory");
-}
-/// Make this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to the async
-/// proxy (wgmma) before a barrier; nothing to do before sm_90.
-TJ_DEVICE void tj_fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-template <class T> TJ_DEVICE T tj_imax(T a, T b) { return a > b ? a : b; }
-template <class T> TJ_DEVICE T tj_imin(T a, T b) { return a < b ? a : b; }
-"""
-
-_OPAQUE = r"""
-/// x, through a move the compiler cannot see into: a value set up once stays in its register instead of
-/// being recomputed where it is used (inside a main loop).
-TJ_DEVICE unsigned tj_opaque(unsigned x) { asm("mov.b32 %0, %0;" : "+r"(x)); return x; }
-"""
 
 
 def c_type(dtype: DType) -> str:
@@ -289,7 +253,14 @@ class Emitter:
         return f"tj_tmap{self.tensor_maps.index(spec)}"
 
     def require_support(self, name: str, text: str) -> None:
+        """Emit ``text`` (a device helper generated for this kernel) once, ahead of the kernel, under ``name``."""
         self.support.setdefault(name, text)
+
+    def require_header(self, name: str) -> None:
+        """Include tilejit's header ``tilejit/<name>.cuh`` (backend_cuda/headers.py) once, ahead of the kernel, in
+        the order helpers are first required."""
+        header_text(name)  # a KeyError here, naming the headers there are, rather than NVRTC's "cannot open"
+        self.support.setdefault(name, include_directive(name))
 
     def device_function(self, base: str, params: str, body: Callable[[], None]) -> str:
         """The name of a ``__noinline__`` device function taking ``params`` whose body is what ``body`` emits,
@@ -313,7 +284,7 @@ class Emitter:
         ``tid`` and the kernel's parameters only: a lane's share of an address, for example); equal
         expressions (or equal ``key``s, when given) share one. A main loop adds it to a base that moves instead of recomputing it each
         iteration; an opaque move keeps the compiler from recomputing it inside the loop from ``tid``."""
-        self.require_support("tj_opaque", _OPAQUE)
+        self.require_header("opaque")
         key = (ctype, expr if key is None else key)
         name = self.hoisted.get(key)
         if name is None:
@@ -518,7 +489,7 @@ class Emitter:
             + (f" + tj_group * {scratch};" if self.groups > 1 else ";"),
             "  (void)tj_smem_u32; (void)tj_scratch;",
         ]
-        if self.fn.attrs.get("cluster"):  # a TMA multicast pair (lower_specialized.CLUSTER_SUPPORT)
+        if self.fn.attrs.get("cluster"):  # a TMA multicast pair (tilejit/cluster_ring.cuh)
             head += ["  const unsigned tj_ncta = tj_cluster_ctas(), tj_crank = tj_cluster_rank();  // 1 and 0 without a "
                      "cluster"]
         if self.group_bytes:
@@ -527,8 +498,8 @@ class Emitter:
                      "  const unsigned tj_gsm_u32 = tj_smem_addr(tj_gsm);"]
         setup = [f"  const {ctype} {name} = tj_opaque(({ctype})({expr}));"
                  for name, (ctype, expr) in self.hoisted_exprs.items()]
-        extra = "".join(self.support.values())
-        source = PRELUDE + SUPPORT + extra + "\n" + "\n".join(head + setup + body + ["}"]) + "\n"
+        helpers = include_directive("prelude") + include_directive("support") + "".join(self.support.values())
+        source = helpers + "\n" + "\n".join(head + setup + body + ["}"]) + "\n"
         return source, kinds, shared_bytes
 
 

@@ -19,7 +19,7 @@ from .. import dtypes as D
 from ..ir import Op, OpKind
 from ..ir.layouts import CExpr, MmaLayout, c_text, pick_warp_grid
 from .emitter import Emitter, c_type, convert, emits
-from ..target import REGISTRY, Target
+from ..target import REGISTRY, GemmLowering, Target
 
 
 def _mnk(op: Op) -> tuple[int, int, int]:
@@ -39,7 +39,7 @@ PTX_TYPES = {D.float16: "f16", D.bfloat16: "bf16", D.float8_e4m3fn: "e4m3", D.fl
              D.int8: "s8", D.float32: "tf32"}
 
 
-class MmaSync:
+class MmaSync(GemmLowering):
     """ldmatrix + mma.sync.m16n8k{K} (PTX 9.7.14.5: the m16n8k8/k16/k32 fragments).
 
     One instruction covers 32 bytes of K per row: k16 for 16-bit operands, k32 for int8 and fp8, k8 for tf32.
@@ -360,7 +360,7 @@ template <int OFF> TJ_DEVICE void tj_ldmatrix_{width}{'_trans' if trans else ''}
 }}"""
 
 
-class FmaFallback:
+class FmaFallback(GemmLowering):
     """Scalar multiply-adds from shared memory into a blocked accumulator."""
 
     def acc_layout(self, op: Op, target: Target):

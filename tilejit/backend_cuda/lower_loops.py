@@ -43,7 +43,7 @@ from ..passes.warp_specialize import deferred_gemm, multicast_loads
 from .emitter import (RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, in_range,
                       is_positive_constant, scalar_expr)
 from . import lower_tcgen05, lower_tma
-from .lower_specialized import CLUSTER_SUPPORT, emit_producer, group_turn, release
+from .lower_specialized import emit_producer, group_turn, release
 from .lower_wgmma import wait_group
 from .lower_wgmma_rs import pack_a
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
@@ -136,7 +136,7 @@ def _carried_gemm(em: Emitter, body, piped: list[Op], stages: int):
     if any(counts[i] != sum(v.id == i for v in gemm.operands) for i in ids):
         return None
     payload = next(i for i in REGISTRY.candidates("gemm") if i.name == gemm.attrs.impl).payload
-    return (gemm, payload) if getattr(payload, "carries", None) and payload.carries(gemm) else None
+    return (gemm, payload) if payload.carries(gemm) else None
 
 
 @emits(OpKind.FOR)
@@ -247,7 +247,7 @@ class LoopEmission:
     def _set_up_tma_ring(self) -> None:
         """The ring's mbarriers, initialized: "full" per slot, and "empty" where the math hands slots back."""
         em, stages, tma = self.em, self.stages, self.tma
-        em.require_support("tma", lower_tma.SUPPORT)
+        em.require_header("tma")
         released = bool(self.in_flight) or self.producer  # the math warps hand slots back on "empty" mbarriers
         self.nbars = 2 * stages if released else stages
         bars = em.allocate_shared(8 * self.nbars, 8)
@@ -273,7 +273,7 @@ class LoopEmission:
         em.line("tj_fence_proxy_async();")
         em.barrier()
         if self.paired:
-            em.require_support("cluster_ring", CLUSTER_SUPPORT)
+            em.require_header("cluster_ring")
             em.line("if (tj_ncta > 1) tj_cluster_sync_init();  // the barriers, initialized in both programs")
         em.rings[id(self.op)] = (full, empty, self.tma_bytes, self.maps, self.nbars, self.smem_mark)
 

@@ -23,39 +23,13 @@ from .emitter import RULES, Emitter, c_type, in_range, is_positive_constant
 from . import lower_tma
 
 
-CLUSTER_SUPPORT = r"""
-/// A cluster's programs (1 when launched without clusters) and this one's rank in it (PTX 10.14, special registers).
-TJ_DEVICE unsigned tj_cluster_ctas() { unsigned n; asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n)); return n; }
-TJ_DEVICE unsigned tj_cluster_rank() { unsigned r; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
-/// Every non-exited thread of the cluster gets here (PTX 9.7.13.4, barrier.cluster).
-TJ_DEVICE void tj_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-/// ... with the mbarrier initializations before it visible to the cluster (PTX 9.7.13.14, fence.mbarrier_init).
-TJ_DEVICE void tj_cluster_sync_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  tj_cluster_sync();
-}
-/// Arrive on a ring slot's "empty" mbarrier, here and at the same offset in the cluster's other program, whose
-/// producer multicasts into this program's slot as well (PTX 9.7.9.18 mapa, 9.7.13.15.13 mbarrier.arrive). The
-/// default semantics (release at CTA scope): the slot's readers are wgmma groups already waited for. With
-/// .release.cluster here the GEMM ran at half its speed on an H100.
-TJ_DEVICE void tj_mbar_arrive_pair(unsigned bar, unsigned ncta, unsigned rank) {
-  tj_mbar_arrive(bar);
-  if (ncta > 1) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank ^ 1u));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-  }
-}
-"""
 
 
 def release(em: Emitter, bar: str) -> str:
     """The statement by which a warp (its lane 0) hands a ring slot back on its "empty" mbarrier ``bar``: in a
     cluster's programs (``fn.attrs["cluster"]``), in both."""
     if em.fn.attrs.get("cluster"):
-        em.require_support("cluster_ring", CLUSTER_SUPPORT)
+        em.require_header("cluster_ring")
         return f"if ((tid & 31) == 0) tj_mbar_arrive_pair({bar}, tj_ncta, tj_crank);"
     return f"if ((tid & 31) == 0) tj_mbar_arrive({bar});"
 
@@ -65,11 +39,6 @@ def release(em: Emitter, bar: str) -> str:
 _PRODUCER_REGISTERS = 40
 _REGISTER_FILE = 65536
 
-SETMAXNREG = r"""
-/// Give back or take registers, per thread of the warpgroup (PTX 9.7.17.1, setmaxnreg; sm_90a).
-template <int N> TJ_DEVICE void tj_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
-template <int N> TJ_DEVICE void tj_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
-"""
 
 
 def consumer_registers(consumers: int, producers: int) -> int:
@@ -86,7 +55,7 @@ def emit_producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: in
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
     iv_t = c_type(op.regions[0].args[0].dtype)
     consumers = em.groups * em.target.threads
-    em.require_support("setmaxnreg", SETMAXNREG)
+    em.require_header("setmaxnreg")
     em.line(f"// warp specialization: threads {consumers}..{consumers + PRODUCER_THREADS - 1} (the producer "
             f"warpgroup) fill the {stages}-slot ring; the {em.target.num_warps} warps before them do the math")
     em.open(f"if (tid >= {consumers})")
@@ -218,16 +187,11 @@ def _stream_k_schedule(em: Emitter, loop: Op) -> None:
     em.line("const long long tj_sk_dp = tj_nprogs - tj_sk_tiles;  // the tiles run whole, first")
     em.line("// this program's run: iterations tj_sk_begin to tj_sk_end of the last tj_sk_tiles tiles' tj_sk_total")
     em.line("const int tj_sk_total = tj_sk_tiles * tj_sk_units;")
-    em.require_support("stream_k", STREAM_K_SUPPORT)
+    em.require_header("stream_k")
     em.line(f"const int tj_sk_begin = tj_sk_run_start(tj_first, tj_sk_total, {programs});")
     em.line(f"const int tj_sk_end = tj_sk_run_start(tj_first + 1, tj_sk_total, {programs});")
 
 
-STREAM_K_SUPPORT = r"""
-/// Where stream-K program p's run starts among the last wave's `total` iterations: `programs` runs as equal as
-/// integers allow, program p + 1's start being p's end (lower_loops._stream_k_schedule, the fix-up's readers).
-TJ_DEVICE int tj_sk_run_start(long long p, int total, int programs) { return (int)(p * total / programs); }
-"""
 
 
 def _grid_dim(em: Emitter, axis: int) -> str:

@@ -33,8 +33,7 @@ from .. import dtypes as D
 from ..ir import Op, OpKind
 from ..passes.software_pipeline import in_flight_gemms
 from ..ir.layouts import TmemLayout
-from ..target import REGISTRY, Target
-from . import lower_tma
+from ..target import REGISTRY, GemmLowering, Target
 from .emitter import KERNEL_HOOKS, Emitter
 from .lower_gemm import _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
 from .lower_wgmma import b_fields, k_step_offset
@@ -49,33 +48,6 @@ def smem_desc(addr: int, lbo: int, sbo: int) -> int:
 
 
 UMMA_DESC_FIXED = 1 << 46 | 2 << 61  # version 1, 128-byte swizzle
-
-SUPPORT = r"""
-/// sm_100 shared-memory matrix descriptor, 128-byte swizzle: the sm_90 fields, version 1 in bits 46-48,
-/// swizzle mode 2 (128B) in bits 61-63 (lower_tcgen05.smem_desc).
-TJ_DEVICE uint64_t tj_umma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo) {
-  return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16)
-       | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | 0x4000400000000000ull;
-}
-/// Allocate NCOLS tensor-memory columns (a power of 2, 32..512); the address lands in shared memory at DST.
-TJ_DEVICE void tj_tmem_alloc(unsigned dst, unsigned ncols) {
-  asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;" :: "r"(dst), "r"(ncols) : "memory");
-  asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;" ::: "memory");
-}
-TJ_DEVICE void tj_tmem_dealloc(unsigned taddr, unsigned ncols) {
-  asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;" :: "r"(taddr), "r"(ncols) : "memory");
-}
-TJ_DEVICE void tj_tc_fence_before() { asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory"); }
-TJ_DEVICE void tj_tc_fence_after() { asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory"); }
-/// Arrive once on BAR when every tcgen05 operation this thread issued so far has completed.
-TJ_DEVICE void tj_tc_commit(unsigned bar) {
-  asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" :: "r"(bar) : "memory");
-}
-TJ_DEVICE void tj_tc_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory"); }
-TJ_DEVICE void tj_tc_wait_st() { asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory"); }
-/// All threads: every warp's TMEM accesses before this point are ordered before every warp's after it.
-TJ_DEVICE void tj_tc_sync() { tj_tc_fence_before(); __syncthreads(); tj_tc_fence_after(); }
-"""
 
 # PTX ISA Table 42 (instruction descriptor of .kind::f16 / tf32 / f8f6f4 / i8): D and A/B type codes.
 _D_TYPE = {D.float16: 0, D.float32: 1, D.int32: 2}
@@ -124,8 +96,8 @@ def _kernel_setup(em: Emitter):
     while ncols < need:
         ncols *= 2
     em.tmem_offsets = offsets
-    em.require_support("tma", lower_tma.SUPPORT)
-    em.require_support("tcgen05", SUPPORT)
+    em.require_header("tma")
+    em.require_header("tcgen05")
     slot = em.allocate_shared(16, 16)  # the allocated address, then the completion mbarrier
     em.line(f"// tensor memory: {ncols} columns for {len(gemms)} tcgen05 accumulator(s), allocated by warp 0")
     # gemms that keep their accumulator in TMEM through a loop wait on the ring's barriers; the others on one
@@ -217,7 +189,7 @@ def move(em: Emitter, op: Op, regs: str, load: bool) -> None:
     em.close()
 
 
-class Tcgen05:
+class Tcgen05(GemmLowering):
     """``tcgen05.mma.cta_group::1`` M = 128 per slab (or M = 64 for a 64-row tile), N = the tile's columns, 32
     bytes of K per instruction."""
 

@@ -23,70 +23,6 @@ from ..target import REGISTRY, Target
 from .emitter import BYTE_ORIGINS, c_type
 from .lower_wgmma import swizzled_rows
 
-SUPPORT = r"""
-/// mbarrier with an expected arrival count (PTX 9.7.13.15.11).
-TJ_DEVICE void tj_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-/// Invalidate an mbarrier whose memory is about to be reused (PTX 9.7.13.15.10, mbarrier.inval).
-TJ_DEVICE void tj_mbar_inval(unsigned bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
-}
-/// Arrive and add BYTES to the transaction count the phase waits for (PTX 9.7.13.15.13).
-TJ_DEVICE void tj_mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-/// Arrive once (PTX 9.7.13.15.13, mbarrier.arrive; release semantics at CTA scope).
-TJ_DEVICE void tj_mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-/// Spin until the phase with parity PHASE of the barrier has completed (PTX 9.7.13.15.16).
-TJ_DEVICE void tj_mbar_wait(unsigned bar, unsigned phase) {
-  unsigned done = 0;
-  while (!done) {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-  }
-}
-/// Tile copy global -> shared by the tensor memory accelerator, completing on an mbarrier (PTX 9.7.9.25.5.2).
-TJ_DEVICE void tj_tma_load_2d(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
-}
-TJ_DEVICE void tj_tma_load_3d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-TJ_DEVICE void tj_tma_load_4d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-TJ_DEVICE void tj_tma_load_5d(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
-}
-"""
-
-MULTICAST_SUPPORT = r"""
-/// The same copies, written at the same offsets (tile and mbarrier) into the shared memory of every program of the
-/// cluster in MASK (PTX 9.7.9.25.5.2, .multicast::cluster).
-TJ_DEVICE void tj_tma_load_2d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar, unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
-}
-TJ_DEVICE void tj_tma_load_3d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, unsigned bar, unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask) : "memory");
-}
-TJ_DEVICE void tj_tma_load_4d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned bar, unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask) : "memory");
-}
-TJ_DEVICE void tj_tma_load_5d_mc(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned bar, unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
-               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar), "h"(mask) : "memory");
-}
-"""
 
 # The widest box inner extent: one 128-byte swizzle span (TMA requires inner box bytes <= the swizzle span).
 SPAN_BYTES = 128
@@ -191,7 +127,7 @@ def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: s
     rank = op.operands[0].type.rank
     panels = lay.row_bytes // lay.row_pitch
     if multicast:
-        em.require_support("tma_multicast", MULTICAST_SUPPORT)
+        em.require_header("tma_multicast")
     for p, coords in _panel_boxes(lay, starts):
         stage = f" + ({slot}) * {lay.stage_bytes}" if slot != "0" else ""
         dst = f"{tile.origin} + {tile.offset}{stage} + {p * lay.panel_bytes}"
@@ -205,33 +141,6 @@ def tma_issue(em, op: Op, tile, starts: list[str], slot: str, bar: str, param: s
 
 
 # -- the TMA store epilogue ------------------------------------------------------------------------
-
-STORE_SUPPORT = r"""
-/// Tile copy shared -> global by the tensor memory accelerator, tracked by bulk async-groups (PTX 9.7.9.25.5.2);
-/// the parts of the box outside the tensor are not written.
-TJ_DEVICE void tj_tma_store_2d(const CUtensorMap* map, int c0, int c1, unsigned src) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-               :: "l"(map), "r"(c0), "r"(c1), "r"(src) : "memory");
-}
-TJ_DEVICE void tj_tma_store_3d(const CUtensorMap* map, int c0, int c1, int c2, unsigned src) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
-               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
-}
-TJ_DEVICE void tj_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, unsigned src) {
-  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];"
-               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
-}
-TJ_DEVICE void tj_tma_store_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4, unsigned src) {
-  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];"
-               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(src) : "memory");
-}
-/// Close the bulk async-group of the stores issued so far (PTX 9.7.9.25.6.1).
-TJ_DEVICE void tj_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-/// Wait until every committed bulk store has finished reading shared memory (PTX 9.7.9.25.6.2).
-TJ_DEVICE void tj_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-/// ... every one but the most recent group.
-TJ_DEVICE void tj_bulk_wait_read1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
-"""
 
 #: Panel buffers the TMA store epilogue stages through: panel p is written into buffer p % 2 while the store of
 #: panel p - 1 reads the other.
@@ -299,8 +208,8 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     panel_cols, box_rows = lay.cols, lay.rows
     rank = tensor.type.rank
     row_dim = CopyQuery(op, None, True).tile_dims[0]  # (store_staging: a 2-D window along the last dim)
-    em.require_support("tma", SUPPORT)
-    em.require_support("tma_store", STORE_SUPPORT)
+    em.require_header("tma")
+    em.require_header("tma_store")
     offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
     origin = em.smem_origin
     byte_origin = BYTE_ORIGINS[origin]

@@ -36,21 +36,11 @@ from ..ir import Op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
 from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
-from ..target import REGISTRY, Target
+from ..target import REGISTRY, GemmLowering, Target
 
 #: The descriptor's layout type (bits 62-63) for each swizzle span in bytes (PTX 9.7.15.5.1.2.2).
 LAYOUT_TYPES = {128: 1, 64: 2, 32: 3}
 
-SUPPORT = r"""
-/// wgmma shared-memory matrix descriptor (PTX 9.7.15.5.1.2.2); LAYOUT is the swizzle mode in bits 62-63:
-/// 1 = 128-byte, 2 = 64-byte, 3 = 32-byte.
-TJ_DEVICE uint64_t tj_wgmma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo, unsigned layout = 1) {
-  return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16)
-       | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)layout << 62);
-}
-TJ_DEVICE void tj_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-TJ_DEVICE void tj_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-"""
 
 
 def wait_group(em: Emitter, pending: int, name: str, regs: int, integer: bool) -> None:
@@ -148,7 +138,7 @@ def _int8_n(op: Op, target: Target) -> bool:
     return n % 16 == 0 or n in (8, 24)
 
 
-class Wgmma:
+class Wgmma(GemmLowering):
     """``wgmma.mma_async`` m64nNk{K} with both operands in shared memory; one instruction covers 32 bytes of K
     (k16 for 16-bit operands, k32 for fp8 and int8, k8 for tf32). Only 16-bit operands may be MN-major (the
     instruction's transpose immediates exist for them alone)."""
@@ -168,7 +158,7 @@ class Wgmma:
         f16_acc = out.dtype == D.float16  # two f16 per accumulator register (f16x2)
         con = "r" if integer or f16_acc else "f"
         sb = em.shared[b.id]
-        em.require_support("wgmma", SUPPORT)
+        em.require_header("wgmma")
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
         assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.software_pipeline.mma_family)"
         if ring is not None:  # accumulate into the loop-carried registers in place

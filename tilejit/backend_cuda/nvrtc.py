@@ -27,6 +27,7 @@ from tilejit import knobs, private_io
 from tilejit.cache.layout import current_layout
 from tilejit.errors import BackendCompileError, BackendUnavailableError
 from tilejit.target import Arch
+from tilejit.backend_cuda.headers import header_sources
 
 
 # Oldest NVRTC that targets each arch (CUDA release notes); checked before NVRTC is asked, for a clear message.
@@ -290,7 +291,12 @@ def _run_nvrtc(
         return BackendCompileError(log, arch=arch, source=source, source_path=_write_failed_source(source, name), name=name)
 
     program = source + _tag_line(tag)  # (errors show the source as given)
-    err, prog = nvrtc.nvrtcCreateProgram(program.encode("utf-8"), f"{name}.cu".encode(), 0, [], [])
+    # tilejit's headers go with the program, so `#include "tilejit/<name>.cuh"` reads the very files the cache key
+    # hashes, from wherever the package is installed
+    headers = header_sources()
+    err, prog = nvrtc.nvrtcCreateProgram(program.encode("utf-8"), f"{name}.cu".encode(), len(headers),
+                                         [text.encode("utf-8") for text in headers.values()],
+                                         [include.encode() for include in headers])
     if err != ok:
         raise fail(f"nvrtcCreateProgram failed: {_error_string(nvrtc, err)}")
     try:
@@ -355,7 +361,8 @@ _PTXAS_REPORT = re.compile(r"Used \d+ registers")
 def compile_cuda(
     source: str, *, name: str, arch: str, keep_ptx: bool = True, options: Sequence[str] = (), tag: str = ""
 ) -> CompileResult:
-    """Compile self-contained CUDA C++ (prelude included by the caller) to a cubin for exactly ``arch``.
+    """Compile CUDA C++ (which may include tilejit's headers, ``#include "tilejit/prelude.cuh"``; nothing else is
+    on the include path) to a cubin for exactly ``arch``.
 
     Options always given: ``--gpu-architecture=<arch>`` (a real target, so NVRTC emits SASS), ``-std=c++17``,
     ``-lineinfo``; ``options`` are appended. Raises ValueError for an arch tilejit does not support,

@@ -195,15 +195,14 @@ def _gemm_seed(inf: _Inference, op: Op) -> None:
     impl = REGISTRY.select("gemm", op, inf.target, op.loc, source_line(op.loc), only=knobs.gemm_lowering())
     op.attrs = replace(op.attrs, impl=impl.name)
     layout = impl.payload.acc_layout(op, inf.target)
-    rows = getattr(impl.payload, "rows_acc_layout", None)
-    if op in inf.rows_per_warp and rows is not None:
-        layout = rows(op, inf.target) or layout
+    if op in inf.rows_per_warp:
+        layout = impl.payload.rows_acc_layout(op, inf.target) or layout
     inf.set(op.result, layout)
 
 
 def _rows_per_warp_gemms(fn: Function, target: Target) -> set[Op]:
-    """The gemms whose accumulators should give each warp whole rows (``rows_acc_layout``, where the lowering
-    has one): a gemm whose operand A scope inference staged from a register tile computed element by element from
+    """The gemms whose accumulators should give each warp whole rows (``GemmLowering.rows_acc_layout``, where the
+    lowering gives one): a gemm whose operand A scope inference staged from a register tile computed element by element from
     other gemms' accumulators (attention's ``P = exp2(S - m).to(bf16)``, ``S = Q K^T``), and those gemms, when a
     lowering that reads A from registers needs that (``fits_rows``: mma.sync's A fragment holds all of K per warp)
     and would be preferred to the gemm's own (``keep_register_operands``). Decided before the accumulators' layouts
@@ -253,16 +252,15 @@ def _register_a_needs_rows(op: Op, target: Target, pinned: str | None) -> bool:
     except DispatchError:  # the seed reports it, with the source location
         return False
     for impl in REGISTRY.candidates("gemm"):
-        fits = getattr(impl.payload, "fits_rows", None)
-        if (fits is not None and _pin_admits(impl, pinned) and impl.min_sm <= target.sm <= impl.max_sm
-                and impl.priority >= own.priority and fits(op, target)):
+        if (_pin_admits(impl, pinned) and impl.min_sm <= target.sm <= impl.max_sm
+                and impl.priority >= own.priority and impl.payload.fits_rows(op, target)):
             return True
     return False
 
 
 def _pin_admits(impl, pinned: str | None) -> bool:
     """A pinned lowering (``TILEJIT_GEMM_LOWERING``) admits itself and its register-A form (``register_a_of``)."""
-    return pinned in (None, impl.name, getattr(impl.payload, "register_a_of", None))
+    return pinned in (None, impl.name, impl.payload.register_a_of)
 
 
 def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
@@ -479,7 +477,7 @@ def keep_register_operands(fn: Function, target: Target) -> None:
         op.operands[0] = staged.operands[0]
         impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
                      and _pin_admits(i, pinned)), None)
-        if impl is not None and getattr(impl.payload, "register_a", False) and impl.priority >= _priority(op):
+        if impl is not None and impl.payload.register_a and impl.priority >= _priority(op):
             op.attrs = replace(op.attrs, impl=impl.name)
         else:
             op.operands[0] = staged.result

@@ -1,20 +1,14 @@
-"""The CUDA C++ prelude every generated kernel starts with.
-
-NVRTC ships no CUDA headers (``#include <cuda_fp16.h>`` and even ``<cstdint>`` fail with "no directories in
-search list"), so the prelude is self-contained: fixed-width integer typedefs, storage types for the 16- and
-8-bit floats with round-to-nearest-even conversions written as inline PTX ``cvt``, and thin wrappers over the
-PTX instructions the sm_80 path emits (cp.async, ldmatrix, mma.sync). The math builtins ``expf``, ``exp2f``,
-``logf``, ``sqrtf``, ``rsqrtf``, ``fabsf``, ``fmaxf``, ``fminf`` and ``__shfl_xor_sync`` are compiler builtins
-in NVRTC 12.9 and 13.0 and need no header; so are ``log2f``, ``sinf``, ``cosf``, ``tanhf``, ``erff``, ``fmaf`` and
-their double versions (``log2``, ``sin``, ``cos``, ``tanh``, ``erf``, ``fma``), checked with NVRTC 13.0: they
-link the accurate libdevice functions (no -use_fast_math), which the ``tj_`` wrappers below call.
-
-Everything differing by arch is selected with ``__CUDA_ARCH__`` inside the text, so one prelude serves every
-target; ``prelude_for`` exists so callers need not know that.
-"""
-from __future__ import annotations
-
-PRELUDE = r"""
+// The prelude every generated kernel starts with.
+//
+// NVRTC ships no CUDA headers (#include <cuda_fp16.h> and even <cstdint> fail with "no directories in search
+// list"), so this header is self-contained: fixed-width integer typedefs, storage types for the 16- and 8-bit
+// floats with round-to-nearest-even conversions written as inline PTX cvt, and thin wrappers over the PTX
+// instructions the sm_80 path emits (cp.async, ldmatrix, mma.sync). The math builtins expf, exp2f, logf, sqrtf,
+// rsqrtf, fabsf, fmaxf, fminf and __shfl_xor_sync are compiler builtins in NVRTC 12.9 and 13.0 and need no
+// header; so are log2f, sinf, cosf, tanhf, erff, fmaf and their double versions (log2, sin, cos, tanh, erf, fma),
+// checked with NVRTC 13.0: they link the accurate libdevice functions (no -use_fast_math), which the tj_ wrappers
+// below call. Everything differing by arch is selected with __CUDA_ARCH__, so one prelude serves every target.
+#pragma once
 // ===== tilejit prelude (self-contained: NVRTC has no CUDA headers) =====
 #define TJ_DEVICE __device__ __forceinline__
 
@@ -267,11 +261,3 @@ TJ_DEVICE void tj_mma_m16n8k32_e5m2(float& d0, float& d1, float& d2, float& d3,
 }
 #endif
 // ===== end of tilejit prelude =====
-"""
-
-
-def prelude_for(arch: str) -> str:
-    """The prelude for ``arch``. It is the same text for every target (arch differences are ``__CUDA_ARCH__``
-    guards inside), so this exists to keep callers from depending on that."""
-    del arch
-    return PRELUDE
