@@ -106,6 +106,7 @@ def _timed_cold_compile(monkeypatch, runs: int = 1) -> tuple[float, float, int]:
     return best
 
 
+@pytest.mark.timing
 def test_cold_compile_runs_nvrtc_once_within_a_generous_bound(cold_cache, monkeypatch):
     wall, in_nvrtc, calls = _timed_cold_compile(monkeypatch)
     assert calls == 1  # cubin and PTX from one NVRTC run, not a second pass for the PTX
@@ -124,6 +125,7 @@ print(json.dumps({"ms": (time.perf_counter() - start) * 1000}))
 """
 
 
+@pytest.mark.timing
 def test_import_tilejit_adds_at_most_150ms_to_import_torch():
     added = statistics.median(run_child(_IMPORT_COST)["ms"] for _ in range(3))
     assert added <= 150, f"import tilejit added {added:.1f} ms after import torch"
@@ -164,6 +166,7 @@ print(json.dumps({{"ms": ms, "from_disk": compiled.from_disk, "nvrtc_calls": len
 """
 
 
+@pytest.mark.timing
 def test_fresh_process_finds_the_entry_on_disk_quickly(cold_cache):
     warm = compile_design_matmul("sm_80")
     code = _DISK_HIT.format(tests=[str(REPO / "tests" / "runtime"), str(REPO / "tests")])
