@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -374,7 +375,8 @@ class Kernel:
         tensor_type = _torch_tensor()
         for role, a in zip(self._roles, args):
             if role is _CONSTEXPR:
-                sig.append((a.__class__, a))  # by type and value: C=2, C=2.0 and C=True are three kernels
+                cls = a.__class__  # by type and value: C=2, C=2.0 and C=True are three kernels
+                sig.append(_exact_constant(a) if cls is float or cls is tuple else (cls, a))
             elif isinstance(a, tensor_type):
                 strides = a.stride()
                 ptr = a.data_ptr()
@@ -427,7 +429,8 @@ class Kernel:
                 if k not in self._fast_kwargs:
                     return None
                 sig.append(k)
-                sig.append((v.__class__, v))
+                cls = v.__class__
+                sig.append(_exact_constant(v) if cls is float or cls is tuple else (cls, v))
         key = tuple(sig)
         try:
             hash(key)
@@ -579,6 +582,21 @@ class Kernel:
 
 
 _LIST = object()  # marks a tensor list in a fast-path signature
+
+
+def _exact_constant(value: Any) -> tuple:
+    """A compile-time value as a signature item that equals another only for the same types and bits: floats by
+    their bit pattern (``0.0`` and ``-0.0`` are two kernels, a NaN matches itself), tuples item by item with each
+    item's type (``(2,)``, ``(2.0,)`` and ``(True,)`` are three), as the cache key and the compiled launcher see them."""
+    cls = value.__class__
+    if cls is float:
+        return (float, _FLOAT_BITS.pack(value))
+    if cls is tuple:
+        return (tuple, tuple(_exact_constant(item) for item in value))
+    return (cls, value)
+
+
+_FLOAT_BITS = struct.Struct("<d")
 
 
 def _list_signature(items: Sequence[Any], tensor_type: type):
