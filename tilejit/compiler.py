@@ -116,7 +116,9 @@ class Specialization:
     @property
     def symbol(self) -> str:
         """The kernel's entry point in the cubin."""
-        return f"tj_{self.name}"
+        from .backend_cuda.emitter import kernel_symbol
+
+        return kernel_symbol(self.name)
 
     def with_arg(self, name: str, spec: ArgSpec) -> "Specialization":
         return replace(self, args=tuple((n, spec if n == name else s) for n, s in self.args))
