@@ -207,6 +207,8 @@ class Stages:
 
 
 def _ir_stage(st: Stages) -> None:
+    from .errors import LimitError
+    from .frontend.limits import MAX_TILE_ELEMENTS, oversized_tile
     from .frontend.visitor import build_function, check_constructs
     from .ir import verify
     from .passes.cleanup import cleanup
@@ -217,6 +219,12 @@ def _ir_stage(st: Stages) -> None:
         parsed.constructs_checked = True
     fn = build_function(parsed, st.spec.specs, referenced_globals(parsed.fn))
     cleanup(fn)
+    oversized = oversized_tile(fn)  # after cleanup: a product tile folded into a gemm is gone
+    if oversized is not None:
+        shape = oversized.result.type.shape
+        raise LimitError.at(oversized.loc, f"a tile of {'x'.join(map(str, shape))} = {oversized.result.type.numel:,} "
+                            f"elements; a tile may hold at most {MAX_TILE_ELEMENTS:,}",
+                            hint="use smaller block sizes (the constexpr tile sizes)")
     verify(fn)
     st.fn, st.ir = fn, print_function(fn)
 
