@@ -192,6 +192,7 @@ class Stages:
     target: Target | None
     fn: Function | None = None          # the IR, changed in place by the passes
     ir: str | None = None               # printed IR after the frontend (``ir``)
+    written: list[str] | None = None    # the tensor parameters the kernel writes (its outputs), from the frontend IR
     final_ir: str | None = None         # printed IR after the passes (``passes``)
     cuda: str | None = None
     param_kinds: list[str] | None = None
@@ -226,7 +227,7 @@ def _ir_stage(st: Stages) -> None:
                             f"elements; a tile may hold at most {MAX_TILE_ELEMENTS:,}",
                             hint="use smaller block sizes (the constexpr tile sizes)")
     verify(fn)
-    st.fn, st.ir = fn, print_function(fn)
+    st.fn, st.ir, st.written = fn, print_function(fn), list(fn.writers())
 
 
 def _passes_stage(st: Stages) -> None:
@@ -426,6 +427,8 @@ class CompiledKernel:
         self.name = self.meta["kernel_symbol"]
         self.arch = self.meta["arch"]
         self.param_kinds = list(self.meta["param_kinds"])
+        # the parameters the kernel writes (None for an entry that does not record them: the frontend tells)
+        self.written: tuple[str, ...] | None = tuple(self.meta["written"]) if "written" in self.meta else None
         self.shared_bytes = int(self.meta["shared_bytes"])
         self.threads = int(self.meta["threads"])
         self.from_disk = from_disk
@@ -456,6 +459,8 @@ def check_meta(meta: dict) -> None:
     need("value_layout", lambda v: isinstance(v, dict) and all(
         isinstance(n, str) and isinstance(p, list) and len(p) == 2 and all(count(i) for i in p)
         for n, p in v.items()))
+    if "written" in meta:
+        need("written", lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v))
     for name in ("stream_k", "stream_k_slot_bytes", "stream_k_flags"):  # (absent from entries before stream-K)
         if name in meta:
             need(name, count)
@@ -492,7 +497,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         **target.options.as_dict(),
         "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
-        "stream_k_flags": st.stream_k_flags,
+        "stream_k_flags": st.stream_k_flags, "written": st.written,
     }
     return files, meta
 
