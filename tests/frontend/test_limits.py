@@ -101,3 +101,10 @@ def test_a_kernel_past_the_op_limit_is_a_located_error_in_seconds():
         unrolled.compile(x, x, N=MAX_KERNEL_OPS, BLOCK=16, arch="sm_90a", stop_after="ir")
     assert info.value.lineno == unrolled.fn.__code__.co_firstlineno + 4
     assert time.monotonic() - start < 20
+
+
+def test_the_language_docs_state_the_limits_values():
+    text = open(tilejit.docs().split("#")[0], encoding="utf-8").read()
+    assert f"| elements of one tile | {MAX_TILE_ELEMENTS:,} (2**{MAX_TILE_ELEMENTS.bit_length() - 1}) |" in text
+    assert f"| nesting of expressions and statements | {MAX_NESTING_DEPTH} levels |" in text
+    assert f"| operations in one kernel | {MAX_KERNEL_OPS:,} |" in text
