@@ -9,7 +9,7 @@
         Y[i:i + BLOCK] = X[i:i + BLOCK] + 1
 """
 from . import language
-from .errors import (BackendCompileError, CompilationError, DispatchError, InternalError, LaunchError,
+from .errors import (BackendCompileError, CompilationError, DispatchError, InternalError, LaunchError, LimitError,
                      NameResolutionError, RegisterError, SharedMemoryError, TilejitError, TypeCheckError,
                      UnsupportedSyntaxError, UsageError)
 from .language import cdiv
@@ -20,8 +20,8 @@ __all__ = [
     "kernel", "func", "cdiv", "language", "docs", "Kernel", "Config", "autotune", "heuristics", "torch_op", "testing",
     "__version__",
     "TilejitError", "CompilationError", "UnsupportedSyntaxError", "TypeCheckError", "NameResolutionError",
-    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "RegisterError", "UsageError",
-    "InternalError",
+    "DispatchError", "BackendCompileError", "LaunchError", "SharedMemoryError", "RegisterError", "LimitError",
+    "UsageError", "InternalError",
 ]
 
 

@@ -118,7 +118,9 @@ class Specialization:
     @property
     def symbol(self) -> str:
         """The kernel's entry point in the cubin."""
-        return f"tj_{self.name}"
+        from .backend_cuda.emitter import kernel_symbol
+
+        return kernel_symbol(self.name)
 
     def with_arg(self, name: str, spec: ArgSpec) -> "Specialization":
         return replace(self, args=tuple((n, spec if n == name else s) for n, s in self.args))
@@ -192,6 +194,7 @@ class Stages:
     target: Target | None
     fn: Function | None = None          # the IR, changed in place by the passes
     ir: str | None = None               # printed IR after the frontend (``ir``)
+    written: list[str] | None = None    # the tensor parameters the kernel writes (its outputs), from the frontend IR
     final_ir: str | None = None         # printed IR after the passes (``passes``)
     cuda: str | None = None
     param_kinds: list[str] | None = None
@@ -207,6 +210,8 @@ class Stages:
 
 
 def _ir_stage(st: Stages) -> None:
+    from .errors import LimitError
+    from .frontend.limits import MAX_TILE_ELEMENTS, oversized_tile
     from .frontend.visitor import build_function, check_constructs
     from .ir import verify
     from .passes.cleanup import cleanup
@@ -217,8 +222,14 @@ def _ir_stage(st: Stages) -> None:
         parsed.constructs_checked = True
     fn = build_function(parsed, st.spec.specs, referenced_globals(parsed.fn))
     cleanup(fn)
+    oversized = oversized_tile(fn)  # after cleanup: a product tile folded into a gemm is gone
+    if oversized is not None:
+        shape = oversized.result.type.shape
+        raise LimitError.at(oversized.loc, f"a tile of {'x'.join(map(str, shape))} = {oversized.result.type.numel:,} "
+                            f"elements; a tile may hold at most {MAX_TILE_ELEMENTS:,}",
+                            hint="use smaller block sizes (the constexpr tile sizes)")
     verify(fn)
-    st.fn, st.ir = fn, print_function(fn)
+    st.fn, st.ir, st.written = fn, print_function(fn), list(fn.writers())
 
 
 def _passes_stage(st: Stages) -> None:
@@ -418,6 +429,8 @@ class CompiledKernel:
         self.name = self.meta["kernel_symbol"]
         self.arch = self.meta["arch"]
         self.param_kinds = list(self.meta["param_kinds"])
+        # the parameters the kernel writes (None for an entry that does not record them: the frontend tells)
+        self.written: tuple[str, ...] | None = tuple(self.meta["written"]) if "written" in self.meta else None
         self.shared_bytes = int(self.meta["shared_bytes"])
         self.threads = int(self.meta["threads"])
         self.from_disk = from_disk
@@ -448,6 +461,8 @@ def check_meta(meta: dict) -> None:
     need("value_layout", lambda v: isinstance(v, dict) and all(
         isinstance(n, str) and isinstance(p, list) and len(p) == 2 and all(count(i) for i in p)
         for n, p in v.items()))
+    if "written" in meta:
+        need("written", lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v))
     for name in ("stream_k", "stream_k_slot_bytes", "stream_k_flags"):  # (absent from entries before stream-K)
         if name in meta:
             need(name, count)
@@ -484,7 +499,7 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         **target.options.as_dict(),
         "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
-        "stream_k_flags": st.stream_k_flags,
+        "stream_k_flags": st.stream_k_flags, "written": st.written,
     }
     return files, meta
 

@@ -166,6 +166,11 @@ class RegisterError(CompilationError):
     (65,536 per block: many warps, or pingpong's two groups, leave each fewer)."""
 
 
+class LimitError(CompilationError):
+    """A kernel beyond one of the compiler's limits (tile elements, nesting depth, kernel size; their values are in
+    ``tilejit.frontend.limits`` and the language docs)."""
+
+
 class BackendCompileError(TilejitError):
     """NVRTC rejected the generated CUDA source: a tilejit bug or an unsupported arch/feature combination.
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -124,6 +124,40 @@ def _run_block(block: Block, env: Env, ctx: _Context) -> list[Any]:
     return [env[i] for i in yielded]
 
 
+# -- outputs -----------------------------------------------------------------------------------------
+
+def output_problem(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` cannot be written by a kernel, or None: its elements share memory (a dimension of stride 0
+    over more than one element, as ``expand()`` makes), or it requires grad while autograd records (a kernel's
+    writes are invisible to autograd). The interpreter and the launch refuse the same outputs."""
+    shape, strides = tensor.shape, tensor.stride()
+    if 0 not in shape:
+        for dim, (extent, stride) in enumerate(zip(shape, strides)):
+            if stride == 0 and extent > 1:
+                return (f"has stride 0 in dimension {dim} over {extent} elements (an expand()ed view?), so its "
+                        "elements share memory and every write would land on the same address; write into a tensor "
+                        "of its own (.contiguous() or .clone())")
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return ("requires grad: autograd does not see a kernel's writes; write into a tensor that does not require "
+                "grad (detach() it, or launch under torch.no_grad())")
+    return None
+
+
+def output_problems(written: Iterable[str], values: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(parameter, argument, problem) for every tensor, or tensor list item, of the ``written`` parameters in
+    ``values`` that ``output_problem`` refuses."""
+    found = []
+    for name in written:
+        value = values.get(name)
+        items = [(name, value)] if isinstance(value, torch.Tensor) else [
+            (f"{name}[{i}]", t) for i, t in enumerate(value or ()) if isinstance(t, torch.Tensor)]
+        for label, tensor in items:
+            problem = output_problem(tensor)
+            if problem is not None:
+                found.append((name, label, problem))
+    return found
+
+
 # -- entry point -----------------------------------------------------------------------------------
 
 def interpret(fn: Function, grid: tuple[int, int, int], values: dict[str, Any]) -> None:
@@ -133,6 +167,9 @@ def interpret(fn: Function, grid: tuple[int, int, int], values: dict[str, Any]) 
         if param.name not in values:
             raise InterpreterError(f"kernel {fn.name}: no argument for parameter '{param.name}'")
         env[param.value.id] = _bind_argument(fn.name, param.name, param.value.type, values[param.name])
+    writers = fn.writers()
+    for name, label, problem in output_problems(writers, values):
+        raise InterpreterError(f"kernel {fn.name}: output '{label}' {problem}", writers[name])
     g = tuple(int(n) for n in grid) + (1,) * (3 - len(grid))
     ctx = _Context((g[0], g[1], g[2]))
     ctx.plan(fn.body)  # reject ops without a rule before anything runs

@@ -391,3 +391,34 @@ def test_run_time_arguments_by_keyword_take_the_fast_path(path, monkeypatch):
         assert kernel._dispatcher.stats() == {"hits": 1, "misses": 1, "fallbacks": 0, "entries": 1}
     else:
         assert len(slow_calls) == 1 and kernel._dispatcher is None  # compiled once; then dict hits
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_outputs_that_overlap_themselves_or_require_grad_are_refused_after_a_remembered_launch(path, monkeypatch):
+    """A launch refuses an output (a tensor the kernel writes) whose elements share memory or that requires grad,
+    as the interpreter does, also after the same signature was launched and remembered; inputs may be either."""
+    from tilejit.errors import ArgumentValueError
+
+    dev = device_or_skip(0)
+    kernel = _axpb_on(path, monkeypatch)
+    x = torch.randn(4096, device=dev)
+    for _ in range(3):  # the Python path, then the fast path's misses and hits
+        launch_axpb(kernel, x, torch.empty_like(x), 2.0, 0.0)
+    shared = torch.zeros(1, device=dev).expand(4096)
+    with pytest.raises(ArgumentValueError, match="output 'Y' has stride 0"):
+        launch_axpb(kernel, x, shared, 2.0, 0.0)
+    graded = torch.zeros(4096, device=dev, requires_grad=True)
+    for _ in range(2):
+        with pytest.raises(ArgumentValueError, match="output 'Y' requires grad"):
+            launch_axpb(kernel, x, graded, 2.0, 0.0)
+    with torch.no_grad():
+        for _ in range(2):
+            launch_axpb(kernel, x, graded, 2.0, 0.0)
+    torch.cuda.synchronize(dev)
+    assert torch.equal(graded.detach(), x * 2.0)
+    with pytest.raises(ArgumentValueError, match="output 'Y' requires grad"):
+        launch_axpb(kernel, x, graded, 2.0, 0.0)  # grad mode back on: refused again, not a remembered hit
+    y = torch.full_like(x, NAN)
+    launch_axpb(kernel, shared, y, 1.0, 1.0)  # an input may share memory
+    torch.cuda.synchronize(dev)
+    assert torch.equal(y, torch.ones_like(y))

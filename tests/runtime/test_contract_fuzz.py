@@ -4,12 +4,17 @@ Random small kernels (a family of templates with their op, scale, transpose and 
 and random launches go through the interpreter (TILEJIT_INTERPRET=1), an sm_90a compile that stops after
 CUDA emission, and the argument checks: lengths 0, 1 and primes, strided, offset (unaligned), ``as_strided`` and
 overlapping ``expand()`` views (torch has no negative strides), transposed 2-d views, wrong dtypes and arities,
-huge ints, bad grids, constexpr misuse. Every outcome must be a correct result (against a float64 torch
-reference) or a TilejitError (a CompilationError located at a line of the kernel): never another exception from
-inside tilejit, a hang or a crash. Examples are derandomized so CI runs the same ~1,200 cases every time.
+huge ints, bad grids, constexpr misuse. Generated kernels add names in other scripts than Latin, float constants
+outside float32's range, flat expressions past the nesting limit, tiles past the element limit and outputs that
+overlap themselves or require grad. Every outcome must be a correct result (against a float64 torch reference, or
+float32 op by op for the generated kernels) or a TilejitError (a CompilationError located at a line of the
+kernel): never another exception from inside tilejit, a hang or a crash. Examples are derandomized so CI runs the
+same ~1,300 cases every time.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import math
 
 import pytest
@@ -270,3 +275,89 @@ def test_random_sm90a_compiles_emit_cuda_or_a_tilejit_error(case, arch):
     event(f"{which}: {result}")
     if result == "ok":
         assert "__global__" in made["st"].cuda
+
+
+# -- generated kernels: names in any script, extreme float constants, deep expressions, huge tiles, overlapping
+# outputs. Each kernel is written to a file of its own (kernels need their source on disk) and goes through the
+# interpreter and a compile that stops after CUDA emission or NVRTC's PTX.
+
+NAMES = ["x", "ядро", "Икс", "β", "变量", "名前", "x_1", "_я", "ñandú", "Ω2", "δέλτα", "tile", "אב", "z_ß"]
+EXTREME_FLOATS = [1e39, -1e39, 1e308, 5e-324, -5e-324, 1e-40, 3.4028236e38, -0.0, 0.5, float("inf"), 2.0 ** -149]
+TERMS = [1, 2, 7, 60, 150, 250, 600]
+BLOCKS = [16, 64, 2 ** 17, 2 ** 40]
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("generated_kernels")
+
+
+def _generated_kernel(directory, names: list[str], terms: int):
+    """A kernel Z[i:i + B] = X[...] * C + s (+ X[...] repeated): ``terms`` terms in one flat expression."""
+    kernel, x, z, s, c, b, i, v = names
+    tail = "".join(f" + {v}" for _ in range(terms - 1))
+    source = (f"import tilejit\nimport tilejit.language as T\n\n\n@tilejit.kernel\n"
+              f"def {kernel}({x}, {z}, {s}, {c}: T.constexpr, {b}: T.constexpr):\n"
+              f"    {i} = T.program_id(0) * {b}\n"
+              f"    {v} = {x}[{i}:{i} + {b}]\n"
+              f"    {z}[{i}:{i} + {b}] = {v} * {c} + {s}{tail}\n")
+    stem = "gen_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = directory / f"{stem}.py"
+    if not path.exists():
+        path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, kernel)
+
+
+@st.composite
+def generated_case(draw):
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=8, max_size=8, unique=True))
+    terms = draw(st.sampled_from(TERMS + [t for t in TERMS if t <= 150] * 2))  # mostly within the limits
+    block = draw(st.sampled_from(BLOCKS + [b for b in BLOCKS if b <= 2 ** 16] * 2))
+    constant = draw(st.sampled_from(EXTREME_FLOATS))
+    n = draw(st.sampled_from([1, 5, 16, 37]))
+    output = draw(st.sampled_from(["plain"] * 3 + ["expand", "requires_grad"]))
+    stage = draw(st.sampled_from(["cuda", "cuda", "ptx"]))
+    scalar = draw(st.sampled_from([0.25, -3.0, 1e30]))
+    return names, terms, block, constant, n, output, stage, scalar
+
+
+def _generated_reference(x, c: float, s: float, terms: int):
+    """The kernel's float32 computation, op by op as the interpreter and the GPU do it."""
+    r = x * torch.tensor(c, dtype=torch.float32) + torch.tensor(s, dtype=torch.float32)
+    for _ in range(terms - 1):
+        r = r + x
+    return r
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(generated_case())
+def test_generated_kernels_with_extreme_inputs_run_compile_or_give_a_located_error(kernel_dir, case):
+    names, terms, block, constant, n, output, stage, scalar = case
+    kernel = _generated_kernel(kernel_dir, names, terms)
+    too_deep, too_large = terms > 200, block > 2 ** 16
+    x = torch.randn(n)
+    z = {"plain": lambda: torch.full((n,), math.nan), "expand": lambda: torch.zeros(1).expand(n),
+         "requires_grad": lambda: torch.zeros(n, requires_grad=True)}[output]()
+    bad_output = output == "requires_grad" or (output == "expand" and n > 1)
+    kwargs = {names[4]: constant, names[5]: block}
+    result = outcome(lambda: kernel[(-(-n // block),)](x, z, scalar, **kwargs))
+    event(f"interpret terms={terms} block={block} output={output}: {result}")
+    if too_deep or too_large or bad_output:
+        assert result == "error", (terms, block, output)
+    elif terms <= 150:
+        assert result == "ok", case
+        expected = _generated_reference(x, constant, scalar, terms)
+        torch.testing.assert_close(z, expected, equal_nan=True, rtol=0, atol=0)
+    made = {}
+    result = outcome(lambda: made.setdefault("st", kernel.compile(x, torch.zeros(n), scalar, arch="sm_90a",
+                                                                  stop_after=stage, **kwargs)))
+    event(f"compile {stage} terms={terms} block={block}: {result}")
+    if too_deep or too_large:
+        assert result == "error"
+    elif terms <= 150:
+        assert result == "ok", case
+        assert made["st"].cuda.isascii()

@@ -66,10 +66,11 @@ F16, F32 = DType("f16"), DType("f32")
 
 
 class FakeTensor:
-    """What the launcher reads of a torch tensor: dtype, shape, stride(), data_ptr(), get_device()."""
+    """What the launcher reads of a torch tensor: dtype, shape, stride(), data_ptr(), get_device(), requires_grad."""
 
-    def __init__(self, shape, strides=None, ptr=0x7f0000000000, dtype=F16, device=0) -> None:
+    def __init__(self, shape, strides=None, ptr=0x7f0000000000, dtype=F16, device=0, requires_grad=False) -> None:
         self.shape = tuple(shape)
+        self.requires_grad = requires_grad
         if strides is None:
             strides, acc = [], 1
             for n in reversed(self.shape):
@@ -254,6 +255,34 @@ def test_a_miss_goes_to_the_slow_path_then_hits_pack_what_the_python_launcher_pa
     assert launch["params"] == expected_bytes(TINY_KINDS, values)
     assert launch["offsets"] == list(param_struct(TINY_KINDS)[1])
     assert d.stats() == {"hits": 2, "misses": 1, "fallbacks": 0, "entries": 1}
+
+
+def test_a_tensor_that_requires_grad_signs_apart(make):
+    """The slow path refuses an output that requires grad (and remembers no call writing one), so a remembered
+    call must not let such a tensor through in place of one that does not."""
+    d, rec = make(TINY_KINDS)
+    args = tiny_args()
+    d.bind((5,))(*args, BLOCK=32, num_warps=1)
+    d.bind((5,))(*args, BLOCK=32, num_warps=1)
+    assert len(rec.slow_calls) == 1 and len(rec.launches) == 1
+    graded = (*args[:3], FakeTensor(args[3].shape, ptr=args[3].data_ptr(), requires_grad=True), *args[4:])
+    d.bind((5,))(*graded, BLOCK=32, num_warps=1)
+    assert len(rec.slow_calls) == 2 and len(rec.launches) == 1
+
+
+def test_a_call_the_slow_path_hands_no_entry_for_is_never_remembered(mod, make):
+    """The slow path returns None for a call writing an output with a stride-0 dimension: it comes back there."""
+    _, rec = make(TINY_KINDS)
+    calls = []
+    names = tuple("XYZWnm")
+    d = mod.Dispatcher(roles=[RUNTIME] * 6, role_constexpr=CONSTEXPR, role_shaped=SHAPED,
+                       fast_kwargs={"BLOCK", "num_warps"}, tensor_type=FakeTensor, stream_getter=lambda device: 0,
+                       slow=lambda grid, args, kwargs: calls.append(grid), fallback=rec.fallback, grid_fn=rec.grid_fn,
+                       names=names, runtime_index={n: i for i, n in enumerate(names)}, defaults={})
+    args = (FakeTensor((33,), strides=(0,)),) + tiny_args()[1:]
+    d.bind((5,))(*args, BLOCK=32, num_warps=1)
+    d.bind((5,))(*args, BLOCK=32, num_warps=1)
+    assert calls == [(5,), (5,)] and not rec.launches
 
 
 def test_every_parameter_kind_is_packed_at_its_offset(make):

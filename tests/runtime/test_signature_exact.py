@@ -73,7 +73,8 @@ def test_calls_sharing_a_fast_signature_share_the_cache_key():
     assert checked > 500 and len(seen) > 100
 
 
-@pytest.mark.parametrize("a, b", [(2, 2.0), (2, True), (1, True), (0, False), (2.0, "2"), (1, 1.0)])
+@pytest.mark.parametrize("a, b", [(2, 2.0), (2, True), (1, True), (0, False), (2.0, "2"), (1, 1.0), (0.0, -0.0),
+                                  ((2,), (2.0,)), ((True,), (1,)), ((0.0,), (-0.0,)), (((1,),), ((1.0,),))])
 def test_equal_constexprs_of_other_types_sign_apart(a, b):
     kernel = tilejit.kernel(scaled.fn)
     args = (_tensor("f32"), _tensor("f32"), 3, 0.5)
@@ -110,3 +111,22 @@ def test_int_and_float_constexpr_give_different_results_in_the_interpreter(monke
     mul[(1,)](x, y_float, C=2.0, BLOCK=64)
     assert y_int[0].item() == -56.0   # int8 arithmetic wraps: 200 -> -56
     assert y_float[0].item() == 200.0  # promoted to float
+
+
+@pytest.mark.parametrize("a, b", [(0.0, -0.0), ((2,), (2.0,)), ((True,), (1,))])
+def test_constexprs_that_compile_apart_sign_apart(a, b):
+    """Values equal in Python but compiled to different code have different cache keys and fast signatures."""
+    kernel = tilejit.kernel(scaled.fn)
+    args = (_tensor("f32"), _tensor("f32"), 3, 0.5)
+    target = Target.of("sm_90a")
+    keys = [compiler.cache_key(kernel.bind(args, {"C": 1, "BLOCK": 128, "MODE": v}).spec, target) for v in (a, b)]
+    assert keys[0] != keys[1]
+    signatures = [kernel._fast_args(args, {"C": 1, "BLOCK": 128, "MODE": v})[0] for v in (a, b)]
+    assert signatures[0] != signatures[1]
+
+
+def test_a_nan_constexpr_signs_the_same_each_call():
+    kernel = tilejit.kernel(scaled.fn)
+    args = (_tensor("f32"), _tensor("f32"), 3, 0.5)
+    first = kernel._fast_args(args, {"C": float("nan"), "BLOCK": 128})[0]
+    assert first == kernel._fast_args(args, {"C": float("nan"), "BLOCK": 128})[0]

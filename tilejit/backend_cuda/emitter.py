@@ -6,7 +6,9 @@ rules are registered by decorator in ``RULES``; memory, gemm and reduction rules
 """
 from __future__ import annotations
 
+import math
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -238,7 +240,7 @@ class Emitter:
     # -- naming and output ----------------------------------------------------------------
     def name(self, v: Value) -> str:
         if v.id not in self.names:
-            hint = re.sub(r"\W", "_", v.name or "")
+            hint = re.sub(r"\W", "_", ascii_identifier(v.name or ""))
             base = f"v{len(self.names)}" + (f"_{hint}" if hint else "")
             self.names[v.id] = base
         return self.names[v.id]
@@ -503,7 +505,48 @@ class Emitter:
         return source, kinds, shared_bytes
 
 
+# -- names -----------------------------------------------------------------------------------------
+
+def ascii_identifier(name: str) -> str:
+    """``name`` with every non-ASCII character spelled ``_<hex code point>_`` and ``_`` doubled, so distinct
+    names stay distinct; an ASCII name is returned as it is. NVRTC takes ASCII identifiers only."""
+    if name.isascii():
+        return name
+    return "".join(c if c.isascii() and c != "_" else "__" if c == "_" else f"_{ord(c):x}_" for c in name)
+
+
+def kernel_symbol(name: str) -> str:
+    """The entry point of kernel ``name`` in the cubin: ``tj_<name>``, or ``tju_<ascii_identifier(name)>`` for a
+    name with non-ASCII characters (the prefixes differ, so no ASCII name can take a mangled name's symbol)."""
+    return f"tj_{name}" if name.isascii() else f"tju_{ascii_identifier(name)}"
+
+
 # -- scalars and elementwise ops --------------------------------------------------------------------
+
+_FLOAT32_MIN_NORMAL = 2.0 ** -126
+
+
+def float_literal(value: float, is_double: bool) -> str:
+    """A C literal of ``value`` rounded to float (or double when ``is_double``) as the interpreter rounds it.
+
+    Values in float's normal range keep their shortest decimal form (``0.5f``); one that rounds to infinity, to a
+    subnormal or to zero is written by its bits, since NVRTC refuses a decimal constant out of float's range.
+    Doubles (Python floats are doubles) keep their decimal form, infinities and NaN aside."""
+    if math.isnan(value):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    if is_double:
+        return repr(value)
+    try:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    except OverflowError:  # rounds past float's largest finite value
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    rounded = struct.unpack("<f", struct.pack("<I", bits))[0]
+    if value != 0.0 and abs(rounded) < _FLOAT32_MIN_NORMAL:
+        return f"__int_as_float(0x{bits:08x})"
+    return f"{value!r}f"
+
 
 def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
     """The C expression of a scalar op given its operands' C expressions."""
@@ -512,14 +555,7 @@ def scalar_expr(em: Emitter, op: Op, args: list[str]) -> str:
         if dtype.is_bool:
             return "true" if value else "false"
         if dtype.is_floating:
-            import math
-
-            if math.isinf(value):
-                text = "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
-            elif math.isnan(value):
-                text = "__int_as_float(0x7fffffff)"
-            else:
-                text = f"{float(value)!r}f" if dtype != D.float64 else repr(float(value))
+            text = float_literal(float(value), dtype == D.float64)
             return convert(text, D.float32, dtype) if dtype in STORAGE else text
         suffix = "LL" if dtype.bits == 64 else ""
         return f"({c_type(dtype)}){value}{suffix}"

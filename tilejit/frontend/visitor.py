@@ -12,10 +12,11 @@ import ast
 from typing import Any
 
 from .. import dtypes as D
-from ..errors import CompilationError, TypeCheckError, UnsupportedSyntaxError
+from ..errors import CompilationError, LimitError, TypeCheckError, UnsupportedSyntaxError
 from ..ir import (AxisAttrs, Block, Builder, Function, Loc, MultipleOf, OpKind, Param, ScalarType, TensorListType,
                   TensorType, Value)
 from .expressions import Expressions, TensorArg, TensorListArg
+from .limits import MAX_NESTING_DEPTH, CountingBuilder, LimitExceeded
 from .semantic import Semantic, SemanticError
 from .source import ParsedSource
 from .spec import ArgSpec, ConstexprSpec, TensorListSpec, TensorSpec
@@ -36,6 +37,7 @@ class CodeGenerator(Statements, Expressions, ast.NodeVisitor):
         self.offsets: dict[int, tuple[Any, int]] = {}  # value id -> (base, constant offset)
         self.return_value: Any = None
         self.inline_depth = 0
+        self.nesting = 0  # syntax nodes being visited, one inside the other (helpers' bodies included)
 
     # -- errors and locations --------------------------------------------------------------
     def loc(self, node: ast.AST) -> Loc:
@@ -49,11 +51,19 @@ class CodeGenerator(Statements, Expressions, ast.NodeVisitor):
                    source_line=self.parsed.source_line(loc.lineno), hint=hint)
 
     def visit(self, node: ast.AST) -> Any:
+        self.nesting += 1
         with self.b.located(self.loc(node) if hasattr(node, "lineno") else None):
             try:
+                if self.nesting > MAX_NESTING_DEPTH:
+                    raise LimitExceeded(f"expressions and statements nest more than {MAX_NESTING_DEPTH} deep here",
+                                        "split the expression with intermediate variables (acc = a + b; acc = acc + c)")
                 return super().visit(node)
             except SemanticError as e:
                 raise self.error(node, str(e), e.hint) from None
+            except LimitExceeded as e:
+                raise self.error(node, str(e), e.hint, LimitError) from None
+            finally:
+                self.nesting -= 1
 
     def generic_visit(self, node: ast.AST) -> Any:
         words, hint = construct_words(node)
@@ -80,7 +90,7 @@ class CodeGenerator(Statements, Expressions, ast.NodeVisitor):
 def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: dict[str, Any]) -> Function:
     """The IR of one specialization: ``specs`` holds every parameter's spec, in order."""
     body = Block()
-    builder = Builder(body)
+    builder = CountingBuilder(body)
     gen = CodeGenerator(parsed, builder, global_env)
     tree = parsed.tree
     params: list[Param] = []
@@ -114,7 +124,11 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
                 value.multiple_of = MultipleOf((16,))
             params.append(Param(arg.arg, "scalar", value))
             gen.scope[arg.arg] = 1 if spec.equals_one else value
-    gen.visit_body(tree.body, top=True)
+    try:
+        gen.visit_body(tree.body, top=True)
+    except RecursionError:  # the caller's own stack was deep: Python's limit came before MAX_NESTING_DEPTH
+        raise gen.error(tree, "the kernel nests too deeply for Python's stack", "split deep expressions with "
+                        "intermediate variables, or compile from a shallower call stack", LimitError) from None
     fn = Function(tree.name, params, body, parsed.filename)
     fn.attrs["tensor_specs"] = {name: spec for name, spec in specs.items() if isinstance(spec, TensorSpec)}
     # the items of a tensor list are named after it (As[g] is a value named As): what all of them share

@@ -148,3 +148,20 @@ class Function:
     @property
     def runtime_params(self) -> list[Param]:
         return [p for p in self.params if p.kind != "constexpr"]
+
+    def writers(self) -> dict[str, Op]:
+        """The tensor and tensor-list parameters this function writes (stores, scatters, atomics), each with the
+        first op that writes it: the kernel's outputs, which a launch checks for memory overlapping itself."""
+        params = {p.value: p.name for p in self.params if p.kind in ("tensor", "tensor_list")}
+        found: dict[str, Op] = {}
+        for op in self.walk():
+            if not op.kind.writes_memory:
+                continue
+            for operand in op.operands:
+                owner = operand.owner
+                if operand not in params and isinstance(owner, Op) and owner.kind is OpKind.LIST_ITEM:
+                    operand = owner.operands[0]  # an item of a tensor list: the list is written
+                name = params.get(operand)
+                if name is not None:
+                    found.setdefault(name, op)
+        return found

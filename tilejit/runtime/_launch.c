@@ -219,7 +219,7 @@ typedef struct {
     Py_ssize_t hits, misses, fallbacks;
 } Dispatcher;
 
-static PyObject *str_dtype, *str_shape, *str_stride, *str_data_ptr, *str_get_device;
+static PyObject *str_dtype, *str_shape, *str_stride, *str_data_ptr, *str_get_device, *str_requires_grad;
 
 static void clear_slots(Dispatcher *d) {
     for (Py_ssize_t i = 0; i < d->capacity; i++) {
@@ -362,13 +362,15 @@ static int put_constant(signature_t *s, PyObject *v) {
     return put(s, TAG_OBJECT) && put(s, (uint64_t)(uintptr_t)v);
 }
 
-/* A tensor argument: dtype, strides, 16-byte alignment, [extents]; values pointer, sizes, strides. */
+/* A tensor argument: dtype, strides, 16-byte alignment, requires_grad, [extents]; values pointer, sizes, strides.
+ * requires_grad is signed because the slow path refuses an output that requires grad (or remembers no call
+ * writing one): a hit must not let such a tensor through in place of one that did not. */
 static int put_tensor(signature_t *s, PyObject *t, int shaped) {
-    PyObject *dtype = NULL, *dev = NULL, *ptr = NULL, *strides = NULL, *shape = NULL;
+    PyObject *dtype = NULL, *dev = NULL, *ptr = NULL, *strides = NULL, *shape = NULL, *grad = NULL;
     int ok = 0;
     if (!(dtype = PyObject_GetAttr(t, str_dtype)) || !(dev = PyObject_CallMethodNoArgs(t, str_get_device)) ||
         !(ptr = PyObject_CallMethodNoArgs(t, str_data_ptr)) || !(strides = PyObject_CallMethodNoArgs(t, str_stride)) ||
-        !(shape = PyObject_GetAttr(t, str_shape)))
+        !(shape = PyObject_GetAttr(t, str_shape)) || !(grad = PyObject_GetAttr(t, str_requires_grad)))
         goto done;
     if (!PyTuple_Check(strides) || !PyTuple_Check(shape) || PyTuple_GET_SIZE(strides) != PyTuple_GET_SIZE(shape))
         goto done;
@@ -382,7 +384,7 @@ static int put_tensor(signature_t *s, PyObject *t, int shaped) {
     Py_ssize_t rank = PyTuple_GET_SIZE(shape);
     /* dtype objects are torch's immortal singletons: their address names them. */
     if (!put(s, TAG_TENSOR) || !put(s, (uint64_t)(uintptr_t)dtype) || !put(s, (uint64_t)rank) ||
-        !put(s, (address & 15) == 0) || !put_value(s, (int64_t)address, 0, 0))
+        !put(s, (address & 15) == 0) || !put(s, grad == Py_True) || !put_value(s, (int64_t)address, 0, 0))
         goto done;
     int64_t dims[2][64];
     if (rank > 64)
@@ -417,6 +419,7 @@ done:
     Py_XDECREF(ptr);
     Py_XDECREF(strides);
     Py_XDECREF(shape);
+    Py_XDECREF(grad);
     if (!ok)
         PyErr_Clear();
     return ok;
@@ -990,6 +993,7 @@ PyMODINIT_FUNC PyInit__launch(void) {
     INTERN(str_dtype, "dtype");
     INTERN(str_shape, "shape");
     INTERN(str_stride, "stride");
+    INTERN(str_requires_grad, "requires_grad");
     INTERN(str_data_ptr, "data_ptr");
     INTERN(str_get_device, "get_device");
     if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&BoundLaunchType) < 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -374,7 +375,8 @@ class Kernel:
         tensor_type = _torch_tensor()
         for role, a in zip(self._roles, args):
             if role is _CONSTEXPR:
-                sig.append((a.__class__, a))  # by type and value: C=2, C=2.0 and C=True are three kernels
+                cls = a.__class__  # by type and value: C=2, C=2.0 and C=True are three kernels
+                sig.append(_exact_constant(a) if cls is float or cls is tuple else (cls, a))
             elif isinstance(a, tensor_type):
                 strides = a.stride()
                 ptr = a.data_ptr()
@@ -383,7 +385,8 @@ class Kernel:
                     device = where
                 elif where != device:
                     return None
-                sig += (a.dtype, strides, ptr & 15 == 0, 0 in a.shape)  # empty: no tensor map
+                # empty: no tensor map; requires_grad: the slow path refuses an output that requires grad
+                sig += (a.dtype, strides, ptr & 15 == 0, 0 in a.shape, a.requires_grad)
                 if role is _SHAPED:
                     sig.append(a.shape)
                 values.append(ptr)
@@ -427,7 +430,8 @@ class Kernel:
                 if k not in self._fast_kwargs:
                     return None
                 sig.append(k)
-                sig.append((v.__class__, v))
+                cls = v.__class__
+                sig.append(_exact_constant(v) if cls is float or cls is tuple else (cls, v))
         key = tuple(sig)
         try:
             hash(key)
@@ -473,7 +477,8 @@ class Kernel:
 
     def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
-        fast path under the call's cheap signature. Returns the launcher (None in the interpreter)."""
+        fast path under the call's cheap signature. Returns the launcher (None in the interpreter, and for a call
+        the fast paths must not remember: see ``_check_outputs``)."""
         call = self.bind(args, dict(kwargs))
         grid3 = resolve_grid(grid, {**call.values, **self._launch_options_of(call)}, self.__name__)
         tensors = {n: v for n, v in call.values.items() if _is_tensor(v)}
@@ -497,8 +502,12 @@ class Kernel:
             import torch
 
             device_index = torch.cuda.current_device()
-        launcher = launcher_for(self.compile_call(call, None, device_index), device_index)
+        compiled = self.compile_call(call, None, device_index)
+        remember = self._check_outputs(call, compiled)
+        launcher = launcher_for(compiled, device_index)
         launcher(grid3, _raw_stream(device_index), pack_values(call))
+        if not remember:
+            return None
         if fast is not None:
             fast = self._fast_args(args, kwargs)  # extents discovered while compiling change the signature
             if fast is not None:
@@ -506,6 +515,23 @@ class Kernel:
         if self._dispatcher is None and tensors and not self._native_off:
             self._dispatcher = self._make_dispatcher()
         return launcher
+
+    def _check_outputs(self, call: BoundCall, compiled: Any) -> bool:
+        """Raise ArgumentValueError naming an output (a tensor the kernel writes) whose elements share memory or
+        that requires grad while autograd records, as the interpreter refuses it. Returns whether the fast paths
+        may remember this call: not when an output has a stride-0 dimension or requires grad, since their
+        signatures hold neither extents nor autograd's mode, so such calls come back here every time."""
+        from ..interpreter import output_problems
+
+        written = compiled.written if compiled.written is not None else tuple(self.build_ir(call).writers())
+        for _, label, problem in output_problems(written, call.values):
+            raise ArgumentValueError(f"kernel {self.__name__}: output '{label}' {problem}")
+        for name in written:
+            value = call.values.get(name)
+            for t in (value,) if _is_tensor(value) else value or ():
+                if t.requires_grad or 0 in t.stride():
+                    return False
+        return True
 
     def _make_dispatcher(self):
         """The compiled launcher's per-kernel table, or None while it is being built (it starts building at the
@@ -581,9 +607,25 @@ class Kernel:
 _LIST = object()  # marks a tensor list in a fast-path signature
 
 
+def _exact_constant(value: Any) -> tuple:
+    """A compile-time value as a signature item that equals another only for the same types and bits: floats by
+    their bit pattern (``0.0`` and ``-0.0`` are two kernels, a NaN matches itself), tuples item by item with each
+    item's type (``(2,)``, ``(2.0,)`` and ``(True,)`` are three), as the cache key and the compiled launcher see them."""
+    cls = value.__class__
+    if cls is float:
+        return (float, _FLOAT_BITS.pack(value))
+    if cls is tuple:
+        return (tuple, tuple(_exact_constant(item) for item in value))
+    return (cls, value)
+
+
+_FLOAT_BITS = struct.Struct("<d")
+
+
 def _list_signature(items: Sequence[Any], tensor_type: type):
-    """What the specialization of a tensor list depends on (dtype, rank, the dims unit-stride in every item)
-    followed by the items' device; None when the list is not one the fast path can sign (not all tensors of
+    """What the specialization of a tensor list depends on (dtype, rank, the dims unit-stride in every item) and
+    what the slow path checks of a written one (an item with a stride-0 dimension, one that requires grad), followed
+    by the items' device; None when the list is not one the fast path can sign (not all tensors of
     one dtype, rank and device: the slow path says what is wrong)."""
     first = items[0]
     if not isinstance(first, tensor_type):
@@ -592,6 +634,7 @@ def _list_signature(items: Sequence[Any], tensor_type: type):
     if rank == 0:
         return None
     unit = (1 << rank) - 1  # bit d: stride d is 1 in every item
+    shared = grad = False
     for t in items:
         if not isinstance(t, tensor_type) or t.dtype is not dtype or t.get_device() != device:
             return None
@@ -601,7 +644,11 @@ def _list_signature(items: Sequence[Any], tensor_type: type):
         for d, x in enumerate(st):
             if x != 1:
                 unit &= ~(1 << d)
-    return dtype, rank, unit, device
+                shared |= x == 0
+        grad |= t.requires_grad
+    # an item with a stride-0 dimension or one that requires grad: the slow path checks a written list's items
+    # (and never remembers a call writing such items), so these bits keep them from matching a remembered call
+    return dtype, rank, unit, shared, grad, device
 
 
 def _with_tables(values: list[Any], device: int) -> list[Any]:
