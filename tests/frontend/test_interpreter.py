@@ -620,7 +620,6 @@ def test_fp8_matmul_uses_exact_operands(dtype):
     check(C, operand(A) @ operand(B))
 
 
-@pytest.mark.timing
 def test_interpreter_speed_is_reasonable():
     import time
 
@@ -670,3 +669,7 @@ def test_while_loop_over_scalars(monkeypatch):
             x, y, n = y, x % y, n + 1
         ref_steps.append(n)
     assert steps.tolist() == ref_steps
+
+
+# Marked here, at the end, so that the kernels above keep the source lines their generated code cites.
+test_interpreter_speed_is_reasonable = pytest.mark.timing(test_interpreter_speed_is_reasonable)
