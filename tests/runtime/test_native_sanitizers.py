@@ -31,7 +31,7 @@ C, R, S = "constexpr", "runtime", "shaped"
 
 class T:
     def __init__(self, shape, ptr=0x7f0000001000):
-        self.shape, self._ptr, self.dtype = tuple(shape), ptr, "f16"
+        self.shape, self._ptr, self.dtype, self.requires_grad = tuple(shape), ptr, "f16", False
         st, acc = [], 1
         for n in reversed(self.shape):
             st.insert(0, acc); acc *= n
