@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
+from tilejit.cache import remote
 from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
                             entry_point, raised_in_user_code, user_stacklevel)
@@ -419,7 +420,12 @@ class Autotuner:
         self.stats = stats = AutotuneStats()
         candidates = self.prune_configs(named, kwargs)
         store = _TuningStore(current_layout(), self.__name__, self.source_hash())
-        previous = store.load().get(key, {})
+        previous = store.load().get(key)
+        fetched = False
+        if previous is None:  # not tuned here: perhaps on another machine with the same device
+            previous = self._remote_record(key)
+            fetched = previous is not None
+        previous = previous or {}
         timings: dict[str, float] = dict(previous.get("timings_ms", {}))
         failures: dict[str, str] = dict(previous.get("failures", {}))
 
@@ -451,7 +457,27 @@ class Autotuner:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             store.save(key, record)
+            shared = remote.remote_cache()
+            if shared is not None:
+                shared.put_record(remote.record_name(self.__name__, self.source_hash(), key), record)
+        elif fetched:
+            store.save(key, previous)  # another machine's choice, kept here too
         return best
+
+    def _remote_record(self, key: str) -> dict[str, Any] | None:
+        """The remote cache's record for ``key`` (tuned on another machine with the same device), checked."""
+        shared = remote.remote_cache()
+        if shared is None:
+            return None
+        name = remote.record_name(self.__name__, self.source_hash(), key)
+        record = shared.get_record(name)
+        if record is None:
+            return None
+        problem = "it is for another key" if record.get("key") != key else _record_problem(record)
+        if problem is not None:
+            shared.refuse(name, problem)
+            return None
+        return record
 
     def _compile_all(self, configs: list[Config], args: tuple[Any, ...], kwargs: dict[str, Any],
                      failures: dict[str, str], stats: AutotuneStats, bar: Any,

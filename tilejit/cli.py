@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", required=True, type=parse_duration, metavar="AGE",
                        help="e.g. 30d, 12h, 45m, 90s")
     prune.set_defaults(run=_cmd_prune)
+
+    actions.add_parser("stats", help="where this process's kernels came from, and whether the remote answers",
+                       description="Kernel lookups of the process running this command by origin (memory, "
+                                   "disk, remote, compiled): called in a program as tilejit.cli.main(['cache', "
+                                   "'stats']), that program's; then the entries on disk and the remote cache "
+                                   "($TILEJIT_REMOTE_CACHE), pinged.").set_defaults(run=_cmd_stats)
     return parser
 
 
@@ -225,6 +231,17 @@ def _cmd_prune(args) -> int:
     removed = maintenance.prune(current_layout(), args.older_than)
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
           f"{format_duration(args.older_than)}")
+    return 0
+
+
+def _cmd_stats(args) -> int:
+    from tilejit.cache import kernel_cache, remote
+
+    counts = kernel_cache.origin_counts()
+    print("kernel lookups in this process: " + ", ".join(f"{origin} {n}" for origin, n in counts.items()))
+    layout = current_layout()
+    print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
+    print(f"remote cache: {remote.status()}")
     return 0
 
 

@@ -136,8 +136,9 @@ def sign(secret: bytes, name: str, payload: bytes) -> bytes:
     return _SIGNED_MAGIC + _mac(secret, name, payload) + payload
 
 
-def verify(secret: bytes, name: str, value: bytes, limit: int = MAX_VALUE_BYTES) -> bytes:
+def verify(secret: bytes, name: str, value: bytes, limit: int | None = None) -> bytes:
     """The payload of a value ``sign`` made for ``name``; RefusedValue when it is anything else."""
+    limit = MAX_VALUE_BYTES if limit is None else limit
     if len(value) > limit:
         raise RefusedValue(f"{len(value)} bytes, over the limit of {limit}")
     if not value.startswith(_SIGNED_MAGIC):
@@ -169,10 +170,10 @@ class RemoteCache:
     """Signed kernel entries and autotune records in a ``RemoteBackend``; off for good after its first fault."""
 
     def __init__(self, backend: RemoteBackend, secret: bytes, where: str = "the remote cache",
-                 max_value_bytes: int = MAX_VALUE_BYTES) -> None:
+                 max_value_bytes: int | None = None) -> None:
         self.backend = backend
         self.where = where
-        self.max_value_bytes = max_value_bytes
+        self.max_value_bytes = MAX_VALUE_BYTES if max_value_bytes is None else max_value_bytes
         self._secret = secret
         self.unavailable: str | None = None  # why the remote was turned off, once it was
         self._lock = threading.Lock()
