@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
-from tilejit.cache import remote
+from tilejit.cache.kernel_cache import remote_cache
 from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
                             entry_point, raised_in_user_code, user_stacklevel)
@@ -457,19 +457,23 @@ class Autotuner:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             store.save(key, record)
-            shared = remote.remote_cache()
+            shared = remote_cache()
             if shared is not None:
-                shared.put_record(remote.record_name(self.__name__, self.source_hash(), key), record)
+                from tilejit.cache.remote import record_name
+
+                shared.put_record(record_name(self.__name__, self.source_hash(), key), record)
         elif fetched:
             store.save(key, previous)  # another machine's choice, kept here too
         return best
 
     def _remote_record(self, key: str) -> dict[str, Any] | None:
         """The remote cache's record for ``key`` (tuned on another machine with the same device), checked."""
-        shared = remote.remote_cache()
+        shared = remote_cache()
         if shared is None:
             return None
-        name = remote.record_name(self.__name__, self.source_hash(), key)
+        from tilejit.cache.remote import record_name
+
+        name = record_name(self.__name__, self.source_hash(), key)
         record = shared.get_record(name)
         if record is None:
             return None

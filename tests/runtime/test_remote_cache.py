@@ -166,6 +166,7 @@ def test_a_second_cache_directory_compiles_nothing(tmp_path, monkeypatch, redis_
                                                    fresh_kernel):
     use_remote(redis_url)
     new_process(monkeypatch, tmp_path / "host-a")
+    monkeypatch.setattr(kernel_cache, "_origin_counts", kernel_cache.collections.Counter())
     first = compile_with(fresh_kernel)
     assert first.origin == "compiled" and nvrtc_calls() == 1
 

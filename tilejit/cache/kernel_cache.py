@@ -20,7 +20,7 @@ from tilejit import knobs, private_io
 from tilejit.errors import user_stacklevel
 from tilejit.private_io import UntrustedPathError
 
-from . import entries, locks, maintenance, records, remote
+from . import entries, locks, maintenance, records
 from .entries import CacheEntry
 from .layout import CacheLayout, check_key, make_private_dirs
 
@@ -36,6 +36,16 @@ _origin_counts: collections.Counter = collections.Counter()
 def origin_counts() -> dict[str, int]:
     """How many kernel lookups of this process each origin answered (``tilejit cache stats``)."""
     return {origin: _origin_counts[origin] for origin in ORIGINS}
+
+
+def remote_cache():
+    """The remote cache to use now (``remote.remote_cache``), or None; its module (and the client's) is imported
+    only when ``TILEJIT_REMOTE_CACHE`` is set, so a process without one pays nothing for it."""
+    if knobs.remote_cache_url() is None:
+        return None
+    from . import remote
+
+    return remote.remote_cache()
 
 
 def _found(entry: CacheEntry, origin: str) -> tuple[CacheEntry, str]:
@@ -214,7 +224,7 @@ class KernelCache:
 
     def _load_remote(self, key: str, validate: Callable[[dict], None] | None) -> CacheEntry | None:
         """``key``'s entry from the remote cache, checked and written into this cache; None on a miss."""
-        shared = remote.remote_cache()
+        shared = remote_cache()
         if shared is None:
             return None
         found = shared.get_entry(key)
@@ -225,7 +235,9 @@ class KernelCache:
             try:
                 validate(meta)
             except (ValueError, KeyError, TypeError) as error:
-                shared.refuse(remote.entry_name(key), str(error))
+                from .remote import entry_name
+
+                shared.refuse(entry_name(key), str(error))
                 return None
         # Stored as a new local entry: the digests are made again from the (checked) files.
         made_by_cache = ("key", "sha256", "created", "files")
@@ -238,7 +250,7 @@ class KernelCache:
         meta = dict(meta)
         meta.setdefault("compile_seconds", round(time.perf_counter() - start, 4))
         entry = self.store(key, files, meta, replace=replace)
-        shared = remote.remote_cache()
+        shared = remote_cache()
         if shared is not None:
             data = {name: content.encode() if isinstance(content, str) else bytes(content)
                     for name, content in files.items()}
