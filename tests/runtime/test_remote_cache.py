@@ -445,8 +445,9 @@ class DictBackend:
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
 
-    def get(self, name):
-        return self.values.get(name)
+    def get(self, name, limit):
+        value = self.values.get(name)
+        return None if value is None else value[:limit + 1]
 
     def put(self, name, value):
         self.values[name] = value
@@ -488,7 +489,7 @@ def test_no_remote_configured_costs_nothing(tmp_path, monkeypatch, nvrtc_calls, 
 def test_threads_share_one_fault(monkeypatch):
     """Many threads hitting a dead remote at once still warn once."""
     class Dead(DictBackend):
-        def get(self, name):
+        def get(self, name, limit):
             raise remote.RemoteUnavailable("ConnectionError: refused")
 
     shared = remote.RemoteCache(Dead(), b"k" * 32, "a dead store")

@@ -57,10 +57,11 @@ class RefusedValue(ValueError):
 
 
 class RemoteBackend(Protocol):
-    """Bytes by name in a store that other machines share. ``get`` returns None for a missing name; both raise
+    """Bytes by name in a store that other machines share. ``get`` returns None for a missing name, and at most
+    ``limit + 1`` bytes of a value (enough to tell it is too large without holding all of it); both raise
     ``RemoteUnavailable`` when the store cannot answer, and neither may block longer than its own timeouts."""
 
-    def get(self, name: str) -> bytes | None: ...
+    def get(self, name: str, limit: int) -> bytes | None: ...
 
     def put(self, name: str, value: bytes) -> None: ...
 
@@ -88,9 +89,10 @@ class RedisBackend:
         except (ValueError, *self._errors) as error:
             raise RemoteUnavailable(f"bad URL: {error}") from None
 
-    def get(self, name: str) -> bytes | None:
+    def get(self, name: str, limit: int) -> bytes | None:
         try:
-            return self._client.get(name)
+            # GETRANGE: a planted huge value costs limit + 1 bytes, not its size (a missing name reads as b"").
+            return self._client.getrange(name, 0, limit) or None
         except self._errors as error:
             raise RemoteUnavailable(_describe(error)) from None
 
@@ -244,7 +246,7 @@ class RemoteCache:
         if self.unavailable is not None:
             return None
         try:
-            value = self.backend.get(name)
+            value = self.backend.get(name, self.max_value_bytes)
         except RemoteUnavailable as error:
             self._turn_off(str(error))
             return None
