@@ -54,7 +54,8 @@ def _found(entry: CacheEntry, origin: str) -> tuple[CacheEntry, str]:
 
 
 class KernelCache:
-    """Compiled kernels by key: memory first, then disk, then compile under a cross-process lock.
+    """Compiled kernels by key: memory first, then disk, then the remote cache (if configured), then compile
+    under a cross-process lock.
 
     ``root`` is where entries are kept: the configured directory (``configured``), or a private temporary one
     when the configured one is not this user's alone (``private_io.usable_root`` warns once).
