@@ -25,6 +25,12 @@ events. Those times rank configs for the interpreter only, so the key carries "i
 stored apart from, and never stands in for, a choice made on a GPU.
 
 Compiling the configs does not count toward a kernel's "specialized 8 times" warning (``Kernel.tuning``).
+
+Under ``torch.distributed`` (initialized, or a ``process_group`` passed) the ranks tuning the same key make one
+choice: they pool what each already knows, split the configs none has timed between them, time their share,
+pool the timings (``all_gather_object``, on gloo or NCCL) and all take the same best. Ranks whose keys differ
+(another GPU model: the key names the device) tune apart, in the same collective calls. So every rank must tune
+the same sequence of keys, as the ranks of one job running one model do.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tilejit import knobs, private_io
+from tilejit.cache.kernel_cache import remote_cache
 from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
                             entry_point, raised_in_user_code, user_stacklevel)
@@ -176,6 +183,7 @@ def autotune(
     restore_value: Sequence[str] | None = None,
     *,
     bench_fn: Callable[[Callable[[], None]], float] | None = None,
+    process_group: Any = None,
 ) -> Callable[[Any], "Autotuner"]:
     """Decorator: ``@tilejit.autotune(configs=[...], key=[...])`` above ``@tilejit.kernel``.
 
@@ -189,6 +197,8 @@ def autotune(
       updates).
     - ``bench_fn``: ``f(run) -> ms``; defaults to ``tilejit.testing.do_bench``. Pass
       ``tilejit.testing.do_bench_cudagraph`` for launch-bound kernels.
+    - ``process_group``: the ``torch.distributed`` group whose ranks tune together (default: the whole job when
+      ``torch.distributed`` is initialized with more than one rank).
     """
 
     def decorator(kernel: Any) -> Autotuner:
@@ -200,6 +210,7 @@ def autotune(
             reset_to_zero=reset_to_zero,
             restore_value=restore_value,
             bench_fn=bench_fn,
+            process_group=process_group,
         )
 
     return decorator
@@ -218,8 +229,10 @@ class Autotuner:
         restore_value: Sequence[str] | None = None,
         *,
         bench_fn: Callable[[Callable[[], None]], float] | None = None,
+        process_group: Any = None,
     ) -> None:
         self.kernel = kernel
+        self.process_group = process_group
         self.fn = kernel.fn
         self.__name__ = kernel.__name__
         self.arg_names = list(kernel.arg_names)
@@ -419,12 +432,23 @@ class Autotuner:
         self.stats = stats = AutotuneStats()
         candidates = self.prune_configs(named, kwargs)
         store = _TuningStore(current_layout(), self.__name__, self.source_hash())
-        previous = store.load().get(key, {})
+        previous = store.load().get(key)
+        fetched = False
+        if previous is None:  # not tuned here: perhaps on another machine with the same device
+            previous = self._remote_record(key)
+            fetched = previous is not None
+        previous = previous or {}
         timings: dict[str, float] = dict(previous.get("timings_ms", {}))
         failures: dict[str, str] = dict(previous.get("failures", {}))
 
         todo = [c for c in candidates if c.identity not in timings and c.identity not in failures]
-        stats.from_disk = not todo
+        known = (dict(timings), dict(failures))
+        group = self._rank_group()
+        untimed = len(todo)
+        if group is not None:
+            # Every rank tuning this key then knows what any of them knew, and times its share of the rest.
+            todo, untimed = _split_among_ranks(group, key, candidates, timings, failures)
+        stats.from_disk = not untimed
         if todo:
             logger.info("tuning %s for %s: %d configs to time (%d known)", self.__name__, key, len(todo),
                         len(candidates) - len(todo))
@@ -435,13 +459,15 @@ class Autotuner:
                 compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar,
                                                                     timed_before=bool(timings))
                 self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
+        if group is not None:
+            _pool_among_ranks(group, key, timings, failures)  # the same timings on every rank: the same choice
 
         ranked = [c for c in candidates if c.identity in timings]
         if not ranked:
             raise AutotuneError(self.__name__, key, [(c, failures[c.identity]) for c in candidates])
         best = min(ranked, key=lambda c: timings[c.identity])
         logger.info("%s for %s: chose %s (%.4f ms)", self.__name__, key, best, timings[best.identity])
-        if todo:
+        if (timings, failures) != known:
             record = {
                 "kernel": self.__name__,
                 "key": key,
@@ -451,7 +477,47 @@ class Autotuner:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             store.save(key, record)
+            shared = remote_cache()
+            if shared is not None:
+                from tilejit.cache.remote import record_name
+
+                shared.put_record(record_name(self.__name__, self.source_hash(), key), record)
+        elif fetched:
+            store.save(key, previous)  # another machine's choice, kept here too
         return best
+
+    def _rank_group(self) -> Any:
+        """The ``torch.distributed`` group whose ranks tune together, or None: the group passed, else the default
+        group when ``torch.distributed`` is initialized; None too when it has one rank."""
+        group = self.process_group
+        if group is None:
+            try:
+                import torch.distributed as dist
+            except ImportError:
+                return None
+            if not (dist.is_available() and dist.is_initialized()):
+                return None
+            group = dist.group.WORLD
+        import torch.distributed as dist
+
+        return group if dist.get_world_size(group) > 1 else None
+
+    def _remote_record(self, key: str) -> dict[str, Any] | None:
+        """The remote cache's record for ``key`` (tuned on another machine with the same device), checked."""
+        shared = remote_cache()
+        if shared is None:
+            return None
+        from tilejit.cache.remote import record_name
+
+        name = record_name(self.__name__, self.source_hash(), key)
+        record = shared.get_record(name)
+        if record is None:
+            return None
+        problem = "it is for another key" if record.get("key") != key else _record_problem(record)
+        if problem is not None:
+            shared.refuse(name, problem)
+            return None
+        return record
 
     def _compile_all(self, configs: list[Config], args: tuple[Any, ...], kwargs: dict[str, Any],
                      failures: dict[str, str], stats: AutotuneStats, bar: Any,
@@ -668,6 +734,41 @@ class _TuningStore:
         except OSError as error:
             logger.warning("cannot write autotune record %s: %s (the choice is kept in memory only)",
                            self.path, error)
+
+
+def _split_among_ranks(group: Any, key: str, candidates: list[Config], timings: dict[str, float],
+                       failures: dict[str, str]) -> tuple[list[Config], int]:
+    """Pool what the ranks tuning ``key`` know (into ``timings`` and ``failures``, the same on each of them), and
+    return this rank's share of the configs none has timed, and how many those are in all. A collective call:
+    every rank of ``group`` makes it, whatever its key."""
+    import torch.distributed as dist
+
+    peers = _pool_among_ranks(group, key, timings, failures)
+    untimed = [c for c in candidates if c.identity not in timings and c.identity not in failures]
+    return untimed[peers.index(dist.get_rank(group))::len(peers)], len(untimed)
+
+
+def _pool_among_ranks(group: Any, key: str, timings: dict[str, float], failures: dict[str, str]) -> list[int]:
+    """Replace ``timings`` and ``failures`` by the union of those of every rank of ``group`` tuning ``key``, the
+    lowest rank's entry winning where two differ, a timing winning over a failure (so the result is the same on
+    all of them); returns those ranks. A collective call."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, {"key": key, "timings": dict(timings), "failures": dict(failures)}, group=group)
+    peers = [rank for rank, report in enumerate(everyone) if report["key"] == key]
+    pooled_timings: dict[str, float] = {}
+    pooled_failures: dict[str, str] = {}
+    for rank in peers:
+        for identity, ms in everyone[rank]["timings"].items():
+            pooled_timings.setdefault(identity, float(ms))
+        for identity, reason in everyone[rank]["failures"].items():
+            pooled_failures.setdefault(identity, str(reason))
+    timings.clear()
+    timings.update(pooled_timings)
+    failures.clear()
+    failures.update({identity: reason for identity, reason in pooled_failures.items() if identity not in timings})
+    return peers
 
 
 def _record_problem(record: Any) -> str | None:

@@ -123,6 +123,29 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", required=True, type=parse_duration, metavar="AGE",
                        help="e.g. 30d, 12h, 45m, 90s")
     prune.set_defaults(run=_cmd_prune)
+
+    actions.add_parser("stats", help="where this process's kernels came from, and whether the remote answers",
+                       description="Kernel lookups of the process running this command by origin (memory, "
+                                   "disk, remote, compiled): called in a program as tilejit.cli.main(['cache', "
+                                   "'stats']), that program's; then the entries on disk and the remote cache "
+                                   "($TILEJIT_REMOTE_CACHE), pinged.").set_defaults(run=_cmd_stats)
+
+    export = actions.add_parser("export", help="write cached kernels and their autotune records to a tar",
+                                description="A tar (gzip-compressed when FILE ends in .gz or .tgz) of the "
+                                            "cache's entries with their meta, autotune records and extents "
+                                            "hints; `tilejit cache import` on another machine fills its cache, "
+                                            "and those kernels then run without compiling.")
+    export.add_argument("file", help="the tar to write")
+    export.add_argument("--kernel", action="append", default=[], metavar="NAME",
+                        help="only this kernel's entries and records (may be repeated)")
+    export.set_defaults(run=_cmd_export)
+
+    import_ = actions.add_parser("import", help="check and add the kernels of a tar `export` wrote",
+                                 description="Every entry is checked (digests, meta) before it is stored, and "
+                                             "every member's name and type; each refused one is named, and the "
+                                             "status is 1 when any was.")
+    import_.add_argument("file", help="a tar written by `tilejit cache export`")
+    import_.set_defaults(run=_cmd_import)
     return parser
 
 
@@ -226,6 +249,49 @@ def _cmd_prune(args) -> int:
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
           f"{format_duration(args.older_than)}")
     return 0
+
+
+def _cmd_stats(args) -> int:
+    from tilejit.cache import kernel_cache, remote
+
+    counts = kernel_cache.origin_counts()
+    print("kernel lookups in this process: " + ", ".join(f"{origin} {n}" for origin, n in counts.items()))
+    layout = current_layout()
+    print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
+    print(f"remote cache: {remote.status()}")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    import tarfile
+
+    from tilejit.cache import bundle, default_cache
+
+    try:
+        n_entries, n_records = bundle.export_bundle(default_cache(), Path(args.file), args.kernel)
+    except (OSError, tarfile.TarError) as err:
+        raise CliError(f"cannot write {args.file}: {getattr(err, 'strerror', None) or err}") from None
+    print(f"wrote {n_entries} entries and {n_records} autotune records to {args.file}")
+    return 0
+
+
+def _cmd_import(args) -> int:
+    import tarfile
+
+    from tilejit.autotuner import _record_problem
+    from tilejit.cache import bundle, default_cache
+    from tilejit.compiler import check_meta
+
+    try:
+        report = bundle.import_bundle(default_cache(), Path(args.file), check_meta, _record_problem)
+    except (OSError, EOFError, tarfile.TarError) as err:
+        raise CliError(f"cannot read {args.file} as a tar: {getattr(err, 'strerror', None) or err}") from None
+    for name, why in report.refused:
+        print(f"tilejit: refused {name}: {why}", file=sys.stderr)
+    print(f"imported {len(report.entries)} entries, {report.autotune_records} autotune records and "
+          f"{report.extents_hints} extents hints from {args.file}" + (
+              f"; refused {len(report.refused)}" if report.refused else ""))
+    return 1 if report.refused else 0
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -420,9 +420,11 @@ class CompiledKernel:
     """One specialization compiled for one arch: its cache entry and the facts a launch needs.
 
     ``launchers`` (device index -> launcher) is filled by the runtime when the kernel is first launched there.
+    ``origin`` says where this process found it: "memory", "disk", "remote" (another machine compiled it) or
+    "compiled" (here); ``from_disk`` is True unless it was compiled here.
     """
 
-    def __init__(self, entry: CacheEntry, from_disk: bool) -> None:
+    def __init__(self, entry: CacheEntry, origin: str) -> None:
         self.entry = entry
         self.key = entry.key
         self.meta = entry.meta
@@ -433,7 +435,8 @@ class CompiledKernel:
         self.written: tuple[str, ...] | None = tuple(self.meta["written"]) if "written" in self.meta else None
         self.shared_bytes = int(self.meta["shared_bytes"])
         self.threads = int(self.meta["threads"])
-        self.from_disk = from_disk
+        self.origin = origin
+        self.from_disk = origin != "compiled"
         self.asm = Asm(entry)
         self.launchers: dict[int, Any] = {}
 
@@ -517,8 +520,9 @@ def compile(spec: Specialization, target: Target | None, *, stop_after: str | No
     """Compile ``spec`` for ``target``.
 
     With ``stop_after`` (one of :data:`STAGES` but ``cubin``) the stages run up to it, bypassing the cache, and
-    the :class:`Stages` come back. Otherwise the cubin comes from the disk cache or is built and stored there
-    (one process builds a key at a time), and a :class:`CompiledKernel` comes back.
+    the :class:`Stages` come back. Otherwise the cubin comes from the cache (memory, disk, then the remote when
+    one is configured) or is built and stored there (one process builds a key at a time), and a
+    :class:`CompiledKernel` comes back, its ``origin`` saying which.
     """
     if stop_after is not None and stop_after != "cubin":
         return run_stages(spec, target, stop_after)
@@ -527,13 +531,12 @@ def compile(spec: Specialization, target: Target | None, *, stop_after: str | No
     cache = cache or default_cache()
     key = cache_key(spec, target)
     if not knobs.always_compile():
-        entry = cache.load(key, check_meta)
-        if entry is not None:
-            return CompiledKernel(entry, from_disk=True)
+        found = cache.lookup(key, check_meta)
+        if found is not None:
+            return CompiledKernel(*found)
     frontend = run_stages(spec, target, "ir")  # user errors (and needed extents) before any lock is taken
 
     def build() -> tuple[dict, dict]:
         return _entry_files(run_stages(spec, target, "cubin", resume=frontend))
 
-    entry, built = cache.get_or_compile(key, build, check_meta)
-    return CompiledKernel(entry, from_disk=not built)
+    return CompiledKernel(*cache.get_or_compile(key, build, check_meta))

@@ -128,3 +128,17 @@ def c_compiler() -> str | None:
     ``cc``)."""
     value = os.environ.get("CC", "").strip()
     return value or None
+
+
+def remote_cache_url() -> str | None:
+    """TILEJIT_REMOTE_CACHE=redis://host:port/db: a remote kernel and autotune cache shared by many machines
+    (``cache/remote.py``); unset (the default), nothing but the local cache is used."""
+    value = os.environ.get("TILEJIT_REMOTE_CACHE", "").strip()
+    return value or None
+
+
+def remote_cache_key_file() -> Path | None:
+    """TILEJIT_REMOTE_CACHE_KEY: the file holding the secret that signs and checks every remote cache value
+    (HMAC-SHA256); it must be private to the user. Without it the remote cache is not used."""
+    value = os.environ.get("TILEJIT_REMOTE_CACHE_KEY", "").strip()
+    return Path(value).expanduser() if value else None

@@ -84,8 +84,8 @@ def test_only_the_layout_joins_paths_under_the_cache_root():
 
 
 def test_store_writes_private_json_entry(root):
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile())
-    assert compiled and entry.path == root / KEY[:2] / KEY
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile())
+    assert origin == "compiled" and entry.path == root / KEY[:2] / KEY
     assert sorted(p.name for p in entry.path.iterdir()) == [
         "kernel.cu", "kernel.cubin", "kernel.ir", "kernel.ptx", "meta.json", "meta.sha256"]
     meta = json.loads((entry.path / "meta.json").read_text())
@@ -101,8 +101,8 @@ def test_second_lookup_in_a_process_does_not_touch_disk(root):
     cache = KernelCache()
     first, _ = cache.get_or_compile(KEY, fake_compile())
     shutil.rmtree(first.path)
-    again, compiled = cache.get_or_compile(KEY, fake_compile())
-    assert again is first and not compiled
+    again, origin = cache.get_or_compile(KEY, fake_compile())
+    assert again is first and origin == "memory"
 
 
 def test_entry_reads_other_files_lazily(root):
@@ -127,8 +127,8 @@ import sys
 from tilejit.cache import KernelCache
 sys.path[:0] = {tests!r}
 from test_cache import fake_compile
-entry, compiled = KernelCache().get_or_compile({key!r}, fake_compile(cubin=b"from-child"))
-print(int(compiled), entry.binary.decode())
+entry, origin = KernelCache().get_or_compile({key!r}, fake_compile(cubin=b"from-child"))
+print(origin, entry.binary.decode())
 """
 
 
@@ -138,14 +138,14 @@ def test_hit_across_processes(root):
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
-    assert [r.stdout.split() for r in runs] == [["1", "from-child"], ["0", "from-child"]]
+    assert [r.stdout.split() for r in runs] == [["compiled", "from-child"], ["disk", "from-child"]]
     assert KernelCache().get_or_compile(KEY, fake_compile(cubin=b"parent"))[0].binary == b"from-child"
 
 
 def _rank(root: str, key: str, marker: str, barrier, results) -> None:
     barrier.wait()
-    entry, compiled = KernelCache(Path(root)).get_or_compile(key, fake_compile(Path(marker), delay=0.5))
-    results.put((compiled, entry.binary, entry.read_text("kernel.cu")))
+    entry, origin = KernelCache(Path(root)).get_or_compile(key, fake_compile(Path(marker), delay=0.5))
+    results.put((origin, entry.binary, entry.read_text("kernel.cu")))
 
 
 def test_eight_processes_compile_once(root, tmp_path):
@@ -160,7 +160,7 @@ def test_eight_processes_compile_once(root, tmp_path):
         p.join(timeout=60)
         assert p.exitcode == 0
     assert compile_count(marker) == 1
-    assert sorted(compiled for compiled, _, _ in got) == [False] * 7 + [True]
+    assert sorted(origin for origin, _, _ in got) == ["compiled"] + ["disk"] * 7
     assert all(binary == b"\x7fELF-cubin" and cu.startswith("__global__") for _, binary, cu in got)
 
 
@@ -201,8 +201,8 @@ def test_damaged_entry_is_recompiled_and_replaced(root, tmp_path, damage):
     path = KernelCache().get_or_compile(KEY, fake_compile(marker))[0].path
     damage(path)
     assert KernelCache().load(KEY) is None
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile(marker, cubin=b"rebuilt"))
-    assert compiled and compile_count(marker) == 2 and entry.binary == b"rebuilt"
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile(marker, cubin=b"rebuilt"))
+    assert origin == "compiled" and compile_count(marker) == 2 and entry.binary == b"rebuilt"
     reloaded = KernelCache().load(KEY)
     assert reloaded is not None and reloaded.binary == b"rebuilt"
     assert reloaded.read_text("kernel.cu").startswith("__global__")
@@ -238,7 +238,7 @@ def test_unwritable_cache_dir_degrades_to_memory_with_one_warning(root, tmp_path
         second.store(make_key({"third": 1}), {"kernel.cubin": b"x"}, {})
     runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(runtime) == 1 and str(unwritable) in str(runtime[0].message)
-    assert compiled_a and not compiled_again and again is a and compiled_b
+    assert (compiled_a, compiled_again, compiled_b) == ("compiled", "memory", "compiled") and again is a
     assert a.path is None and b.path is None and a.binary == b"\x7fELF-cubin"
     assert a.read_text("kernel.cu").startswith("__global__") and compile_count(marker) == 2
 
@@ -268,8 +268,8 @@ def test_process_killed_during_compile_leaves_a_stale_lock_that_is_recovered(roo
     assert lock.exists() and json.loads(lock.read_text())["pid"] == child.pid
     assert KernelCache().load(KEY) is None
     began = time.monotonic()
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile())
-    assert compiled and entry.binary == b"\x7fELF-cubin" and time.monotonic() - began < 10
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile())
+    assert origin == "compiled" and entry.binary == b"\x7fELF-cubin" and time.monotonic() - began < 10
     assert not lock.exists() and KernelCache().load(KEY) is not None
 
 
@@ -292,15 +292,15 @@ def test_lock_of_a_live_local_process_times_out_with_a_clear_error(root, monkeyp
 def test_lock_from_another_host_older_than_timeout_is_broken(root, monkeypatch):
     monkeypatch.setenv("TILEJIT_LOCK_TIMEOUT", "5")
     lock = _write_lock(root, pid=1, host="some-other-node", time=time.time() - 60, token="x")
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile())
-    assert compiled and not lock.exists()
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile())
+    assert origin == "compiled" and not lock.exists()
 
 
 def test_lock_left_empty_by_a_killed_creator_is_broken(root):
     lock = _write_lock(root)
     lock.write_text("")
     os.utime(lock, (time.time() - 60, time.time() - 60))
-    assert KernelCache().get_or_compile(KEY, fake_compile())[1]
+    assert KernelCache().get_or_compile(KEY, fake_compile())[1] == "compiled"
 
 
 def test_waiter_loads_the_entry_the_lock_holder_stores(root, tmp_path):
@@ -315,17 +315,17 @@ def test_waiter_loads_the_entry_the_lock_holder_stores(root, tmp_path):
 
     thread = threading.Thread(target=holder)
     thread.start()
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile(marker))
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile(marker))
     thread.join()
-    assert not compiled and entry.binary == b"holder" and compile_count(marker) == 0
+    assert origin == "disk" and entry.binary == b"holder" and compile_count(marker) == 0
 
 
 def test_always_compile_bypasses_reads_and_replaces_the_entry(root, monkeypatch, tmp_path):
     marker = tmp_path / "compiles.txt"
     KernelCache().get_or_compile(KEY, fake_compile(marker, cubin=b"old"))
     monkeypatch.setenv("TILEJIT_ALWAYS_COMPILE", "1")
-    entry, compiled = KernelCache().get_or_compile(KEY, fake_compile(marker, cubin=b"new"))
-    assert compiled and compile_count(marker) == 2 and entry.binary == b"new"
+    entry, origin = KernelCache().get_or_compile(KEY, fake_compile(marker, cubin=b"new"))
+    assert origin == "compiled" and compile_count(marker) == 2 and entry.binary == b"new"
     monkeypatch.delenv("TILEJIT_ALWAYS_COMPILE")
     assert KernelCache().load(KEY).binary == b"new"
 

@@ -58,7 +58,7 @@ def kernel_compile(marker: Path | None = None, cubin: bytes = b"\x7fELF-cubin"):
 
 def stored(marker: Path, validate=compiler.check_meta) -> Path:
     entry, compiled = KernelCache().get_or_compile(KEY, kernel_compile(marker), validate)
-    assert compiled
+    assert compiled == "compiled"
     return entry.path
 
 
@@ -68,7 +68,7 @@ def rebuilt_once_more(marker: Path, validate=compiler.check_meta) -> bool:
     before = compile_count(marker)
     entry, compiled = KernelCache().get_or_compile(KEY, kernel_compile(marker, b"\x7fELF-rebuilt"), validate)
     again = KernelCache().load(KEY, validate)
-    return (compiled and compile_count(marker) == before + 1 and entry.binary == b"\x7fELF-rebuilt"
+    return (compiled == "compiled" and compile_count(marker) == before + 1 and entry.binary == b"\x7fELF-rebuilt"
             and again is not None and again.binary == b"\x7fELF-rebuilt")
 
 
@@ -205,7 +205,7 @@ def test_row3_an_entry_planted_through_a_world_writable_root_is_refused(root, tm
     assert cache.root != root and stat.S_IMODE(os.stat(cache.root).st_mode) == 0o700
     assert cache.load(KEY) is None  # the planted entry is not read
     entry, compiled = cache.get_or_compile(KEY, kernel_compile(marker))
-    assert compiled and entry.path.is_relative_to(cache.root)
+    assert compiled == "compiled" and entry.path.is_relative_to(cache.root)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert KernelCache().root == cache.root  # the same private directory, not warned again
@@ -295,14 +295,14 @@ def test_row4_a_bad_cache_root_never_stops_a_kernel(root, tmp_path, monkeypatch,
         KernelCache().entries(), KernelCache().autotune_records(), KernelCache().read_extents(KEY)
         KernelCache().write_extents(KEY, "add", {"X": {0}})
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert compiled and entry.binary == b"\x7fELF-cubin"
+    assert compiled == "compiled" and entry.binary == b"\x7fELF-cubin"
     if expect == "works":
-        assert messages == [] and entry.path is not None and not compiled_again
+        assert messages == [] and entry.path is not None and compiled_again == "disk"
     elif expect == "degrade":
         assert len(messages) == 1 and "cannot write the kernel cache" in messages[0] and entry.path is None
     else:
         assert len(messages) == 1 and "refusing the cache directory" in messages[0]
-        assert entry.path is not None and not entry.path.is_relative_to(root) and not compiled_again
+        assert entry.path is not None and not entry.path.is_relative_to(root) and compiled_again == "disk"
     os.chmod(root, 0o700) if root.is_dir() and not root.is_symlink() else None
 
 
@@ -341,7 +341,7 @@ LOCKS = {
 def test_row5_a_stale_or_malformed_lock_is_broken_without_errors(root, tmp_path, kind):
     lock = _lock(root, LOCKS[kind]())
     entry, compiled = with_timeout(lambda: KernelCache().get_or_compile(KEY, kernel_compile(tmp_path / "m")))
-    assert compiled and entry.path is not None and not lock.exists()
+    assert compiled == "compiled" and entry.path is not None and not lock.exists()
 
 
 def test_row5_a_live_holder_is_named_within_seconds_then_a_clear_timeout(root, tmp_path, monkeypatch):
@@ -440,7 +440,7 @@ def test_row7_a_fifo_never_hangs_a_reader(root, tmp_path, where):
         lock = path.with_name(KEY + ".lock")
         os.mkfifo(lock)
         os.utime(lock, (1, 1))
-        assert with_timeout(lambda: KernelCache().get_or_compile(KEY, kernel_compile(marker)))[1]
+        assert with_timeout(lambda: KernelCache().get_or_compile(KEY, kernel_compile(marker)))[1] == "compiled"
     else:
         (path / where).unlink()
         os.mkfifo(path / where)

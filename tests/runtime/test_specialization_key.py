@@ -70,7 +70,7 @@ class KeyRecorder:
     def __init__(self) -> None:
         self.keys: list[str] = []
 
-    def load(self, key, validate=None):
+    def lookup(self, key, validate=None):
         return None  # nothing is on disk: every compile asks get_or_compile
 
     def read_extents(self, source_hash):
@@ -83,7 +83,7 @@ class KeyRecorder:
         self.keys.append(key)
         meta = {"key": key, "kernel": "stub", "kernel_symbol": "tj_stub", "arch": "sm_80", "param_kinds": [],
                 "shared_bytes": 0, "threads": 128, "binary": "kernel.cubin"}
-        return CacheEntry(key, None, meta, {"kernel.cubin": b""}), True
+        return CacheEntry(key, None, meta, {"kernel.cubin": b""}), "compiled"
 
 
 @pytest.fixture

@@ -19,10 +19,13 @@ One module per concern:
 * ``entries``: one entry's files and digests (``CacheEntry``, ``make_key``), written by rename of a complete
   temporary directory, read back checked.
 * ``locks``: the per-entry lock file, so the ranks of one job compile a kernel once.
-* ``kernel_cache``: ``KernelCache`` (memory, then disk, then compile under the lock; memory only when the
-  directory cannot be written) and ``default_cache``.
+* ``kernel_cache``: ``KernelCache`` (memory, then disk, then the remote, then compile under the lock; memory
+  only when the directory cannot be written) and ``default_cache``.
 * ``records``: the extents hints, and the autotune records as ``tilejit cache list`` shows them.
 * ``maintenance``: list, find, clear and prune, for the ``tilejit cache`` CLI.
+* ``remote``: the remote cache many machines share (``TILEJIT_REMOTE_CACHE``, Redis), every value signed; its
+  module is imported only when one is configured.
+* ``bundle``: ``tilejit cache export`` and ``import``, entries shipped in a tar and checked on the way in.
 
 Only JSON and raw bytes are read back, never pickle. The cache is private to its user (README, "Who may write
 the cache"): the root, shards and entries must be this user's and writable by nobody else, every file is opened

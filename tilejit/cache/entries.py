@@ -174,6 +174,14 @@ def read_meta(path: Path, key: str) -> dict:
     if digest != hashlib.sha256(meta_bytes).hexdigest():
         raise ValueError(f"{META_NAME} does not match {META_DIGEST_NAME}")
     meta = json.loads(meta_bytes)
+    check_meta_fields(meta, key)
+    return meta
+
+
+def check_meta_fields(meta, key: str) -> None:
+    """Raise ValueError unless ``meta`` is the meta.json of ``key``'s entry with every field the cache itself
+    relies on well-formed (the file digests, the binary's name and sha256, the creation time); the same check
+    for an entry read from disk, a remote cache or an imported bundle."""
     if not isinstance(meta, dict) or meta.get("key") != key:
         raise ValueError(f"{META_NAME} does not describe this key")
     files = meta.get("files")
@@ -188,7 +196,16 @@ def read_meta(path: Path, key: str) -> dict:
         raise ValueError(f"{META_NAME}: 'sha256' is not the binary's")
     if not is_timestamp(meta.get("created")):
         raise ValueError(f"{META_NAME}: 'created' must be a finite number")
-    return meta
+
+
+def check_file_digests(meta: dict, files: dict[str, bytes]) -> None:
+    """Raise ValueError unless ``files`` are exactly the files ``meta`` lists, each matching its digest."""
+    listed = meta["files"]
+    if set(files) != set(listed):
+        raise ValueError(f"files {sorted(files)} are not those {META_NAME} lists ({sorted(listed)})")
+    for name, data in files.items():
+        if hashlib.sha256(data).hexdigest() != listed[name]:
+            raise ValueError(f"{name} does not match its digest in {META_NAME}")
 
 
 def read_binary(path: Path, meta: dict) -> tuple[str, bytes]:

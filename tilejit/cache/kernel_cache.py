@@ -1,4 +1,5 @@
-"""``KernelCache``: compiled kernels by key, from memory, then disk, then compiled under a cross-process lock.
+"""``KernelCache``: compiled kernels by key, from memory, then disk, then the remote cache (when one is
+configured: ``remote``), then compiled under a cross-process lock.
 
 A cache directory that cannot be written (read-only home, full disk) must not stop kernels from running: the
 cache warns once per process and keeps new entries in memory. The entry format is ``entries``'s, the lock
@@ -6,6 +7,7 @@ cache warns once per process and keeps new entries in memory. The entry format i
 """
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import threading
@@ -26,9 +28,34 @@ from .layout import CacheLayout, check_key, make_private_dirs
 # otherwise repeat the same warning.
 _warned_unwritable = False
 
+#: Where a kernel came from, as ``get_or_compile`` and ``lookup`` report it (a compiled kernel's ``origin``).
+ORIGINS = ("memory", "disk", "remote", "compiled")
+_origin_counts: collections.Counter = collections.Counter()
+
+
+def origin_counts() -> dict[str, int]:
+    """How many kernel lookups of this process each origin answered (``tilejit cache stats``)."""
+    return {origin: _origin_counts[origin] for origin in ORIGINS}
+
+
+def remote_cache():
+    """The remote cache to use now (``remote.remote_cache``), or None; its module (and the client's) is imported
+    only when ``TILEJIT_REMOTE_CACHE`` is set, so a process without one pays nothing for it."""
+    if knobs.remote_cache_url() is None:
+        return None
+    from . import remote
+
+    return remote.remote_cache()
+
+
+def _found(entry: CacheEntry, origin: str) -> tuple[CacheEntry, str]:
+    _origin_counts[origin] += 1
+    return entry, origin
+
 
 class KernelCache:
-    """Compiled kernels by key: memory first, then disk, then compile under a cross-process lock.
+    """Compiled kernels by key: memory first, then disk, then the remote cache (if configured), then compile
+    under a cross-process lock.
 
     ``root`` is where entries are kept: the configured directory (``configured``), or a private temporary one
     when the configured one is not this user's alone (``private_io.usable_root`` warns once).
@@ -81,6 +108,13 @@ class KernelCache:
         if entry is not None:
             self._memory[key] = entry
         return entry
+
+    def lookup(self, key: str, validate: Callable[[dict], None] | None = None) -> tuple[CacheEntry, str] | None:
+        """``(entry, origin)`` from memory or disk (``load``), counted in ``origin_counts``; None on a miss."""
+        if key in self._memory:
+            return _found(self._memory[key], "memory")
+        entry = self.load(key, validate)
+        return None if entry is None else _found(entry, "disk")
 
     def _load_disk(self, key: str, validate: Callable[[dict], None] | None = None) -> CacheEntry | None:
         path = self.layout.entry_dir(key)
@@ -156,34 +190,59 @@ class KernelCache:
         return CacheEntry(key, final, meta, {binary_name: data[binary_name]})
 
     def get_or_compile(self, key: str, compile_fn: Callable[[], tuple[dict, dict]],
-                       validate: Callable[[dict], None] | None = None) -> tuple[CacheEntry, bool]:
-        """The entry for ``key``, compiling it with ``compile_fn() -> (files, meta)`` if no process has.
+                       validate: Callable[[dict], None] | None = None) -> tuple[CacheEntry, str]:
+        """The entry for ``key`` from memory, disk or the remote cache, else compiled with
+        ``compile_fn() -> (files, meta)`` (by one process at a time, under the entry's lock).
 
-        Returns ``(entry, compiled)``; ``compiled`` is True only in the one process that ran ``compile_fn``.
-        An entry on disk whose meta ``validate`` rejects is discarded and compiled again.
+        Returns ``(entry, origin)``, the origin one of ``ORIGINS``: "compiled" only in the process that ran
+        ``compile_fn``, which pushes the entry to the remote cache. An entry on disk or in the remote whose meta
+        ``validate`` rejects is discarded (or refused) and compiled again.
         """
         if key in self._memory:
-            return self._memory[key], False
+            return _found(self._memory[key], "memory")
         fresh = knobs.always_compile()
         if not fresh and (entry := self.load(key, validate)) is not None:
-            return entry, False
+            return _found(entry, "disk")
+        if not fresh and (entry := self._load_remote(key, validate)) is not None:
+            return _found(entry, "remote")
         if not self._writable:
-            return self._compile_and_store(key, compile_fn, replace=fresh), True
+            return _found(self._compile_and_store(key, compile_fn, replace=fresh), "compiled")
 
         try:
             token = locks.acquire(self.layout, key, None if fresh else (lambda: self.load(key, validate)))
         except locks.EntryAppeared as appeared:
-            return appeared.entry, False
+            return _found(appeared.entry, "disk")
         except OSError as err:  # the shard directory or lock file cannot be created
             self._degrade(err)
-            return self._compile_and_store(key, compile_fn, replace=fresh), True
+            return _found(self._compile_and_store(key, compile_fn, replace=fresh), "compiled")
         try:
             # The previous holder may have stored it between our disk check and taking the lock.
             if not fresh and (entry := self.load(key, validate)) is not None:
-                return entry, False
-            return self._compile_and_store(key, compile_fn, replace=fresh), True
+                return _found(entry, "disk")
+            return _found(self._compile_and_store(key, compile_fn, replace=fresh), "compiled")
         finally:
             locks.release(self.layout, key, token)
+
+    def _load_remote(self, key: str, validate: Callable[[dict], None] | None) -> CacheEntry | None:
+        """``key``'s entry from the remote cache, checked and written into this cache; None on a miss."""
+        shared = remote_cache()
+        if shared is None:
+            return None
+        found = shared.get_entry(key)
+        if found is None:
+            return None
+        files, meta = found
+        if validate is not None:
+            try:
+                validate(meta)
+            except (ValueError, KeyError, TypeError) as error:
+                from .remote import entry_name
+
+                shared.refuse(entry_name(key), str(error))
+                return None
+        # Stored as a new local entry: the digests are made again from the (checked) files.
+        made_by_cache = ("key", "sha256", "created", "files")
+        return self.store(key, files, {name: value for name, value in meta.items() if name not in made_by_cache})
 
     def _compile_and_store(self, key: str, compile_fn: Callable[[], tuple[dict, dict]],
                            replace: bool) -> CacheEntry:
@@ -191,7 +250,17 @@ class KernelCache:
         files, meta = compile_fn()
         meta = dict(meta)
         meta.setdefault("compile_seconds", round(time.perf_counter() - start, 4))
-        return self.store(key, files, meta, replace=replace)
+        entry = self.store(key, files, meta, replace=replace)
+        shared = remote_cache()
+        if shared is not None:
+            data = {name: content.encode() if isinstance(content, str) else bytes(content)
+                    for name, content in files.items()}
+            try:
+                entries.check_file_digests(entry.meta, data)
+            except ValueError:
+                return entry  # another process stored its own build of the key first: that one is its to push
+            shared.put_entry(key, data, entry.meta)
+        return entry
 
     def _degrade(self, err: OSError) -> None:
         global _warned_unwritable
