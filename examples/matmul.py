@@ -1,4 +1,4 @@
-"""The matmul kernel of DESIGN.md, checked against a float64 torch reference.
+"""The matmul kernel of the README (one pipelined T.range loop), checked against a float64 torch reference.
 
 With a CUDA GPU it is compiled and run in fp16 on two shapes; without one it runs through the IR
 interpreter (TILEJIT_INTERPRET=1) on CPU tensors, on a small ragged shape. One line per shape; the exit

@@ -1,4 +1,4 @@
-"""Default autotuning spaces for common kernels (the matmul of DESIGN.md).
+"""Default autotuning spaces for common kernels (the README's matmul, examples/matmul.py).
 
 ``matmul_configs()`` is a small hand-picked set: BM=64 tiles for skinny problems (LLM decode shapes), 128x128
 for the middle, 128x256 / 256x128 on 8 warps for large squares. BK=64 tiles with 4 or 8 warps are the ones

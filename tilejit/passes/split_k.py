@@ -167,7 +167,7 @@ def _the_k_loop(fn: Function, option: str) -> Op:
         where = loops[1] if len(loops) > 1 else None
         raise _error(fn, where, f"{option} needs exactly one top-level loop that accumulates matrix products; this "
                                 f"kernel has {len(loops)}",
-                     f"{option} applies to kernels shaped like the DESIGN.md matmul (one K loop, then the epilogue); "
+                     f"{option} applies to kernels shaped like the README's matmul (one K loop, then the epilogue); "
                      f"{off}")
     loop = loops[0]
     body = loop.regions[0]
