@@ -3,12 +3,17 @@
 Every test compiles into a kernel cache of the run's own (``private_kernel_cache``): the suite never writes the
 user's cache, the configured one (``$TILEJIT_CACHE_DIR``) nor the default (``~/.cache/tilejit``,
 ``$XDG_CACHE_HOME/tilejit``). The process that runs the session (the controller under pytest-xdist) records
-those directories before any test and fails the run if they changed (``pytest_sessionfinish``).
+those directories and points ``TILEJIT_CACHE_DIR`` at the private cache in ``pytest_configure``, before test
+modules are collected (their imports and skip conditions may already ask NVRTC its version, which is recorded
+in the cache) and before the workers start (they inherit it); it fails the run if the user's caches changed
+(``pytest_sessionfinish``).
 """
 from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,9 @@ import pytest
 #: The user's kernel caches as the run found them (path -> ``cache_snapshot``), kept by the controlling process.
 _USER_CACHES = pytest.StashKey[dict]()
 _USER_CACHE_DIRS = pytest.StashKey[list]()
+#: Set by the controlling process for its workers: the user's cache directories (os.pathsep-separated), found
+#: before TILEJIT_CACHE_DIR was pointed at the private cache.
+_USER_CACHE_DIRS_ENV = "TILEJIT_TESTS_USER_CACHE_DIRS"
 
 
 @functools.cache
@@ -68,9 +76,13 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_USER_CACHE_DIRS] = user_cache_dirs()  # before private_kernel_cache sets TILEJIT_CACHE_DIR
-    if not _is_xdist_worker(config):  # recorded before any test (and any worker) runs
+    if _is_xdist_worker(config):  # the controller found the user's caches and set the private one
+        config.stash[_USER_CACHE_DIRS] = [Path(d) for d in os.environ[_USER_CACHE_DIRS_ENV].split(os.pathsep)]
+    else:  # recorded before any module is collected (and any worker starts)
+        config.stash[_USER_CACHE_DIRS] = user_cache_dirs()
         config.stash[_USER_CACHES] = {d: cache_snapshot(d) for d in config.stash[_USER_CACHE_DIRS]}
+        os.environ[_USER_CACHE_DIRS_ENV] = os.pathsep.join(str(d) for d in config.stash[_USER_CACHE_DIRS])
+        os.environ["TILEJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tilejit-test-cache-")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "requires_sm(major): needs a GPU of compute capability >= major (80, 90, ...)")
     config.addinivalue_line("markers", "sm90a(what): runs only on an sm_90 GPU (kernels built for sm_90a's wgmma and "
@@ -81,6 +93,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     before = session.config.stash.get(_USER_CACHES, None)
     if before is None:  # an xdist worker: the controller checks once every worker is done
         return
+    shutil.rmtree(os.environ["TILEJIT_CACHE_DIR"], ignore_errors=True)
     changed = [str(d) for d, snapshot in before.items() if cache_snapshot(d) != snapshot]
     if changed:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -126,17 +139,13 @@ def requires_sm():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_kernel_cache(tmp_path_factory) -> Path:
+def private_kernel_cache() -> Path:
     """The run's own kernel cache, set as TILEJIT_CACHE_DIR for every test and the processes they start. The
     workers of one pytest-xdist run share it (the cache is safe across processes), so a kernel compiled by one
     worker is a hit for the others; each run starts with it empty."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER") and base.name.startswith("popen-"):
-        base = base.parent  # the run's folder (the controller's basetemp), above the worker's own
-    root = base / "tilejit-cache"
-    root.mkdir(mode=0o700, exist_ok=True)
+    root = Path(os.environ["TILEJIT_CACHE_DIR"])  # made by pytest_configure, before collection
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TILEJIT_CACHE_DIR", str(root))
+        mp.setenv("TILEJIT_CACHE_DIR", str(root))  # a test that changes it is undone at the end of the run
         yield root
 
 
