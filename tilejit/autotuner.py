@@ -513,7 +513,7 @@ class Autotuner:
         record = shared.get_record(name)
         if record is None:
             return None
-        problem = "it is for another key" if record.get("key") != key else _record_problem(record)
+        problem = "it is for another key" if record.get("key") != key else record_problem(record)
         if problem is not None:
             shared.refuse(name, problem)
             return None
@@ -708,7 +708,7 @@ class _TuningStore:
             return {}
         valid = {}
         for key, record in data.items():
-            problem = _record_problem(record)
+            problem = record_problem(record)
             if problem is None:
                 valid[key] = record
             elif not quiet:
@@ -771,7 +771,7 @@ def _pool_among_ranks(group: Any, key: str, timings: dict[str, float], failures:
     return peers
 
 
-def _record_problem(record: Any) -> str | None:
+def record_problem(record: Any) -> str | None:
     """What is wrong with one stored record (None when it can be trusted): timings must be finite positive
     numbers and failure reasons strings, both keyed by config identity, and no config both timed and failed
     (a record saying otherwise was damaged, and would have a failing config chosen on every run)."""

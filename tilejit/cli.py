@@ -278,12 +278,12 @@ def _cmd_export(args) -> int:
 def _cmd_import(args) -> int:
     import tarfile
 
-    from tilejit.autotuner import _record_problem
+    from tilejit.autotuner import record_problem
     from tilejit.cache import bundle, default_cache
     from tilejit.compiler import check_meta
 
     try:
-        report = bundle.import_bundle(default_cache(), Path(args.file), check_meta, _record_problem)
+        report = bundle.import_bundle(default_cache(), Path(args.file), check_meta, record_problem)
     except (OSError, EOFError, tarfile.TarError) as err:
         raise CliError(f"cannot read {args.file} as a tar: {getattr(err, 'strerror', None) or err}") from None
     for name, why in report.refused:
