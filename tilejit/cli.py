@@ -279,6 +279,7 @@ def _cmd_import(args) -> int:
     import tarfile
 
     from tilejit.autotuner import record_problem
+    from tilejit.backend_cuda.nvrtc import record_imported_versions
     from tilejit.cache import bundle, default_cache
     from tilejit.compiler import check_meta
 
@@ -286,6 +287,7 @@ def _cmd_import(args) -> int:
         report = bundle.import_bundle(default_cache(), Path(args.file), check_meta, record_problem)
     except (OSError, EOFError, tarfile.TarError) as err:
         raise CliError(f"cannot read {args.file} as a tar: {getattr(err, 'strerror', None) or err}") from None
+    record_imported_versions(report.nvrtc_versions)
     for name, why in report.refused:
         print(f"tilejit: refused {name}: {why}", file=sys.stderr)
     print(f"imported {len(report.entries)} entries, {report.autotune_records} autotune records and "

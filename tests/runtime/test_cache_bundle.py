@@ -15,6 +15,7 @@ from tilejit import cli
 from tilejit.autotuner import Autotuner
 from tilejit.backend_cuda import nvrtc
 from tilejit.cache import kernel_cache
+from tilejit.errors import BackendUnavailableError
 
 from test_autotune import FakeBench, FakeKernel, configs_for, launch  # noqa: E402  (tests/runtime is on the path)
 from test_cache_kernels import compile_matmul, compile_scale, cubin_sm  # noqa: E402
@@ -71,6 +72,39 @@ def test_an_imported_cache_needs_no_nvrtc(tmp_path, monkeypatch, use_dir, warm_b
     tuner = Autotuner(kernel, configs_for(32, 64), key=["M"], bench_fn=bench)
     launch(tuner)
     assert tuner.best_config.kwargs["BM"] == 64 and bench.timed == []
+
+
+def no_nvrtc_library(monkeypatch) -> None:
+    """As on a machine where libnvrtc cannot be loaded at all: every question to the library fails."""
+    def unloadable():
+        raise BackendUnavailableError("cannot load the NVRTC library: libnvrtc.so.13: not found")
+    monkeypatch.setattr(nvrtc, "_nvrtc", unloadable)
+    for cached in (nvrtc.nvrtc_version, nvrtc._library_version):
+        cached.cache_clear()
+    monkeypatch.setattr(nvrtc, "_recorded_version", lambda: None)
+
+
+def test_an_imported_cache_launches_where_nvrtc_cannot_load(tmp_path, monkeypatch, use_dir, warm_bundle, capsys):
+    bundle, cubins, matmul_cubin = warm_bundle
+    shipped = use_dir(tmp_path / "shipped")
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert json.loads((shipped / "nvrtc-imported.json").read_text())["versions"] == [list(nvrtc.nvrtc_version())]
+    use_dir(shipped)
+    no_nvrtc_library(monkeypatch)
+    for arch, cubin in cubins.items():
+        loaded = compile_scale(arch)
+        assert loaded.origin == "disk" and loaded.asm["cubin"] == cubin
+    assert compile_matmul("sm_90a").asm["cubin"] == matmul_cubin
+    # A kernel the bundle does not hold needs NVRTC, and says so.
+    with pytest.raises(BackendUnavailableError, match="cannot load the NVRTC library"):
+        compile_scale("sm_100a")
+
+
+def test_without_nvrtc_or_an_import_the_error_says_how_to_get_nvrtc(tmp_path, monkeypatch, use_dir):
+    use_dir(tmp_path / "empty")
+    no_nvrtc_library(monkeypatch)
+    with pytest.raises(BackendUnavailableError, match="cannot load the NVRTC library"):
+        compile_scale("sm_80")
 
 
 def test_export_of_named_kernels_only(tmp_path, use_dir, warm_bundle, capsys):

@@ -501,3 +501,36 @@ def test_threads_share_one_fault(monkeypatch):
         for t in threads:
             t.join()
     assert len(runtime_warnings(caught)) == 1 and shared.unavailable == "ConnectionError: refused"
+
+
+def test_a_server_that_answers_slowly_is_turned_off_after_a_few_slow_requests(monkeypatch):
+    """Slow but within the timeout: each request would cost its wait for the whole run; a few slow ones turn the
+    remote off, once, and later lookups cost nothing."""
+    clock = [0.0]
+    monkeypatch.setattr(remote.time, "perf_counter", lambda: clock[0])
+
+    class Slow(DictBackend):
+        requests = 0
+
+        def get(self, name, limit):
+            Slow.requests += 1
+            clock[0] += remote.SLOW_REQUEST_S + 1.0  # answers, within TIMEOUT_S, but slowly
+            return super().get(name, limit)
+
+    shared = remote.RemoteCache(Slow(), b"k" * 32, "a slow store")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(remote.SLOW_REQUESTS + 5):
+            assert shared.get_entry("ab" * 32) is None
+    assert Slow.requests == remote.SLOW_REQUESTS
+    (warning,) = runtime_warnings(caught)
+    assert "answering slowly" in warning
+    assert shared.unavailable.startswith("answering slowly")
+
+
+def test_fast_requests_never_count_as_slow(monkeypatch):
+    shared = remote.RemoteCache(DictBackend(), b"k" * 32, "a dict")
+    for _ in range(50):
+        shared.put_record("tilejit:v1:autotune:x", {"kernel": "k"})
+        assert shared.get_record("tilejit:v1:autotune:x") == {"kernel": "k"}
+    assert shared.slow_requests == 0 and shared.unavailable is None

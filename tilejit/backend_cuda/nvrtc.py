@@ -122,7 +122,13 @@ def nvrtc_version() -> tuple[int, int]:
     recorded = _recorded_version()
     if recorded is not None:
         return recorded
-    version = _library_version()
+    try:
+        version = _library_version()
+    except BackendUnavailableError:
+        imported = imported_version()
+        if imported is None:
+            raise
+        return imported  # no NVRTC here: the cache holds kernels an import brought, keyed by their NVRTC
     _record_version(version)
     return version
 
@@ -217,6 +223,55 @@ def _record_version(version: tuple[int, int]) -> None:
         private_io.write_private(target, (json.dumps(record, sort_keys=True) + "\n").encode())
     except OSError:
         pass
+
+
+# ---- kernels built elsewhere ----------------------------------------------------------------------------------
+
+def _imported_record_path():
+    return current_layout().nvrtc_record.with_name("nvrtc-imported.json")
+
+
+def record_imported_versions(versions) -> None:
+    """Remember the NVRTC versions ("major.minor") that built the kernels ``tilejit cache import`` stored, so a
+    process that cannot load NVRTC at all keys its lookups as those kernels were keyed (see imported_version).
+    Merged with the versions already recorded; nothing is written when the directory is not writable."""
+    known = set(_imported_versions())
+    for text in versions:
+        parsed = _parse_version(text)
+        if parsed is not None:
+            known.add(parsed)
+    if not known or known == set(_imported_versions()):
+        return
+    target = _imported_record_path()
+    try:
+        private_io.make_private_root(target.parent)
+        private_io.write_private(target, (json.dumps({"versions": sorted(list(v) for v in known)}) + "\n").encode())
+    except OSError:
+        pass
+
+
+def imported_version() -> tuple[int, int] | None:
+    """The newest NVRTC version that built imported kernels (None when nothing was imported). Used only when
+    NVRTC cannot be loaded: the cache keys of those kernels name it, and nothing can be compiled anyway."""
+    versions = _imported_versions()
+    return max(versions) if versions else None
+
+
+def _imported_versions() -> list[tuple[int, int]]:
+    try:
+        record = json.loads(private_io.read_private(_imported_record_path(), limit=1 << 16))
+        listed = record["versions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(listed, list):
+        return []
+    return [tuple(v) for v in listed
+            if isinstance(v, list) and len(v) == 2 and all(type(n) is int and 0 <= n < 1000 for n in v)]
+
+
+def _parse_version(text) -> tuple[int, int] | None:
+    match = re.fullmatch(r"(\d{1,3})\.(\d{1,3})", text) if isinstance(text, str) else None
+    return (int(match[1]), int(match[2])) if match else None
 
 
 @functools.cache

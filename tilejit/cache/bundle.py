@@ -51,6 +51,7 @@ class ImportReport:
     autotune_records: int = 0
     extents_hints: int = 0
     refused: list[tuple[str, str]] = field(default_factory=list)
+    nvrtc_versions: set[str] = field(default_factory=set)  # "major.minor" of the NVRTC that built each entry
 
 
 # ---- export -----------------------------------------------------------------------------------------------------
@@ -147,6 +148,9 @@ def import_bundle(cache: KernelCache, path: Path, validate: Callable[[dict], Non
             continue
         stored = cache.store(key, files, {name: value for name, value in meta.items() if name not in _MADE_BY_STORE})
         report.entries.append(stored.key)
+        version = (meta.get("versions") or {}).get("nvrtc") if isinstance(meta.get("versions"), dict) else None
+        if isinstance(version, str):
+            report.nvrtc_versions.add(version)
     return report
 
 

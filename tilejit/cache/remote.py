@@ -8,7 +8,10 @@ malformed) is refused with one warning and the kernel is compiled locally. Witho
 not used, and one warning says why.
 
 Faults cost a bounded time: every request has a connect and a read timeout and is never retried; the first
-failure (unreachable, slow, full) turns the remote off for the rest of the process, with one warning. Lookups
+failure (unreachable, timed out, full) turns the remote off for the rest of the process, with one warning. A
+server that answers, but slowly, is turned off the same way once ``SLOW_REQUESTS`` requests have each taken
+longer than ``SLOW_REQUEST_S`` (a hit on a healthy server takes milliseconds): the most a remote can cost a
+process is about ``SLOW_REQUESTS`` timeouts. Lookups
 go memory, disk, remote, compile (``KernelCache.get_or_compile``); a remote hit is written into the local
 cache.
 
@@ -42,6 +45,9 @@ from .entries import check_file_digests, check_meta_fields
 MAX_VALUE_BYTES = 32 << 20
 #: Seconds to connect, and to wait for each reply, before the remote counts as unreachable or slow.
 TIMEOUT_S = 2.0
+#: A request slower than this counts as slow; the remote is turned off after SLOW_REQUESTS of them.
+SLOW_REQUEST_S = 0.5
+SLOW_REQUESTS = 3
 _SIGNED_MAGIC = b"tilejit-signed-v1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
 _NAMESPACE = "tilejit:v1:"
@@ -178,6 +184,7 @@ class RemoteCache:
         self.max_value_bytes = MAX_VALUE_BYTES if max_value_bytes is None else max_value_bytes
         self._secret = secret
         self.unavailable: str | None = None  # why the remote was turned off, once it was
+        self.slow_requests = 0
         self._lock = threading.Lock()
 
     # ---- kernel entries ------------------------------------------------------------------------------------
@@ -245,11 +252,14 @@ class RemoteCache:
     def _get(self, name: str) -> bytes | None:
         if self.unavailable is not None:
             return None
+        start = time.perf_counter()
         try:
             value = self.backend.get(name, self.max_value_bytes)
         except RemoteUnavailable as error:
             self._turn_off(str(error))
             return None
+        finally:
+            self._count_if_slow(time.perf_counter() - start)
         if value is None:
             return None
         try:
@@ -264,10 +274,23 @@ class RemoteCache:
         value = sign(self._secret, name, payload)
         if len(value) > self.max_value_bytes:
             return  # kept locally only: a value this large would be refused by every reader
+        start = time.perf_counter()
         try:
             self.backend.put(name, value)
         except RemoteUnavailable as error:
             self._turn_off(str(error))
+        finally:
+            self._count_if_slow(time.perf_counter() - start)
+
+    def _count_if_slow(self, seconds: float) -> None:
+        if seconds <= SLOW_REQUEST_S:
+            return
+        with self._lock:
+            self.slow_requests += 1
+            count = self.slow_requests
+        if count >= SLOW_REQUESTS:
+            self._turn_off(f"answering slowly: {count} requests took over {SLOW_REQUEST_S:g} s each, the last "
+                           f"{seconds:.2f} s")
 
     def refuse(self, name: str, why: str) -> None:
         warnings.warn(f"tilejit: refusing {name} from {self.where}: {why}; compiling locally instead",
