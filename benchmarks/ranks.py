@@ -100,7 +100,9 @@ def _rank_main(rank: int, world: int, port: int, cache: str, remote: str | None,
         from tilejit.cache.kernel_cache import origin_counts
 
         origins = {name: n for name, n in origin_counts().items() if n and name != "memory"}
-        report = {"rank": rank, "matmul_s": matmul_s, "total_s": total_s, "error": err, "choices": choices,
+        stats = matmul.stats
+        report = {"rank": rank, "matmul_s": matmul_s, "compile_s": stats.compile_s, "bench_s": stats.bench_s,
+                  "configs_compiled": len(stats.compiled), "configs_timed": len(stats.timed), "total_s": total_s, "error": err, "choices": choices,
                   "origins": origins, "attention_finite": bool(torch.isfinite(o).all() and torch.isfinite(q.grad).all())}
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
@@ -120,7 +122,9 @@ def run_phase(name: str, world: int, cache: Path, out: Path, remote: str | None 
     reports = [json.loads((phase_out / f"rank{r}.json").read_text()) for r in range(world)]
     choices = {choice for r in reports for choice in r["choices"]}
     return {"phase": name, "world": world, "wall_s": wall,
-            "matmul_s": max(r["matmul_s"] for r in reports), "total_s": max(r["total_s"] for r in reports),
+            "matmul_s": max(r["matmul_s"] for r in reports),
+            "compile_s": max(r["compile_s"] for r in reports), "bench_s": max(r["bench_s"] for r in reports),
+            "configs_per_rank": max(r["configs_compiled"] for r in reports), "total_s": max(r["total_s"] for r in reports),
             "max_error": max(r["error"] for r in reports), "one_choice": len(choices) == 1,
             "choice": sorted(choices)[0],
             "origins": {name: sum(r["origins"].get(name, 0) for r in reports)
@@ -158,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_phase("warm remote", world, work / "host-b", args.out, remote=args.remote))
     meta = machine_stamp()
     table = markdown_table(
-        ["phase", "ranks", "matmul first launch s", "set first launch s", "wall s", "one choice", "kernels by origin (all ranks)",
+        ["phase", "ranks", "matmul first launch s", "of it compiling s", "of it timing s", "configs per rank",
+         "set first launch s", "wall s", "one choice", "kernels by origin (all ranks)",
          "matmul err"],
-        [[r["phase"], r["world"], round(r["matmul_s"], 2), round(r["total_s"], 2), round(r["wall_s"], 1),
+        [[r["phase"], r["world"], round(r["matmul_s"], 2), round(r["compile_s"], 2), round(r["bench_s"], 2),
+          r["configs_per_rank"], round(r["total_s"], 2), round(r["wall_s"], 1),
           "yes" if r["one_choice"] else "NO", " ".join(f"{k} {v}" for k, v in r["origins"].items()), f"{r['max_error']:.1e}"] for r in rows])
     split = rows[1]["matmul_s"] / rows[0]["matmul_s"]
     notes = [f"split tuning: {world} ranks took {split:.2f}x the time of one (matmul first launch, cold)",

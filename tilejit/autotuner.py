@@ -44,6 +44,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -173,6 +174,8 @@ class AutotuneStats:
     compile_thread_ids: set[int] = field(default_factory=set)  # distinct worker threads that compiled
     from_disk: bool = False  # the choice came from the persisted record
     retimed: list[str] = field(default_factory=list)  # the finalists timed again in turns (``_time_finalists``)
+    compile_s: float = 0.0  # wall time of compiling this rank's configs
+    bench_s: float = 0.0  # wall time of timing them (finalists included)
 
 
 def autotune(
@@ -456,9 +459,12 @@ class Autotuner:
             steps = len(todo) if interpret else 2 * len(todo)
             with _progress(total=steps, desc=f"autotune {self.__name__}") as bar, _tuning(self.kernel):
                 # The interpreter compiles nothing: each config's IR is built on its first (timed) run.
+                start = time.perf_counter()
                 compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar,
                                                                     timed_before=bool(timings))
+                stats.compile_s = time.perf_counter() - start
                 self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
+                stats.bench_s = time.perf_counter() - start - stats.compile_s
         if group is not None:
             _pool_among_ranks(group, key, timings, failures)  # the same timings on every rank: the same choice
 
