@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import datetime
 import json
 import logging
@@ -52,7 +53,7 @@ from tilejit import knobs, private_io
 from tilejit.cache.kernel_cache import remote_cache
 from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
-                            entry_point, raised_in_user_code, user_stacklevel)
+                            entry_point, raised_in_user_code, user_call_site, user_stacklevel)
 from tilejit.runtime.jit import call_grid_function
 from tilejit.target import LaunchOptions
 
@@ -390,9 +391,10 @@ class Autotuner:
                 f"to the launch"
             )
         named = self._named_args(args, kwargs)
-        config = self._choose(grid, args, kwargs, named)
-        self.best_config = config
-        self._launch(config, grid, args, kwargs, named)
+        with user_call_site():  # warnings of tuning (compiles on other threads included) name the launch line
+            config = self._choose(grid, args, kwargs, named)
+            self.best_config = config
+            self._launch(config, grid, args, kwargs, named)
         if fast is not None:
             self._fast_choice[fast] = config
         return config
@@ -578,7 +580,8 @@ class Autotuner:
             return getattr(self.kernel.compile(*args, **kwargs, **config.all_kwargs()), "meta", None) or {}
 
         with _compile_executor(min(knobs.compile_workers(), len(configs))) as pool:
-            futures = {pool.submit(compile_one, config): config for config in configs}
+            # each compile in a copy of this context: its warnings name the user's launch line (user_call_site)
+            futures = {pool.submit(contextvars.copy_context().run, compile_one, config): config for config in configs}
             for future in concurrent.futures.as_completed(futures):
                 bar.update(1)
         compiled, spilling = [], []

@@ -251,3 +251,57 @@ def test_the_interpreter_path_is_unaffected(monkeypatch):
         tuner[(1,)](x, y, 64)
     assert torch.equal(y, x * 2)
     assert tuner._native is None and kernel._dispatcher is None
+
+
+# -- warnings of compiling name the user's line ------------------------------------------------------------------
+
+def _shrinking_configs():
+    """A config whose ring (8 stages of 128x128x64 halves, 256 KB) sm_80 shrinks with a warning, and one that fits."""
+    return [Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=4, num_stages=8),
+            Config({"BM": 64, "BN": 64, "BK": 32}, num_warps=4, num_stages=2)]
+
+
+def test_warnings_while_tuning_name_the_launch_line(tmp_path, monkeypatch):
+    """The configs compile on the autotuner's threads, where no frame is the user's: the warning still names the
+    line of the tuned launch (the benchmark runs nothing; the chosen config's launch then refuses meta tensors)."""
+    import inspect
+
+    import torch
+    from kernels import matmul_staged
+
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))  # a cold cache: the compile runs, and warns
+    monkeypatch.setenv("TILEJIT_ARCH", "sm_80")
+    monkeypatch.setenv("TILEJIT_COMPILE_WORKERS", "2")
+    tuner = Autotuner(tilejit.kernel(matmul_staged.fn), _shrinking_configs(), key=["A"], bench_fn=lambda run: 1.0)
+    a, b, c = (torch.empty(4096, 4096, dtype=torch.float16, device="meta") for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="a pipeline of 8 stages") as caught:
+        with pytest.raises(tilejit.errors.ArgumentValueError, match="move it to a CUDA device"):
+            line = inspect.currentframe().f_lineno + 1
+            tuner[(1, 1)](a, b, c)
+    assert tuner.stats.compile_thread_ids  # compiled on the autotuner's threads
+    locations = {(w.filename, w.lineno) for w in caught if "a pipeline of" in str(w.message)}
+    assert locations == {(__file__, line)}
+
+
+def test_warnings_of_compile_name_its_line_through_a_helper_of_the_users(tmp_path, monkeypatch):
+    """``kernel.compile`` called from a function of the user's: the warning names the line inside it (the first
+    frame out of tilejit), whatever tilejit frames lie between."""
+    import inspect
+
+    import torch
+    from kernels import matmul_staged
+
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
+    kernel = Autotuner(tilejit.kernel(matmul_staged.fn), _shrinking_configs(), key=["A"])  # compile passes through
+    a = torch.empty(4096, 4096, dtype=torch.float16, device="meta")
+    lines = []
+
+    def build():
+        lines.append(inspect.currentframe().f_lineno + 1)
+        return kernel.compile(a, a, a, BM=128, BN=128, BK=64, num_warps=4, num_stages=8, arch="sm_80",
+                              stop_after="cuda")
+
+    with pytest.warns(RuntimeWarning, match="a pipeline of 8 stages") as caught:
+        build()
+    (warning,) = [w for w in caught if "a pipeline of" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, lines[0])
