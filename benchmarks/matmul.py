@@ -335,6 +335,41 @@ TABLE_HEADERS = ["shape (MxNxK)", "dtype", "tilejit TFLOP/s", "cuBLAS TFLOP/s", 
                  "tilejit/cuBLAS", "tilejit/Triton", "tilejit config"]
 
 
+def launch_host_times(launches: int = 1000, reps: int = 15) -> dict[str, dict[str, float]]:
+    """Host microseconds per launch of ``kernels.matmul`` on a 256^3 fp16 problem (small, so the GPU keeps up and
+    the host's time is what is measured), once tuned: launched plainly with the chosen config's meta arguments and
+    its grid, and through the autotuner (the compiled launcher's tuned dispatch), with that grid and with
+    ``kernels.matmul_grid``; the launchers take turns (``benchmarks.launch.host_overheads``)."""
+    import torch
+
+    from benchmarks import kernels
+    from benchmarks.launch import host_overheads
+
+    a, b = (torch.randn(256, 256, device="cuda", dtype=torch.float16) for _ in range(2))
+    c = torch.empty(256, 256, device="cuda", dtype=torch.float16)
+    tuner = kernels.matmul
+    tuner[kernels.matmul_grid](a, b, c)  # tunes (or reads the stored choice)
+    config = tuner.best_config
+    grid = kernels.matmul_grid({"A": a, "B": b, "C": c, **config.launch_kwargs})
+    meta = config.launch_kwargs
+    launchers = {
+        "plain launch (the chosen config, grid tuple)": lambda: tuner.kernel[grid](a, b, c, **meta),
+        "tuned launch (grid tuple)": lambda: tuner[grid](a, b, c),
+        "tuned launch (grid function)": lambda: tuner[kernels.matmul_grid](a, b, c),
+    }
+    for launch in launchers.values():  # each path's first launches compile, make and fill its tables
+        for _ in range(4):
+            launch()
+    return host_overheads(launchers, launches, reps)
+
+
+def launch_rows(times: dict[str, dict[str, float]]) -> list[list[Any]]:
+    """Rows of the launch host-time table: each launcher's median and its difference from the plain launch."""
+    plain = next(iter(times.values()))["us_per_launch"]
+    return [[name, f"{r['us_per_launch']:.2f} us", f"{r['us_per_launch'] - plain:+.2f} us",
+             f"{r['min_us_per_launch']:.2f} us"] for name, r in times.items()]
+
+
 def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     out = []
     for r in rows:
@@ -397,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RUN_LOG_PATH, help="Markdown file the table is appended to")
     parser.add_argument("--no-append", action="store_true", help="do not append to the run log")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every autotuning decision")
+    parser.add_argument("--no-launch-times", action="store_true",
+                        help="skip the host time of a tuned launch against a plain one (256^3 fp16, a few seconds)")
     parser.add_argument("--sm80-path", action="store_true",
                         help="also tune and time the sm_80 path (mma.sync and cp.async pinned; Hopper GPUs only)")
     args = parser.parse_args(argv)
@@ -456,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
 
+    launch_times: dict[str, Any] = {}
+    if not args.no_launch_times and not interrupted:
+        try:
+            launch_times = launch_host_times()
+        except Exception as error:  # noqa: BLE001 - a measurement of its own: report, keep the TFLOP/s table
+            launch_times = {"error": f"{type(error).__name__}: {error}"[:2000]}
     notes = []
     if triton_error:
         notes.append(f"Triton unavailable: {triton_error}")
@@ -466,8 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     notes.append(f"tilejit: DESIGN.md matmul, autotuned over tilejit.configs.matmul_configs(); correctness "
                  f"vs cuBLAS before timing (max abs err / max |ref| <= {REL_TOL}); do_bench median, L2 flushed.")
     write_json(json_path, {"meta": meta, "rows": rows, "complete": not (skipped or interrupted),
-                           "notes": notes})
+                           "notes": notes, "launch_host_us": launch_times})
     table = markdown_table(TABLE_HEADERS, table_rows(rows))
+    if "error" in launch_times:
+        notes.append(f"launch host times failed: {launch_times['error']}")
+    elif launch_times:
+        table += ("\n\nHost time per launch of the autotuned matmul, 256^3 fp16, same run (median of 15 x 1000 "
+                  "back-to-back launches, launchers taking turns):\n\n"
+                  + markdown_table(["launch", "host time", "vs plain", "min"], launch_rows(launch_times)))
     if args.sm80_path and sm80_rows(rows):
         table += ("\n\nThe sm_80 path (mma.sync and cp.async pinned, `kernels.SM80_PINS`; autotuned over an sm_80 GPU's "
                   "config space) in the same run:\n\n" + markdown_table(SM80_HEADERS, sm80_rows(rows)))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import datetime
 import json
 import logging
@@ -53,7 +54,7 @@ from tilejit import knobs, private_io
 from tilejit.cache.kernel_cache import remote_cache
 from tilejit.cache.layout import CacheLayout, current_layout
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
-                            entry_point, raised_in_user_code, user_stacklevel)
+                            entry_point, raised_in_user_code, user_call_site, user_stacklevel)
 from tilejit.runtime.jit import call_grid_function
 from tilejit.target import LaunchOptions
 
@@ -158,7 +159,7 @@ class _TunedLaunch:
 
     @entry_point  # the user's call: an error shows their line, not tilejit's frames
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return self.tuner._launch_call(self.grid, args, kwargs)
+        self.tuner._launch_call(self.grid, args, kwargs)
 
 
 @dataclass
@@ -268,6 +269,8 @@ class Autotuner:
         # Launch fast path: a cheap tuple of what the key string depends on -> chosen config.
         self._fast_choice: dict[tuple, Config] = {}
         self._bound: dict[tuple, _TunedLaunch] = {}  # grid -> its bound launch (tuner[grid])
+        # The compiled launcher's tuned dispatch (runtime/_launch.c's Tuned), once the kernel has its Dispatcher.
+        self._native: Any = None
         self._tuned_names = {n for c in self.configs for n in c.kwargs} | set(_LAUNCH_OPTIONS)
         self._lock = threading.Lock()
 
@@ -293,6 +296,9 @@ class Autotuner:
     # -- launching ----------------------------------------------------------------------------------------------
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        native = self._native
+        if native is not None:
+            return native.bind(grid)  # the compiled launcher's tuned dispatch (runtime/_launch.c)
         if type(grid) is tuple:  # the common case: one bound launch per grid, made once
             bound = self._bound.get(grid)
             if bound is None:
@@ -302,16 +308,55 @@ class Autotuner:
             return bound
         return _TunedLaunch(self, grid)
 
-    def _launch_call(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """``tuner[grid](*args, **kwargs)``: a remembered choice launches at once; otherwise tune (or read the
-        stored choice) first."""
+    def _launch_call(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Config:
+        """``tuner[grid](*args, **kwargs)`` in Python: a remembered choice launches at once; otherwise tune (or
+        read the stored choice) first. Returns the config launched."""
         fast = self._fast_key(args, kwargs)
         config = self._fast_choice.get(fast) if fast is not None else None
         if config is None:
-            self._run(grid, args, kwargs, fast)
+            config = self._run(grid, args, kwargs, fast)
+        else:
+            self.best_config = config
+            self._launch(config, grid, args, kwargs)
+        if self._native is None:
+            self._attach_native()
+        return config
+
+    def _attach_native(self) -> None:
+        """Move later launches to the compiled launcher's tuned dispatch (``_launch.c``'s Tuned) once the kernel
+        has made its Dispatcher (at its first GPU launch, when the launcher is built): there a launch signs the
+        call's tuning key (the kernel's call signature, the key arguments by value, the environment variables the
+        choice depends on), finds the chosen compiled kernel and launches it, with no Python frame. A miss comes
+        back to ``_native_miss``. Only for a plain ``@tilejit.kernel`` underneath, whose launch is the Dispatcher's."""
+        from tilejit.runtime import native
+        from tilejit.runtime.jit import Kernel
+
+        kernel = self.kernel
+        if type(kernel) is not Kernel or kernel._dispatcher is None:
             return
-        self.best_config = config
-        self._launch(config, grid, args, kwargs)
+        module = native.ready()
+        if module is None:
+            return
+        exact = bytes(name in self.key for name in kernel.arg_names)
+        self._native = module.Tuned(
+            dispatcher=kernel._dispatcher, exact=exact, env_names=NATIVE_KEY_VARIABLES,
+            slow=entry_point(self._native_miss), fallback=entry_point(self._launch_call),
+            grid_fn=entry_point(self._native_grid), owner=self)
+
+    def _native_miss(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        """A miss of the tuned dispatch: launch through the Python path (tuning if the key is new) and hand back
+        what to remember: the chosen config's launch keywords and the config; None for a config with a pre_hook,
+        which must run before every launch (those launches keep taking this path)."""
+        config = self._launch_call(grid, args, kwargs)
+        return None if config.pre_hook is not None else (config.launch_kwargs, config)
+
+    def _native_grid(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                     launch_kwargs: dict[str, Any]) -> Any:
+        """The grid a grid function gives for a remembered choice: it sees the named arguments and the config's
+        meta arguments, as ``_launch`` passes them."""
+        meta = self._named_args(args, kwargs or {})
+        meta.update(launch_kwargs)
+        return call_grid_function(grid, meta)
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
         """What the tuning key depends on (key arguments' values, tensor dtypes and devices), cheaply;
@@ -341,7 +386,7 @@ class Autotuner:
         key += [environ.get(name) for name in knobs.CODEGEN_PIN_VARIABLES]
         return tuple(key)
 
-    def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> None:
+    def _run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None = None) -> Config:
         tuned = [name for name in kwargs if name in _LAUNCH_OPTIONS or any(name in c.kwargs for c in self.configs)]
         if tuned:
             raise UsageTypeError(
@@ -349,11 +394,13 @@ class Autotuner:
                 f"to the launch"
             )
         named = self._named_args(args, kwargs)
-        config = self._choose(grid, args, kwargs, named)
-        self.best_config = config
-        self._launch(config, grid, args, kwargs, named)
+        with user_call_site():  # warnings of tuning (compiles on other threads included) name the launch line
+            config = self._choose(grid, args, kwargs, named)
+            self.best_config = config
+            self._launch(config, grid, args, kwargs, named)
         if fast is not None:
             self._fast_choice[fast] = config
+        return config
 
     def _named_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
@@ -539,7 +586,8 @@ class Autotuner:
             return getattr(self.kernel.compile(*args, **kwargs, **config.all_kwargs()), "meta", None) or {}
 
         with _compile_executor(min(knobs.compile_workers(), len(configs))) as pool:
-            futures = {pool.submit(compile_one, config): config for config in configs}
+            # each compile in a copy of this context: its warnings name the user's launch line (user_call_site)
+            futures = {pool.submit(contextvars.copy_context().run, compile_one, config): config for config in configs}
             for future in concurrent.futures.as_completed(futures):
                 bar.update(1)
         compiled, spilling = [], []
@@ -640,6 +688,11 @@ FINALIST_MARGIN = 0.15
 FINALISTS = 4
 FINAL_ROUNDS = 3
 
+
+#: The environment variables a tuned choice depends on beside the arguments (``_key_string``: the interpreter's
+#: choices and those of a pinned lowering are kept apart; TILEJIT_AUTOTUNE=0 takes the first config): the compiled
+#: launcher's tuned dispatch signs their text.
+NATIVE_KEY_VARIABLES = ("TILEJIT_AUTOTUNE", "TILEJIT_INTERPRET", *knobs.CODEGEN_PIN_VARIABLES)
 
 _PRE_HOOK_TAKES = "a pre_hook takes one argument, the dict of the launch's arguments by name: pre_hook=lambda args: ..."
 _EARLY_PRUNE_TAKES = ("early_config_prune takes the list of configs, the dict of the launch's arguments by name and "

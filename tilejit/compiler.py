@@ -32,13 +32,12 @@ import json
 import os
 import platform
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import knobs
-from .errors import UsageValueError, user_stacklevel
+from .errors import UsageValueError, warn_user
 from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
@@ -257,10 +256,9 @@ def _cuda_stage(st: Stages) -> None:
         raise _shared_memory_error(st, out, limit)
     compiled = _deepest_ring(st.fn)
     if compiled < asked:
-        warnings.warn(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of "
-                      f"shared memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
-                      f"{compiled} stages (ask for fewer stages or smaller tiles to silence this)",
-                      RuntimeWarning, stacklevel=user_stacklevel())
+        warn_user(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of "
+                  f"shared memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
+                  f"{compiled} stages (ask for fewer stages or smaller tiles to silence this)")
     st.cuda, st.param_kinds, st.shared_bytes, st.tensor_maps = (out.source, out.param_kinds, out.shared_bytes,
                                                                  out.tensor_maps)
     st.stream_k_slot_bytes, st.stream_k_flags = out.stream_k_slot_bytes, out.stream_k_flags

@@ -10,6 +10,8 @@ points wrap it in an ``InternalError`` that says so (:func:`entry_point`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import functools
 import inspect
@@ -18,6 +20,7 @@ import os
 import sys
 import sysconfig
 import types
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, TypeVar
 
@@ -305,6 +308,52 @@ def user_stacklevel() -> int:
             outside_tilejit = outside_tilejit or level
         frame, level = frame.f_back, level + 1
     return outside_tilejit or 1
+
+
+#: The frame that entered ``user_call_site`` (tilejit's, called from the user's launch or ``compile`` line), for the
+#: warnings of the work it starts: compile threads run in a copy of the context (``contextvars.copy_context``).
+_CALL_SITE: contextvars.ContextVar[types.FrameType | None] = contextvars.ContextVar("tilejit_call_site", default=None)
+
+
+@contextlib.contextmanager
+def user_call_site():
+    """Within this block (and in the threads started with a copy of its context), :func:`warn_user` names the
+    line of the user's that called into tilejit: their launch, autotuned launch or ``compile``. The outermost block
+    decides; entering one costs a frame reference, the user's frame is found only when a warning is issued."""
+    if _CALL_SITE.get() is not None:
+        yield
+        return
+    token = _CALL_SITE.set(sys._getframe(2))  # the caller of the ``with`` (1 is contextlib's __enter__)
+    try:
+        yield
+    finally:
+        _CALL_SITE.reset(token)
+
+
+def _user_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The first frame out from ``frame`` that is neither tilejit's nor a library's (None when there is none)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_tilejit_file(filename) and not _is_library_file(filename):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """``warnings.warn`` located at the user's line: the call that ``user_call_site`` recorded, from whatever thread
+    the warning comes (a config compiling on the autotuner's threads), else the first user frame out from the
+    caller, as :func:`user_stacklevel` finds it."""
+    site = _CALL_SITE.get()
+    frame = _user_frame(site) if site is not None else None
+    if frame is None:
+        warnings.warn(message, category, stacklevel=user_stacklevel())
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=module_globals.get("__name__"),
+                           registry=module_globals.setdefault("__warningregistry__", {}),
+                           module_globals=module_globals)
 
 
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:

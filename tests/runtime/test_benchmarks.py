@@ -457,3 +457,10 @@ def test_results_md_holds_current_tables_with_their_stamps():
         for pattern in _expand_braces(name.rstrip(".")):
             pattern = pattern if "." in pattern else pattern + ".*"
             assert list((REPO / "benchmarks" / "results").glob(pattern)), f"RESULTS.md quotes {pattern}, not there"
+
+
+def test_launch_rows_give_each_launchers_difference_from_the_plain_launch():
+    times = {"plain": {"us_per_launch": 7.9, "min_us_per_launch": 7.5},
+             "tuned": {"us_per_launch": 8.4, "min_us_per_launch": 8.0}}
+    rows = bench_matmul.launch_rows(times)
+    assert rows == [["plain", "7.90 us", "+0.00 us", "7.50 us"], ["tuned", "8.40 us", "+0.50 us", "8.00 us"]]

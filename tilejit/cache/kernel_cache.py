@@ -12,12 +12,11 @@ import os
 import shutil
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
 from tilejit import knobs, private_io
-from tilejit.errors import user_stacklevel
+from tilejit.errors import warn_user
 from tilejit.private_io import UntrustedPathError
 
 from . import entries, locks, maintenance, records
@@ -267,10 +266,10 @@ class KernelCache:
         self._writable = False
         if not _warned_unwritable:
             _warned_unwritable = True
-            warnings.warn(
+            warn_user(
                 f"tilejit: cannot write the kernel cache at {self.root} ({err.strerror or err}); compiled "
                 "kernels are kept in memory for this process only. Set TILEJIT_CACHE_DIR to a writable "
-                "directory to keep them.", RuntimeWarning, stacklevel=user_stacklevel())
+                "directory to keep them.")
 
     # ---- inspection and maintenance (the `tilejit cache` CLI; see ``maintenance``) -------------------------
 

@@ -13,12 +13,11 @@ import os
 import random
 import socket
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
 from tilejit import knobs
-from tilejit.errors import user_stacklevel
+from tilejit.errors import warn_user
 from tilejit.private_io import read_private
 
 from .entries import CacheEntry, is_timestamp
@@ -88,10 +87,9 @@ def acquire(layout: CacheLayout, key: str, stored_entry: Callable[[], CacheEntry
                 "the wait)")
         if now >= next_report:
             next_report = now + _LOCK_REPORT_EVERY_S
-            warnings.warn(
+            warn_user(
                 f"tilejit: waiting for {_describe_holder(holder)} to compile cache entry {key[:12]} "
-                f"(waited {now - start:.0f}s of {knobs.lock_timeout_s():g}s; lock file {lock})",
-                RuntimeWarning, stacklevel=user_stacklevel())
+                f"(waited {now - start:.0f}s of {knobs.lock_timeout_s():g}s; lock file {lock})")
         time.sleep(random.uniform(*_POLL_S))
 
 

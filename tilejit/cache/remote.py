@@ -32,12 +32,11 @@ import stat
 import threading
 import time
 import urllib.parse
-import warnings
 from pathlib import Path
 from typing import Protocol
 
 from tilejit import knobs, private_io
-from tilejit.errors import user_stacklevel
+from tilejit.errors import warn_user
 
 from .entries import check_file_digests, check_meta_fields
 
@@ -293,16 +292,15 @@ class RemoteCache:
                            f"{seconds:.2f} s")
 
     def refuse(self, name: str, why: str) -> None:
-        warnings.warn(f"tilejit: refusing {name} from {self.where}: {why}; compiling locally instead",
-                      RuntimeWarning, stacklevel=user_stacklevel())
+        warn_user(f"tilejit: refusing {name} from {self.where}: {why}; compiling locally instead")
 
     def _turn_off(self, why: str) -> None:
         with self._lock:
             if self.unavailable is not None:
                 return
             self.unavailable = why
-        warnings.warn(f"tilejit: the remote cache {self.where} is not answering ({why}); not using it for the "
-                      "rest of this process", RuntimeWarning, stacklevel=user_stacklevel())
+        warn_user(f"tilejit: the remote cache {self.where} is not answering ({why}); not using it for the "
+                  "rest of this process")
 
 
 # ---- the process's remote cache, from the knobs ----------------------------------------------------------------
@@ -336,8 +334,7 @@ def configured() -> RemoteCache | str | None:
         if found is None:
             found = _configured[(url, key_file)] = _open(url, key_file)
             if isinstance(found, str):
-                warnings.warn(f"tilejit: not using the remote cache {redacted(url)}: {found}", RuntimeWarning,
-                              stacklevel=user_stacklevel())
+                warn_user(f"tilejit: not using the remote cache {redacted(url)}: {found}")
     return found
 
 

@@ -12,6 +12,10 @@
  *      packed into a stack buffer and launched with one cuLaunchKernel on torch's current stream, with the
  *      GIL released around the driver call.
  *
+ * An autotuned kernel's launch (tuner[grid]) goes through a Tuned: its tuning key is the kernel's signature of the
+ * call plus the key arguments by value and the text of the environment variables the choice depends on; a hit
+ * launches the chosen config's Entry as above, a miss goes to the autotuner in Python (which tunes if it must).
+ *
  * Anything unusual (an argument the signature cannot encode, a miss, a failed launch) goes to Python: the
  * `fallback` callable for calls the signature cannot describe, the `slow` callable for misses (it compiles,
  * launches and returns the Entry to remember), and the entry's Python launcher when the driver call fails
@@ -56,7 +60,8 @@ enum { KIND_PTR = 0, KIND_I64 = 1, KIND_I32 = 2, KIND_F32 = 3, KIND_TMAP = 4 };
 #define MAX_ENTRIES 4096  /* per kernel; past this, new signatures take the slow path every time */
 
 /* Word tags, so that values of different kinds never produce the same signature. */
-enum { TAG_NONE = 1, TAG_BOOL, TAG_INT, TAG_FLOAT, TAG_STR, TAG_OBJECT, TAG_TENSOR, TAG_KW, TAG_DEVICE };
+enum { TAG_NONE = 1, TAG_BOOL, TAG_INT, TAG_FLOAT, TAG_STR, TAG_OBJECT, TAG_TENSOR, TAG_KW, TAG_DEVICE, TAG_EXACT,
+       TAG_ENV };
 
 typedef struct {
     int64_t i;
@@ -200,6 +205,12 @@ typedef struct {
     PyObject *pinned; /* objects whose addresses are in the words (constexprs compared by identity) */
 } slot_t;
 
+/* An open-addressing table from signatures to objects (a Dispatcher's Entries, a Tuned's choices). */
+typedef struct {
+    slot_t *slots;
+    Py_ssize_t capacity, used;
+} table_t;
+
 typedef struct {
     PyObject_HEAD
     PyObject *roles;          /* the Kernel's list of parameter roles (read on every call; it changes) */
@@ -214,26 +225,25 @@ typedef struct {
     PyObject *names;         /* tuple: every parameter's name, in order */
     PyObject *runtime_index; /* dict: name -> position, of the parameters passed at run time */
     PyObject *defaults;      /* dict: name -> default, of run-time parameters that have one */
-    slot_t *slots;
-    Py_ssize_t capacity, used;
+    table_t table;           /* signature -> Entry */
     Py_ssize_t hits, misses, fallbacks;
 } Dispatcher;
 
 static PyObject *str_dtype, *str_shape, *str_stride, *str_data_ptr, *str_get_device, *str_requires_grad;
 
-static void clear_slots(Dispatcher *d) {
-    for (Py_ssize_t i = 0; i < d->capacity; i++) {
-        PyMem_Free(d->slots[i].words);
-        Py_XDECREF(d->slots[i].entry);
-        Py_XDECREF(d->slots[i].pinned);
+static void clear_slots(table_t *t) {
+    for (Py_ssize_t i = 0; i < t->capacity; i++) {
+        PyMem_Free(t->slots[i].words);
+        Py_XDECREF(t->slots[i].entry);
+        Py_XDECREF(t->slots[i].pinned);
     }
-    PyMem_Free(d->slots);
-    d->slots = NULL;
-    d->capacity = d->used = 0;
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    t->capacity = t->used = 0;
 }
 
 static void dispatcher_dealloc(Dispatcher *d) {
-    clear_slots(d);
+    clear_slots(&d->table);
     Py_XDECREF(d->roles);
     Py_XDECREF(d->role_constexpr);
     Py_XDECREF(d->role_shaped);
@@ -283,7 +293,7 @@ static int dispatcher_init(Dispatcher *d, PyObject *args, PyObject *kw) {
     Py_XSETREF(d->names, Py_NewRef(pn));
     Py_XSETREF(d->runtime_index, Py_NewRef(ri));
     Py_XSETREF(d->defaults, Py_NewRef(df));
-    clear_slots(d);
+    clear_slots(&d->table);
     return 0;
 }
 
@@ -362,10 +372,11 @@ static int put_constant(signature_t *s, PyObject *v) {
     return put(s, TAG_OBJECT) && put(s, (uint64_t)(uintptr_t)v);
 }
 
-/* A tensor argument: dtype, strides, 16-byte alignment, requires_grad, [extents]; values pointer, sizes, strides.
- * requires_grad is signed because the slow path refuses an output that requires grad (or remembers no call
- * writing one): a hit must not let such a tensor through in place of one that did not. */
-static int put_tensor(signature_t *s, PyObject *t, int shaped) {
+/* A tensor argument: dtype, strides, 16-byte alignment, requires_grad, [extents], [TAG_EXACT, extents]; values
+ * pointer, sizes, strides. requires_grad is signed because the slow path refuses an output that requires grad (or
+ * remembers no call writing one): a hit must not let such a tensor through in place of one that did not. `exact`
+ * (an autotune key argument) signs its extents once more, whatever its role. */
+static int put_tensor(signature_t *s, PyObject *t, int shaped, int exact) {
     PyObject *dtype = NULL, *dev = NULL, *ptr = NULL, *strides = NULL, *shape = NULL, *grad = NULL;
     int ok = 0;
     if (!(dtype = PyObject_GetAttr(t, str_dtype)) || !(dev = PyObject_CallMethodNoArgs(t, str_get_device)) ||
@@ -412,6 +423,13 @@ static int put_tensor(signature_t *s, PyObject *t, int shaped) {
         for (Py_ssize_t i = 0; i < rank; i++)
             if (!put(s, (uint64_t)dims[0][i]))
                 goto done;
+    if (exact) {
+        if (!put(s, TAG_EXACT))
+            goto done;
+        for (Py_ssize_t i = 0; i < rank; i++)
+            if (!put(s, (uint64_t)dims[0][i]))
+                goto done;
+    }
     ok = 1;
 done:
     Py_XDECREF(dtype);
@@ -425,8 +443,11 @@ done:
     return ok;
 }
 
-/* 1: the signature is in s; 0: the call needs the Python fallback (nothing raised). */
-static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, signature_t *s) {
+/* 1: the signature is in s; 0: the call needs the Python fallback (nothing raised). `exact` (NULL, or one flag per
+ * parameter, `nexact` of them) marks the parameters signed by their exact value, not only what the specialization
+ * depends on: an autotuner's key arguments (Tuned). */
+static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, signature_t *s,
+                           const unsigned char *exact, Py_ssize_t nexact) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args), nroles = PyList_GET_SIZE(d->roles);
     s->n = s->nvalues = 0;
     s->npinned = 0;
@@ -452,14 +473,17 @@ static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, sign
                 return 0;
             }
         }
+        int by_value = exact && i < nexact && exact[i];
         if (role == d->role_constexpr) {
             if (!put_constant(s, a))
                 return 0;
         } else if (PyObject_TypeCheck(a, (PyTypeObject *)d->tensor_type)) {
-            if (!put_tensor(s, a, role == d->role_shaped))
+            if (!put_tensor(s, a, role == d->role_shaped, by_value))
                 return 0;
         } else if (PyBool_Check(a)) {
             if (!put(s, TAG_BOOL) || !put_value(s, a == Py_True, 0, 0))
+                return 0;
+            if (by_value && (!put(s, TAG_EXACT) || !put(s, a == Py_True)))
                 return 0;
         } else if (PyLong_CheckExact(a)) {
             int overflow;
@@ -471,9 +495,18 @@ static int build_signature(Dispatcher *d, PyObject *args, PyObject *kwargs, sign
             /* the key's view of an int: == 1, a multiple of 16, or neither */
             if (!put(s, TAG_INT) || !put(s, x == 1 ? 1 : ((x & 15) == 0 ? 16 : 0)) || !put_value(s, x, 0, 0))
                 return 0;
-        } else if (PyFloat_CheckExact(a)) {
-            if (!put(s, TAG_FLOAT) || !put_value(s, 0, PyFloat_AS_DOUBLE(a), 1))
+            if (by_value && (!put(s, TAG_EXACT) || !put(s, (uint64_t)x)))
                 return 0;
+        } else if (PyFloat_CheckExact(a)) {
+            double x = PyFloat_AS_DOUBLE(a);
+            if (!put(s, TAG_FLOAT) || !put_value(s, 0, x, 1))
+                return 0;
+            if (by_value) {
+                uint64_t bits;
+                memcpy(&bits, &x, 8);
+                if (!put(s, TAG_EXACT) || !put(s, bits))
+                    return 0;
+            }
         } else
             return 0;
     }
@@ -512,7 +545,7 @@ static uint64_t hash_words(const uint64_t *w, Py_ssize_t n) {
     return h ^ (h >> 33);
 }
 
-static PyObject *lookup(Dispatcher *d, signature_t *s, uint64_t h) {
+static PyObject *lookup(table_t *d, signature_t *s, uint64_t h) {
     if (!d->capacity)
         return NULL;
     Py_ssize_t mask = d->capacity - 1;
@@ -533,7 +566,7 @@ static void place(slot_t *slots, Py_ssize_t capacity, slot_t slot) {
     slots[i] = slot;
 }
 
-static int insert(Dispatcher *d, signature_t *s, uint64_t h, PyObject *entry) {
+static int insert(table_t *d, signature_t *s, uint64_t h, PyObject *entry) {
     if (d->used >= MAX_ENTRIES || lookup(d, s, h))
         return 0;
     if ((d->used + 1) * 2 > d->capacity) {
@@ -787,12 +820,12 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObjec
     signature_t s;
     if (!check_ready(d))
         return NULL;
-    if (!build_signature(d, args, kwargs, &s)) {
+    if (!build_signature(d, args, kwargs, &s, NULL, 0)) {
         d->fallbacks++;
         return call3(d->fallback, grid, args, kwargs);
     }
     uint64_t h = hash_words(s.words, s.n);
-    PyObject *entry = lookup(d, &s, h);
+    PyObject *entry = lookup(&d->table, &s, h);
     if (!entry) {
         d->misses++;
         PyObject *made = call3(d->slow, grid, args, kwargs);
@@ -805,7 +838,8 @@ static PyObject *dispatch(Dispatcher *d, PyObject *grid, PyObject *args, PyObjec
         }
         if (PyObject_TypeCheck(made, &EntryType)) {
             /* The slow path may have learned compile-time extents: sign the call again before remembering it. */
-            if (build_signature(d, args, kwargs, &s) && insert(d, &s, hash_words(s.words, s.n), made) < 0) {
+            if (build_signature(d, args, kwargs, &s, NULL, 0) &&
+                insert(&d->table, &s, hash_words(s.words, s.n), made) < 0) {
                 Py_DECREF(made);
                 return PyErr_NoMemory();
             }
@@ -887,7 +921,7 @@ static PyObject *dispatcher_bind(Dispatcher *d, PyObject *grid) {
 
 static PyObject *dispatcher_stats(Dispatcher *d, PyObject *unused) {
     return Py_BuildValue("{s:n,s:n,s:n,s:n}", "hits", d->hits, "misses", d->misses, "fallbacks", d->fallbacks,
-                         "entries", d->used);
+                         "entries", d->table.used);
 }
 
 static PyObject *dispatcher_signature(Dispatcher *d, PyObject *args, PyObject *kwargs) {
@@ -895,7 +929,7 @@ static PyObject *dispatcher_signature(Dispatcher *d, PyObject *args, PyObject *k
     signature_t s;
     if (!check_ready(d))
         return NULL;
-    if (!build_signature(d, args, kwargs, &s))
+    if (!build_signature(d, args, kwargs, &s, NULL, 0))
         Py_RETURN_NONE;
     PyObject *t = PyTuple_New(s.n);
     if (!t)
@@ -924,6 +958,325 @@ static PyTypeObject DispatcherType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* -- Tuned: an autotuned kernel's launch: the tuning key and the cached choice, then the Dispatcher's launch ---- */
+
+#define MAX_ENV 16 /* environment variables a tuned choice may depend on */
+
+extern char **environ;
+
+typedef struct {
+    PyObject_HEAD
+    Dispatcher *dispatcher; /* the tuned kernel's own */
+    unsigned char *exact;   /* per parameter: 1 for the autotune key's arguments, signed by value */
+    Py_ssize_t nexact;
+    char *env_names[MAX_ENV]; /* the variables whose text is part of the key, "NAME=" each */
+    size_t env_lengths[MAX_ENV];
+    int nenv;
+    size_t env_prefix; /* bytes every name of env_names starts with: an entry without them is skipped at once */
+    PyObject *slow;     /* (grid, args, kwargs) -> (the chosen config's launch kwargs, config) to remember, or None */
+    PyObject *fallback; /* (grid, args, kwargs) -> None: calls the signature cannot encode, grids to check */
+    PyObject *grid_fn;  /* (grid, args, kwargs, launch kwargs) -> the grid a grid function gives for the choice */
+    PyObject *owner;    /* the Autotuner: its best_config is set to the choice of every launch */
+    table_t table;      /* tuned signature -> (Entry, launch kwargs, config) */
+    Py_ssize_t hits, misses, fallbacks;
+} Tuned;
+
+static PyObject *str_best_config;
+
+static void tuned_dealloc(Tuned *t) {
+    clear_slots(&t->table);
+    for (int i = 0; i < t->nenv; i++)
+        PyMem_Free(t->env_names[i]);
+    PyMem_Free(t->exact);
+    Py_XDECREF(t->dispatcher);
+    Py_XDECREF(t->slow);
+    Py_XDECREF(t->fallback);
+    Py_XDECREF(t->grid_fn);
+    Py_XDECREF(t->owner);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* Tuned(dispatcher=, exact=bytes, env_names=tuple of str, slow=, fallback=, grid_fn=, owner=) */
+static int tuned_init(Tuned *t, PyObject *args, PyObject *kw) {
+    static char *names[] = {"dispatcher", "exact", "env_names", "slow", "fallback", "grid_fn", "owner", NULL};
+    PyObject *d, *env, *slow, *fb, *gf, *owner;
+    const char *exact;
+    Py_ssize_t nexact;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!y#O!OOOO", names, &DispatcherType, &d, &exact, &nexact,
+                                     &PyTuple_Type, &env, &slow, &fb, &gf, &owner))
+        return -1;
+    if (t->dispatcher) {
+        PyErr_SetString(PyExc_TypeError, "a Tuned is initialised once");
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(env) > MAX_ENV) {
+        PyErr_SetString(PyExc_ValueError, "too many environment variables for a tuned launch");
+        return -1;
+    }
+    t->exact = PyMem_Malloc(nexact + 1);
+    if (!t->exact) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(t->exact, exact, nexact);
+    t->nexact = nexact;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(env); i++) {
+        Py_ssize_t len;
+        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(env, i))
+                               ? PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(env, i), &len) : NULL;
+        if (!name) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "env_names must be strings");
+            return -1;
+        }
+        char *copy = PyMem_Malloc(len + 2);
+        if (!copy) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, name, len);
+        copy[len] = '=', copy[len + 1] = 0;
+        t->env_names[t->nenv] = copy;
+        t->env_lengths[t->nenv++] = (size_t)len + 1;
+    }
+    t->env_prefix = t->nenv ? t->env_lengths[0] : 0;
+    for (int i = 1; i < t->nenv; i++) {
+        size_t n = 0;
+        while (n < t->env_prefix && n < t->env_lengths[i] && t->env_names[i][n] == t->env_names[0][n])
+            n++;
+        t->env_prefix = n;
+    }
+    t->dispatcher = (Dispatcher *)Py_NewRef(d);
+    t->slow = Py_NewRef(slow);
+    t->fallback = Py_NewRef(fb);
+    t->grid_fn = Py_NewRef(gf);
+    t->owner = Py_NewRef(owner);
+    return 0;
+}
+
+/* The text of each of the tuner's environment variables (TAG_NONE where unset), read in one pass over the C
+ * environment, which os.environ's assignments and deletions keep up to date. */
+static int put_environment(Tuned *t, signature_t *s) {
+    const char *found[MAX_ENV] = {NULL};
+    const char *prefix = t->nenv ? t->env_names[0] : "";
+    for (char **e = environ; e && *e; e++) {
+        const char *entry = *e;
+        if (t->env_prefix && memcmp(entry, prefix, t->env_prefix) != 0)
+            continue; /* (an entry shorter than the prefix differs at its NUL before memcmp reads past it) */
+        for (int i = 0; i < t->nenv; i++)
+            if (!found[i] && strncmp(entry, t->env_names[i], t->env_lengths[i]) == 0)
+                found[i] = entry + t->env_lengths[i];
+    }
+    if (!put(s, TAG_ENV))
+        return 0;
+    for (int i = 0; i < t->nenv; i++) {
+        if (!found[i]) {
+            if (!put(s, TAG_NONE))
+                return 0;
+            continue;
+        }
+        size_t len = strlen(found[i]);
+        if (!put(s, TAG_STR) || !put(s, (uint64_t)len))
+            return 0;
+        for (size_t j = 0; j < len; j += 8) {
+            uint64_t w = 0;
+            memcpy(&w, found[i] + j, len - j < 8 ? len - j : 8);
+            if (!put(s, w))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* The tuning key of a call: the kernel's signature of the call (the launch options and the config's constexprs
+ * left out: the choice brings them), the key arguments by value, and the environment the choice depends on. */
+static int tuned_signature(Tuned *t, PyObject *args, PyObject *kwargs, signature_t *s) {
+    return build_signature(t->dispatcher, args, kwargs, s, t->exact, t->nexact) && put_environment(t, s) &&
+           s->n < MAX_WORDS;
+}
+
+/* After the slow path launched the chosen config: find the Entry the kernel's Dispatcher remembered for that launch
+ * (the call with the config's launch kwargs) and remember it under the call's tuning key. Nothing is remembered
+ * while the Dispatcher has no Entry for it (the kernel's first launches, calls its fast path refuses). */
+static int remember_choice(Tuned *t, PyObject *args, PyObject *kwargs, PyObject *launch_kwargs, PyObject *config) {
+    if (!PyDict_Check(launch_kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "the tuned slow path must return (launch kwargs dict, config) or None");
+        return -1;
+    }
+    PyObject *merged = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
+    if (!merged)
+        return -1;
+    if (PyDict_Update(merged, launch_kwargs) < 0) {
+        Py_DECREF(merged);
+        return -1;
+    }
+    signature_t *s = PyMem_Malloc(sizeof(signature_t));
+    if (!s) {
+        Py_DECREF(merged);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int result = 0;
+    PyObject *entry = NULL, *chosen = NULL;
+    if (build_signature(t->dispatcher, args, merged, s, NULL, 0))
+        entry = lookup(&t->dispatcher->table, s, hash_words(s->words, s->n));
+    if (entry && tuned_signature(t, args, kwargs, s)) {
+        chosen = PyTuple_Pack(3, entry, launch_kwargs, config);
+        result = chosen ? insert(&t->table, s, hash_words(s->words, s->n), chosen) : -1;
+        Py_XDECREF(chosen);
+    }
+    Py_DECREF(merged);
+    PyMem_Free(s);
+    return result < 0 ? -1 : 0;
+}
+
+static PyObject *tuned_dispatch(Tuned *t, PyObject *grid, PyObject *args, PyObject *kwargs) {
+    signature_t s;
+    if (!t->dispatcher) {
+        PyErr_SetString(PyExc_TypeError, "the Tuned was not initialised");
+        return NULL;
+    }
+    if (!tuned_signature(t, args, kwargs, &s)) {
+        t->fallbacks++;
+        return call3(t->fallback, grid, args, kwargs);
+    }
+    PyObject *chosen = lookup(&t->table, &s, hash_words(s.words, s.n));
+    if (!chosen) {
+        t->misses++;
+        PyObject *made = call3(t->slow, grid, args, kwargs);
+        if (!made)
+            return NULL;
+        int failed = 0;
+        if (made != Py_None) {
+            if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2) {
+                PyErr_SetString(PyExc_TypeError, "the tuned slow path must return (launch kwargs, config) or None");
+                failed = 1;
+            } else
+                failed = remember_choice(t, args, kwargs, PyTuple_GET_ITEM(made, 0), PyTuple_GET_ITEM(made, 1)) < 0;
+        }
+        Py_DECREF(made);
+        if (failed)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(chosen); /* before any Python code runs */
+    Entry *entry = (Entry *)PyTuple_GET_ITEM(chosen, 0);
+    unsigned g[3];
+    if (!parse_grid(grid, g)) {
+        PyObject *resolved = PyTuple_CheckExact(grid) ? NULL
+                                                      : PyObject_CallFunctionObjArgs(t->grid_fn, grid, args, kwargs
+                                                                                     ? kwargs : Py_None,
+                                                                                     PyTuple_GET_ITEM(chosen, 1), NULL);
+        if (!resolved && PyErr_Occurred()) {
+            Py_DECREF(chosen);
+            return NULL;
+        }
+        int ok = resolved && parse_grid(resolved, g);
+        Py_XDECREF(resolved);
+        if (!ok) { /* a bad grid, or one the launch resolves further (an int, a list): Python decides */
+            Py_DECREF(chosen);
+            t->fallbacks++;
+            return call3(t->fallback, grid, args, kwargs);
+        }
+    }
+    t->hits++;
+    if (PyObject_SetAttr(t->owner, str_best_config, PyTuple_GET_ITEM(chosen, 2)) < 0) {
+        Py_DECREF(chosen);
+        return NULL;
+    }
+    PyObject *device = PyLong_FromLong(s.device);
+    PyObject *r = device ? launch(entry, g, &s, device, t->dispatcher->stream_getter) : NULL;
+    Py_XDECREF(device);
+    Py_DECREF(chosen);
+    return r;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Tuned *tuned;
+    PyObject *grid;
+} TunedLaunch;
+
+static void tuned_launch_dealloc(TunedLaunch *b) {
+    Py_XDECREF(b->tuned);
+    Py_XDECREF(b->grid);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyObject *tuned_launch_call(TunedLaunch *b, PyObject *args, PyObject *kwargs) {
+    PyObject *r = tuned_dispatch(b->tuned, b->grid, args, kwargs);
+    if (r && r != Py_None) {
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    return r;
+}
+
+static PyTypeObject TunedLaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tilejit._launch.TunedLaunch",
+    .tp_basicsize = sizeof(TunedLaunch),
+    .tp_dealloc = (destructor)tuned_launch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "tuner[grid]: call it with the kernel's arguments to launch the tuned choice.",
+    .tp_call = (ternaryfunc)tuned_launch_call,
+};
+
+static PyObject *tuned_bind(Tuned *t, PyObject *grid) {
+    TunedLaunch *b = PyObject_New(TunedLaunch, &TunedLaunchType);
+    if (!b)
+        return NULL;
+    b->tuned = (Tuned *)Py_NewRef(t);
+    b->grid = Py_NewRef(grid);
+    return (PyObject *)b;
+}
+
+static PyObject *tuned_stats(Tuned *t, PyObject *unused) {
+    return Py_BuildValue("{s:n,s:n,s:n,s:n}", "hits", t->hits, "misses", t->misses, "fallbacks", t->fallbacks,
+                         "entries", t->table.used);
+}
+
+static PyObject *tuned_signature_method(Tuned *t, PyObject *args, PyObject *kwargs) {
+    /* For tests: the tuning-key words of a call, or None when the call takes the fallback. */
+    signature_t *s = PyMem_Malloc(sizeof(signature_t));
+    if (!s)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    if (!t->dispatcher)
+        PyErr_SetString(PyExc_TypeError, "the Tuned was not initialised");
+    else if (!tuned_signature(t, args, kwargs, s))
+        out = Py_NewRef(Py_None);
+    else if ((out = PyTuple_New(s->n)))
+        for (Py_ssize_t i = 0; i < s->n; i++)
+            PyTuple_SET_ITEM(out, i, PyLong_FromUnsignedLongLong(s->words[i]));
+    PyMem_Free(s);
+    return out;
+}
+
+static PyObject *tuned_clear(Tuned *t, PyObject *unused) {
+    clear_slots(&t->table);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef tuned_methods[] = {
+    {"bind", (PyCFunction)tuned_bind, METH_O, "bind(grid) -> the launch callable tuner[grid] returns"},
+    {"stats", (PyCFunction)tuned_stats, METH_NOARGS, "hits, misses, fallbacks and remembered choices so far"},
+    {"signature", (PyCFunction)(void (*)(void))tuned_signature_method, METH_VARARGS | METH_KEYWORDS,
+     "signature(*args, **kwargs) -> the call's tuning-key words, or None when it takes the fallback"},
+    {"clear", (PyCFunction)tuned_clear, METH_NOARGS, "forget every remembered choice"},
+    {NULL},
+};
+
+static PyTypeObject TunedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tilejit._launch.Tuned",
+    .tp_basicsize = sizeof(Tuned),
+    .tp_dealloc = (destructor)tuned_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An autotuned kernel's tuning key -> chosen compiled kernel table and its launch path.",
+    .tp_methods = tuned_methods,
+    .tp_init = (initproc)tuned_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyObject *set_launch_hook(PyObject *self, PyObject *hook) {
     Py_XSETREF(launch_hook, hook == Py_None ? NULL : Py_NewRef(hook));
     Py_RETURN_NONE;
@@ -945,8 +1298,8 @@ static PyObject *time_driver_launches(PyObject *self, PyObject *a) {
     Entry *e = NULL;
     if (!check_ready((Dispatcher *)d))
         goto done;
-    if (!build_signature((Dispatcher *)d, args, kwargs, s) ||
-        !(e = (Entry *)lookup((Dispatcher *)d, s, hash_words(s->words, s->n))) || e->ntmaps || e->python_only) {
+    if (!build_signature((Dispatcher *)d, args, kwargs, s, NULL, 0) ||
+        !(e = (Entry *)lookup(&((Dispatcher *)d)->table, s, hash_words(s->words, s->n))) || e->ntmaps || e->python_only) {
         PyErr_SetString(PyExc_ValueError, "launch the kernel with these arguments first (and not one with tensor maps)");
         goto done;
     }
@@ -996,7 +1349,9 @@ PyMODINIT_FUNC PyInit__launch(void) {
     INTERN(str_requires_grad, "requires_grad");
     INTERN(str_data_ptr, "data_ptr");
     INTERN(str_get_device, "get_device");
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&BoundLaunchType) < 0)
+    INTERN(str_best_config, "best_config");
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&BoundLaunchType) < 0 ||
+        PyType_Ready(&TunedType) < 0 || PyType_Ready(&TunedLaunchType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
@@ -1004,6 +1359,8 @@ PyMODINIT_FUNC PyInit__launch(void) {
     if (PyModule_AddObjectRef(m, "Entry", (PyObject *)&EntryType) < 0 ||
         PyModule_AddObjectRef(m, "Dispatcher", (PyObject *)&DispatcherType) < 0 ||
         PyModule_AddObjectRef(m, "BoundLaunch", (PyObject *)&BoundLaunchType) < 0 ||
+        PyModule_AddObjectRef(m, "Tuned", (PyObject *)&TunedType) < 0 ||
+        PyModule_AddObjectRef(m, "TunedLaunch", (PyObject *)&TunedLaunchType) < 0 ||
         PyModule_AddIntConstant(m, "MAX_ENTRIES", MAX_ENTRIES) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -17,7 +17,7 @@ from .. import compiler
 from .. import dtypes as D
 from .. import knobs
 from ..errors import (ArgumentError, ArgumentValueError, UsageTypeError, UsageValueError, call_user_function,
-                      close_matches, docs_link, entry_point)
+                      close_matches, docs_link, entry_point, user_call_site)
 from .. import language as lang
 from ..cache import default_cache
 from ..compiler import CompiledKernel, Specialization
@@ -296,6 +296,10 @@ class Kernel:
         On a miss the frontend runs first (user errors surface before any lock); an extent it finds it needs
         is added to the specialization and the compile starts again.
         """
+        with user_call_site():  # its warnings name the user's launch or compile line, from any thread
+            return self._compile_call(call, arch, device_index, stop_after)
+
+    def _compile_call(self, call: BoundCall, arch: Any, device_index: int | None, stop_after: str | None):
         options = call.options
         target = Target(resolve_arch(arch, device_index), options,
                         sm_count=_sm_count(device_index) if options.walks_grid else 0)  # one program per SM
