@@ -142,3 +142,48 @@ def test_interpreted_lower_bound_mask_is_bit_identical_peeled(n, start):
     out = torch.full((1,), float("nan"))
     got, = _run_both(masked_from_start, [x, out, start], (1, 1, 1), ["X", "Out", "start"], ["Out"], BN=64)
     assert torch.allclose(got.double(), x[max(start, 0):].double().sum(), atol=1e-4)
+
+
+# -- the unmasked run is every iteration whose masks are all true, and no other ------------------------------------
+
+
+def _evaluate(v, leaves):
+    """The int a split point's scalar ``v`` holds, given the ints of the leaves it reads (by kind or name)."""
+    op = v.owner
+    if not hasattr(op, "kind"):
+        return leaves[v.name]
+    if op.kind is OpKind.CONSTANT:
+        return op.attrs.value
+    if op.kind in (OpKind.PROGRAM_ID, OpKind.TENSOR_DIM):
+        return leaves[op.kind.mnemonic]
+    args = [_evaluate(x, leaves) for x in op.operands]
+    if op.kind is OpKind.CAST:
+        return args[0]
+    return {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__, "floordiv": int.__floordiv__,
+            "min": min, "max": max}[op.attrs.op.value](*args)
+
+
+def _unmasked_run(fn, leaves):
+    loop, = [op for op in _loops(fn) if op.attrs.peeled == "unmasked"]
+    lo, hi, step = (_evaluate(v, leaves) for v in loop.operands[:3])
+    return list(range(lo, hi, step))
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 300])
+@pytest.mark.parametrize("start", [-70, 0, 5, 64, 200, 299, 400])
+def test_the_lower_bound_run_is_exactly_the_all_true_iterations(n, start):
+    fn = masked_from_start.compile(meta(n, dtype=torch.float32), meta(1, dtype=torch.float32), start, BN=64,
+                                   arch="sm_80", stop_after="passes").fn
+    want = [n0 for n0 in range(0, n, 64) if all(n0 + j >= start for j in range(64))]
+    assert _unmasked_run(fn, {"tensor_dim": n, "start": start}) == want
+
+
+@pytest.mark.parametrize("seq", [1, 63, 64, 65, 200, 256])
+def test_the_causal_run_is_exactly_the_all_true_iterations(seq):
+    fn = attention_one_loop.compile(*_attention_args(seq), BM=64, BN=32, D=64, CAUSAL=True, arch="sm_80",
+                                    stop_after="passes").fn
+    for pid in range(-(-seq // 64)):
+        m0 = pid * 64
+        want = [n0 for n0 in range(0, min(seq, m0 + 64), 32)
+                if all(n0 + j < seq and n0 + j <= m0 + i for i in range(64) for j in range(32))]
+        assert _unmasked_run(fn, {"tensor_dim": seq, "program_id": pid}) == want, (seq, pid)
