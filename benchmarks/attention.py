@@ -11,7 +11,10 @@ checked against float64 (a slice of the batch) before it is timed.
 
 - ``fwd``: the forward. FLOPs 4 * B * H * S^2 * D (halved when causal). tilejit takes the fastest config of
   ``examples/attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws", with a 3-deep
-  ring: " s3"); ``--tune default`` times only the config ``attention()`` takes when given none.
+  ring: " s3"); ``--tune default`` times only the config ``attention()`` takes when given none. Beside it, "one
+  loop": ``benchmarks.kernels.attention_one_loop``, the forward written the obvious way (one ``T.range`` loop,
+  ``T.where`` masks, no launch options but tiles and warps), the fastest of the same tiles, with the compiler's
+  mask peeling (the default) and without it (``peel_masks=False``, "unpeeled").
 - ``bwd``: the backward alone (the forward runs once beforehand and is not timed): tilejit's three kernels
   (``attention_backward``), SDPA's backward node (``torch.autograd.grad`` of one forward's output, graph
   retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
@@ -39,8 +42,9 @@ attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-HEADERS = ["D", "seq", "batch", "dtype", "causal", "tilejit TFLOP/s", "config", "SDPA flash", "SDPA cuDNN", "Triton",
-           "tilejit / cuDNN", "tilejit / Triton"]
+HEADERS = ["D", "seq", "batch", "dtype", "causal", "tilejit TFLOP/s", "config", "one loop", "one loop config",
+           "one loop unpeeled", "SDPA flash", "SDPA cuDNN", "Triton", "tilejit / cuDNN", "tilejit / Triton",
+           "one loop / tilejit"]
 
 
 def _tflops(batch, heads, seq, dim, causal, ms, backward=False):
@@ -106,9 +110,11 @@ def _row(dim, seq, batch, dtype, causal, best, baselines, tflops):
 
 def _table_row(row):
     return [row["dim"], row["seq"], row["batch"], row["dtype"], "yes" if row["causal"] else "no", row["tilejit"],
-            row["config"], row["SDPA flash"], row["SDPA cuDNN"], row.get("Triton"),
+            row["config"], row.get("one loop"), row.get("one loop config"), row.get("one loop unpeeled"),
+            row["SDPA flash"], row["SDPA cuDNN"], row.get("Triton"),
             row["tilejit"] / row["SDPA cuDNN"] if row["SDPA cuDNN"] else None,
-            row["tilejit"] / row["Triton"] if row.get("Triton") else None]
+            row["tilejit"] / row["Triton"] if row.get("Triton") else None,
+            row["one loop"] / row["tilejit"] if row.get("one loop") else None]
 
 
 def _label(cfg):
@@ -150,7 +156,7 @@ def _forward(q, k, v, causal, baselines, tflops, tune="all"):
         print(f"  fwd {tuple(q.shape)} causal={causal} {cfg}: {tflops(ms):.1f} TFLOP/s", flush=True)
         if best is None or ms < best[0]:
             best = (ms, _label(cfg))
-    results = {}
+    results = _one_loop(q, k, v, causal, ref, tflops)
     for name, fn in baselines.items():
         try:
             err = (fn(q, k, v, causal)[:1, :2].double() - ref).abs().max().item()
@@ -161,6 +167,39 @@ def _forward(q, k, v, causal, baselines, tflops, tune="all"):
             results[name] = None
             print(f"{name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     return best, results
+
+
+def _one_loop(q, k, v, causal, ref, tflops):
+    """The "one loop" columns: the obvious forward (``benchmarks.kernels.attention_one_loop``) over the tiles of
+    ``examples/attention.CONFIGS`` (no other launch option), peeled (its best config) and unpeeled (that config
+    with ``peel_masks=False``)."""
+    import tilejit
+    from benchmarks.kernels import attention_one_loop
+    from tilejit.testing import do_bench
+
+    batch, heads, seq, dim = q.shape
+    out = torch.empty_like(q)
+
+    def timed(bm, bn, warps, peel):
+        def run():
+            attention_one_loop[(tilejit.cdiv(seq, bm), heads, batch)](q, k, v, out, dim ** -0.5, BM=bm, BN=bn, D=dim,
+                                                                      CAUSAL=causal, num_warps=warps,
+                                                                      peel_masks=peel)
+        run()
+        err = (out[:1, :2].double() - ref).abs().max().item()
+        if err > 3e-2:
+            raise AssertionError(f"the one-loop forward {bm}x{bn} w{warps} is wrong: max |err| {err}")
+        return do_bench(run)
+
+    best = None
+    for bm, bn, warps in attention.CONFIGS[dim]:
+        ms = timed(bm, bn, warps, True)
+        print(f"  one loop {tuple(q.shape)} causal={causal} {bm}x{bn} w{warps}: {tflops(ms):.1f} TFLOP/s", flush=True)
+        if best is None or ms < best[0]:
+            best = (ms, (bm, bn, warps))
+    bm, bn, warps = best[1]
+    return {"one loop": tflops(best[0]), "one loop config": f"{bm}x{bn} w{warps}",
+            "one loop unpeeled": tflops(timed(bm, bn, warps, False))}
 
 
 def _backward(q, k, v, causal, baselines, tflops, tune="all"):

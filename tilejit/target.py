@@ -212,6 +212,11 @@ class LaunchOptions:
         "a persistent kernel whose K loop is shared out in equal runs of iterations, so the output tiles of the "
         "last, partial wave are computed by every SM in parts that one of them sums: no SM idles through the "
         "tail; see passes/split_k.stream_k", implies="persistent", sm90a_only=True)
+    peel_masks: bool = launch_option(
+        True, FLAG,
+        "loops whose T.where masks are provably all true over a run of iterations (the causal diagonal, a ragged "
+        "tail) are split into an unmasked loop over that run and masked loops over the rest; False keeps every "
+        "loop whole; see passes/peel_masks.py")
 
     def __post_init__(self) -> None:
         for f, spec in _declared(type(self)):

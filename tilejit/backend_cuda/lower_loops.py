@@ -144,6 +144,10 @@ def _for(em: Emitter, op: Op) -> None:
     """A ``for`` loop in the steps of ``LoopEmission``: its scope and TMA ring, the producer warpgroup or the
     prefetch of the first iterations, the cp.async ring's rotating addresses, the loop, then the drain."""
     loop = LoopEmission(em, op)
+    if op.attrs.peeled and loop.phase != "consumer":
+        em.comment(op, f"peeled loop ({op.attrs.peeled}): "
+                   + ("the iterations whose masks are all true, unmasked" if op.attrs.peeled == "unmasked"
+                      else "the iterations whose masks are not all true"))
     loop.open()
     if loop.producer:
         if loop.phase != "consumer":  # (a persistent loop's consumer part finds the ring and producer set up)

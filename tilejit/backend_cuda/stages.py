@@ -18,6 +18,7 @@ from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
 from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
+from ..passes.peel_masks import peel_masks
 from ..passes.scopes import infer_scopes
 from ..passes.software_pipeline import mark_async_mma, pipeline_loops
 from ..passes.split_k import split_k
@@ -40,6 +41,10 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     # the split_k launch option cuts the K loop over a cluster's programs (needs the fused gemm(a, b, acc) of
     # the step before to recognise the sums; before scopes and layouts, which then treat its ops like any other)
     ("split-k", split_k),
+    # a loop whose T.where masks are all true over a run of iterations is split into unmasked and masked loops
+    # (after split-k, whose cut of the K loop it then splits like any bounds; before scopes, layouts, pipelining
+    # and warp specialization, which treat each loop it makes like any other)
+    ("peel-masks", peel_masks),
     # gemm operands are staged in shared memory; everything else lives in registers
     ("infer-scopes", lambda fn, t: infer_scopes(fn)),
     # an operand staged in the major-ness its best lowering cannot read (fp8 / int8 / f32 B given K x N on wgmma)

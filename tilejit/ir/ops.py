@@ -297,10 +297,15 @@ class ForAttrs:
     # the next iteration, after that iteration's first gemm, so it runs under the math between them
     # (FlashAttention-3's intra-warpgroup overlap; lower_loops emits the rotation)
     defer_mma: bool | None = None
+    # set by passes/peel_masks.py on the loops it splits a loop into: "unmasked" (the iterations whose masks are all
+    # true, with the masks taken away) or "masked" (the others, with the original body)
+    peeled: str | None = None
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:
             raise ValueError("stages must be >= 1")
+        if self.peeled not in (None, "unmasked", "masked"):
+            raise ValueError(f"peeled is 'unmasked' or 'masked', not {self.peeled!r}")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,30 @@ def blocks(block: Block) -> Iterator[Block]:
             yield from blocks(region)
 
 
+def clone_op(op: Op, mapping: dict[int, Value]) -> Op:
+    """A copy of ``op`` and of the ops nested in its regions, with fresh results (named and promised as the
+    originals); operands are looked up in ``mapping`` (value id -> value), which the copy's own values join."""
+    regions = []
+    for region in op.regions:
+        args = [_fresh_like(a) for a in region.args]
+        mapping.update((a.id, b) for a, b in zip(region.args, args))
+        block = Block(args)
+        block.ops = [clone_op(inner, mapping) for inner in region.ops]
+        regions.append(block)
+    copy = Op(op.kind, [mapping.get(v.id, v) for v in op.operands], [r.type for r in op.results], op.attrs, regions,
+              op.loc)
+    for old, new in zip(op.results, copy.results):
+        new.name, new.multiple_of = old.name, old.multiple_of
+        mapping[old.id] = new
+    return copy
+
+
+def _fresh_like(v: Value) -> Value:
+    fresh = Value(v.type, v.name)
+    fresh.multiple_of = v.multiple_of
+    return fresh
+
+
 def defining_op(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None
 

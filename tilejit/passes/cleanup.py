@@ -21,6 +21,12 @@ def cleanup(fn: Function) -> None:
         pass
 
 
+def sweep_block(block: Block) -> None:
+    """Drop the dead ops of ``block`` alone (a loop body, whose values are used only inside it)."""
+    while _sweep(block, _live_uses(block)):
+        pass
+
+
 def _live_uses(block: Block) -> set[int]:
     used: set[int] = set()
     for op in block.walk():
