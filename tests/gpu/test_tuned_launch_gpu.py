@@ -101,7 +101,7 @@ def test_tuned_launches_are_captured_by_cuda_graphs_and_replayed():
     assert_matmul(c, a, b)
 
 
-def test_the_shrunk_ring_warning_names_the_launch_line():
+def test_the_shrunk_ring_warning_names_the_launch_line(tmp_path, monkeypatch):
     """fp32 128x256x64 tiles with 3 stages do not fit an H100's shared memory: the compile of the launch shrinks
     the ring and says so at the launch's line, for a plain launch and for a tuned one."""
     if torch.cuda.get_device_capability() < (9, 0):
@@ -118,6 +118,11 @@ def test_the_shrunk_ring_warning_names_the_launch_line():
     configs = [tilejit.Config({"BM": 128, "BN": 256, "BK": 64}, num_warps=8, num_stages=3),
                tilejit.Config({"BM": 64, "BN": 64, "BK": 32}, num_warps=4, num_stages=2)]
     tuner = tilejit.autotune(configs=configs, key=["A"])(tilejit.kernel(matmul))
+    # A new process's view (another cache directory, nothing in memory): the tuning compiles the ring again.
+    from tilejit.cache import kernel_cache
+
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "tuned-cache"))
+    monkeypatch.setattr(kernel_cache, "_default_cache", None)
     c.fill_(NAN)
     with pytest.warns(RuntimeWarning, match="a pipeline of 3 stages") as caught:
         line = inspect.currentframe().f_lineno + 1
