@@ -208,26 +208,35 @@ def usable_root(configured: Path) -> Path:
         fallback = _fallback_roots.get(configured)
         if fallback is not None:
             return fallback
-        resolved = configured
         try:
             resolved = resolve_trusted(configured)
+        except UntrustedPathError as error:
+            return _refuse(configured, configured, error)
+        except OSError:
+            return configured  # cannot even stat it (a parent of mode 000): reads miss, writes degrade
+        try:
             check_private_dir(resolved)
         except FileNotFoundError:
             return resolved  # created private on first write
         except UntrustedPathError as error:
-            if error.errno == errno.ENOTDIR and error.filename == str(resolved):
+            if error.errno == errno.ENOTDIR:
                 return resolved  # not a directory: writes fail and degrade to memory with their own warning
-            fallback = _private_fallback()
-            _fallback_roots[configured] = fallback
-            where = "it" if error.filename in (str(configured), str(resolved)) else f"{error.filename}, on its way,"
-            warnings.warn(f"tilejit: refusing the cache directory {configured}: {where} is {error.strerror}, and "
-                          f"a cache others can write or redirect could make this process run their code; using "
-                          f"the private directory {fallback} for this process (fix the owner or mode, or set "
-                          "TILEJIT_CACHE_DIR)", RuntimeWarning, stacklevel=user_stacklevel())
-            return fallback
+            return _refuse(configured, resolved, error)
         except OSError:
-            return configured  # cannot even stat it (a parent of mode 000): reads miss, writes degrade
+            return resolved
         return resolved
+
+
+def _refuse(configured: Path, resolved: Path, error: UntrustedPathError) -> Path:
+    """The private directory used instead of ``configured`` from now on, with one warning saying why."""
+    fallback = _private_fallback()
+    _fallback_roots[configured] = fallback
+    where = "it" if error.filename in (str(configured), str(resolved)) else f"{error.filename}, on its way,"
+    warnings.warn(f"tilejit: refusing the cache directory {configured}: {where} is {error.strerror}, and a cache "
+                  f"others can write or redirect could make this process run their code; using the private "
+                  f"directory {fallback} for this process (fix the owner or mode, or set TILEJIT_CACHE_DIR)",
+                  RuntimeWarning, stacklevel=user_stacklevel())
+    return fallback
 
 
 def resolve_trusted(path: Path) -> Path:
@@ -237,9 +246,11 @@ def resolve_trusted(path: Path) -> Path:
     replace the entry, and the entry is checked in turn). Components that do not exist yet are kept as given.
     UntrustedPathError naming the component that fails; NotADirectoryError, ELOOP and other OSErrors as the
     kernel would give them."""
-    path = Path(os.path.join(os.getcwd(), path))
+    path = Path(path)
+    if not path.is_absolute():
+        path = Path.cwd() / path
     here = Path(path.anchor)
-    _check_on_the_way(here, os.lstat(here))
+    _check_on_the_way(here, os.lstat(here), through=True)
     pending = list(reversed(path.parts[1:]))  # a stack: the next component last
     links = 0
     while pending:
@@ -254,7 +265,7 @@ def resolve_trusted(path: Path) -> Path:
             st = os.lstat(step)
         except FileNotFoundError:
             return step.joinpath(*reversed(pending))
-        _check_on_the_way(step, st)
+        _check_on_the_way(step, st, through=bool(pending))
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > _MAX_LINKS:
@@ -270,14 +281,15 @@ def resolve_trusted(path: Path) -> Path:
     return here
 
 
-def _check_on_the_way(path: Path, st: os.stat_result) -> None:
+def _check_on_the_way(path: Path, st: os.stat_result, through: bool) -> None:
     """Raise UntrustedPathError unless ``path`` (a directory or symlink on the way to the cache root, or the
-    root itself) is owned by this user or root and, if a directory others can write, sticky."""
+    root itself) is owned by this user or root and, if a directory passed ``through`` that others can write,
+    sticky. (The root itself must then be private: ``check_private_dir``.)"""
     kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a file"
     if st.st_uid not in (_my_uid(), 0):
         raise UntrustedPathError(errno.EPERM, f"{kind} owned by uid {st.st_uid}, neither this user's "
                                               f"(uid {_my_uid()}) nor root's", str(path))
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+    if through and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         raise UntrustedPathError(errno.EPERM, f"{kind} writable by others and not sticky "
                                               f"(mode {stat.S_IMODE(st.st_mode):o})", str(path))
 

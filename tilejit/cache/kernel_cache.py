@@ -283,8 +283,9 @@ class KernelCache:
         self._writable = False
         if not _warned_unwritable:
             _warned_unwritable = True
+            where = f"{err.filename}: " if err.filename and err.filename != str(self.root) else ""
             warnings.warn(
-                f"tilejit: cannot write the kernel cache at {self.root} ({err.strerror or err}); compiled "
+                f"tilejit: cannot write the kernel cache at {self.root} ({where}{err.strerror or err}); compiled "
                 "kernels are kept in memory for this process only. Set TILEJIT_CACHE_DIR to a writable "
                 "directory to keep them.", RuntimeWarning, stacklevel=user_stacklevel())
 
