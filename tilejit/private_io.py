@@ -73,10 +73,11 @@ def why_not_private(st: os.stat_result) -> str | None:
     return None
 
 
-def check_private_dir(path: Path, follow: bool = False) -> None:
-    """Raise UntrustedPathError unless ``path`` is a directory of this user that nobody else can write
-    (a symlink is refused unless ``follow``); FileNotFoundError when it does not exist."""
-    st = os.stat(path) if follow else os.lstat(path)
+def check_private_dir(path: Path) -> None:
+    """Raise UntrustedPathError unless ``path`` is a directory of this user that nobody else can write (a
+    symlink is refused: resolve a root first with ``resolve_trusted``); FileNotFoundError when it does not
+    exist."""
+    st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UntrustedPathError(errno.ENOTDIR, "not a directory" + (" (a symlink)" if stat.S_ISLNK(st.st_mode)
                                                                      else ""), str(path))

@@ -174,7 +174,8 @@ def is_private_dir(path: Path) -> bool:
 def make_private_dirs(root: Path, shard: Path) -> None:
     """Create the cache root and a shard with mode 0700 (cached kernels are the user's own code); the
     root's parents (e.g. ~/.cache) get ordinary permissions. Both must then be this user's and writable by
-    nobody else (UntrustedPathError, an OSError: the cache degrades to memory)."""
+    nobody else (UntrustedPathError, an OSError naming the one that is not: for the root the cache degrades to
+    memory, for a shard only that shard's entries stay in memory)."""
     private_io.make_private_root(root)
     private_io.make_private_dir(shard)
     if not os.access(shard, os.W_OK | os.X_OK):
