@@ -756,7 +756,7 @@ class _TuningStore:
                           RuntimeWarning, stacklevel=user_stacklevel())
             return {}
         try:
-            data = json.loads(text)
+            data = private_io.loads_json(text, limit=16 << 20)
         except ValueError as error:
             warnings.warn(f"tilejit: ignoring corrupt autotune record {self.path}: {error}", RuntimeWarning,
                           stacklevel=user_stacklevel())

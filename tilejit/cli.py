@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -408,7 +409,7 @@ def _print_meta(entry: CacheEntry) -> None:
 
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return os.lstat(path).st_size
     except OSError:
         return 0
 
@@ -424,13 +425,19 @@ def _read_stored(entry: CacheEntry, name: str) -> str:
 
 
 def _sass(entry: CacheEntry) -> str:
-    """The stored SASS, else a disassembly of the cubin by whichever NVIDIA tool is installed."""
-    from .backend_cuda.sass import DisassemblyError, disassemble_file
+    """The stored SASS (when meta.json lists it), else a disassembly of the cubin by whichever NVIDIA tool is
+    installed. The tool is given a private copy of the cubin as read and checked by the cache (never followed,
+    never blocking), not the file in the entry, which could be a link or a FIFO by now."""
+    from .backend_cuda.sass import DisassemblyError, disassemble
 
-    if "kernel.sass" in entry.file_names():
-        return entry.read_text("kernel.sass")
+    if "kernel.sass" in entry.meta.get("files", {}):
+        return _read_stored(entry, "kernel.sass")
     try:
-        text = disassemble_file(entry.path / entry.meta.get("binary", "kernel.cubin"))
+        cubin = entry.binary
+    except (OSError, ValueError) as error:
+        raise CliError(f"entry {entry.key[:12]}: cannot read its cubin: {error}") from None
+    try:
+        text = disassemble(cubin)
     except DisassemblyError as e:
         raise CliError(f"{e} on {entry.key[:12]}") from None
     if text is None:

@@ -422,3 +422,33 @@ def test_outputs_that_overlap_themselves_or_require_grad_are_refused_after_a_rem
     launch_axpb(kernel, shared, y, 1.0, 1.0)  # an input may share memory
     torch.cuda.synchronize(dev)
     assert torch.equal(y, torch.ones_like(y))
+
+
+def test_launches_run_right_through_a_symlinked_root_with_every_json_buried(tmp_path, monkeypatch):
+    """A root reached through the user's own symlink, then nvrtc.json, extents hints and meta.json (digest
+    rewritten to match) nested 30,000 deep: the next process's launch reads them as absent, recompiles, and
+    computes the right numbers."""
+    import hashlib
+
+    from tilejit.cache import kernel_cache
+
+    real = tmp_path / "real-cache"
+    real.mkdir(mode=0o700)
+    (tmp_path / "cache").symlink_to(real)
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_cache, "_default_cache", None)
+    dev = torch.device("cuda", 0)
+    for attempt in range(2):
+        x = torch.randn(10_000 + 17, device=dev, dtype=torch.float64).float()
+        y = torch.full_like(x, NAN)
+        launch_axpb(tilejit.kernel(axpb.fn), x, y, 2.0, 0.5)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(y.double(), x.double() * 2.0 + 0.5, rtol=1e-6, atol=1e-6)
+        deep = "[" * 30000 + "]" * 30000
+        metas = list(real.glob("*/*/meta.json"))
+        assert metas, "the launch wrote its entry under the symlink's target"
+        for record in [real / "nvrtc.json", *real.glob("extents/*.json"), *metas]:
+            record.write_text(deep)
+        for meta in metas:
+            (meta.parent / "meta.sha256").write_text(hashlib.sha256(deep.encode()).hexdigest() + "\n")
+        monkeypatch.setattr(kernel_cache, "_default_cache", None)  # the next launch as a fresh process's

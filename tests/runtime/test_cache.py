@@ -354,7 +354,9 @@ def _age(entry_path: Path, seconds: float) -> None:
 
 
 def _autotune_record(root: Path, name: str, age_s: float) -> Path:
-    path = root / "autotune" / f"{name}.json"
+    """A record named as the autotuner names them (``<kernel>-<source hash>.json``): the only names the cache
+    lists and removes."""
+    path = root / "autotune" / f"{name}-{hashlib.sha256(name.encode()).hexdigest()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"kernel": name, "key": [128, 128], "config": {"BLOCK": 64},
                                 "timings_ms": [0.5, 0.25], "created": time.time() - age_s}))

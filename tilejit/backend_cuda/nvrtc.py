@@ -190,7 +190,7 @@ def _loaded_library_path() -> str | None:
 def _recorded_version() -> tuple[int, int] | None:
     """The version in the record, if the record describes this environment and its library is unchanged."""
     try:
-        record = json.loads(private_io.read_private(_record_path(), limit=1 << 16))
+        record = private_io.read_json(_record_path(), limit=1 << 16)
         version, library = record["version"], record["library"]
         if record["probe"] != _library_probe() or _file_identity(library[0]) != library:
             return None
@@ -212,7 +212,7 @@ def _record_version(version: tuple[int, int]) -> None:
     record = {"version": list(version), "library": library, "probe": _library_probe()}
     target = _record_path()
     try:
-        if json.loads(private_io.read_private(target, limit=1 << 16)) == record:
+        if private_io.read_json(target, limit=1 << 16) == record:
             return
     except (OSError, ValueError):
         pass

@@ -29,8 +29,9 @@ One module per concern:
 
 Only JSON and raw bytes are read back, never pickle. The cache is private to its user (README, "Who may write
 the cache"): the root, shards and entries must be this user's and writable by nobody else, every file is opened
-without following symlinks and read only if it is a regular private file (``private_io``); a root that others
-can write is refused for a private temporary one. Temporary files and directories are made exclusively with
+without following symlinks and read only if it is a regular private file (``private_io``); JSON is parsed with
+caps on size and depth. The root is resolved through its symlinks, each owned by the user or root; a root that
+others can write or redirect is refused for a private temporary one. Temporary files and directories are made exclusively with
 random names (``mkstemp``/``mkdtemp``); those left behind by killed processes are swept after an hour.
 
 Everything imports from here as before the split: ``from tilejit.cache import KernelCache``.

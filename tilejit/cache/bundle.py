@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilejit import private_io
-from tilejit.private_io import MAX_READ_BYTES, read_private
+from tilejit.private_io import MAX_READ_BYTES, loads_json, read_json, read_private
 
 from . import records
 from .entries import META_DIGEST_NAME, META_NAME, check_file_digests, check_file_name, check_meta_fields
 from .kernel_cache import KernelCache
-from .layout import check_key, files_in, make_private_dirs
+from .layout import AUTOTUNE_RECORD_RE, check_key, make_private_dirs
 from .maintenance import list_entries
 
 _ENTRY_MEMBER = re.compile(r"entries/([0-9a-f]{2,128})/([^/]+)")
-_AUTOTUNE_MEMBER = re.compile(r"autotune/([A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{2,128}\.json)")
+_AUTOTUNE_MEMBER = re.compile(f"autotune/({AUTOTUNE_RECORD_RE.pattern})")
 _EXTENTS_MEMBER = re.compile(r"extents/([0-9a-f]{2,128})\.json")
 _MAX_MEMBERS = 1 << 16
 # Fields new_entry writes for a stored entry; an imported meta's are checked, then made again from its files.
@@ -79,12 +79,12 @@ def export_bundle(cache: KernelCache, path: Path, kernels: Iterable[str] = ()) -
             for name, data in sorted(files.items()):
                 _add(tar, f"entries/{entry.key}/{name}", data)
             n_entries += 1
-        for record_path in files_in(layout.autotune_dir, ".json"):
+        for record_path in layout.autotune_files():
             chosen = _records_of(record_path, wanted)
             if chosen:
                 _add(tar, f"autotune/{record_path.name}", json.dumps(chosen, indent=1, sort_keys=True).encode())
                 n_records += len(chosen)
-        for hint_path in files_in(layout.extents_dir, ".json"):
+        for hint_path in layout.extents_files():
             hint = _json_of(hint_path)
             if isinstance(hint, dict) and (not wanted or hint.get("kernel") in wanted):
                 _add(tar, f"extents/{hint_path.name}", json.dumps(hint, sort_keys=True).encode())
@@ -101,7 +101,7 @@ def _records_of(path: Path, wanted: set[str]) -> dict:
 
 def _json_of(path: Path):
     try:
-        return json.loads(read_private(path))
+        return read_json(path)
     except (OSError, ValueError):
         return None
 
@@ -179,7 +179,7 @@ def _checked_entry(key: str, files: dict[str, bytes], validate: Callable[[dict],
         raise ValueError(f"no {META_NAME} or {META_DIGEST_NAME}")
     if digest.decode("ascii", "replace").strip() != hashlib.sha256(meta_bytes).hexdigest():
         raise ValueError(f"{META_NAME} does not match {META_DIGEST_NAME}")
-    meta = json.loads(meta_bytes)
+    meta = loads_json(meta_bytes)
     check_meta_fields(meta, key)
     check_file_digests(meta, files)
     if validate is not None:
@@ -190,7 +190,7 @@ def _checked_entry(key: str, files: dict[str, bytes], validate: Callable[[dict],
 def _import_records(cache: KernelCache, member: str, file_name: str, data: bytes,
                     record_problem: Callable[[dict], str | None] | None, report: ImportReport) -> None:
     try:
-        imported = json.loads(data)
+        imported = loads_json(data)
         if not isinstance(imported, dict):
             raise ValueError("not a JSON object")
     except ValueError as error:
@@ -222,7 +222,7 @@ def _import_records(cache: KernelCache, member: str, file_name: str, data: bytes
 
 def _import_extents(cache: KernelCache, member: str, source_hash: str, data: bytes, report: ImportReport) -> None:
     try:
-        hint = json.loads(data)
+        hint = loads_json(data)
         extents = hint["extents"]
         kernel = hint["kernel"]
         if not isinstance(kernel, str) or not isinstance(extents, dict) or not all(

@@ -13,6 +13,7 @@ compiler's by the ``validate`` the caller passes).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilejit.private_io import read_private
+from tilejit.private_io import loads_json, read_private
 
 from .layout import CacheLayout, is_leftover_name, mtime, remove, scan, trash_path
 
@@ -53,13 +54,17 @@ class CacheEntry:
     files: dict[str, bytes] = field(default_factory=dict)
 
     def read(self, name: str) -> bytes:
+        """The bytes of the entry's file ``name``, checked against its digest; FileNotFoundError when the entry
+        has no such file (on disk: meta.json does not list it, whatever lies there), another OSError when it
+        cannot be read or does not match."""
         if name not in self.files:
-            if self.path is None:
-                raise FileNotFoundError(f"cache entry {self.key[:12]} has no file {name!r}")
+            digests = self.meta.get("files")
+            if self.path is None or not isinstance(digests, dict) or name not in digests:
+                raise FileNotFoundError(errno.ENOENT, f"cache entry {self.key[:12]} has no file {name!r}",
+                                        str(self.path / name) if self.path is not None else name)
             check_file_name(name)
             data = read_private(self.path / name)
-            digests = self.meta.get("files")
-            if isinstance(digests, dict) and digests.get(name) != hashlib.sha256(data).hexdigest():
+            if digests.get(name) != hashlib.sha256(data).hexdigest():
                 raise OSError(f"{self.path / name} does not match its digest in {META_NAME}")
             self.files[name] = data
         return self.files[name]
@@ -173,7 +178,7 @@ def read_meta(path: Path, key: str) -> dict:
     digest = read_private(path / META_DIGEST_NAME, limit=256).decode("ascii", "replace").strip()
     if digest != hashlib.sha256(meta_bytes).hexdigest():
         raise ValueError(f"{META_NAME} does not match {META_DIGEST_NAME}")
-    meta = json.loads(meta_bytes)
+    meta = loads_json(meta_bytes)
     check_meta_fields(meta, key)
     return meta
 

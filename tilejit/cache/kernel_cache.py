@@ -2,7 +2,8 @@
 configured: ``remote``), then compiled under a cross-process lock.
 
 A cache directory that cannot be written (read-only home, full disk) must not stop kernels from running: the
-cache warns once per process and keeps new entries in memory. The entry format is ``entries``'s, the lock
+cache warns once per process and keeps new entries in memory. One shard that cannot be trusted (a symlink,
+writable by others) costs only its own entries: they are kept in memory, with one warning naming it. The entry format is ``entries``'s, the lock
 ``locks``'s, the paths ``layout``'s; the inspection and cleaning methods hand over to ``maintenance``.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .layout import CacheLayout, check_key, make_private_dirs
 # Once per process, not per KernelCache: every cache object pointing at the same bad directory would
 # otherwise repeat the same warning.
 _warned_unwritable = False
+_warned_shards: set[str] = set()
 
 #: Where a kernel came from, as ``get_or_compile`` and ``lookup`` report it (a compiled kernel's ``origin``).
 ORIGINS = ("memory", "disk", "remote", "compiled")
@@ -151,7 +153,7 @@ class KernelCache:
             try:
                 entry = self._store_disk(key, data, meta, replace)
             except OSError as err:
-                self._degrade(err)
+                self._degrade_or_skip_shard(err)
             else:
                 self._memory[key] = entry
                 return entry
@@ -212,7 +214,7 @@ class KernelCache:
         except locks.EntryAppeared as appeared:
             return _found(appeared.entry, "disk")
         except OSError as err:  # the shard directory or lock file cannot be created
-            self._degrade(err)
+            self._degrade_or_skip_shard(err)
             return _found(self._compile_and_store(key, compile_fn, replace=fresh), "compiled")
         try:
             # The previous holder may have stored it between our disk check and taking the lock.
@@ -261,13 +263,33 @@ class KernelCache:
             shared.put_entry(key, data, entry.meta)
         return entry
 
+    def _degrade_or_skip_shard(self, err: OSError) -> None:
+        """Fall back to memory for the whole process (``_degrade``), unless ``err`` is about one shard that
+        cannot be trusted: then only that shard's entries stay in memory, with one warning per shard."""
+        filename = getattr(err, "filename", None)
+        if not (isinstance(err, UntrustedPathError) and filename and Path(filename).parent == self.root):
+            self._degrade(err)
+            return
+        if filename not in _warned_shards:
+            _warned_shards.add(filename)
+            warnings.warn(
+                f"tilejit: not using the cache shard {filename}: it is {err.strerror}; its kernels are kept in "
+                "memory for this process (fix its owner or mode, or `tilejit cache clear` removes it)",
+                RuntimeWarning, stacklevel=user_stacklevel())
+
     def _degrade(self, err: OSError) -> None:
         global _warned_unwritable
         self._writable = False
         if not _warned_unwritable:
             _warned_unwritable = True
+<<<<<<< HEAD
             warn_user(
                 f"tilejit: cannot write the kernel cache at {self.root} ({err.strerror or err}); compiled "
+=======
+            where = f"{err.filename}: " if err.filename and err.filename != str(self.root) else ""
+            warnings.warn(
+                f"tilejit: cannot write the kernel cache at {self.root} ({where}{err.strerror or err}); compiled "
+>>>>>>> cache-harden
                 "kernels are kept in memory for this process only. Set TILEJIT_CACHE_DIR to a writable "
                 "directory to keep them.")
 

@@ -15,8 +15,10 @@ The root is ``knobs.cache_dir()`` when it is this user's alone, else a private t
     <root>/native/                          the compiled launcher, built from runtime/_launch.c (runtime/native.py
                                             names the library inside); not an entry: `clear` and `prune` leave it
 
-Walking the root never follows a symlink and lists only private directories (``scan``): what a planted link
-points to is not the cache's to list or remove.
+Walking the root never follows a symlink and, for reading, lists only private directories (``scan``): what a
+planted link points to is not the cache's to list or remove. Only the names above are ever listed (a shard is
+two hex digits, an entry its key, a record ``<kernel>-<hex>.json`` or ``<hex>.json``), so `clear` and `prune`
+remove nothing tilejit would not have made, even under a root that holds other files.
 """
 from __future__ import annotations
 
@@ -31,9 +33,16 @@ from pathlib import Path
 from tilejit import private_io
 
 _KEY_RE = re.compile(r"[0-9a-f]{2,128}")
+_SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _TEMP_MARK = ".tmp-"
 _TRASH_MARK = ".trash-"
 _LOCK_SUFFIX = ".lock"
+# What mkdtemp (random letters, digits, "_") and trash_path (pid-hex) append to a key.
+_LEFTOVER_RE = re.compile(r"[0-9a-f]{2,128}\.(?:tmp|trash)-[A-Za-z0-9_-]+")
+_LOCK_RE = re.compile(r"[0-9a-f]{2,128}\.lock")
+#: The file names of autotune records (``<kernel>-<source hash>.json``) and extents hints (``<source hash>.json``).
+AUTOTUNE_RECORD_RE = re.compile(r"[^\W\d]\w*-[0-9a-f]{2,128}\.json")
+EXTENTS_RECORD_RE = re.compile(r"[0-9a-f]{2,128}\.json")
 
 
 def check_key(key: str) -> None:
@@ -44,7 +53,7 @@ def check_key(key: str) -> None:
 
 def is_leftover_name(name: str) -> bool:
     """An entry being written or removed (or left so by a killed process)."""
-    return _TEMP_MARK in name or _TRASH_MARK in name
+    return _LEFTOVER_RE.fullmatch(name) is not None
 
 
 def trash_path(entry_dir: Path) -> Path:
@@ -101,20 +110,37 @@ class CacheLayout:
         return self.root / "native"
 
     # ---- walking what is there -----------------------------------------------------------------------------
+    # ``trusted=False`` (cleaning) also walks shards and record directories that are real but not private (made
+    # writable by others, another user's): the names in them are still the cache's to remove.
 
-    def shards(self) -> list[Path]:
+    def shards(self, trusted: bool = True) -> list[Path]:
         # Real directories only (is_dir without following): a symlinked shard is not walked into.
-        return [Path(e.path) for e in scan(self.root) if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+        return [Path(e.path) for e in scan(self.root) if _SHARD_RE.fullmatch(e.name)
+                and e.is_dir(follow_symlinks=False) and (not trusted or is_private_dir(Path(e.path)))]
 
-    def entry_dirs(self) -> list[Path]:
-        return [Path(e.path) for shard in self.shards() for e in scan(shard)
-                if _KEY_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    def entry_dirs(self, trusted: bool = True) -> list[Path]:
+        return [Path(e.path) for shard in self.shards(trusted) for e in scan(shard, trusted)
+                if _KEY_RE.fullmatch(e.name) and e.name.startswith(shard.name) and e.is_dir(follow_symlinks=False)]
 
-    def leftovers(self) -> list[Path]:
-        return [Path(e.path) for shard in self.shards() for e in scan(shard) if is_leftover_name(e.name)]
+    def leftovers(self, trusted: bool = True) -> list[Path]:
+        return [Path(e.path) for shard in self.shards(trusted) for e in scan(shard, trusted)
+                if is_leftover_name(e.name)]
 
-    def locks(self) -> list[Path]:
-        return [Path(e.path) for shard in self.shards() for e in scan(shard) if e.name.endswith(_LOCK_SUFFIX)]
+    def locks(self, trusted: bool = True) -> list[Path]:
+        return [Path(e.path) for shard in self.shards(trusted) for e in scan(shard, trusted)
+                if _LOCK_RE.fullmatch(e.name)]
+
+    def autotune_files(self, trusted: bool = True) -> list[Path]:
+        return [Path(e.path) for e in scan(self.autotune_dir, trusted) if AUTOTUNE_RECORD_RE.fullmatch(e.name)]
+
+    def extents_files(self, trusted: bool = True) -> list[Path]:
+        return [Path(e.path) for e in scan(self.extents_dir, trusted) if EXTENTS_RECORD_RE.fullmatch(e.name)]
+
+    def misplaced_links(self) -> list[Path]:
+        """Symlinks where the cache keeps a directory (a shard, ``autotune``, ``extents``): never followed, and
+        in the way of the directory the cache would make there."""
+        return [Path(e.path) for e in scan(self.root) if e.is_symlink()
+                and (_SHARD_RE.fullmatch(e.name) or e.name in ("autotune", "extents"))]
 
 
 def current_layout() -> CacheLayout:
@@ -122,26 +148,34 @@ def current_layout() -> CacheLayout:
     return CacheLayout(private_io.cache_root())
 
 
-def scan(directory: Path) -> list[os.DirEntry]:
-    """The entries of a private, real directory (not a symlink to one); [] otherwise."""
+def scan(directory: Path, trusted: bool = True) -> list[os.DirEntry]:
+    """The entries of a private, real directory (not a symlink to one); [] otherwise. ``trusted=False``: of any
+    real directory, private or not (for cleaning; still never through a symlink)."""
     try:
-        private_io.check_private_dir(directory)
-        with os.scandir(directory) as it:
+        if trusted:
+            private_io.check_private_dir(directory)
+        elif not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return []
+        with os.scandir(directory) as it:  # (the directory it is in is private: nobody else can swap it)
             return sorted(it, key=lambda e: e.name)
     except OSError:
         return []
 
 
-def files_in(directory: Path, suffix: str = "") -> list[Path]:
-    """Entries of ``directory`` ending in ``suffix``, unless ``directory`` is a symlink or not private (then
-    nothing: what it points to is not the cache's to list or remove)."""
-    return [Path(e.path) for e in scan(directory) if e.name.endswith(suffix)]
+def is_private_dir(path: Path) -> bool:
+    """Whether ``path`` is a real directory of this user that nobody else can write."""
+    try:
+        private_io.check_private_dir(path)
+    except OSError:
+        return False
+    return True
 
 
 def make_private_dirs(root: Path, shard: Path) -> None:
     """Create the cache root and a shard with mode 0700 (cached kernels are the user's own code); the
     root's parents (e.g. ~/.cache) get ordinary permissions. Both must then be this user's and writable by
-    nobody else (UntrustedPathError, an OSError: the cache degrades to memory)."""
+    nobody else (UntrustedPathError, an OSError naming the one that is not: for the root the cache degrades to
+    memory, for a shard only that shard's entries stay in memory)."""
     private_io.make_private_root(root)
     private_io.make_private_dir(shard)
     if not os.access(shard, os.W_OK | os.X_OK):

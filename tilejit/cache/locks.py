@@ -3,12 +3,15 @@
 An ``O_EXCL`` lock file per entry names its holder (pid, host, time, and a random token so a holder removes only
 its own lock). Waiters poll for the entry to appear. A lock whose holder is gone (dead pid on this host, or
 older than ``TILEJIT_LOCK_TIMEOUT`` when held from another host, where the pid cannot be checked) is broken. A
-live local holder is never overruled: after the timeout the waiter raises, naming the holder, rather than
-silently compiling twice.
+live local holder is never overruled: after the timeout the waiter raises ``CacheLockTimeout`` (a
+``TilejitError``), naming the holder, rather than silently compiling twice. A lock file is read like any cache
+file (bounded, never followed, never blocking) and checked field by field; one that is not a regular file (a
+directory, a FIFO) or names no valid holder is judged by its age, and removed as what it is.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import socket
@@ -17,11 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from tilejit import knobs
-from tilejit.errors import warn_user
-from tilejit.private_io import read_private
+from tilejit.errors import TilejitError, warn_user
+from tilejit.private_io import read_json
 
-from .entries import CacheEntry, is_timestamp
-from .layout import CacheLayout, make_private_dirs, mtime
+from .entries import CacheEntry
+from .layout import CacheLayout, make_private_dirs, mtime, remove
 
 _POLL_S = (0.02, 0.05)
 # A lock file is written right after it is created; one that is still unreadable after this long was left
@@ -30,9 +33,15 @@ _UNREADABLE_LOCK_GRACE_S = 5.0
 # A waiter says who holds the lock after this long (then every _LOCK_REPORT_EVERY_S), rather than in silence.
 _LOCK_REPORT_AFTER_S = 3.0
 _LOCK_REPORT_EVERY_S = 60.0
+# What a lock file may say: Linux's PID_MAX_LIMIT, HOST_NAME_MAX rounded up, the token acquire writes; a time
+# more than a day ahead of this clock is no holder's.
+_MAX_PID = 1 << 22
+_MAX_HOST_CHARS = 255
+_MAX_TOKEN_CHARS = 64
+_MAX_CLOCK_SKEW_S = 86400.0
 
 
-class CacheError(Exception):
+class CacheError(TilejitError):
     """Base class of the cache's own errors."""
 
 
@@ -105,21 +114,25 @@ def release(layout: CacheLayout, key: str, token: str) -> None:
 
 
 def read_lock(lock: Path) -> dict | None:
-    """The holder a lock file names, with its fields checked ({} for a lock that is there but unreadable or
-    malformed; None when there is no lock)."""
+    """The holder a lock file names: ``pid``, ``host``, ``time`` and ``token``, each None unless well-formed
+    (an int pid in Linux's range, a short printable host name, a finite time not ahead of this clock by more
+    than a day, a short token string). {} for a lock that is there but unreadable, not a regular file or not a
+    JSON object; None when there is no lock."""
     try:
-        holder = json.loads(read_private(lock, limit=4096))
+        holder = read_json(lock, limit=4096, max_depth=2)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return {}
     if not isinstance(holder, dict):
         return {}
-    pid, host, when = holder.get("pid"), holder.get("host"), holder.get("time")
-    return {**holder,
-            "pid": pid if type(pid) is int and pid > 0 else None,
-            "host": host if isinstance(host, str) else None,
-            "time": when if is_timestamp(when) else None}
+    pid, host, when, token = (holder.get(name) for name in ("pid", "host", "time", "token"))
+    return {"pid": pid if type(pid) is int and 0 < pid < _MAX_PID else None,
+            "host": host if isinstance(host, str) and 0 < len(host) <= _MAX_HOST_CHARS and host.isprintable()
+            else None,
+            "time": float(when) if type(when) in (int, float) and math.isfinite(when)
+            and 0 < when < time.time() + _MAX_CLOCK_SKEW_S else None,
+            "token": token if isinstance(token, str) and len(token) <= _MAX_TOKEN_CHARS else None}
 
 
 def _describe_holder(holder: dict | None) -> str:
@@ -140,12 +153,10 @@ def lock_is_stale(lock: Path, holder: dict | None) -> bool:
 
 
 def break_lock(lock: Path, holder: dict | None) -> None:
-    # Re-read just before unlinking so a lock taken anew since we judged it stale survives.
+    # Re-read just before unlinking so a lock taken anew since we judged it stale survives. Removed as what it
+    # is: a directory planted there goes too, a symlink as a link.
     if read_lock(lock) == holder:
-        try:
-            lock.unlink()
-        except FileNotFoundError:
-            pass
+        remove(lock)
 
 
 def _pid_alive(pid: int) -> bool:

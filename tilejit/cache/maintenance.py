@@ -6,12 +6,13 @@ alone, and so is the compiled launcher under ``native/`` (not an entry).
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from . import locks
 from .entries import CacheEntry, discard, read_meta
-from .layout import CacheLayout, files_in, mtime, remove
+from .layout import CacheLayout, is_private_dir, mtime, remove
 from .records import as_timestamp, autotune_records
 
 
@@ -34,21 +35,28 @@ def find(layout: CacheLayout, prefix: str) -> list[CacheEntry]:
 
 
 def clear(layout: CacheLayout) -> int:
-    """Remove every entry, leftover temp dir, stale lock, autotune record and extents hint; returns how many
-    entries and records were removed (hints are not counted)."""
+    """Remove every entry, leftover temp dir, stale lock, autotune record and extents hint, and symlinks where
+    the cache keeps a directory; returns how many entries and records were removed (hints are not counted).
+    Shards and record directories that are not private are cleaned too (``trusted=False``), and removed when
+    that leaves them empty, so the next write makes them anew, private."""
     removed = 0
-    for path in layout.entry_dirs():
+    for path in layout.entry_dirs(trusted=False):
         removed += discard(path)
-    for path in layout.leftovers():
+    for path in layout.leftovers(trusted=False):
         remove(path)
-    for lock in layout.locks():
+    for lock in layout.locks(trusted=False):
         holder = locks.read_lock(lock)
         if locks.lock_is_stale(lock, holder):
             locks.break_lock(lock, holder)
-    for path in files_in(layout.autotune_dir, ".json"):
+    for path in layout.autotune_files(trusted=False):
         removed += remove(path)
-    for path in files_in(layout.extents_dir):  # hints, not entries: removed but not counted
+    for path in layout.extents_files(trusted=False):  # hints, not entries: removed but not counted
         remove(path)
+    for link in layout.misplaced_links():
+        remove(link)  # the link, never what it points to
+    for directory in [*layout.shards(trusted=False), layout.autotune_dir, layout.extents_dir]:
+        if not is_private_dir(directory):
+            _remove_if_empty(directory)
     return removed
 
 
@@ -57,20 +65,27 @@ def prune(layout: CacheLayout, older_than_seconds: float) -> int:
     hints left that long); returns how many entries and records were removed."""
     cutoff = time.time() - older_than_seconds
     removed = 0
-    for path in layout.entry_dirs():
+    for path in layout.entry_dirs(trusted=False):
         try:
             created = read_meta(path, path.name)["created"]
         except (OSError, ValueError):
             created = mtime(path)  # damaged: goes by its age like a leftover
         if created < cutoff:
             removed += discard(path)
-    for path in layout.leftovers():
+    for path in layout.leftovers(trusted=False):
         if mtime(path) < cutoff:
             remove(path)
     for record in autotune_records(layout):
         if (as_timestamp(record.get("created")) or mtime(Path(record["path"]))) < cutoff:
             removed += remove(Path(record["path"]))
-    for path in files_in(layout.extents_dir):
+    for path in layout.extents_files(trusted=False):
         if mtime(path) < cutoff:
             remove(path)
     return removed
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass

@@ -11,9 +11,9 @@ import json
 import math
 
 from tilejit import private_io
-from tilejit.private_io import read_private
+from tilejit.private_io import read_json
 
-from .layout import CacheLayout, files_in, make_private_dirs
+from .layout import CacheLayout, make_private_dirs
 
 
 def read_extents(layout: CacheLayout, source_hash: str) -> dict[str, list[int]]:
@@ -22,7 +22,7 @@ def read_extents(layout: CacheLayout, source_hash: str) -> dict[str, list[int]]:
     path = layout.extents_record(source_hash)
     try:
         private_io.check_private_dir(path.parent)
-        data = json.loads(read_private(path))
+        data = read_json(path)
     except (OSError, ValueError):
         return {}
     extents = data.get("extents") if isinstance(data, dict) else None
@@ -51,9 +51,9 @@ def write_extents(layout: CacheLayout, source_hash: str, kernel_name: str, exten
 def autotune_records(layout: CacheLayout) -> list[dict]:
     """Autotune records (JSON dicts), each with "path" added; unreadable or untrusted files are skipped."""
     records = []
-    for path in files_in(layout.autotune_dir, ".json"):
+    for path in layout.autotune_files():
         try:
-            record = json.loads(read_private(path))
+            record = read_json(path)
         except (OSError, ValueError):
             continue
         if isinstance(record, dict):

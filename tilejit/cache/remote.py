@@ -195,7 +195,7 @@ class RemoteCache:
         if payload is None:
             return None
         try:
-            data = json.loads(payload)
+            data = private_io.loads_json(payload, limit=len(payload))
             if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
                 raise ValueError("not an entry")
             meta = data.get("meta")
@@ -222,7 +222,7 @@ class RemoteCache:
         if payload is None:
             return None
         try:
-            record = json.loads(payload)
+            record = private_io.loads_json(payload, limit=len(payload))
         except ValueError as error:
             self.refuse(name, str(error))
             return None
