@@ -272,24 +272,18 @@ class KernelCache:
             return
         if filename not in _warned_shards:
             _warned_shards.add(filename)
-            warnings.warn(
+            warn_user(
                 f"tilejit: not using the cache shard {filename}: it is {err.strerror}; its kernels are kept in "
-                "memory for this process (fix its owner or mode, or `tilejit cache clear` removes it)",
-                RuntimeWarning, stacklevel=user_stacklevel())
+                "memory for this process (fix its owner or mode, or `tilejit cache clear` removes it)")
 
     def _degrade(self, err: OSError) -> None:
         global _warned_unwritable
         self._writable = False
         if not _warned_unwritable:
             _warned_unwritable = True
-<<<<<<< HEAD
-            warn_user(
-                f"tilejit: cannot write the kernel cache at {self.root} ({err.strerror or err}); compiled "
-=======
             where = f"{err.filename}: " if err.filename and err.filename != str(self.root) else ""
-            warnings.warn(
+            warn_user(
                 f"tilejit: cannot write the kernel cache at {self.root} ({where}{err.strerror or err}); compiled "
->>>>>>> cache-harden
                 "kernels are kept in memory for this process only. Set TILEJIT_CACHE_DIR to a writable "
                 "directory to keep them.")
 
