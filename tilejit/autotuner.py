@@ -11,7 +11,9 @@ memory and in ``<cache dir>/autotune/<kernel>-<source hash>.json``, with the tim
 - editing the kernel (or any of tilejit's own source) changes the source hash and therefore the file.
 
 A config that fails to compile or launch is skipped, its reason logged on the "tilejit.autotune" logger and
-stored, so later processes do not try it again; when every config fails an ``AutotuneError`` lists them all. A
+stored, so later processes do not try it again (unless the record then times none of the configs being tuned:
+they are all tried again); when every config fails an ``AutotuneError`` lists each with its error, and nothing is
+stored. A
 config whose kernel spills registers is refused the same way when a config that does not spill is there to time;
 the registers and spill bytes of each compiled config are in ``Autotuner.stats``.
 
@@ -38,23 +40,21 @@ import concurrent.futures
 import contextlib
 import contextvars
 import datetime
-import json
 import logging
-import math
 import os
 import sys
-import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tilejit import knobs, private_io
+from tilejit import knobs
 from tilejit.cache.kernel_cache import remote_cache
-from tilejit.cache.layout import CacheLayout, current_layout
+from tilejit.cache.layout import current_layout
+from tilejit.cache.locks import CacheLockTimeout
+from tilejit.cache.records import AutotuneRecordFile, record_problem
 from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
-                            entry_point, raised_in_user_code, user_call_site, user_stacklevel)
+                            entry_point, raised_in_user_code, user_call_site)
 from tilejit.runtime.jit import call_grid_function
 from tilejit.target import LaunchOptions
 
@@ -481,7 +481,7 @@ class Autotuner:
               named: dict[str, Any]) -> Config:
         self.stats = stats = AutotuneStats()
         candidates = self.prune_configs(named, kwargs)
-        store = _TuningStore(current_layout(), self.__name__, self.source_hash())
+        store = AutotuneRecordFile(current_layout(), self.__name__, self.source_hash())
         previous = store.load().get(key)
         fetched = False
         if previous is None:  # not tuned here: perhaps on another machine with the same device
@@ -490,6 +490,11 @@ class Autotuner:
         previous = previous or {}
         timings: dict[str, float] = dict(previous.get("timings_ms", {}))
         failures: dict[str, str] = dict(previous.get("failures", {}))
+        if not any(c.identity in timings for c in candidates):
+            # The record times none of these configs (the ones it timed were pruned or removed since): it is no
+            # choice, and the failures it remembers may have passed (memory another process held): retry them.
+            for c in candidates:
+                failures.pop(c.identity, None)
 
         todo = [c for c in candidates if c.identity not in timings and c.identity not in failures]
         known = (dict(timings), dict(failures))
@@ -529,14 +534,14 @@ class Autotuner:
                 "failures": failures,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
-            store.save(key, record)
+            _save(store, key, record)
             shared = remote_cache()
             if shared is not None:
                 from tilejit.cache.remote import record_name
 
                 shared.put_record(record_name(self.__name__, self.source_hash(), key), record)
         elif fetched:
-            store.save(key, previous)  # another machine's choice, kept here too
+            _save(store, key, previous)  # another machine's choice, kept here too
         return best
 
     def _rank_group(self) -> Any:
@@ -735,64 +740,11 @@ def _wall_clock_bench(run: Callable[[], None], repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-class _TuningStore:
-    """The JSON file of one kernel source hash: ``{key string: record}``, rewritten atomically. Where it lives
-    is the cache layout's (``CacheLayout.autotune_record``)."""
-
-    def __init__(self, layout: CacheLayout, kernel_name: str, source_hash: str) -> None:
-        self.root = layout.root
-        self.path = layout.autotune_record(kernel_name, source_hash)
-
-    def load(self, quiet: bool = False) -> dict[str, dict[str, Any]]:
-        """The valid records of the file; a file that is not a private regular file (a symlink, a FIFO, another
-        user's) or does not parse is ignored, and so is each record of the wrong shape, with a warning."""
-        try:
-            private_io.check_private_dir(self.path.parent)
-            text = private_io.read_private(self.path, limit=16 << 20)
-        except (FileNotFoundError, NotADirectoryError):
-            return {}  # nothing stored yet (or a cache path that cannot exist, reported when writing)
-        except OSError as error:
-            warnings.warn(f"tilejit: cannot read autotune record {self.path}: {error}; tuning again",
-                          RuntimeWarning, stacklevel=user_stacklevel())
-            return {}
-        try:
-            data = private_io.loads_json(text, limit=16 << 20)
-        except ValueError as error:
-            warnings.warn(f"tilejit: ignoring corrupt autotune record {self.path}: {error}", RuntimeWarning,
-                          stacklevel=user_stacklevel())
-            return {}
-        if not isinstance(data, dict):
-            warnings.warn(f"tilejit: ignoring autotune record {self.path}: not a JSON object", RuntimeWarning,
-                          stacklevel=user_stacklevel())
-            return {}
-        valid = {}
-        for key, record in data.items():
-            problem = record_problem(record)
-            if problem is None:
-                valid[key] = record
-            elif not quiet:
-                warnings.warn(f"tilejit: ignoring the autotune record for {key!r} in {self.path}: {problem}; "
-                              "tuning again", RuntimeWarning, stacklevel=user_stacklevel())
-        return valid
-
-    def save(self, key: str, record: dict[str, Any]) -> None:
-        # Re-read just before writing so keys tuned meanwhile by another process survive.
-        data = self.load(quiet=True)  # (told about bad records when tuning began)
-        data[key] = record
-        try:
-            private_io.make_private_root(self.root)
-            private_io.make_private_dir(self.path.parent)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as out:
-                    json.dump(data, out, indent=1, sort_keys=True)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError as error:
-            logger.warning("cannot write autotune record %s: %s (the choice is kept in memory only)",
-                           self.path, error)
+def _save(store: AutotuneRecordFile, key: str, record: dict[str, Any]) -> None:
+    try:
+        store.save(key, record)
+    except (OSError, CacheLockTimeout) as error:
+        logger.warning("cannot write autotune record %s: %s (the choice is kept in memory only)", store.path, error)
 
 
 def _split_among_ranks(group: Any, key: str, candidates: list[Config], timings: dict[str, float],
@@ -828,24 +780,6 @@ def _pool_among_ranks(group: Any, key: str, timings: dict[str, float], failures:
     failures.clear()
     failures.update({identity: reason for identity, reason in pooled_failures.items() if identity not in timings})
     return peers
-
-
-def record_problem(record: Any) -> str | None:
-    """What is wrong with one stored record (None when it can be trusted): timings must be finite positive
-    numbers and failure reasons strings, both keyed by config identity, and no config both timed and failed
-    (a record saying otherwise was damaged, and would have a failing config chosen on every run)."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
-    timings = record.get("timings_ms", {})
-    failures = record.get("failures", {})
-    if not isinstance(timings, dict) or not all(
-            type(v) in (int, float) and math.isfinite(v) and v > 0 for v in timings.values()):
-        return "'timings_ms' must map configs to positive, finite milliseconds"
-    if not isinstance(failures, dict) or not all(isinstance(v, str) for v in failures.values()):
-        return "'failures' must map configs to reasons (strings)"
-    if set(timings) & set(failures):
-        return f"configs both timed and failed: {sorted(set(timings) & set(failures))}"
-    return None
 
 
 class _NoProgress:

@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilejit import private_io
 from tilejit.private_io import MAX_READ_BYTES, loads_json, read_json, read_private
 
 from . import records
 from .entries import META_DIGEST_NAME, META_NAME, check_file_digests, check_file_name, check_meta_fields
 from .kernel_cache import KernelCache
-from .layout import AUTOTUNE_RECORD_RE, check_key, make_private_dirs
+from .layout import AUTOTUNE_RECORD_RE, check_key
+from .locks import CacheLockTimeout
 from .maintenance import list_entries
 
 _ENTRY_MEMBER = re.compile(r"entries/([0-9a-f]{2,128})/([^/]+)")
@@ -198,26 +198,29 @@ def _import_records(cache: KernelCache, member: str, file_name: str, data: bytes
         return
     layout = cache.layout
     path = layout.autotune_dir / file_name
-    merged = _records_of(path, set())  # {} when there is no readable record file yet
-    taken = 0
+    valid = {}
     for key, record in imported.items():
         problem = "not a JSON object" if not isinstance(record, dict) else (
             "it is for another key" if record.get("key") != key else
             record_problem(record) if record_problem is not None else None)
         if problem is not None:
             report.refused.append((f"{member}: {key!r}", problem))
-        elif key not in merged:
-            merged[key] = record
-            taken += 1
-    if not taken:
+        else:
+            valid[key] = record
+    if not valid:
         return
+    taken: list[str] = []
+
+    def merge(current: dict) -> dict | None:  # under the record file's lock: a concurrent writer's records stay
+        taken[:] = [key for key in valid if key not in current]
+        return {**current, **{key: valid[key] for key in taken}} if taken else None
+
     try:
-        make_private_dirs(layout.root, layout.autotune_dir)
-        private_io.write_private(path, json.dumps(merged, indent=1, sort_keys=True).encode())
-    except OSError as error:
+        records.update_autotune_file(layout, path, merge)
+    except (OSError, CacheLockTimeout) as error:
         report.refused.append((member, f"cannot write {path}: {error}"))
         return
-    report.autotune_records += taken
+    report.autotune_records += len(taken)
 
 
 def _import_extents(cache: KernelCache, member: str, source_hash: str, data: bytes, report: ImportReport) -> None:

@@ -10,14 +10,16 @@ reference; when it cannot be built, one warning says why. The switch is read at 
 
 The shared object lives at ``<cache dir>/native/launch-<digest><ext>`` (the directory is
 ``CacheLayout.native_dir``), the digest covering the C source, the Python version and the platform, so a change to
-any of them builds a new one; beside it ``<name>.sha256`` holds the sha256 of the library's bytes, written by the
-build. It is executable code, so it is trusted only as the README's "Who may write the cache" says: the cache root
+any of them builds a new one; beside it ``<name>.sha256`` holds the sha256 of the library's bytes and their
+size, written by the build. It is executable code, so it is trusted only as the README's "Who may write the cache" says: the cache root
 and ``native/`` must be this user's and writable by nobody else (else the library is built in a private temporary
 directory, removed once loaded), and loading opens the file once (no symlink followed, a regular private file by
-``fstat``), reads it, checks the bytes against the recorded digest and loads exactly those bytes from an anonymous
-memory file (``memfd_create``), so nothing swapped in after the check can be run. A library that fails any of this
-is removed and built again; every failure to build or load is a NativeBuildError, and launches then take the Python
-path.
+``fstat``), reads it, checks the bytes against the recorded size and digest, checks that they are an ELF shared object
+for this machine whose headers and segments all lie inside them (``shared_object``: a digest file rewritten to
+match a truncated library must not let ``dlopen`` map pages past its end, which is SIGBUS), and loads exactly those
+bytes from an anonymous memory file (``memfd_create``), so nothing swapped in after the check can be run. A library
+that fails any of this, or that ``dlopen`` refuses, is removed and built again; every failure to build or load is a
+NativeBuildError, and launches then take the Python path, with one warning per process.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from types import ModuleType
 from .. import knobs, private_io
 from ..cache.layout import current_layout
 from ..errors import user_stacklevel
+from . import shared_object
 
 SOURCE = Path(__file__).with_name("_launch.c")
 # Parameter kinds as _launch.c numbers them (driver.PARAM_KINDS names).
@@ -133,17 +136,23 @@ def _load_or_build() -> ModuleType:
     import shutil
 
     directory, scratch = _library_directory()
+    refused = None
     try:
         path = library_path(directory)
         try:
             return load_verified(path)
         except FileNotFoundError:
             pass
-        except NativeBuildError:
+        except NativeBuildError as error:
+            refused = error
             _unlink(path)  # damaged, foreign or swapped: never used, built again below
         _remove_stale_temporaries(directory)
         build(path)
         return load_verified(path)
+    except NativeBuildError as error:
+        if refused is None:
+            raise
+        raise NativeBuildError(f"{error} (building it again because {refused})") from None
     except OSError as error:
         raise NativeBuildError(f"cannot build or load the launcher in {directory}: {error}") from None
     finally:
@@ -177,7 +186,8 @@ def _library_directory() -> tuple[Path, bool]:
 
 def load_verified(path: Path) -> ModuleType:
     """Open ``path`` once (no symlink followed; a regular file of this user that nobody else can write), check
-    its bytes against ``<path>.sha256`` and load those bytes from a private copy in memory.
+    its bytes against the size and digest in ``<path>.sha256`` and that they are a loadable shared object for
+    this machine, and load those bytes from a private copy in memory.
     FileNotFoundError when there is no library; NativeBuildError when there is one that must not be used."""
     try:
         fd = private_io.open_private(path)
@@ -191,15 +201,29 @@ def load_verified(path: Path) -> ModuleType:
         raise NativeBuildError(f"cannot read {path}: {error}") from None
     finally:
         os.close(fd)
-    import hashlib
-
     try:
-        recorded = private_io.read_private(_digest_path(path), limit=256).decode("ascii", "replace").strip()
+        recorded = private_io.read_private(_digest_path(path), limit=256).decode("ascii", "replace").split()
     except OSError as error:
         raise NativeBuildError(f"no trustworthy digest for {path}: {error.strerror or error}") from None
-    if hashlib.sha256(data).hexdigest() != recorded:
+    if len(recorded) != 2 or not recorded[1].isdigit():
+        raise NativeBuildError(f"{_digest_path(path)} does not hold a digest and a size")
+    if len(data) != int(recorded[1]):
+        raise NativeBuildError(f"{path} is {len(data)} bytes; it was built with {recorded[1]}")
+    if _record(data) != " ".join(recorded):
         raise NativeBuildError(f"{path} does not match its recorded digest")
+    host = shared_object.host_identity()
+    if host is not None or sys.platform.startswith("linux"):
+        problem = shared_object.loading_problem(data, host)
+        if problem is not None:
+            raise NativeBuildError(f"{path} cannot be loaded: {problem}")
     return _import_bytes(data, path)
+
+
+def _record(data: bytes) -> str:
+    """What ``<library>.sha256`` holds for a library of these bytes: their sha256 and their size."""
+    import hashlib
+
+    return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
 
 
 def _import_bytes(data: bytes, origin: Path) -> ModuleType:
@@ -279,8 +303,7 @@ def compiler() -> list[str]:
 
 def build(path: Path) -> None:
     """Compile ``_launch.c`` into ``path`` (written under a temporary name, checked to be a non-empty shared
-    object, its digest recorded in ``<path>.sha256``, then renamed into place)."""
-    import hashlib
+    object, its digest and size recorded in ``<path>.sha256``, then renamed into place)."""
     import shlex
     import subprocess
     import sysconfig
@@ -318,7 +341,7 @@ def build(path: Path) -> None:
                                    f"({len(data)} bytes)")
         try:
             os.chmod(tmp, 0o700)
-            private_io.write_private(_digest_path(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
+            private_io.write_private(_digest_path(path), (_record(data) + "\n").encode())
             os.replace(tmp, path)  # atomic: a concurrent builder's file may win; its digest is checked on load
         except OSError as error:
             raise NativeBuildError(f"cannot install {path}: {error.strerror or error}") from None
@@ -335,9 +358,9 @@ def _import(path: Path, origin: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("tilejit.runtime._launch", path, loader=loader)
     if spec is None:
         raise NativeBuildError(f"cannot import {origin}")
-    module = importlib.util.module_from_spec(spec)
     try:
+        module = importlib.util.module_from_spec(spec)  # dlopen, then the module's init function
         loader.exec_module(module)
-    except (ImportError, OSError) as error:
-        raise NativeBuildError(f"cannot import {origin}: {error}") from None
+    except Exception as error:  # ImportError from dlopen, or whatever a foreign init function raises
+        raise NativeBuildError(f"cannot import {origin}: {type(error).__name__}: {error}") from None
     return module
