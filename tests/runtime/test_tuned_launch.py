@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import types
+import uuid
 
 import pytest
 
@@ -90,7 +91,8 @@ class Tuned:
         self.mod = mod
         self.kernel = tilejit.kernel(scale)
         self.kernel.compile = lambda *args, **meta: types.SimpleNamespace(meta={})
-        self.kernel.source_hash = lambda: "f" * 64
+        source_hash = uuid.uuid4().hex * 2  # each tuner its own records: none stored by another test is found
+        self.kernel.source_hash = lambda: source_hash
         self.slow_calls, self.launches, self.timed = [], [], []
         self.kernel._dispatcher = mod.Dispatcher(
             roles=list(self.kernel._roles), role_constexpr=CONSTEXPR, role_shaped="shaped",
