@@ -53,13 +53,13 @@ def test_default_fp8_loop_promotes_and_fast_does_not(form):
     width, buffers = promotion_chunks(bm // (64 * (warps // 4)) * bn // 2, bn)
     chunks = (bm // (64 * (warps // 4))) * (bn // width) * max(1, bk // 128)
     buffers = min(buffers, chunks)
-    # each chunk: a fresh temporary (scale-d 0 on its first k step), k steps adding into it, one commit group, then
+    # each chunk: a fresh temporary (scale-d 0 on its first k step, which only writes it), k steps adding into it, one commit group, then
     # the FADDs of the temporary into the float32 accumulator, after a wait that leaves at most the next chunk
     filecheck(default, f"""
         CHECK: promoted every {min(128, bk)} products of K: {chunks} chunk(s) of 64x{width} into {buffers} temporar
         CHECK: float tj_p0[{width // 2}];
         CHECK: wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3
-        CHECK-NEXT: "+f"(tj_p0[0])
+        CHECK-NEXT: "=f"(tj_p0[0])
         CHECK-NEXT: "r"(0));
         CHECK: wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3
         CHECK-NEXT: "+f"(tj_p0[0])
@@ -200,3 +200,18 @@ def test_interpreter_models_each_fp8_precision_within_its_bound(k, monkeypatch):
         # precise mode's float32 rounding
         assert 5e-4 < rel(fast) < 3e-3, rel(fast)
         assert rel(fast) > 100 * rel(precise)
+
+
+def test_the_tuner_drops_the_configs_a_promotion_does_not_fit():
+    """A pingpong warpgroup owning two 64-row slabs has no registers left for the temporary (ptxas spills); the
+    other sm_90a configs of the fp8 space compile the promotion without spills (tests/backend/test_warp_specialize.py
+    compiles them all)."""
+    from tilejit.configs import matmul_configs, promotion_fits
+
+    space = matmul_configs(elem_bytes=1)
+    refused = [c for c in space if not promotion_fits(c)]
+    assert refused and all(c.pingpong and c.kwargs["BM"] > 64 * (c.num_warps // 4) for c in refused)
+    assert any(c.pingpong and promotion_fits(c) for c in space)
+    from tilejit.autotuner import Config
+    assert promotion_fits(Config({"BM": 128, "BN": 256, "BK": 128}, num_warps=8, num_stages=4, persistent=True))
+    assert not promotion_fits(Config({"BM": 128, "BN": 128, "BK": 128}, num_warps=4, num_stages=4, pingpong=True))

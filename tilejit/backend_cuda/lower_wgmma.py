@@ -254,8 +254,8 @@ class Wgmma(GemmLowering):
     @staticmethod
     def issue(em: Emitter, op: Op, n: int, d_regs: list[str], con: str, a_ins: list[tuple[str, str]], b_desc: str,
               scale_d: int, f16_acc: bool = False) -> None:
-        """One ``wgmma.mma_async`` m64{n}k: D in the registers ``d_regs`` (in/out), A as ``a_ins``, B at
-        ``b_desc``; ``scale_d`` 0 makes D = A B (the registers' old values are not read), 1 makes D += A B."""
+        """One ``wgmma.mma_async`` m64{n}k: D in the registers ``d_regs``, A as ``a_ins``, B at ``b_desc``;
+        ``scale_d`` 0 makes D = A B (D's registers are outputs only), 1 makes D += A B (in/out)."""
         a, b = op.operands[:2]
         ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
         half = len(d_regs)
@@ -275,7 +275,8 @@ class Wgmma(GemmLowering):
             instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1;"
         ins = ", ".join(f'"{c}"({e})' for c, e in a_ins)
         em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
-        em.line(f'    : {", ".join(f""""+{con}"({r})""" for r in d_regs)}')
+        inout = "+" if scale_d else "="  # scale-d 0: D is written only, so its registers' old values are dead
+        em.line(f'    : {", ".join(f""""{inout}{con}"({r})""" for r in d_regs)}')
         em.line(f'    : {ins}, "l"({b_desc}), "r"({scale_d}));')
 
     def emit_promoted(self, em: Emitter, op: Op, main: str, ring) -> None:
