@@ -412,7 +412,8 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
 
             * ``"precise"`` (the default): sums in float32. On sm_90a the wgmma partial sums (kept by the
               tensor cores in about 14 significant bits) are added into float32 registers every 128 products
-              of K, as cuBLAS's default fp8 mode does; the interpreter sums in float32.
+              of K, as cuBLAS's default fp8 mode does; the interpreter sums in float32. (mma.sync m16n8k32,
+              on sm_89 and where wgmma does not fit, has the same short accumulator and is not promoted yet.)
             * ``"fast"``: the tensor cores' own accumulator for the whole K (as
               ``torch._scaled_mm(use_fast_accum=True)``): faster, with an error that grows with K; the
               interpreter models sm_90a's truncations (docs/language.md, matrix products).
