@@ -52,14 +52,14 @@ def nt_prune(configs, named_args, **kwargs):
     return matmul_prune(configs, {**named_args, "B": named_args["Bt"].T}, **kwargs)
 
 
-@tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "Bt"],
+@tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "Bt", "PRECISION"],
                   prune_configs_by={"early_config_prune": nt_prune})
 @tilejit.kernel
 def scaled_mm(A, Bt, a_scale, b_scale, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr,
-              GROUP_M: T.constexpr = 8):
-    """C = (A @ Bt.T) * a_scale[:, None] * b_scale[None, :] for fp8 A (M x K) and Bt (N x K, K-major as fp8
-    tensor cores want it and as ``torch._scaled_mm`` takes it), float32 row and column scales, any output
-    dtype; the scales are applied in the epilogue, as written here."""
+              GROUP_M: T.constexpr = 8, PRECISION: T.constexpr = "precise"):
+    """C = (A @ Bt.T) * a_scale[:, None] * b_scale[None, :] for fp8 A (M x K) and Bt (N x K, K-major, as
+    ``torch._scaled_mm`` takes it), float32 row and column scales (in the epilogue), any output dtype; PRECISION
+    "precise" or "fast" (pass it: it is part of the tuning key), as ``_scaled_mm``'s ``use_fast_accum``."""
     M, K = A.shape
     N = Bt.shape[0]
     pid = T.program_id(0)
@@ -72,7 +72,7 @@ def scaled_mm(A, Bt, a_scale, b_scale, C, BM: T.constexpr, BN: T.constexpr, BK: 
     n0 = ((pid % per_group) // rows) * BN
     acc = T.zeros((BM, BN), T.float32)
     for k0 in T.range(0, K, BK):
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True)
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + BK], Bt[n0:n0 + BN, k0:k0 + BK], acc, transpose_b=True, precision=PRECISION)
     y = acc * a_scale[m0:m0 + BM][:, None] * b_scale[n0:n0 + BN][None, :]
     C[m0:m0 + BM, n0:n0 + BN] = y.to(C.dtype)
 

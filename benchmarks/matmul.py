@@ -9,6 +9,11 @@ Before timing, every implementation's output is compared with cuBLAS's (max abs 
 keeps what it measured) and, with matplotlib, ``matmul.png`` into --out; appends the table to the run log,
 benchmarks/history/runs.md.
 
+``--dtypes fp8`` times both fp8 modes, each against its like (``fp8-precise``: tilejit's default, whose wgmma sums
+are promoted into float32, against ``torch._scaled_mm``'s default; ``fp8-fast``: ``precision="fast"`` against
+``_scaled_mm(use_fast_accum=True)``), and adds a table with each one's error against float64 and its share of the
+dense fp8 peak.
+
 ``--sm80-path`` adds a column on Hopper GPUs: the same matmul through the sm_80 path (``kernels.SM80_PINS``:
 mma.sync and cp.async pinned, the config space of an sm_80 GPU), tuned and timed in the same run.
 """
@@ -40,8 +45,12 @@ SWEEP_SHAPES: list[Shape] = (
     + [(1000, 3000, 777)]
 )
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-# Operand dtypes with their own kernels and baselines (bench_lowp_shape).
-LOWP_DTYPES = ("fp8", "int8", "tf32")
+# Operand dtypes with their own kernels and baselines (bench_lowp_shape); "fp8" on the command line is both modes.
+FP8_MODES = {"fp8-precise": "precise", "fp8-fast": "fast"}
+LOWP_DTYPES = (*FP8_MODES, "int8", "tf32")
+#: Dense (no sparsity) fp8 tensor-core peak of an H100 SXM (NVIDIA's datasheet: 3,958 TFLOP/s with sparsity); the
+#: H200 has the same chip and peak.
+FP8_DENSE_PEAK_TFLOPS = 1979.0
 REL_TOL = 2e-2  # max |out - ref| / max |ref|: 16-bit rounding of outputs is ~4e-3 of the value
 IMPLS = ("tilejit", "cublas", "triton")
 
@@ -66,9 +75,11 @@ def parse_shapes(text: str) -> list[Shape]:
 
 def parse_dtypes(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [m for t in names for m in (FP8_MODES if t == "fp8" else (t,))]
     unknown = [t for t in names if t not in DTYPES and t not in LOWP_DTYPES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join([*DTYPES, *LOWP_DTYPES])}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join([*DTYPES, 'fp8', *LOWP_DTYPES])}; "
+                                         f"got {text!r}")
     return names
 
 
@@ -141,7 +152,7 @@ def interleave(timed: dict[str, tuple[Callable[[], Any], dict[str, Any]]], m: in
 def baseline_refusal(dtype_name: str, m: int, n: int, k: int) -> str | None:
     """Why the library baseline cannot take this shape (its documented limits), or None: a refusal is "n/a",
     not a failure of the benchmark."""
-    if dtype_name == "fp8" and (k % 16 or n % 16):
+    if dtype_name.startswith("fp8") and (k % 16 or n % 16):
         return "torch._scaled_mm needs K and N multiples of 16"
     if dtype_name == "int8" and (m <= 16 or k % 8 or n % 8):
         return "torch._int_mm needs M > 16 and K, N multiples of 8"
@@ -151,7 +162,7 @@ def baseline_refusal(dtype_name: str, m: int, n: int, k: int) -> str | None:
 def triton_refusal(dtype_name: str, k: int) -> str | None:
     """The Triton low-precision kernel loads fp8 unmasked (Triton cannot cast a masked load's `other` to fp8),
     so it takes fp8 only when every K block is whole."""
-    if dtype_name == "fp8" and k % 128:
+    if dtype_name.startswith("fp8") and k % 128:
         return "the Triton fp8 kernel needs K % 128 == 0"
     return None
 
@@ -178,11 +189,56 @@ def _time_nn(row: dict[str, Any], a, bt, out_dtype, ref, m: int, n: int, k: int)
     row["tilejit_nn"] = measure(lambda: kernels.lowp_mm_nn[kernels.matmul_grid](a, b, c, ACC=acc), c, ref, m, n, k)
 
 
+def frobenius_error(out, ref64) -> float | None:
+    """||out - ref|| / ||ref|| (Frobenius) against a float64 reference; None when an output is NaN."""
+    diff = out.double() - ref64
+    if diff.isnan().any():
+        return None
+    return (diff.norm() / ref64.norm().clamp_min(1e-300)).item()
+
+
+def _fp8_runs(row: dict[str, Any], runs: dict[str, Callable[[], Any]], mode: str, a, bt, m: int, n: int, k: int,
+              device: str):
+    """The fp8 row of ``mode`` ("fp8-precise" / "fp8-fast"): tilejit's scaled_mm at that precision and
+    ``torch._scaled_mm`` with the like accumulation, each with its error against float64 (``err_f64``). Returns
+    (the float32 reference, Triton's arguments)."""
+    import torch
+
+    from benchmarks import kernels
+
+    precision = FP8_MODES[mode]
+    sa = torch.rand(m, 1, device=device) + 0.5
+    sb = torch.rand(1, n, device=device) + 0.5
+    ref64 = (a.double() @ bt.double().T) * sa.double() * sb.double()
+    ref = ref64.float()
+    c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    sa1, sb1 = sa.reshape(m), sb.reshape(n)
+    runs["tilejit"] = lambda: kernels.scaled_mm[kernels.nt_grid](a, bt, sa1, sb1, c, PRECISION=precision)
+    row["tilejit"] = measure(runs["tilejit"], c, ref, m, n, k)
+    row["tilejit"]["err_f64"] = frobenius_error(c, ref64)
+    _tuned(row, kernels.scaled_mm)
+    if precision == "precise":  # (the DESIGN matmul, without scales, at the default precision)
+        _time_nn(row, a, bt, torch.bfloat16, (a.float() @ bt.float().T), m, n, k)
+    c_ref = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+
+    def baseline():
+        c_ref.copy_(torch._scaled_mm(a, bt.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                     use_fast_accum=precision == "fast"))
+    refusal = baseline_refusal(mode, m, n, k)
+    runs["cublas"] = baseline
+    row["cublas"] = {"status": "n/a", "reason": refusal} if refusal else measure(baseline, c_ref, ref, m, n, k)
+    if row["cublas"]["status"] == "ok":
+        row["cublas"]["err_f64"] = frobenius_error(c_ref, ref64)
+    return ref, (a, bt.T, torch.empty(m, n, device=device, dtype=torch.bfloat16), sa1, sb1)
+
+
 def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, device: str = "cuda") -> dict[str, Any]:
     """fp8, int8 or tf32: tilejit's kernel against torch's tensor-core baseline (the "cuBLAS" column) and Triton.
 
-    - fp8: e4m3 A (M x K) and B given N x K (the K-major form fp8 tensor cores and ``torch._scaled_mm`` take),
-      row and column float32 scales, bfloat16 out; baseline ``torch._scaled_mm`` with the same scales.
+    - fp8 ("fp8-precise", "fp8-fast"): e4m3 A (M x K) and B given N x K (the K-major form fp8 tensor cores and
+      ``torch._scaled_mm`` take), row and column float32 scales, bfloat16 out; baseline ``torch._scaled_mm`` with
+      the same scales and the like accumulation (``use_fast_accum`` for the fast mode); Triton in the precise
+      row only (one kernel, its own accumulation). Both carry their error against float64.
     - int8: A (M x K), B given N x K, int32 out; baseline ``torch._int_mm``.
     - fp8 and int8 rows also time the DESIGN matmul with B given K x N (``tilejit_nn``, fp8 without scales).
     - tf32: float32 A and B given N x K (wgmma wants both K-major; the row also times tilejit's N-major form, the
@@ -195,26 +251,10 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
     torch.manual_seed(0)
     row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": dtype_name}
     runs: dict[str, Callable[[], Any]] = {}
-    if dtype_name == "fp8":
+    if dtype_name in FP8_MODES:
         a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
         bt = torch.randn(n, k, device=device).to(torch.float8_e4m3fn)
-        sa = torch.rand(m, 1, device=device) + 0.5
-        sb = torch.rand(1, n, device=device) + 0.5
-        ref = (a.float() @ bt.float().T) * sa * sb
-        c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-        sa1, sb1 = sa.reshape(m), sb.reshape(n)
-        runs["tilejit"] = lambda: kernels.scaled_mm[kernels.nt_grid](a, bt, sa1, sb1, c)
-        row["tilejit"] = measure(runs["tilejit"], c, ref, m, n, k)
-        _tuned(row, kernels.scaled_mm)
-        _time_nn(row, a, bt, torch.bfloat16, (a.float() @ bt.float().T), m, n, k)
-        c_ref = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-
-        def baseline():
-            c_ref.copy_(torch._scaled_mm(a, bt.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
-        refusal = baseline_refusal(dtype_name, m, n, k)
-        runs["cublas"] = baseline
-        row["cublas"] = {"status": "n/a", "reason": refusal} if refusal else measure(baseline, c_ref, ref, m, n, k)
-        triton_args = (a, bt.T, torch.empty(m, n, device=device, dtype=torch.bfloat16), sa1, sb1)
+        ref, triton_args = _fp8_runs(row, runs, dtype_name, a, bt, m, n, k, device)
     elif dtype_name == "int8":
         a = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8)
         bt = torch.randint(-128, 128, (n, k), device=device, dtype=torch.int8)
@@ -255,6 +295,8 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         triton_args = (a, bt.T, torch.empty(m, n, device=device), None, None)
     if triton_mod is None:
         row["triton"] = {"status": "n/a"}
+    elif dtype_name == "fp8-fast":
+        row["triton"] = {"status": "n/a", "reason": "one Triton fp8 kernel: timed in the fp8-precise row"}
     elif triton_refusal(dtype_name, k):
         row["triton"] = {"status": "n/a", "reason": triton_refusal(dtype_name, k)}
     else:
@@ -262,6 +304,8 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         runs["triton"] = lambda: triton_mod.matmul_lowp(x, y, out, s_a, s_b)
         row["triton"] = measure(runs["triton"], out, ref, m, n, k)
         row["triton"]["config"] = triton_mod.matmul_lowp_best_config()
+        if dtype_name in FP8_MODES and row["triton"]["status"] == "ok":
+            row["triton"]["err_f64"] = frobenius_error(out, ref.double())
     if device != "cpu":
         interleave({name: (run, row[name]) for name, run in runs.items()}, m, n, k)
     return row
@@ -399,6 +443,31 @@ def sm80_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
+FP8_HEADERS = ["shape (MxNxK)", "mode", "tilejit TFLOP/s", "baseline", "baseline TFLOP/s", "tilejit/baseline",
+               "tilejit err", "baseline err", "Triton err", "tilejit % of peak", "baseline % of peak"]
+
+
+def fp8_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The fp8 table: each mode against its like baseline, the error of each against float64 (relative Frobenius
+    norm over the same fp8 values and scales), and each one's share of the dense fp8 peak."""
+    def err(result: dict[str, Any]) -> str | None:
+        return None if result.get("err_f64") is None else f"{result['err_f64']:.3g}"
+
+    def peak(result: dict[str, Any]) -> str | None:
+        return f"{100 * result['tflops'] / FP8_DENSE_PEAK_TFLOPS:.0f}%" if result["status"] == "ok" else None
+
+    out = []
+    for r in rows:
+        if r["dtype"] not in FP8_MODES:
+            continue
+        ratio = _ratio(r, "cublas")
+        baseline = "_scaled_mm" + (" use_fast_accum" if r["dtype"] == "fp8-fast" else "")
+        out.append([f"{r['m']}x{r['n']}x{r['k']}", FP8_MODES[r["dtype"]], _cell(r["tilejit"]), baseline,
+                    _cell(r["cublas"]), None if ratio is None else f"{ratio:.2f}", err(r["tilejit"]),
+                    err(r["cublas"]), err(r["triton"]), peak(r["tilejit"]), peak(r["cublas"])])
+    return out
+
+
 def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Path | None:
     """Grouped bars of TFLOP/s per shape and dtype, and tilejit/cuBLAS below; None without matplotlib."""
     bars = {name: [r[impl].get("tflops", 0.0) if r[impl]["status"] == "ok" else 0.0 for r in rows]
@@ -520,6 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sm80_path and sm80_rows(rows):
         table += ("\n\nThe sm_80 path (mma.sync and cp.async pinned, `kernels.SM80_PINS`; autotuned over an sm_80 GPU's "
                   "config space) in the same run:\n\n" + markdown_table(SM80_HEADERS, sm80_rows(rows)))
+    if fp8_rows(rows):
+        table += (f"\n\nfp8, each mode against its like (error: relative Frobenius norm against float64 over the same "
+                  f"fp8 values; peak: {FP8_DENSE_PEAK_TFLOPS:,.0f} TFLOP/s dense, H100 SXM):\n\n"
+                  + markdown_table(FP8_HEADERS, fp8_rows(rows)))
     print()
     print(table)
     print("\n".join(notes))

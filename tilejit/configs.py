@@ -195,7 +195,9 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
       those options change the kernel);
     - a config whose ring (``matmul_shared_bytes``) exceeds the GPU's shared memory per block
       (``shared_memory_per_block``) is dropped: the compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
-      duplicate of another config under a wrong name.
+      duplicate of another config under a wrong name;
+    - fp8 products at precision "precise" (``PRECISION`` absent or not "fast") drop the configs
+      ``promotion_fits`` refuses.
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
@@ -203,12 +205,16 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     hopper = is_sm90(named_args["A"])
     smem = shared_memory_per_block(named_args["A"])
     elem = named_args["A"].element_size()
+    promoted = (elem == 1 and named_args["A"].dtype.is_floating_point
+                and named_args.get("PRECISION", "precise") != "fast")
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
         if _hopper_only(c) and not hopper:
             return False
         if smem and matmul_shared_bytes(c, elem) > smem:
+            return False
+        if promoted and not promotion_fits(c):
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
@@ -227,6 +233,13 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     plain = [c for c in configs
              if c.split_k == 1 and not _hopper_only(c) and (c.kwargs["BM"] >= 64 or m <= c.kwargs["BM"])] or configs
     return [min(plain, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.num_stages))]
+
+
+def promotion_fits(c: Config) -> bool:
+    """Whether a precise fp8 product (sm_90a wgmma sums promoted into float32 through temporary registers) fits
+    ``c``'s registers: not a pingpong config whose warpgroup owns more than one 64-row slab (its accumulator and
+    the epilogue state a pingpong group keeps leave no room for a temporary: ptxas spills even a 16-register one)."""
+    return not (c.pingpong and c.kwargs["BM"] > 64 * (c.num_warps // 4))
 
 
 def _hopper_only(c: Config) -> bool:

@@ -408,7 +408,18 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
             16 values of K (the interpreter does the same; within a step the hardware's rounding is its own).
             ``acc`` must have this dtype; any other combination (float16 with bfloat16, fp8 or int8 operands,
             an ``acc`` of another dtype) is a compile error.
-        precision: for float32 operands only (ignored for the others), a compile-time string:
+        precision: a compile-time string. For float8 operands:
+
+            * ``"precise"`` (the default): sums in float32. On sm_90a the wgmma partial sums (kept by the
+              tensor cores in about 14 significant bits) are added into float32 registers every 128 products
+              of K, as cuBLAS's default fp8 mode does; the interpreter sums in float32. (mma.sync m16n8k32,
+              on sm_89 and where wgmma does not fit, has the same short accumulator and is not promoted yet.)
+            * ``"fast"``: the tensor cores' own accumulator for the whole K (as
+              ``torch._scaled_mm(use_fast_accum=True)``): faster, with an error that grows with K; the
+              interpreter models sm_90a's truncations (docs/language.md, matrix products).
+
+            For float32 operands (16-bit and int8 operands ignore these; "precise"/"fast" on anything but
+            float8 operands, or these on float8, is a compile error):
 
             * ``"tf32"`` (the default, as in Triton; also what ``a @ b`` uses): tensor cores, each operand
               truncated to tf32 (10 explicit mantissa bits), so products carry a relative error up to 2**-10;

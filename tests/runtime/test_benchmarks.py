@@ -251,6 +251,31 @@ def test_shape_and_dtype_parsing():
     assert {(512, 512, 512), (1, 11008, 4096), (4096, 4096, 11008)} <= set(full)
 
 
+def test_fp8_means_both_modes_each_against_its_like():
+    assert bench_matmul.parse_dtypes("fp8") == ["fp8-precise", "fp8-fast"]
+    assert bench_matmul.parse_dtypes("bf16,fp8-fast") == ["bf16", "fp8-fast"]
+    precise = {"m": 4096, "n": 4096, "k": 4096, "dtype": "fp8-precise",
+               "tilejit": {"status": "ok", "tflops": 1319.0, "err_f64": 0.00166},
+               "cublas": {"status": "ok", "tflops": 1309.0, "err_f64": 0.00167},
+               "triton": {"status": "n/a"}}
+    fast = {**precise, "dtype": "fp8-fast", "cublas": {"status": "n/a", "reason": "r"},
+            "tilejit": {"status": "FAIL", "rel_err": 0.5}}
+    bf16 = {**precise, "dtype": "bf16"}
+    rows = bench_matmul.fp8_rows([precise, fast, bf16])
+    assert len(rows) == 2
+    assert rows[0][:3] == ["4096x4096x4096", "precise", common.fmt(1319.0)] and rows[0][4] == common.fmt(1309.0)
+    assert rows[0][3] == "_scaled_mm" and rows[0][5] == "1.01" and rows[0][6:9] == ["0.00166", "0.00167", None]
+    assert rows[0][9:] == ["67%", "66%"]
+    assert rows[1][1] == "fast" and rows[1][3] == "_scaled_mm use_fast_accum" and rows[1][5] is None
+    assert rows[1][6] is None and rows[1][9] is None
+
+
+def test_frobenius_error_against_float64():
+    ref = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
+    assert bench_matmul.frobenius_error(torch.tensor([[3.0, 4.5]]), ref) == pytest.approx(0.1)
+    assert bench_matmul.frobenius_error(torch.tensor([[float("nan"), 4.0]]), ref) is None
+
+
 def test_table_rows_report_fail_and_ratios():
     row = {"m": 8, "n": 8, "k": 8, "dtype": "fp16",
            "tilejit": {"status": "FAIL", "rel_err": 0.5, "config": "64x64x32 w4 s3"},

@@ -26,6 +26,19 @@ predicates admit.
 Each warpgroup issues one ``m64nNk16`` per 64-row slab it owns and k16 step, commits the group, lets the
 enclosing pipelined loop issue its prefetch while the tensor cores work, then waits for the group.
 
+Promotion (float8 operands, precision "precise", the default): wgmma sums float8 products in an accumulator of
+about 14 significant bits (DeepSeek-V3's report, section 3.5.2), so its error grows with K when the accumulator
+stays in the tensor cores for the whole loop (precision "fast", the code emitted above). A precise gemm runs each
+chunk of at most ``PROMOTION_K`` = 128 products of K (4 k32 steps: DeepSeek-V3's interval, whose error matches
+cuBLAS's default fp8 mode), one 64-row slab and a band of columns, into fresh temporary registers (scale-d = 0 on
+the chunk's first step), then adds them into the float32 accumulator with ordinary FADDs. The band is as wide as
+fits beside the accumulator in ``PROMOTION_REGISTERS``: a warpgroup's 64x128 whole (64 + 64 registers, and two
+temporaries alternate: chunk c + 1 is issued before chunk c is waited for and added), a 64x256 in two 64x128
+halves through one temporary (128 + 64 registers: two would not fit in the 232 a consumer warpgroup gets),
+where the other warpgroup's wgmma keep the tensor cores busy during each warpgroup's adds, as in DeepGEMM. The
+accumulator is never handed to wgmma, so nothing of a precise gemm is left in flight across iterations: its loop
+waits for every chunk before the iteration ends (the ring's slot of the iteration before is released as usual).
+
 A float16 accumulator (``out_dtype=T.float16``, ``wgmma_m64nNk16_f16acc``) holds two f16 per register (the f32
 form's elements, packed in pairs): packed before the fence, unpacked after the wait, never kept in flight.
 """
@@ -84,6 +97,29 @@ def b_fields(lay: SharedLayout, kk: int, k_major: bool) -> tuple[int, int]:
     stride byte offset is 8 rows (``lay.atom_bytes``) either way; sm_90 and sm_100 descriptors agree on all
     three."""
     return (k_step_offset(lay, kk), 16) if k_major else (kk * 16 * lay.row_pitch, lay.panel_bytes)
+
+
+#: Products of K summed by the tensor cores before a precise float8 gemm promotes them into float32 (4 k32 steps;
+#: DeepSeek-V3's N_C, the interval cuBLAS's default fp8 mode matches).
+PROMOTION_K = 128
+#: Registers per thread a promoted gemm's accumulator and temporaries may take together (of the 232 a consumer
+#: warpgroup gets beside a producer; the rest holds descriptors, addresses and the loop).
+PROMOTION_REGISTERS = 192
+
+
+def promoted(op: Op) -> bool:
+    """Whether ``op`` is a float8 gemm whose wgmma partial sums are promoted into float32 (precision "precise")."""
+    return op.operands[0].dtype.is_fp8 and op.attrs.precision == "precise"
+
+
+def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
+    """(columns, temporaries) of a promoted gemm's chunks: the widest of N, N/2, N/4, ... (multiples of 8) whose
+    temporary fits beside an accumulator of ``acc_regs`` registers in ``PROMOTION_REGISTERS``, and two of them
+    (alternating, so that the next chunk runs while one is added) when two fit."""
+    width = n
+    while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
+        width //= 2
+    return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
 
 
 def _b_k_major(op: Op) -> bool:
@@ -152,7 +188,6 @@ class Wgmma(GemmLowering):
         out = op.result
         layout: WgmmaLayout = out.type.layout
         m, n, k = _mnk(op)
-        ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
         k_atom = 32 // a.dtype.itemsize
         integer = out.dtype == D.int32
         f16_acc = out.dtype == D.float16  # two f16 per accumulator register (f16x2)
@@ -168,7 +203,7 @@ class Wgmma(GemmLowering):
             name = em.declare_tile(out)
         em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
                        f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
-                   + (", left in flight" if ring else ""))
+                   + (", left in flight" if ring and not promoted(op) else ""))
         if ring is None:
             src = em.name(acc)
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
@@ -187,31 +222,16 @@ class Wgmma(GemmLowering):
             em.line(f"for (int i = 0; i < {d_regs}; ++i) "
                     f"tj_h[i] = (unsigned){name}[2 * i].bits | ((unsigned){name}[2 * i + 1].bits << 16);")
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
+        if promoted(op):
+            self.emit_promoted(em, op, name, ring)
+            return
         half = n // 4 if f16_acc else n // 2  # accumulator registers per slab
         for kk in range(k // k_atom):
             b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, _b_k_major(op))[0])
             for s in range(layout.slabs):
                 a_ins = self.a_operands(em, a, kk, s, layout, a_mn_major)
-                a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
-                    else f"%{half}"
-                nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
-                regs = ", ".join(f"%{r}" for r in range(half))
-                operands = ", ".join(f'"+{con}"({d_name}[{s * half + r}])' for r in range(half))
-                shape = f"m64n{n}k{k_atom}"
-                if a.dtype in (D.float16, D.bfloat16):
-                    trans_b = 0 if _b_k_major(op) else 1
-                    # register A has no transpose immediate
-                    trans = f"{int(a_mn_major)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
-                    td = "f16" if f16_acc else "f32"
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.{td}.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
-                elif integer:
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p;"
-                else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
-                    instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1;"
-                ins = ", ".join(f'"{c}"({e})' for c, e in a_ins)
-                em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
-                em.line(f'    : {operands}')
-                em.line(f'    : {ins}, "l"({b_desc}), "r"(1));')
+                operands = [f"{d_name}[{s * half + r}]" for r in range(half)]
+                self.issue(em, op, n, operands, con, a_ins, b_desc, scale_d=1, f16_acc=f16_acc)
         em.line("tj_wgmma_commit();")
         if ring is not None:
             if op is ring.gemms[-1] and ring.settle:
@@ -229,6 +249,85 @@ class Wgmma(GemmLowering):
             em.line(f"{name}[2 * i].bits = (unsigned short)(tj_h[i] & 0xffffu);")
             em.line(f"{name}[2 * i + 1].bits = (unsigned short)(tj_h[i] >> 16);")
             em.close()
+        em.close()
+
+    @staticmethod
+    def issue(em: Emitter, op: Op, n: int, d_regs: list[str], con: str, a_ins: list[tuple[str, str]], b_desc: str,
+              scale_d: int, f16_acc: bool = False) -> None:
+        """One ``wgmma.mma_async`` m64{n}k: D in the registers ``d_regs``, A as ``a_ins``, B at ``b_desc``;
+        ``scale_d`` 0 makes D = A B (D's registers are outputs only), 1 makes D += A B (in/out)."""
+        a, b = op.operands[:2]
+        ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
+        half = len(d_regs)
+        a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 else f"%{half}"
+        nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
+        regs = ", ".join(f"%{r}" for r in range(half))
+        shape = f"m64n{n}k{32 // a.dtype.itemsize}"
+        if a.dtype in (D.float16, D.bfloat16):
+            trans_b = 0 if _b_k_major(op) else 1
+            # register A has no transpose immediate
+            trans = f"{int(op.attrs.transpose_a)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
+            td = "f16" if f16_acc else "f32"
+            instr = f"wgmma.mma_async.sync.aligned.{shape}.{td}.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
+        elif op.result.dtype == D.int32:
+            instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p;"
+        else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
+            instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1;"
+        ins = ", ".join(f'"{c}"({e})' for c, e in a_ins)
+        em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
+        inout = "+" if scale_d else "="  # scale-d 0: D is written only, so its registers' old values are dead
+        em.line(f'    : {", ".join(f""""{inout}{con}"({r})""" for r in d_regs)}')
+        em.line(f'    : {ins}, "l"({b_desc}), "r"({scale_d}));')
+
+    def emit_promoted(self, em: Emitter, op: Op, main: str, ring) -> None:
+        """The k steps of a precise float8 gemm, promoted (module docstring, "Promotion"): each chunk (a k group
+        of up to ``PROMOTION_K`` products, one 64-row slab, ``chunk_n`` columns) runs into a fresh temporary,
+        which FADDs then add into the float32 accumulator ``main``; with two temporaries, chunk ``c + 1`` is
+        issued before chunk ``c`` is waited for and added."""
+        a, b = op.operands[:2]
+        layout: WgmmaLayout = op.result.type.layout
+        m, n, k = _mnk(op)
+        k_atom = 32 // a.dtype.itemsize
+        sb = em.shared[b.id]
+        width, buffers = promotion_chunks(layout.regs, n)
+        per_group = PROMOTION_K // k_atom
+        chunks = [(g, s, n0) for g in range(0, k // k_atom, per_group) for s in range(layout.slabs)
+                  for n0 in range(0, n, width)]
+        buffers = min(buffers, len(chunks))
+        temps = [f"tj_p{j}" for j in range(buffers)]
+        em.line(f"// promoted every {min(PROMOTION_K, k)} products of K: {len(chunks)} chunk(s) of 64x{width} into "
+                f"{buffers} temporar{'ies' if buffers > 1 else 'y'}, added to the float32 accumulator")
+        for t in temps:
+            em.line(f"float {t}[{width // 2}];")
+        half = n // 2
+
+        def add(c: int) -> None:
+            _, s, n0 = chunks[c]
+            t = temps[c % buffers]
+            wait_group(em, 1 if buffers > 1 and c + 1 < len(chunks) else 0, t, width // 2, False)
+            em.line("#pragma unroll")
+            em.line(f"for (int i = 0; i < {width // 2}; ++i) {main}[{s * half + n0 // 2} + i] += {t}[i];")
+
+        for c, (g, s, n0) in enumerate(chunks):
+            if c:
+                em.line("tj_wgmma_fence();  // the temporary was read by the additions")
+            t = temps[c % buffers]
+            for kk in range(g, min(g + per_group, k // k_atom)):
+                offset, _ = b_fields(sb.layout, kk, True)
+                b_desc = desc_plus("tj_bdesc", offset + n0 * sb.layout.row_pitch)
+                self.issue(em, op, width, [f"{t}[{r}]" for r in range(width // 2)], "f",
+                           self.a_operands(em, a, kk, s, layout), b_desc, scale_d=int(kk > g))
+            em.line("tj_wgmma_commit();")
+            if c == 0 and ring is None:
+                em.run_overlap_hook()  # e.g. the next tiles' cp.async while the tensor cores work
+            if buffers == 1:
+                add(c)
+            elif c:
+                add(c - 1)
+        if buffers > 1:
+            add(len(chunks) - 1)
+        if ring is not None and op is ring.gemms[-1] and ring.settle:
+            ring.release()  # every group of this iteration and the ones before are complete
         em.close()
 
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------

@@ -101,7 +101,8 @@ def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, pre
     if not (is_const(transpose_a) and is_const(transpose_b)):
         raise gen.error(node, "transpose_a/transpose_b must be compile-time bools")
     if precision is not None and not isinstance(precision, str):
-        raise gen.error(node, "precision must be a compile-time string: \"tf32\", \"tf32x3\" or \"ieee\"")
+        raise gen.error(node, "precision must be a compile-time string: \"tf32\", \"tf32x3\" or \"ieee\" "
+                              "(float32 operands), \"precise\" or \"fast\" (float8 operands)")
     if out_dtype is not None and not isinstance(out_dtype, D.DType):
         raise gen.error(node, f"out_dtype must be a dtype such as T.float32 or T.float16, got {describe(out_dtype)}")
     return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype)

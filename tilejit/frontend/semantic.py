@@ -35,8 +35,8 @@ from ..dtypes import DType
 from ..errors import docs_link
 from ..ir.rewrite import defining_op
 from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
-                  BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, GemmAttrs,
-                  IndexedAttrs, NoAttrs, OpKind, PermAttrs,
+                  BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, FP8_PRECISIONS,
+                  GemmAttrs, IndexedAttrs, NoAttrs, OpKind, PermAttrs, gemm_precisions,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TensorListType, TileType, UnaryAttrs, UnaryOp, Value)
 
 PyConst = (bool, int, float)
@@ -421,11 +421,7 @@ class Semantic:
         if a.dtype.is_bool or a.dtype in (D.int16, D.int32, D.int64, D.uint8):
             raise SemanticError(f"matrix products on {a.dtype} tiles are not supported",
                                 "use float16, bfloat16, float8, int8 or float32 operands")
-        if precision is not None and precision not in F32_PRECISIONS:
-            raise SemanticError(f"unknown precision {precision!r} for a matrix product",
-                                f"use one of {', '.join(repr(p) for p in F32_PRECISIONS)}")
-        # The precision of float32 products (default tf32, as Triton's); other dtypes have one way to multiply.
-        precision = (precision or F32_PRECISIONS[0]) if a.dtype == D.float32 else None
+        precision = self._gemm_precision(a.dtype, precision)
         acc_dtype = self._gemm_out_dtype(a.dtype, out_dtype)
         if a.type.rank == 3 or b.type.rank == 3:
             return self._batched_gemm(a, b, acc, transpose_a, transpose_b, precision, acc_dtype, out_dtype)
@@ -448,6 +444,29 @@ class Semantic:
         self._check_acc_dtype(acc, acc_dtype, a.dtype, out_dtype)
         return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
                               GemmAttrs(bool(transpose_a), bool(transpose_b), precision))
+
+    @staticmethod
+    def _gemm_precision(operand: DType, precision: str | None) -> str | None:
+        """The precision of a product of ``operand`` tiles: float32's (default tf32, as Triton's), float8's
+        (default precise: float32 sums), None for the dtypes that have one way to multiply (which ignore
+        float32's choices, as ``tl.dot`` does, but refuse float8's)."""
+        choices = gemm_precisions(operand)
+        if precision is None:
+            return choices[0] if choices else None
+        if precision in choices:
+            return precision
+        known = F32_PRECISIONS + FP8_PRECISIONS
+        if precision not in known:
+            raise SemanticError(f"unknown precision {precision!r} for a matrix product",
+                                f"use one of {', '.join(repr(p) for p in known)} "
+                                f"({docs_link('matrix-products')})")
+        if not choices and precision in F32_PRECISIONS:
+            return None
+        for_operand = (f"use one of {', '.join(repr(p) for p in choices)}" if choices
+                       else "leave precision out: these operands have one way to multiply")
+        kind = "float32" if precision in F32_PRECISIONS else "float8"
+        raise SemanticError(f"precision {precision!r} does not apply to {operand.name} operands (it is a {kind} "
+                            f"product's)", f"{for_operand} ({docs_link('matrix-products')})")
 
     @staticmethod
     def _gemm_out_dtype(operand: DType, out_dtype: DType | None) -> DType:

@@ -167,10 +167,13 @@ class GemmAttrs:
     result has the accumulator's dtype: float32 (int32 for int8 operands, float64 for float64), or float16 for
     float16 operands accumulating in float16 (``T.gemm(..., out_dtype=T.float16)``).
 
-    ``precision`` is set for float32 operands only (one of :data:`F32_PRECISIONS`): ``"tf32"`` multiplies on
+    ``precision`` is set for float32 operands (one of :data:`F32_PRECISIONS`): ``"tf32"`` multiplies on
     tensor cores with each operand truncated to tf32 (10 mantissa bits), ``"tf32x3"`` splits each operand into
     a tf32 high part and a tf32 remainder and sums three tensor-core products (close to float32 accuracy),
-    ``"ieee"`` multiplies in exact float32 on FMAs.
+    ``"ieee"`` multiplies in exact float32 on FMAs. For float8 operands it is one of :data:`FP8_PRECISIONS`:
+    ``"precise"`` sums in float32 (where the tensor cores accumulate float8 products with fewer bits, sm_90a's
+    wgmma, the partial sums are promoted into float32 registers every 128 products of K), ``"fast"`` keeps the
+    tensor cores' own accumulator for the whole loop. Other operand dtypes have one way to multiply (None).
     """
     transpose_a: bool = False
     transpose_b: bool = False
@@ -180,6 +183,15 @@ class GemmAttrs:
 
 #: The ``precision=`` choices of a gemm on float32 operands; the first is the default of ``a @ b``.
 F32_PRECISIONS = ("tf32", "tf32x3", "ieee")
+#: The ``precision=`` choices of a gemm on float8 operands; the first is the default of ``a @ b``.
+FP8_PRECISIONS = ("precise", "fast")
+
+
+def gemm_precisions(operand: D.DType) -> tuple[str, ...]:
+    """The ``precision=`` choices of a gemm on ``operand`` tiles, the default first; () when there is one way."""
+    if operand == D.float32:
+        return F32_PRECISIONS
+    return FP8_PRECISIONS if operand.is_fp8 else ()
 
 
 @dataclass(frozen=True)
@@ -424,10 +436,12 @@ def _gemm(op) -> str | None:
         return f"gemm accumulator {acc.dtype} and result {op.result.dtype} differ"
     if acc.dtype == D.float16 and a.dtype != D.float16:
         return f"a float16 accumulator needs float16 operands, not {a.dtype}"
-    if (op.attrs.precision is not None) != (a.dtype == D.float32):
-        return f"gemm precision {op.attrs.precision!r} with {a.dtype} operands (set for float32 operands only)"
-    if op.attrs.precision is not None and op.attrs.precision not in F32_PRECISIONS:
-        return f"unknown gemm precision {op.attrs.precision!r}"
+    choices = gemm_precisions(a.dtype)
+    if (op.attrs.precision is not None) != bool(choices):
+        return (f"gemm precision {op.attrs.precision!r} with {a.dtype} operands (set for float32 and float8 "
+                f"operands only)")
+    if op.attrs.precision is not None and op.attrs.precision not in choices:
+        return f"gemm precision {op.attrs.precision!r} does not apply to {a.dtype} operands"
     return None
 
 
