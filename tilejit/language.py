@@ -418,8 +418,8 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
               ``torch._scaled_mm(use_fast_accum=True)``): faster, with an error that grows with K; the
               interpreter models sm_90a's truncations (docs/language.md, matrix products).
 
-            For float32 operands (16-bit and int8 operands ignore these; "precise"/"fast" on anything but
-            float8 operands, or these on float8, is a compile error):
+            For float32 operands (16-bit, int8 and float8 operands ignore these, as ``tl.dot`` does;
+            "precise"/"fast" on anything but float8 operands is a compile error):
 
             * ``"tf32"`` (the default, as in Triton; also what ``a @ b`` uses): tensor cores, each operand
               truncated to tf32 (10 explicit mantissa bits), so products carry a relative error up to 2**-10;

@@ -448,8 +448,9 @@ class Semantic:
     @staticmethod
     def _gemm_precision(operand: DType, precision: str | None) -> str | None:
         """The precision of a product of ``operand`` tiles: float32's (default tf32, as Triton's), float8's
-        (default precise: float32 sums), None for the dtypes that have one way to multiply (which ignore
-        float32's choices, as ``tl.dot`` does, but refuse float8's)."""
+        (default precise: float32 sums), None for the dtypes that have one way to multiply. float32's choices
+        are ignored by every other operand type, as ``tl.dot`` ignores ``input_precision`` there (so a ported
+        kernel compiles; float8 then takes its default); float8's are refused on any other type."""
         choices = gemm_precisions(operand)
         if precision is None:
             return choices[0] if choices else None
@@ -460,8 +461,8 @@ class Semantic:
             raise SemanticError(f"unknown precision {precision!r} for a matrix product",
                                 f"use one of {', '.join(repr(p) for p in known)} "
                                 f"({docs_link('matrix-products')})")
-        if not choices and precision in F32_PRECISIONS:
-            return None
+        if precision in F32_PRECISIONS:
+            return choices[0] if choices else None
         for_operand = (f"use one of {', '.join(repr(p) for p in choices)}" if choices
                        else "leave precision out: these operands have one way to multiply")
         kind = "float32" if precision in F32_PRECISIONS else "float8"
