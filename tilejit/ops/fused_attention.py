@@ -23,19 +23,19 @@ looping over key blocks; no atomics). Causal and full, GQA, ragged and variable 
 batch ``b`` end at ``Lens[b]``; every query row, padding included, has a gradient, as it has an output); head
 dims 64 and 128 on wgmma on sm_90a, 256 too, but its dK/dV runs on mma.sync there (see ``BWD_CONFIGS``).
 
-``attention(q, k, v, causal=..., lens=...)`` launches the forward and is differentiable in q, k and v
-(``AttentionFunction``); run this file to check both passes against float64 torch (on a GPU if there is one,
-else through the interpreter on small shapes).
+``attention(q, k, v, causal=..., lens=...)`` runs the forward as the PyTorch operator ``tilejit::attention_fwd``,
+differentiable in q, k and v (its backward the operator ``tilejit::attention_bwd``); ``reference`` is float64 SDPA,
+what the tests and examples/attention.py check against.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 import tilejit
 import tilejit.language as T
+from tilejit.ops.custom_ops import decode_config, encode_config, namespace
 
 LOG2E = 1.4426950408889634
 
@@ -312,13 +312,15 @@ def _check_heads(q, k, v):
     return heads // k.shape[1]
 
 
+def _check_lens(lens, batch):
+    if lens is not None and (lens.dtype != torch.int32 or lens.shape != (batch,)):
+        raise ValueError(f"lens must be an int32 tensor of shape ({batch},), got {lens.dtype} {tuple(lens.shape)}")
+
+
 def _lens(lens, batch, device):
     """The ``Lens`` argument: ``lens`` (int32, one per batch entry, each in 1..S), or a placeholder."""
-    if lens is None:
-        return torch.zeros(1, dtype=torch.int32, device=device)
-    if lens.dtype != torch.int32 or lens.shape != (batch,):
-        raise ValueError(f"lens must be an int32 tensor of shape ({batch},), got {lens.dtype} {tuple(lens.shape)}")
-    return lens
+    _check_lens(lens, batch)
+    return torch.zeros(1, dtype=torch.int32, device=device) if lens is None else lens
 
 
 def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
@@ -381,22 +383,11 @@ def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None =
     return _forward(q, k, v, causal, sm_scale, lens, out, lse, config), lse
 
 
-class AttentionFunction(torch.autograd.Function):
-    """Differentiable attention: the forward saves (q, k, v, out, lse); the backward runs the three kernels."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, lens, out, config, bwd_config):
-        out, lse = attention_forward(q, k, v, causal=causal, sm_scale=sm_scale, lens=lens, out=out, **config)
-        ctx.save_for_backward(q, k, v, out, lse, *([] if lens is None else [lens]))
-        ctx.causal, ctx.sm_scale, ctx.bwd_config = causal, sm_scale, bwd_config
-        return out
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, out, lse, *lens = ctx.saved_tensors
-        dq, dk, dv = attention_backward(do, q, k, v, out, lse, causal=ctx.causal, sm_scale=ctx.sm_scale,
-                                        lens=lens[0] if lens else None, config=ctx.bwd_config)
-        return dq, dk, dv, None, None, None, None, None, None
+def _check_bwd_config(bwd_config):
+    if bwd_config is not None and set(bwd_config) - {"dkdv", "dq"}:
+        raise ValueError(f"attention: bwd_config's keys are 'dkdv' and 'dq' (each a config dict), got "
+                         f"{sorted(bwd_config)}")
+    return bwd_config or {}
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -404,19 +395,34 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               bwd_config: dict | None = None, **config) -> torch.Tensor:
     """softmax(q @ k^T * sm_scale [causal mask]) @ v for q (B, H, S, D) and k, v (B, H // G, S, D).
 
-    Differentiable in q, k and v when one of them requires grad (``AttentionFunction``): the forward then also
-    stores the log-sum-exp, and the backward runs ``attention_backward`` (``bwd_config`` overrides its tiles).
-    Head dims 64, 128 and 256 have configs (``BWD_CONFIGS``); other dims up to 256 take the next one's.
-    Variable lengths (``lens``, int32 (B,)): batch ``b`` attends over its first ``lens[b]`` keys, every query row
-    included (rows past ``lens[b]`` are padding whose output the caller ignores); differentiable too.
+    The PyTorch operator ``tilejit::attention_fwd`` (works under ``torch.compile(fullgraph=True)``), differentiable
+    in q, k and v: when one of them requires grad the forward also stores the log-sum-exp and the backward runs
+    ``attention_backward`` (operator ``tilejit::attention_bwd``; ``bwd_config`` overrides its tiles: {"dkdv":
+    {...}, "dq": {...}}). ``config`` (BM, BN, STAGES, launch options) overrides ``default_config``. ``out``
+    (preallocated, written in place) is for inference: not with inputs that require grad. Head dims 64, 128 and
+    256 have configs (``BWD_CONFIGS``); other dims up to 256 take the next one's. Variable lengths (``lens``,
+    int32 (B,)): batch ``b`` attends over its first ``lens[b]`` keys, every query row included (rows past
+    ``lens[b]`` are padding whose output the caller ignores); differentiable too.
     """
     dim = q.shape[3]
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
+    _check_heads(q, k, v)
+    _check_lens(lens, q.shape[0])
+    fwd = encode_config(config, "attention")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         if dim > max(BWD_CONFIGS):
             raise ValueError(f"attention: no backward for head dim {dim} (at most {max(BWD_CONFIGS)})")
-        return AttentionFunction.apply(q, k, v, causal, sm_scale, lens, out, config, bwd_config)
-    return _forward(q, k, v, causal, sm_scale, lens, out, None, config)
+        if out is not None:
+            raise ValueError("attention: out= is written in place, which autograd cannot record; leave it out when "
+                             "q, k or v require grad (or run under torch.no_grad())")
+        bwd = _check_bwd_config(bwd_config)
+        return _OPS.forward(q, k, v, lens, causal, sm_scale, fwd, True,
+                            encode_config(bwd.get("dkdv", {}), "attention bwd_config['dkdv']"),
+                            encode_config(bwd.get("dq", {}), "attention bwd_config['dq']"))[0]
+    if out is None:
+        return _OPS.forward(q, k, v, lens, causal, sm_scale, fwd, False, [], [])[0]
+    _OPS.forward_into(q, k, v, lens, out, causal, sm_scale, fwd)
+    return out
 
 
 def reference(q, k, v, causal, sm_scale=None, lens=None):
@@ -434,41 +440,62 @@ def reference(q, k, v, causal, sm_scale=None, lens=None):
         for b, n in enumerate(lens.tolist())])
 
 
-def main() -> None:
-    gpu = torch.cuda.is_available() and os.environ.get("TILEJIT_INTERPRET") != "1"
-    if not gpu:
-        os.environ["TILEJIT_INTERPRET"] = "1"
-    device = "cuda" if gpu else "cpu"
-    dtype = torch.bfloat16 if gpu else torch.float32
-    # bf16 inputs and outputs on the GPU; tf32 products in the interpreter (as on the GPU for float32)
-    tol = 3e-2 if gpu else 1e-2
-    shapes = [(2, 4, 1000, 64, 2), (1, 2, 257, 128, 1)] if gpu else [(1, 2, 70, 32, 2)]
-    where = torch.cuda.get_device_name() if gpu else "CPU (interpreter)"
-    for batch, heads, seq, dim, group in shapes:
-        for causal in (False, True):
-            torch.manual_seed(seq + dim + causal)
-            q = torch.randn(batch, heads, seq, dim, device=device, dtype=dtype)
-            k = torch.randn(batch, heads // group, seq, dim, device=device, dtype=dtype)
-            v = torch.randn(batch, heads // group, seq, dim, device=device, dtype=dtype)
-            out = torch.full_like(q, float("nan"))
-            cfg = {} if gpu else dict(BM=32, BN=16, num_warps=4)
-            attention(q, k, v, causal=causal, out=out, **cfg)
-            err = (out.double() - reference(q, k, v, causal)).abs().max().item()
-            print(f"attention B={batch} H={heads} S={seq} D={dim} GQA={group} causal={causal}: "
-                  f"max |err| = {err:.2e} on {where}")
-            assert err < tol, err
-            bwd_cfg = None if gpu else {"dkdv": dict(BM=16, BN=32, num_warps=4), "dq": dict(BM=32, BN=16, num_warps=4)}
-            leaves = [t.requires_grad_() for t in (q, k, v)]
-            do = torch.randn_like(q)
-            attention(*leaves, causal=causal, bwd_config=bwd_cfg, **cfg).backward(do)
-            ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-            reference(*ref, causal).backward(do.double())
-            # relative to each gradient's largest magnitude (16-bit P and dS on the GPU)
-            err = max((t.grad.double() - r.grad).abs().max().item() / r.grad.abs().max().item()
-                      for t, r in zip(leaves, ref))
-            print(f"  backward: max |err| of dq, dk, dv relative to their scale = {err:.2e}")
-            assert err < tol, err
+class _Operators:
+    """The PyTorch operators of this module, in ``namespace``: ``attention_fwd`` (functional: (out, lse), lse
+    empty unless ``store_lse``; differentiable), ``attention_fwd_out`` (writes ``out`` in place) and
+    ``attention_bwd`` ((dq, dk, dv))."""
+
+    def __init__(self, namespace: str):
+        lib = torch.library
+        self.forward = lib.custom_op(f"{namespace}::attention_fwd", mutates_args=())(_fwd_op)
+        self.forward_into = lib.custom_op(f"{namespace}::attention_fwd_out", mutates_args=("out",))(_fwd_out_op)
+        self.backward = lib.custom_op(f"{namespace}::attention_bwd", mutates_args=())(_bwd_op)
+        self.forward.register_fake(_fwd_fake)
+        self.backward.register_fake(lambda do, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
+                                                              torch.empty_like(v)))
+        self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
+
+    def _backward(self, ctx, grad_out, grad_lse):
+        if not ctx.store_lse:
+            raise RuntimeError("attention_fwd was called with store_lse=False, so it has no backward: "
+                               "tilejit.ops.attention stores the log-sum-exp when an input requires grad")
+        q, k, v, out, lse, lens = ctx.saved_tensors
+        dq, dk, dv = self.backward(grad_out, q, k, v, out, lse, lens, ctx.causal, ctx.sm_scale, ctx.dkdv, ctx.dq)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-if __name__ == "__main__":
-    main()
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, causal: bool,
+            sm_scale: float, config: list[int], store_lse: bool, dkdv_config: list[int],
+            dq_config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, heads, seq, _ = q.shape
+    lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device) if store_lse else \
+        q.new_empty(0, dtype=torch.float32)
+    out = _forward(q, k, v, causal, sm_scale, lens, None, lse if store_lse else None, decode_config(config))
+    return out, lse
+
+
+def _fwd_fake(q, k, v, lens, causal, sm_scale, config, store_lse, dkdv_config, dq_config):
+    lse_shape = q.shape[:3] if store_lse else (0,)
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, lens, causal, sm_scale, _, store_lse, dkdv_config, dq_config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, lens)
+    ctx.causal, ctx.sm_scale, ctx.store_lse, ctx.dkdv, ctx.dq = causal, sm_scale, store_lse, dkdv_config, dq_config
+
+
+def _fwd_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, out: torch.Tensor,
+                causal: bool, sm_scale: float, config: list[int]) -> None:
+    _forward(q, k, v, causal, sm_scale, lens, out, None, decode_config(config))
+
+
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, lens: torch.Tensor | None, causal: bool, sm_scale: float, dkdv_config: list[int],
+            dq_config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(do, q, k, v, out, lse, causal=causal, sm_scale=sm_scale, lens=lens,
+                              config={"dkdv": decode_config(dkdv_config), "dq": decode_config(dq_config)})
+
+
+_OPS = _Operators(namespace(__name__, "tilejit.ops.fused_attention"))
