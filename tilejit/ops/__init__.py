@@ -2,7 +2,8 @@
 ``torch.compile(fullgraph=True)`` and autograd.
 
 - ``attention(q, k, v, *, causal, sm_scale, lens, out, bwd_config, **config)``: fused attention (operator
-  ``tilejit::attention_fwd``, its backward ``tilejit::attention_bwd``); GQA, variable lengths.
+  ``tilejit::attention_fwd``, its backward ``tilejit::attention_bwd``); GQA, variable lengths, sliding windows
+  (``window=(left, right)``) and logit softcaps (``softcap=c``).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
 

@@ -13,13 +13,18 @@ of the online softmax in registers, and rescales the output accumulator as the m
 - on Hopper, ``default_config`` warp-specializes the key/value loop with a 3-deep ring for head dims 128 and 256,
   where the compiler defers each block's ``p @ v`` to run under the next block's ``q @ k^T``
   (``passes.warp_specialize.deferred_gemm``);
+- a sliding window (``WINDOW_LEFT``/``WINDOW_RIGHT`` >= 0: row i sees keys i - left .. i + right): the key loop
+  runs from the window's first block to its last only, every block masked; a row that sees no key gives 0 (and
+  LSE +inf). A logit softcap (``SOFTCAP`` > 0): the scaled scores become ``c * tanh(s / c)``. Both default off,
+  and the kernels without them compile as before;
 - ``STORE_LSE``: also the rows' log-sum-exp, in base 2 (``log2 sum_j 2^(s_ij * sm_scale * log2 e)``, the
   natural one times log2 e), float32 (B, H, S), which the backward reads.
 
 Backward (``attention_backward``): ``attn_bwd_preprocess`` (Delta = rowsum(dO * O)), ``attn_bwd_dkdv`` (one
 program per key block and key/value head, looping over the query heads of its group and their query blocks,
 recomputing P^T = exp2(K Q^T * scale * log2 e - LSE)) and ``attn_bwd_dq`` (one program per query block and head,
-looping over key blocks; no atomics). Causal and full, GQA, ragged and variable lengths (``lens``: the keys of
+looping over key blocks; no atomics). Causal and full, windows and softcaps (dS through tanh's derivative), GQA,
+ragged and variable lengths (``lens``: the keys of
 batch ``b`` end at ``Lens[b]``; every query row, padding included, has a gradient, as it has an output); head
 dims 64 and 128 on wgmma on sm_90a, 256 too, but its dK/dV runs on mma.sync there (see ``BWD_CONFIGS``).
 
@@ -41,21 +46,33 @@ LOG2E = 1.4426950408889634
 
 
 @tilejit.func
-def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK, CAUSAL):
+def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK, CAUSAL, LEFT, RIGHT,
+                         SOFTCAP, tanh_scale):
     """One key/value block: scores, the running max and sum rescaled, the output accumulated. ``MASK``: the
-    block crosses the end of the keys (or, ``CAUSAL``, the diagonal), so its scores are masked first; the
-    blocks before need no mask. The scale goes into the max and the exponent (``s * scale - m``: one FMA)."""
+    block crosses the end of the keys (or, ``CAUSAL``, the diagonal; or a window edge), so its scores are masked
+    first; the blocks before need no mask. The scale goes into the max and the exponent (``s * scale - m``: one
+    FMA). ``SOFTCAP`` > 0: the scores are capped first, ``c * tanh(s * sm_scale / c)`` in base-2 units (the
+    caller's ``qk_scale`` is then 1). ``LEFT``/``RIGHT`` >= 0: row i sees keys i - LEFT .. i + RIGHT."""
     k = K[b, kv, n0:n0 + BN, 0:D]
     s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    if SOFTCAP > 0.0:
+        s = T.tanh(s * tanh_scale) * (SOFTCAP * 1.4426950408889634)
     if MASK:
         cols = n0 + T.arange(0, BN)
         valid = cols[None, :] < S
         if CAUSAL:
             valid = valid & (cols[None, :] <= rows[:, None])
+        if LEFT >= 0:
+            valid = valid & (cols[None, :] >= rows[:, None] - LEFT)
+        if RIGHT >= 0:
+            valid = valid & (cols[None, :] <= rows[:, None] + RIGHT)
         s = T.where(valid, s, float("-inf"))
     m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
-    p = T.exp2(s * qk_scale - m_new[:, None])
-    alpha = T.exp2(m_i - m_new)
+    m_exp = m_new
+    if LEFT >= 0 or RIGHT >= 0:  # a row may have seen no key yet (max -inf): its exponents subtract 0 instead
+        m_exp = T.where(m_new == float("-inf"), 0.0, m_new)
+    p = T.exp2(s * qk_scale - m_exp[:, None])
+    alpha = T.exp2(m_i - m_exp)
     l_i = l_i * alpha + T.sum(p, 1)
     acc = acc * alpha[:, None]
     v = V[b, kv, n0:n0 + BN, 0:D]
@@ -66,7 +83,8 @@ def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, B
 @tilejit.kernel
 def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
              D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False,
-             STAGES: T.constexpr = 2):
+             STAGES: T.constexpr = 2, WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1,
+             SOFTCAP: T.constexpr = 0.0):
     pid_bh = T.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -82,6 +100,10 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     l_i = T.zeros((BM,), T.float32)
     acc = T.zeros((BM, D), T.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    tanh_scale = sm_scale
+    if SOFTCAP > 0.0:  # the capped scores come out of the step in base-2 units
+        tanh_scale = sm_scale / SOFTCAP
+        qk_scale = 1.0
     rows = m0 + T.arange(0, BM)
     # Blocks wholly before the end of the keys (and, causal, left of the diagonal) run unmasked; the rest (the
     # last partial block; the diagonal blocks) run masked.
@@ -91,15 +113,25 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     # STAGES: the key/value ring's depth (a deeper ring pays off when a producer warpgroup fills it:
     # warp_specialize=True; the compiler lowers it where shared memory does not hold it). Warp-specialized and 3
     # deep, the compiler issues each block's p @ v under the next block's q @ k^T (FlashAttention-3's overlap).
-    for n0 in T.range(0, lo, BN, stages=STAGES):
-        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, False,
-                                             False)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a window: every block masked, none before the window's first
+        lo = 0
+        if WINDOW_LEFT >= 0:
+            lo = (T.maximum(m0 - WINDOW_LEFT, 0) // BN) * BN
+    else:
+        for n0 in T.range(0, lo, BN, stages=STAGES):
+            m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
+                                                 False, False, -1, -1, SOFTCAP, tanh_scale)
     hi = S
     if CAUSAL:
         hi = T.minimum(S, m0 + BM)
+    if WINDOW_RIGHT >= 0:
+        hi = T.minimum(hi, m0 + BM + WINDOW_RIGHT)
     for n0 in T.range(lo, hi, BN, stages=2):
         m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, True,
-                                             CAUSAL)
+                                             CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a row that sees no key (padding past a length): 0, LSE +inf
+        l_i = T.where(l_i > 0.0, l_i, 1.0)
+        m_i = T.where(m_i == float("-inf"), float("inf"), m_i)
     O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
     if STORE_LSE:
         # base 2: log2 of sum_j 2^(s_ij * sm_scale * log2 e), the natural log-sum-exp times log2 e
@@ -120,31 +152,44 @@ def attn_bwd_preprocess(O, dO, Delta, H, BM: T.constexpr, D: T.constexpr):
 
 
 @tilejit.func
-def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, MASK_CAUSAL, MASK_KEYS):
+def _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, MASK_CAUSAL, MASK_KEYS,
+               LEFT, RIGHT, SOFTCAP, tanh_scale):
     """One query block against this program's keys, in key-major orientation (BN x BM), so that P^T and dS^T
     come out of a product in the layout the next product reads as its left operand. ``MASK_KEYS``: keys from
-    ``L`` on (past a variable length) take no part (their P^T, hence dS^T, is 0)."""
+    ``L`` on (past a variable length) take no part (their P^T, hence dS^T, is 0). ``LEFT``/``RIGHT`` >= 0:
+    the window (row i sees keys i - LEFT .. i + RIGHT); ``SOFTCAP``: the capped scores, as in the forward, and
+    dS^T through tanh's derivative."""
     q = Q[b, h, m0:m0 + BM, 0:D]
     do = dO[b, h, m0:m0 + BM, 0:D]
     lse = Lse[b, h, m0:m0 + BM]
     delta = Delta[b, h, m0:m0 + BM]
     st = T.gemm(k, q, T.zeros((k.shape[0], BM), T.float32), transpose_b=True)
+    if SOFTCAP > 0.0:
+        tt = T.tanh(st * tanh_scale)
+        st = tt * (SOFTCAP * 1.4426950408889634)
     pt = T.exp2(st * qk_scale - lse[None, :])
     if MASK_CAUSAL:
         rows = m0 + T.arange(0, BM)
         pt = T.where(cols[:, None] <= rows[None, :], pt, 0.0)
+    if LEFT >= 0:
+        pt = T.where(cols[:, None] >= (m0 + T.arange(0, BM))[None, :] - LEFT, pt, 0.0)
+    if RIGHT >= 0:
+        pt = T.where(cols[:, None] <= (m0 + T.arange(0, BM))[None, :] + RIGHT, pt, 0.0)
     if MASK_KEYS:
         pt = T.where(cols[:, None] < L, pt, 0.0)
     dv = T.gemm(pt.to(dO.dtype), do, dv)
     dpt = T.gemm(v, do, T.zeros((k.shape[0], BM), T.float32), transpose_b=True)
     dst = pt * (dpt - delta[None, :])
+    if SOFTCAP > 0.0:
+        dst = dst * (1.0 - tt * tt)
     dk = T.gemm(dst.to(Q.dtype), q, dk)
     return dk, dv
 
 
 @tilejit.kernel
 def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T.constexpr, BM: T.constexpr,
-                  BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False):
+                  BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False,
+                  WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1, SOFTCAP: T.constexpr = 0.0):
     """dK and dV of BN keys of one (batch, key/value head): loops over the GROUP query heads that read this
     head and over their query blocks, recomputing P^T from Lse. Causal: the loop starts at the first query
     block that reaches these keys; only the BN // BM blocks that straddle the diagonal are masked.
@@ -152,7 +197,8 @@ def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T
     Query rows past the sequence read as zeros (q, dO, Lse and Delta), which makes their terms exactly 0;
     key rows past it are not stored. So only the causal blocks need a mask. ``VARLEN``: batch ``b``'s keys from
     ``Lens[b]`` on take no part (masked; a program whose keys all lie past it runs no block and stores zeros),
-    while every query row, padding included, does (as in the forward)."""
+    while every query row, padding included, does (as in the forward). A window (``WINDOW_LEFT``/``WINDOW_RIGHT``
+    >= 0): the loop runs over the query blocks whose rows see these keys only, every one masked."""
     assert BN % BM == 0, "attn_bwd_dkdv needs BN to be a multiple of BM (the diagonal spans whole query blocks)"
     pid_bh = T.program_id(1)
     b = pid_bh // HKV
@@ -167,29 +213,51 @@ def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T
     v = V[b, kv, n0:n0 + BN, 0:D]
     cols = n0 + T.arange(0, BN)
     qk_scale = sm_scale * 1.4426950408889634
+    tanh_scale = sm_scale
+    if SOFTCAP > 0.0:
+        tanh_scale = sm_scale / SOFTCAP
+        qk_scale = 1.0
     dk = T.zeros((BN, D), T.float32)
     dv = T.zeros((BN, D), T.float32)
     for g in range(GROUP):
         h = kv * GROUP + g
         lo = 0
-        if CAUSAL:
-            # query blocks [n0, n0 + BN) straddle the diagonal; earlier ones see none of these keys
-            lo = T.minimum(n0 + BN, S)
-            for m0 in T.range(n0, lo, BM, stages=2):
-                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, True,
-                                    VARLEN)
-        for m0 in T.range(lo, S, BM, stages=2):
-            dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, False, VARLEN)
+        if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # rows n0 - RIGHT .. n0 + BN - 1 + LEFT see these keys
+            if CAUSAL:
+                lo = n0
+            if WINDOW_RIGHT >= 0:
+                lo = (T.maximum(n0 - WINDOW_RIGHT, 0) // BM) * BM
+            hi = S
+            if WINDOW_LEFT >= 0:
+                hi = T.minimum(S, n0 + BN + WINDOW_LEFT)
+            for m0 in T.range(lo, hi, BM, stages=2):
+                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, CAUSAL,
+                                    VARLEN, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
+        else:
+            if CAUSAL:
+                # query blocks [n0, n0 + BN) straddle the diagonal; earlier ones see none of these keys
+                lo = T.minimum(n0 + BN, S)
+                for m0 in T.range(n0, lo, BM, stages=2):
+                    dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, True,
+                                        VARLEN, -1, -1, SOFTCAP, tanh_scale)
+            for m0 in T.range(lo, S, BM, stages=2):
+                dk, dv = _dkdv_step(k, v, Q, dO, Lse, Delta, b, h, m0, cols, L, dk, dv, qk_scale, BM, D, False,
+                                    VARLEN, -1, -1, SOFTCAP, tanh_scale)
     dK[b, kv, n0:n0 + BN, 0:D] = (dk * sm_scale).to(dK.dtype)
     dV[b, kv, n0:n0 + BN, 0:D] = dv.to(dV.dtype)
 
 
 @tilejit.func
-def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, MASK, CAUSAL):
-    """One key block against this program's queries: dS = P * (dO V^T - Delta), dQ += dS K."""
+def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, MASK, CAUSAL, LEFT, RIGHT,
+             SOFTCAP, tanh_scale):
+    """One key block against this program's queries: dS = P * (dO V^T - Delta), dQ += dS K (``SOFTCAP``: dS
+    through tanh's derivative; ``LEFT``/``RIGHT``: the window, as in the forward)."""
     k = K[b, kv, n0:n0 + BN, 0:D]
     v = V[b, kv, n0:n0 + BN, 0:D]
     s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    if SOFTCAP > 0.0:
+        t = T.tanh(s * tanh_scale)
+        s = t * (SOFTCAP * 1.4426950408889634)
     p = T.exp2(s * qk_scale - lse[:, None])
     if MASK:
         # keys past the sequence read as zeros, but exp2(0 - lse) times 0 - Delta is not a zero term: mask them
@@ -197,19 +265,26 @@ def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, M
         valid = cols[None, :] < S
         if CAUSAL:
             valid = valid & (cols[None, :] <= rows[:, None])
+        if LEFT >= 0:
+            valid = valid & (cols[None, :] >= rows[:, None] - LEFT)
+        if RIGHT >= 0:
+            valid = valid & (cols[None, :] <= rows[:, None] + RIGHT)
         p = T.where(valid, p, 0.0)
     dp = T.gemm(do, v, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
     ds = p * (dp - delta[:, None])
+    if SOFTCAP > 0.0:
+        ds = ds * (1.0 - t * t)
     return T.gemm(ds.to(K.dtype), k, dq)
 
 
 @tilejit.kernel
 def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr,
-                BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False):
+                BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr = False,
+                WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1, SOFTCAP: T.constexpr = 0.0):
     """dQ of BM query rows of one (batch, head), looping over key blocks (no atomics: one program owns its
     rows). Unmasked blocks first (whole blocks left of the diagonal, or inside the sequence), then the masked
     ones (the diagonal blocks, or the ragged last block). ``VARLEN``: the keys end at ``Lens[b]``, as in the
-    forward."""
+    forward. A window: the key blocks it reaches only, every one masked."""
     assert BM % BN == 0, "attn_bwd_dq needs BM to be a multiple of BN (the diagonal spans whole key blocks)"
     pid_bh = T.program_id(1)
     b = pid_bh // H
@@ -225,6 +300,10 @@ def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constex
     delta = Delta[b, h, m0:m0 + BM]
     rows = m0 + T.arange(0, BM)
     qk_scale = sm_scale * 1.4426950408889634
+    tanh_scale = sm_scale
+    if SOFTCAP > 0.0:
+        tanh_scale = sm_scale / SOFTCAP
+        qk_scale = 1.0
     dq = T.zeros((BM, D), T.float32)
     hi = S
     if CAUSAL:
@@ -232,10 +311,19 @@ def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constex
     mid = (S // BN) * BN
     if CAUSAL:
         mid = T.minimum(m0, mid)
-    for n0 in T.range(0, mid, BN, stages=2):
-        dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, False, CAUSAL)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
+        mid = 0
+        if WINDOW_LEFT >= 0:
+            mid = (T.maximum(m0 - WINDOW_LEFT, 0) // BN) * BN
+        if WINDOW_RIGHT >= 0:
+            hi = T.minimum(hi, m0 + BM + WINDOW_RIGHT)
+    else:
+        for n0 in T.range(0, mid, BN, stages=2):
+            dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, False, CAUSAL, -1, -1,
+                          SOFTCAP, tanh_scale)
     for n0 in T.range(mid, hi, BN, stages=2):
-        dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, True, CAUSAL)
+        dq = _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, True, CAUSAL, WINDOW_LEFT,
+                      WINDOW_RIGHT, SOFTCAP, tanh_scale)
     dQ[b, h, m0:m0 + BM, 0:D] = (dq * sm_scale).to(dQ.dtype)
 
 # The config space the tests compile and run: (BM, BN, num_warps) per head dim.
@@ -323,9 +411,38 @@ def _lens(lens, batch, device):
     return torch.zeros(1, dtype=torch.int32, device=device) if lens is None else lens
 
 
-def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
+def _window(window) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        raise ValueError(f"window must be (left, right), two ints >= -1 (-1: unbounded), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def _masking(causal: bool, window, softcap) -> dict:
+    """The kernels' masking constexprs: ``CAUSAL``, and ``WINDOW_LEFT``, ``WINDOW_RIGHT``, ``SOFTCAP`` where set
+    (so the kernels without them compile as before). Key j is visible to query i when i - left <= j <= i + right;
+    causal is a right bound of 0, and a right bound of 0 runs as causal."""
+    left, right = _window(window)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not softcap >= 0 or math.isinf(softcap)):
+        raise ValueError(f"softcap must be a finite number > 0 (0 or None: off), got {softcap!r}")
+    masking = {"CAUSAL": bool(causal) or right == 0}
+    if left >= 0:
+        masking["WINDOW_LEFT"] = left
+    if right > 0 and not causal:
+        masking["WINDOW_RIGHT"] = right
+    if softcap:
+        masking["SOFTCAP"] = float(softcap)
+    return masking
+
+
+def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, softcap=None):
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
+    masking = _masking(causal, window, softcap)
+    causal = masking.pop("CAUSAL")
     # no config given: the measured-best one for this GPU; else the given keys over the portable default
     hopper = not config and _hopper(q)
     config = {**default_config(dim, causal, hopper), **config}
@@ -333,19 +450,23 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config):
     lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
     attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
-                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **config)
+                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **masking, **config)
     return out
 
 
 def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale: float | None = None,
                        lens: torch.Tensor | None = None, dq=None, dk=None, dv=None, delta=None,
-                       config: dict | None = None):
+                       config: dict | None = None, window: tuple[int, int] | None = None,
+                       softcap: float | None = None):
     """(dq, dk, dv) of attention given the upstream gradient ``do``, the forward's ``out`` and its base-2
-    log-sum-exp ``lse`` (float32 (B, H, S), from ``attention_forward``, with the same ``lens``). Outputs may be
-    preallocated; ``delta`` (float32 (B, H, S)) is scratch. ``config`` overrides ``default_bwd_config``:
-    {"dkdv": {...}, "dq": {...}}. With ``lens``, keys past a batch's length get zero gradients."""
+    log-sum-exp ``lse`` (float32 (B, H, S), from ``attention_forward``, with the same ``lens``, ``window`` and
+    ``softcap``). Outputs may be preallocated; ``delta`` (float32 (B, H, S)) is scratch. ``config`` overrides
+    ``default_bwd_config``: {"dkdv": {...}, "dq": {...}}. With ``lens``, keys past a batch's length get zero
+    gradients."""
     batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
+    masking = _masking(causal, window, softcap)
+    causal = masking.pop("CAUSAL")
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     cfg = default_bwd_config(dim, hopper=_hopper(q), sm80=_sm80(q))
     for name, over in (config or {}).items():
@@ -365,22 +486,23 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     c = cfg["dkdv"]
     attn_bwd_dkdv[(tilejit.cdiv(seq, c["BN"]), batch * kv_heads)](
         q, k, v, do, lse, delta, dk, dv, lens_arg, sm_scale, kv_heads, GROUP=group, D=dim, CAUSAL=causal,
-        VARLEN=varlen, **c)
+        VARLEN=varlen, **masking, **c)
     c = cfg["dq"]
     attn_bwd_dq[(tilejit.cdiv(seq, c["BM"]), batch * heads)](
         q, k, v, do, lse, delta, dq, lens_arg, sm_scale, heads, GROUP=group, D=dim, CAUSAL=causal, VARLEN=varlen,
-        **c)
+        **masking, **c)
     return dq, dk, dv
 
 
 def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None = None, lens=None, out=None,
-                      lse=None, **config):
-    """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads."""
+                      lse=None, window: tuple[int, int] | None = None, softcap: float | None = None, **config):
+    """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads
+    (+inf for a row that sees no key, whose output is 0: with a window, padding rows past a length)."""
     batch, heads, seq, dim = q.shape
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     if lse is None:
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
-    return _forward(q, k, v, causal, sm_scale, lens, out, lse, config), lse
+    return _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window, softcap), lse
 
 
 def _check_bwd_config(bwd_config):
@@ -392,7 +514,8 @@ def _check_bwd_config(bwd_config):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, lens: torch.Tensor | None = None, out: torch.Tensor | None = None,
-              bwd_config: dict | None = None, **config) -> torch.Tensor:
+              bwd_config: dict | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
+              **config) -> torch.Tensor:
     """softmax(q @ k^T * sm_scale [causal mask]) @ v for q (B, H, S, D) and k, v (B, H // G, S, D).
 
     The PyTorch operator ``tilejit::attention_fwd`` (works under ``torch.compile(fullgraph=True)``), differentiable
@@ -402,42 +525,79 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (preallocated, written in place) is for inference: not with inputs that require grad. Head dims 64, 128 and
     256 have configs (``BWD_CONFIGS``); other dims up to 256 take the next one's. Variable lengths (``lens``,
     int32 (B,)): batch ``b`` attends over its first ``lens[b]`` keys, every query row included (rows past
-    ``lens[b]`` are padding whose output the caller ignores); differentiable too.
+    ``lens[b]`` are padding whose output the caller ignores); differentiable too. ``window=(left, right)``
+    (flash_attn's convention): key j is visible to query i when i - left <= j <= i + right, -1 unbounded; causal
+    means right = 0; the kernels skip key blocks outside it. A row that sees no key (with a window, a padding row
+    past ``lens[b]``) gets 0. ``softcap=c``: the scaled scores become c * tanh(s / c) before the softmax.
     """
     dim = q.shape[3]
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
     _check_heads(q, k, v)
     _check_lens(lens, q.shape[0])
+    _masking(causal, window, softcap)
+    left, right = _window(window)
+    masking = (left, right, float(softcap or 0.0))
     fwd = encode_config(config, "attention")
+    bwd = _check_bwd_config(bwd_config)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         if dim > max(BWD_CONFIGS):
             raise ValueError(f"attention: no backward for head dim {dim} (at most {max(BWD_CONFIGS)})")
         if out is not None:
             raise ValueError("attention: out= is written in place, which autograd cannot record; leave it out when "
                              "q, k or v require grad (or run under torch.no_grad())")
-        bwd = _check_bwd_config(bwd_config)
-        return _OPS.forward(q, k, v, lens, causal, sm_scale, fwd, True,
+        return _OPS.forward(q, k, v, lens, causal, *masking, sm_scale, fwd, True,
                             encode_config(bwd.get("dkdv", {}), "attention bwd_config['dkdv']"),
                             encode_config(bwd.get("dq", {}), "attention bwd_config['dq']"))[0]
     if out is None:
-        return _OPS.forward(q, k, v, lens, causal, sm_scale, fwd, False, [], [])[0]
-    _OPS.forward_into(q, k, v, lens, out, causal, sm_scale, fwd)
+        return _OPS.forward(q, k, v, lens, causal, *masking, sm_scale, fwd, False, [], [])[0]
+    _OPS.forward_into(q, k, v, lens, out, causal, *masking, sm_scale, fwd)
     return out
 
 
-def reference(q, k, v, causal, sm_scale=None, lens=None):
-    """float64 SDPA with the key/value heads repeated for GQA. With ``lens``, batch ``b``'s rows (padding rows
-    too) attend over its first ``lens[b]`` keys (causal: key j <= row i, SDPA's top-left aligned mask), as the
-    kernels define them; differentiable like SDPA."""
+def reference(q, k, v, causal, sm_scale=None, lens=None, window=None, softcap=None):
+    """float64 attention with the key/value heads repeated for GQA: SDPA, or (``window``, ``softcap``) the scores
+    written out. With ``lens``, batch ``b``'s rows (padding rows too) attend over its first ``lens[b]`` keys
+    (causal: key j <= row i, SDPA's top-left aligned mask), as the kernels define them; a row that sees no key
+    gives 0. Differentiable like SDPA."""
     group = q.shape[1] // k.shape[1]
     k64 = k.double().repeat_interleave(group, dim=1)
     v64 = v.double().repeat_interleave(group, dim=1)
     q64 = q.double()
+    if window is not None or softcap:
+        return _reference_masked(q64, k64, v64, causal, sm_scale, lens, window, softcap)
     if lens is None:
         return torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=sm_scale)
     return torch.cat([torch.nn.functional.scaled_dot_product_attention(
         q64[b:b + 1], k64[b:b + 1, :, :n], v64[b:b + 1, :, :n], is_causal=causal, scale=sm_scale)
         for b, n in enumerate(lens.tolist())])
+
+
+def _reference_masked(q, k, v, causal, sm_scale, lens, window, softcap):
+    """softmax over the visible keys of c * tanh(q k^T * sm_scale / c) (or the plain scaled scores), in float64;
+    rows with no visible key give 0."""
+    seq = q.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[3]) if sm_scale is None else sm_scale
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    rows = torch.arange(seq, device=q.device)[:, None]
+    cols = torch.arange(seq, device=q.device)[None, :]
+    left, right = _window(window)
+    visible = torch.ones(seq, seq, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= cols <= rows
+    if left >= 0:
+        visible &= cols >= rows - left
+    if right >= 0:
+        visible &= cols <= rows + right
+    visible = visible.expand(q.shape[0], 1, seq, seq)
+    if lens is not None:
+        visible = visible & (cols < lens.to(q.device).long()[:, None, None, None])
+    scores = scores.masked_fill(~visible, float("-inf"))
+    top = scores.amax(-1, keepdim=True).detach()
+    weights = torch.exp(scores - torch.where(torch.isinf(top), 0.0, top))
+    total = weights.sum(-1, keepdim=True)
+    return (weights / torch.where(total > 0, total, 1.0)) @ v
 
 
 class _Operators:
@@ -460,42 +620,49 @@ class _Operators:
             raise RuntimeError("attention_fwd was called with store_lse=False, so it has no backward: "
                                "tilejit.ops.attention stores the log-sum-exp when an input requires grad")
         q, k, v, out, lse, lens = ctx.saved_tensors
-        dq, dk, dv = self.backward(grad_out, q, k, v, out, lse, lens, ctx.causal, ctx.sm_scale, ctx.dkdv, ctx.dq)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        dq, dk, dv = self.backward(grad_out, q, k, v, out, lse, lens, ctx.causal, *ctx.masking, ctx.sm_scale,
+                                   ctx.dkdv, ctx.dq)
+        return (dq, dk, dv) + (None,) * 10
 
 
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, causal: bool,
-            sm_scale: float, config: list[int], store_lse: bool, dkdv_config: list[int],
-            dq_config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            window_left: int, window_right: int, softcap: float, sm_scale: float, config: list[int],
+            store_lse: bool, dkdv_config: list[int], dq_config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, seq, _ = q.shape
     lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device) if store_lse else \
         q.new_empty(0, dtype=torch.float32)
-    out = _forward(q, k, v, causal, sm_scale, lens, None, lse if store_lse else None, decode_config(config))
+    out = _forward(q, k, v, causal, sm_scale, lens, None, lse if store_lse else None, decode_config(config),
+                   (window_left, window_right), softcap)
     return out, lse
 
 
-def _fwd_fake(q, k, v, lens, causal, sm_scale, config, store_lse, dkdv_config, dq_config):
+def _fwd_fake(q, k, v, lens, causal, window_left, window_right, softcap, sm_scale, config, store_lse, dkdv_config,
+              dq_config):
     lse_shape = q.shape[:3] if store_lse else (0,)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, lens, causal, sm_scale, _, store_lse, dkdv_config, dq_config = inputs
+    q, k, v, lens, causal, window_left, window_right, softcap, sm_scale, _, store_lse, dkdv, dq = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, lens)
-    ctx.causal, ctx.sm_scale, ctx.store_lse, ctx.dkdv, ctx.dq = causal, sm_scale, store_lse, dkdv_config, dq_config
+    ctx.causal, ctx.masking, ctx.sm_scale = causal, (window_left, window_right, softcap), sm_scale
+    ctx.store_lse, ctx.dkdv, ctx.dq = store_lse, dkdv, dq
 
 
 def _fwd_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, out: torch.Tensor,
-                causal: bool, sm_scale: float, config: list[int]) -> None:
-    _forward(q, k, v, causal, sm_scale, lens, out, None, decode_config(config))
+                causal: bool, window_left: int, window_right: int, softcap: float, sm_scale: float,
+                config: list[int]) -> None:
+    _forward(q, k, v, causal, sm_scale, lens, out, None, decode_config(config), (window_left, window_right), softcap)
 
 
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-            lse: torch.Tensor, lens: torch.Tensor | None, causal: bool, sm_scale: float, dkdv_config: list[int],
+            lse: torch.Tensor, lens: torch.Tensor | None, causal: bool, window_left: int, window_right: int,
+            softcap: float, sm_scale: float, dkdv_config: list[int],
             dq_config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(do, q, k, v, out, lse, causal=causal, sm_scale=sm_scale, lens=lens,
-                              config={"dkdv": decode_config(dkdv_config), "dq": decode_config(dq_config)})
+                              config={"dkdv": decode_config(dkdv_config), "dq": decode_config(dq_config)},
+                              window=(window_left, window_right), softcap=softcap)
 
 
 _OPS = _Operators(namespace(__name__, "tilejit.ops.fused_attention"))
