@@ -1,4 +1,4 @@
-"""Attention TFLOP/s, forward and backward: tilejit's examples/attention.py against torch SDPA (flash and cuDNN
+"""Attention TFLOP/s, forward and backward: tilejit.ops' attention against torch SDPA (flash and cuDNN
 backends) and a Triton FlashAttention-2-style baseline.
 
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
@@ -10,11 +10,11 @@ Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU
 checked against float64 (a slice of the batch) before it is timed.
 
 - ``fwd``: the forward. FLOPs 4 * B * H * S^2 * D (halved when causal). tilejit takes the fastest config of
-  ``examples/attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws", with a 3-deep
-  ring: " s3"); ``--tune default`` times only the config ``attention()`` takes when given none. Beside it, "one
-  loop": ``benchmarks.kernels.attention_one_loop``, the forward written the obvious way (one ``T.range`` loop,
-  ``T.where`` masks, no launch options but tiles and warps), the fastest of the same tiles, with the compiler's
-  mask peeling (the default) and without it (``peel_masks=False``, "unpeeled").
+  ``tilejit.ops.fused_attention.CONFIGS`` for the head dim, each also warp-specialized on sm_90 (" ws", with a
+  3-deep ring: " s3"); ``--tune default`` times only the config ``attention()`` takes when given none. Beside it,
+  "one loop": ``benchmarks.kernels.attention_one_loop``, the forward written the obvious way (one ``T.range``
+  loop, ``T.where`` masks, no launch options but tiles and warps), the fastest of the same tiles, with the
+  compiler's mask peeling (the default) and without it (``peel_masks=False``, "unpeeled").
 - ``bwd``: the backward alone (the forward runs once beforehand and is not timed): tilejit's three kernels
   (``attention_backward``), SDPA's backward node (``torch.autograd.grad`` of one forward's output, graph
   retained), Triton's three kernels. FLOPs 2.5x the forward's (as FlashAttention counts: 5 products instead of
@@ -29,17 +29,12 @@ column reads n/a without Triton.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import DEFAULT_OUT, append_results, bar_chart, machine_stamp, markdown_table, write_json
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_bench", ROOT / "examples" / "attention.py")
-attention = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(attention)
+from tilejit.ops import fused_attention as attention
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEADERS = ["D", "seq", "batch", "dtype", "causal", "tilejit TFLOP/s", "config", "one loop", "one loop config",
@@ -171,7 +166,7 @@ def _forward(q, k, v, causal, baselines, tflops, tune="all"):
 
 def _one_loop(q, k, v, causal, ref, tflops):
     """The "one loop" columns: the obvious forward (``benchmarks.kernels.attention_one_loop``) over the tiles of
-    ``examples/attention.CONFIGS`` (no other launch option), peeled (its best config) and unpeeled (that config
+    ``tilejit.ops.fused_attention.CONFIGS`` (no other launch option), peeled (its best config) and unpeeled (that config
     with ``peel_masks=False``)."""
     import tilejit
     from benchmarks.kernels import attention_one_loop
@@ -354,14 +349,14 @@ def main(argv=None) -> int:
     out = {"meta": meta}
     titles = TITLES
     notes = {
-        "fwd": [f"tilejit: examples/attention.py, {'the best config of its space' if ns.tune == 'all' else 'its default config'}"
+        "fwd": [f"tilejit: tilejit.ops.attention, {'the best config of its space' if ns.tune == 'all' else 'its default config'}"
                 " (ws: warp-specialized, the p @ v of one key block issued under the next block's q @ k^T; "
                 "s3: a 3-deep ring; on sm_90a P feeds the second wgmma from registers; the causal mask only on "
                 "diagonal blocks). Triton: benchmarks/triton_kernels.attention, a FlashAttention-2-style kernel "
                 "autotuned over 6 configs."],
         "bwd": ["Backward only: the forward (with its log-sum-exp) runs once before timing. FLOPs 2.5x the "
                 "forward's (halved when causal), as FlashAttention counts.",
-                "tilejit: examples/attention.attention_backward (preprocess, dK/dV per key block, dQ per query "
+                "tilejit: tilejit.ops.attention_backward (preprocess, dK/dV per key block, dQ per query "
                 "block; P^T, dS^T and dS feed wgmma from registers on sm_90a), best dK/dV then best dQ config of "
                 "BWD_CONFIGS. SDPA: torch.autograd.grad through the backend's node (graph retained). Triton: "
                 "benchmarks/triton_kernels.attention_backward, the same three kernels autotuned over 5 configs "

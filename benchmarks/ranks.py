@@ -72,10 +72,8 @@ def _rank_main(rank: int, world: int, port: int, cache: str, remote: str | None,
     try:
         if no_nvrtc:
             _without_nvrtc()
-        sys.path.insert(0, str(REPO_ROOT / "examples"))
-        from attention import attention
-
         from benchmarks.kernels import matmul, matmul_grid
+        from tilejit.ops import attention
 
         gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)

@@ -360,3 +360,17 @@ def hinted_segments(X, Y, Starts, BLOCK: T.constexpr, HINT: T.constexpr):
     if HINT:
         s = T.multiple_of(s, 16)
     Y[s:s + BLOCK] = X[s:s + BLOCK] + g
+
+
+def load_ops_copy(name: str):
+    """A copy of ``tilejit/ops/<name>.py`` loaded from its file as a module of its own: its kernels' in-process
+    launch caches are its own (for tests that pin lowerings), and its PyTorch operators get a namespace of their
+    own (``tilejit.ops.custom_ops.namespace``)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tilejit" / "ops" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tilejit_ops_copy_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

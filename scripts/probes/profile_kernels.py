@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,10 +19,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _attention_module():
-    spec = importlib.util.spec_from_file_location("tj_attention_example", ROOT / "examples" / "attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tilejit.ops import fused_attention
+
+    return fused_attention
 
 
 def main(what: str) -> None:

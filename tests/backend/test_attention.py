@@ -1,9 +1,6 @@
-"""The attention example (examples/attention.py) compiles for every config of its space on every arch, and the
-layout pass joins the two gemms' accumulator layouts at the loop (the failure the attention issue reported)."""
+"""The attention kernels (tilejit/ops/fused_attention.py) compile for every config of their space on every arch, and
+the layout pass joins the two gemms' accumulator layouts at the loop (the failure the attention issue reported)."""
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,18 +8,8 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from tilejit.ops import fused_attention as attention
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("tilejit_examples_attention", ROOT / "examples" / "attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-attention = _load_example()
 ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
 
 

@@ -1,23 +1,17 @@
-"""The attention backward of examples/attention.py: the three kernels (preprocess, dK/dV, dQ) through the
+"""The attention backward of tilejit/ops/fused_attention.py: the three kernels (preprocess, dK/dV, dQ) through the
 interpreter against torch autograd of a float64 reference on ragged shapes, causal and not, with GQA; the
 forward's base-2 log-sum-exp; every backward config compiling with NVRTC (sm_90a: every config, within shared
 memory and without register spills; sm_80 and sm_100a: the default configs)."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 import tilejit
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
-
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_bwd", ROOT / "examples" / "attention.py")
-attention = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(attention)
+from tilejit.ops import fused_attention as attention
 
 LOG2E = 1.4426950408889634
 # Small tiles so that a 70-row sequence has several blocks of each kind: unmasked, diagonal and ragged.
@@ -86,12 +80,12 @@ def test_log_sum_exp_is_base_2(interpret):
 
 
 def test_autograd_function(interpret):
-    """attention(...) with inputs that require grad goes through AttentionFunction; GQA 2, causal, an explicit
-    sm_scale, and an upstream gradient that is not contiguous (from an expand)."""
+    """attention(...) with inputs that require grad goes through the autograd of operator tilejit::attention_fwd;
+    GQA 2, causal, an explicit sm_scale, and an upstream gradient that is not contiguous (from an expand)."""
     q, k, v, _ = _inputs(2, 4, 37, 32, 2, seed=11)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = attention.attention(q, k, v, causal=True, sm_scale=0.3, bwd_config=SMALL_BWD, **SMALL_FWD)
-    assert out.grad_fn is not None and type(out.grad_fn).__name__ == "AttentionFunctionBackward"
+    assert out.grad_fn is not None and "tilejit_attention_fwd" in out.grad_fn.name()
     weights = torch.randn(32, dtype=torch.float32)
     (out * weights).sum().backward()
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -104,7 +98,7 @@ def test_autograd_function(interpret):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_variable_lengths_backward(interpret, causal):
-    """Variable lengths through AttentionFunction: batch b's keys end at lens[b] (one length a block multiple,
+    """Variable lengths through the operator's autograd: batch b's keys end at lens[b] (one length a block multiple,
     one ragged, one inside the first key block); every query row, padding included, has its output and gradient
     (the reference attends padding rows over the same keys), and keys past a length get exactly zero."""
     q, k, v, do = _inputs(3, 4, 70, 32, 2, seed=7 + causal)

@@ -13,9 +13,8 @@ import torch
 import tilejit
 import tilejit.language as T
 from _lowering import braced_block
-from lang_kernels import load_example
+from tilejit.ops import fused_attention as attention
 
-attention = load_example("attention")
 pytestmark = pytest.mark.usefixtures("fresh_compile_cache")  # tests/conftest.py
 
 BF16 = torch.bfloat16

@@ -24,7 +24,8 @@ import chain_kernels as ck
 from filecheck import filecheck
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_rs", ROOT / "examples" / "attention.py")
+_spec = importlib.util.spec_from_file_location("tilejit_ops_attention_rs",
+                                               ROOT / "tilejit" / "ops" / "fused_attention.py")
 attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)
 

@@ -143,8 +143,8 @@ def test_attention_main_loop_is_warp_specialized():
     """Attention's key/value loop (softmax between its gemms, not left in flight): the producer fills the ring
     from the kernel's start; the math warps wait for each slot, release it at the end of their iteration (one
     arrival per warp), and never meet at a block barrier inside the loop. The masked loop after it stays plain."""
-    from lang_kernels import load_example
-    attention = load_example("attention")
+    from tilejit.ops import fused_attention as attention
+
     q = torch.empty(2, 4, 4096, 128, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(2, 2, 4096, 128, dtype=torch.bfloat16, device="meta")
     lens = torch.empty(2, dtype=torch.int32, device="meta")

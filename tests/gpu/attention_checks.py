@@ -1,6 +1,7 @@
 """What the attention GPU tests share: random inputs (GQA-shaped), the forward's output check and the backward's
-float64 autograd reference and gradient check. Each test module loads its own copy of examples/attention.py (so
-its kernels' launch caches are its own) and passes that copy's ``reference`` where one is needed."""
+float64 autograd reference and gradient check. Test modules that pin lowerings load their own copy of
+tilejit/ops/fused_attention.py (so its kernels' launch caches are their own) and pass that module's ``reference``
+where one is needed."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,7 @@ def check(out, ref, rows=None):
 
 def reference_grads(reference, q, k, v, do, causal):
     """(out, dq, dk, dv) by torch autograd in float64 of the (bf16/fp16-rounded) inputs, through ``reference``
-    (examples/attention.py's)."""
+    (tilejit/ops/fused_attention.py's)."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = reference(q64, k64, v64, causal)
     out.backward(do.double())

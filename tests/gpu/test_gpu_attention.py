@@ -3,20 +3,14 @@ sequence lengths, GQA and variable lengths; NaN-poisoned outputs. The backward a
 float64 reference: every backward config, ragged lengths up to 4097, fp16 and bf16, GQA, the base-2 LSE."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from attention_checks import check, check_grad, inputs, reference_grads
+from tilejit.ops import fused_attention as attention
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_gpu", ROOT / "examples" / "attention.py")
-attention = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(attention)
 
 CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
 
@@ -111,7 +105,7 @@ def test_backward_ragged_lengths_and_dtypes(seq, causal, dtype):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_autograd_through_attention(causal):
-    """attention() with inputs that require grad: AttentionFunction, GQA 4, head dim 64, 1000 rows."""
+    """attention() with inputs that require grad (the operator's autograd): GQA 4, head dim 64, 1000 rows."""
     q, k, v = (t.requires_grad_() for t in inputs(2, 8, 1000, 64, 4, seed=21 + causal))
     do = torch.randn_like(q)
     out = attention.attention(q, k, v, causal=causal)
@@ -125,7 +119,7 @@ def test_autograd_through_attention(causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim", [64, 128])
 def test_variable_lengths_backward(dim, causal):
-    """Variable lengths through AttentionFunction (lens: a full one, a ragged one, one inside the first block):
+    """Variable lengths through the operator's autograd (lens: a full one, a ragged one, one inside the first block):
     outputs and gradients of every row against float64 autograd of the reference (padding rows attend over the
     same keys); keys past a length get exactly zero gradients."""
     q, k, v = (t.requires_grad_() for t in inputs(3, 4, 1000, dim, 2, seed=31 + dim + causal))

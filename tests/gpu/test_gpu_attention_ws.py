@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from attention_checks import check, check_grad, inputs, reference_grads
-from lang_kernels import load_example
+from lang_kernels import load_ops_copy
 
 pytestmark = pytest.mark.gpu
 
-attention = load_example("attention")  # this module's own copy (its kernels' launch caches are its own)
+attention = load_ops_copy("fused_attention")  # this module's own copy (its kernels' launch caches are its own)
 
 CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]
 

@@ -15,7 +15,6 @@ import torch
 import tilejit
 from gemm_checks import check_close, check_linear_relu_launches, check_lowp_launch
 from kernels import bmm_grid3, matmul_staged as matmul
-from lang_kernels import load_example
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90a("TMA multicast clusters")]
 
@@ -112,7 +111,7 @@ def test_attention(causal):
     the pair loads them once. Causal: the loop's bound depends on the query block, so no clusters."""
     from attention_checks import check, inputs
 
-    attention = load_example("attention")
+    from tilejit.ops import fused_attention as attention
     q, k, v = inputs(2, 4, 1000, 128, 2, seed=11 + causal)
     out = torch.full_like(q, float("nan"))
     attention.attention(q, k, v, causal=causal, out=out, BM=128, BN=128, num_warps=8, warp_specialize=True,

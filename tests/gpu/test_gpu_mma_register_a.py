@@ -27,7 +27,8 @@ from attention_checks import check, check_grad, inputs, reference_grads
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_gpu_rs", ROOT / "examples" / "attention.py")
+_spec = importlib.util.spec_from_file_location("tilejit_ops_attention_gpu_rs",
+                                               ROOT / "tilejit" / "ops" / "fused_attention.py")
 attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)
 

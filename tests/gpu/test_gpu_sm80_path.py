@@ -22,8 +22,8 @@ from attention_checks import check, check_grad, inputs, reference_grads
 from kernels import MAJORS, bmm_epilogue, matmul, matmul_any, matmul_staged
 from tilejit.configs import matmul_configs
 
-_spec = importlib.util.spec_from_file_location("tilejit_examples_attention_sm80",
-                                               Path(__file__).resolve().parents[2] / "examples" / "attention.py")
+_spec = importlib.util.spec_from_file_location(
+    "tilejit_ops_attention_sm80", Path(__file__).resolve().parents[2] / "tilejit" / "ops" / "fused_attention.py")
 attention = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention)
 

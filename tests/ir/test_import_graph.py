@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"compiler"},                                             # the staged compile, through the cache
     {"runtime"},                                              # kernels, launches, the driver
     {"autotuner", "configs", "testing", "cli", "launch_heuristics", "torch_ops", "port", "__init__"},  # tools on top
+    {"ops"},                                                  # kernels written in the language: a user of it
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
@@ -89,6 +90,14 @@ def test_passes_never_import_the_backend():
     offenders = {m: sorted(i for i in deps if _layer(i) == "backend_cuda")
                  for m, deps in GRAPH.items() if _layer(m) == "passes"}
     assert not any(offenders.values()), offenders
+
+
+def test_the_compiler_never_imports_ops():
+    """tilejit.ops is written in the language like a user's code: no module outside it (``tilejit/__init__.py``
+    included) may import it, at module level or inside a function."""
+    offenders = {m: sorted(i for i in deps if _layer(i) == "ops") for m, deps in GRAPH.items() if _layer(m) != "ops"}
+    assert not any(offenders.values()), {m: deps for m, deps in offenders.items() if deps}
+    assert {m for m in GRAPH if _layer(m) == "ops"} >= {"ops", "ops.fused_attention", "ops.custom_ops"}
 
 
 def test_no_import_cycle():

@@ -1,7 +1,7 @@
 """Peeling of masked loop iterations: a ``for`` loop whose body masks a tile with ``T.where(pred, x, y)``, where
 ``pred`` is provably all true over a contiguous run of iterations, is split into loops over the iterations before,
 inside and after that run; inside it the ``T.where`` is replaced by ``x`` (Triton's tutorial attention does this by
-hand with two loops; ``examples/attention.py`` too).
+hand with two loops; ``tilejit.ops.fused_attention`` too).
 
 A predicate qualifies when it is a conjunction (``&``, broadcasts) of comparisons ``<``, ``<=``, ``>``, ``>=`` of
 integer tiles (or scalars) that are affine in the loop's induction variable: sums of the induction variable, of
@@ -12,7 +12,7 @@ integer casts pass through. Each comparison ``a < b`` is all true over the tile 
 induction variable; the run of iterations between the bounds is computed at run time, from the symbols, and
 clamped to the loop's range, so the split loops run exactly the original iterations in the original order and
 give bit-identical results. A loop that starts where another loop of its block ends was split by hand (the
-masked tail of ``examples/attention.py``'s forward) and is left alone. Anything else (a comparison of loaded or float data, ``==``, a bound that does not
+masked tail of ``tilejit.ops.fused_attention``'s forward) and is left alone. Anything else (a comparison of loaded or float data, ``==``, a bound that does not
 move with the loop) is left as it is, and a loop with no qualifying mask is not split.
 
 The split loops carry ``peeled = unmasked`` / ``peeled = masked`` (``ForAttrs.peeled``): the printed IR shows
@@ -41,7 +41,7 @@ def peel_masks(fn: Function, target: Target) -> None:
         ends = {op.operands[1].id for op in block.ops if op.kind is OpKind.FOR}
         for loop in [op for op in block.ops if op.kind is OpKind.FOR and op.attrs.peeled is None]:
             if loop.operands[0].id in ends:
-                continue  # it starts where a loop before it ends: split by hand already (examples/attention.py)
+                continue  # it starts where a loop before it ends: split by hand already (tilejit.ops.fused_attention)
             plan = peel_plan(loop)
             if plan is not None:
                 _split(block, loop, plan)
