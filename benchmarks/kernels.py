@@ -152,3 +152,42 @@ def sm80_path():
 def nt_grid(meta):
     """Grid of the N x K-operand kernels above: one program per BM x BN tile of C (1-D, grouped order)."""
     return (tilejit.cdiv(meta["A"].shape[0], meta["BM"]) * tilejit.cdiv(meta["Bt"].shape[0], meta["BN"]),)
+
+
+@tilejit.kernel
+def attention_fwd(Q, K, V, O, sm_scale, BM: T.constexpr, BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+    """FlashAttention-2's forward written the obvious way: one ``T.range`` loop over the key blocks, each block's
+    scores masked by ``T.where`` (the keys past the end; causal, those after the query), and no launch option but
+    ``num_warps``: the pipeline is the compiler's (``passes.launch_model``). Q, K, V, O: (batch, heads, seq, D),
+    one head dimension D (a power of two); grid ``(cdiv(seq, BM), batch * heads)``."""
+    heads = Q.shape[1]
+    b = T.program_id(1) // heads
+    h = T.program_id(1) % heads
+    m0 = T.program_id(0) * BM
+    S = Q.shape[2]
+    q = Q[b, h, m0:m0 + BM, 0:D]
+    m_i = T.full((BM,), float("-inf"), T.float32)
+    l_i = T.zeros((BM,), T.float32)
+    acc = T.zeros((BM, D), T.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    rows = m0 + T.arange(0, BM)
+    hi = S
+    if CAUSAL:
+        hi = T.minimum(S, m0 + BM)
+    for n0 in T.range(0, hi, BN):
+        k = K[b, h, n0:n0 + BN, 0:D]
+        s = T.gemm(q, k, T.zeros((BM, BN), T.float32), transpose_b=True)
+        cols = n0 + T.arange(0, BN)
+        valid = cols[None, :] < S
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        s = T.where(valid, s, float("-inf"))
+        m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
+        p = T.exp2(s * qk_scale - m_new[:, None])
+        alpha = T.exp2(m_i - m_new)
+        l_i = l_i * alpha + T.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = V[b, h, n0:n0 + BN, 0:D]
+        acc += p.to(V.dtype) @ v
+        m_i = m_new
+    O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)

@@ -213,6 +213,11 @@ class LaunchOptions:
         "last, partial wave are computed by every SM in parts that one of them sums: no SM idles through the "
         "tail; see passes/split_k.stream_k", implies="persistent", sm90a_only=True)
 
+    # Not a launch option: the names the launch gave (``Kernel.bind``); None, every option is given (a Config,
+    # ``Target.of``, a LaunchOptions made directly). The options not given are the compiler's to choose
+    # (``passes.launch_model``); ``left_to_compiler`` names them.
+    given: frozenset | None = field(default=None, repr=False)
+
     def __post_init__(self) -> None:
         for f, spec in _declared(type(self)):
             value = getattr(self, f.name)
@@ -264,6 +269,11 @@ class LaunchOptions:
         return self.is_set(name) or any(spec.implies == name and self.in_effect(f.name)
                                         for f, spec in _declared(type(self)))
 
+    def left_to_compiler(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
+        """The options among ``chosen`` that the launch did not give, in that order: none when every option is
+        given (``given`` is None)."""
+        return () if self.given is None else tuple(n for n in chosen if n not in self.given)
+
     @property
     def walks_grid(self) -> bool:
         """The kernel runs one program per SM walking the grid's programs (persistent, pingpong or stream_k), so
@@ -279,7 +289,7 @@ class LaunchOptions:
 @functools.cache
 def _declared(cls: type) -> tuple[tuple[Any, OptionSpec], ...]:
     """The option fields of a :class:`LaunchOptions` class with their declarations, in order."""
-    return tuple((f, f.metadata[_OPTION]) for f in fields(cls))
+    return tuple((f, f.metadata[_OPTION]) for f in fields(cls) if _OPTION in f.metadata)
 
 
 # -- target --------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorListSpec, TensorSpec
+from ..passes import launch_model
 from ..target import LaunchOptions, Target
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
@@ -201,7 +202,7 @@ class Kernel:
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
-            opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options})
+            opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options}, given=frozenset(options))
         except ValueError as e:
             raise ArgumentValueError(f"kernel {self.__name__}: {e}") from None
         specs: dict[str, ArgSpec] = {}
@@ -297,8 +298,9 @@ class Kernel:
         is added to the specialization and the compile starts again.
         """
         options = call.options
-        target = Target(resolve_arch(arch, device_index), options,
-                        sm_count=_sm_count(device_index) if options.walks_grid else 0)  # one program per SM
+        target = Target(resolve_arch(arch, device_index), options)
+        if options.walks_grid or launch_model.may_walk_grid(target):  # one program per SM
+            target = Target(target.arch, options, sm_count=_sm_count(device_index))
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
