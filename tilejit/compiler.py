@@ -111,6 +111,9 @@ class Specialization:
     constants: tuple[tuple[str, Any], ...]   # compile-time globals the kernel and its helpers read
     args: tuple[tuple[str, ArgSpec], ...]   # every parameter, in order
     options: LaunchOptions
+    # the launch options the launch gave by name (``Kernel.bind``); None: all of them (the launch model leaves a
+    # specialization made otherwise alone)
+    given: frozenset | None = None
 
     @property
     def specs(self) -> dict[str, ArgSpec]:
@@ -172,20 +175,21 @@ class Specialization:
         return layout
 
 
-def target_text(target: Target) -> str:
+def target_text(target: Target, given: frozenset | None = None) -> str:
     """The target as it enters the cache key: arch and NVRTC version (a new NVRTC may make other code), the options
-    left to the launch model (``passes.launch_model``) and a persistent kernel's SM count."""
+    left to the launch model (``passes.launch_model``; ``given``: the options the launch gave, None for all) and a
+    persistent kernel's SM count."""
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
-    left = launch_model.applies(target)
+    left = launch_model.applies(given)
+    walks = target.persistent or launch_model.may_walk_grid(target, given)
     return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + knobs.codegen_pins()
-            + (f":model={'+'.join(left)}" if left else "")
-            + (f":sms={target.sm_count}" if target.persistent or launch_model.may_walk_grid(target) else ""))
+            + (f":model={'+'.join(left)}" if left else "") + (f":sms={target.sm_count}" if walks else ""))
 
 
 def cache_key(spec: Specialization, target: Target) -> str:
-    return spec.key(target_text(target))
+    return spec.key(target_text(target, spec.given))
 
 
 # -- the stages ------------------------------------------------------------------------------------------------
@@ -244,7 +248,7 @@ def _passes_stage(st: Stages) -> None:
 
     st.explicit_stages = max([op.attrs.stages or 0 for op in st.fn.walk() if op.kind is OpKind.FOR] + [0])
     # (the options the launch left unsaid, chosen once: the target that comes back has none left)
-    target, choice = launch_model.resolve(st.fn, st.target)
+    target, choice = launch_model.resolve(st.fn, st.target, st.spec.given)
     if choice is not None:
         st.target, st.launch_choice = target, choice
     run_passes(st.fn, st.target)

@@ -161,6 +161,8 @@ class OptionSpec:
     bare_in_key: bool = False
     # set, it changes the kernel on sm_90a only (elsewhere it is accepted and has no effect)
     sm90a_only: bool = False
+    # the compiler's launch model chooses it for a launch that gives neither it nor num_stages (passes/launch_model.py)
+    modelled: bool = False
 
 
 _OPTION = "tilejit.launch_option"  # the metadata key of a field's OptionSpec
@@ -182,7 +184,8 @@ class LaunchOptions:
     num_warps: int = launch_option(4, one_of(VALID_WARPS), "warps per program: threads = 32 x num_warps",
                                    reserved=True)
     num_stages: int = launch_option(
-        3, int_at_least(1), "the pipeline depth of T.range loops that do not give stages=", reserved=True)
+        3, int_at_least(1), "the pipeline depth of T.range loops that do not give stages=", reserved=True,
+        modelled=True)
     split_k: int = launch_option(
         1, one_of(VALID_SPLIT_K, "the programs of one thread-block cluster"),
         "the K loop of a GEMM-like kernel cut over that many programs of one thread-block cluster, their partial "
@@ -191,12 +194,12 @@ class LaunchOptions:
         False, FLAG,
         "the pipelined main loops that qualify get a producer warpgroup issuing their TMA loads while the "
         "num_warps warps only compute; a loop's own T.range(..., warp_specialize=) overrides it; see "
-        "passes/warp_specialize.py", sm90a_only=True)
+        "passes/warp_specialize.py", sm90a_only=True, modelled=True)
     persistent: bool = launch_option(
         False, FLAG,
         "a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads "
         "the next tile while the math warps finish this one; warp-specializes loops that do not say",
-        implies="warp_specialize", sm90a_only=True)
+        implies="warp_specialize", sm90a_only=True, modelled=True)
     pingpong: bool = launch_option(
         False, FLAG,
         "a persistent kernel whose block holds two groups of num_warps warps, each running its own programs from "
@@ -213,11 +216,6 @@ class LaunchOptions:
         "last, partial wave are computed by every SM in parts that one of them sums: no SM idles through the "
         "tail; see passes/split_k.stream_k", implies="persistent", sm90a_only=True)
 
-    # Not a launch option: the names the launch gave (``Kernel.bind``); None, every option is given (a Config,
-    # ``Target.of``, a LaunchOptions made directly). The options not given are the compiler's to choose
-    # (``passes.launch_model``); ``left_to_compiler`` names them.
-    given: frozenset | None = field(default=None, repr=False)
-
     def __post_init__(self) -> None:
         for f, spec in _declared(type(self)):
             value = getattr(self, f.name)
@@ -233,6 +231,11 @@ class LaunchOptions:
     def reserved_names(cls) -> tuple[str, ...]:
         """The options always listed, whose names no kernel parameter may take (``OptionSpec.reserved``)."""
         return tuple(f.name for f, spec in _declared(cls) if spec.reserved)
+
+    @classmethod
+    def modelled_names(cls) -> tuple[str, ...]:
+        """The options the launch model chooses where the launch leaves them unsaid (``OptionSpec.modelled``)."""
+        return tuple(f.name for f, spec in _declared(cls) if spec.modelled)
 
     @classmethod
     def spec(cls, name: str) -> OptionSpec:
@@ -269,11 +272,6 @@ class LaunchOptions:
         return self.is_set(name) or any(spec.implies == name and self.in_effect(f.name)
                                         for f, spec in _declared(type(self)))
 
-    def left_to_compiler(self, chosen: tuple[str, ...]) -> tuple[str, ...]:
-        """The options among ``chosen`` that the launch did not give, in that order: none when every option is
-        given (``given`` is None)."""
-        return () if self.given is None else tuple(n for n in chosen if n not in self.given)
-
     @property
     def walks_grid(self) -> bool:
         """The kernel runs one program per SM walking the grid's programs (persistent, pingpong or stream_k), so
@@ -289,7 +287,7 @@ class LaunchOptions:
 @functools.cache
 def _declared(cls: type) -> tuple[tuple[Any, OptionSpec], ...]:
     """The option fields of a :class:`LaunchOptions` class with their declarations, in order."""
-    return tuple((f, f.metadata[_OPTION]) for f in fields(cls) if _OPTION in f.metadata)
+    return tuple((f, f.metadata[_OPTION]) for f in fields(cls))
 
 
 # -- target --------------------------------------------------------------------------------------------------

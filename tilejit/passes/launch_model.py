@@ -5,7 +5,7 @@ A launch that gives no ``num_stages`` leaves the pipeline to the compiler: this 
 the target's resources. A launch that gives ``num_stages`` (every autotune ``Config`` does: its records always
 list it) decides the whole pipeline itself, the options it leaves out keeping their fixed defaults, as does
 everything with ``TILEJIT_LAUNCH_MODEL=0``. A loop's own ``T.range(..., stages=, warp_specialize=)`` decides for
-that loop in every case. ``Kernel.bind`` records what the launch gave (``LaunchOptions.given``); the compiler calls
+that loop in every case. ``Kernel.bind`` records what the launch gave (``Specialization.given``); the compiler calls
 :func:`resolve` between its ``ir`` and ``passes`` stages, and the cache key names the options left to it.
 
 What the model reads (:func:`loop_shape`, from the frontend IR): the first pipelined ``T.range`` loop of the
@@ -55,10 +55,7 @@ from dataclasses import dataclass, replace
 from .. import knobs
 from ..ir import BinaryOp, Function, LoopKind, Op, OpKind
 from ..ir.rewrite import use_counts
-from ..target import Arch, Target
-
-#: The options the model chooses, in the order the cache key names them.
-CHOSEN = ("num_stages", "warp_specialize", "persistent")
+from ..target import Arch, LaunchOptions, Target
 
 #: The fixed default ring depth (``LaunchOptions.num_stages``), what a launch with the model off gets.
 OLD_STAGES = 3
@@ -96,40 +93,43 @@ class Choice:
     why: tuple[str, ...]
 
 
-def applies(target: Target) -> tuple[str, ...]:
-    """The options the model chooses for ``target`` (none with ``TILEJIT_LAUNCH_MODEL=0`` or when the launch gave
-    ``num_stages``)."""
-    left = target.options.left_to_compiler(CHOSEN)
-    return left if "num_stages" in left and knobs.launch_model() else ()
+def applies(given: frozenset | None) -> tuple[str, ...]:
+    """The options the model chooses for a launch that gave the options ``given`` (None: all of them): those
+    of ``LaunchOptions.modelled_names`` it did not give, none when it gave ``num_stages`` or with
+    ``TILEJIT_LAUNCH_MODEL=0``."""
+    if given is None or "num_stages" in given or not knobs.launch_model():
+        return ()
+    return tuple(n for n in LaunchOptions.modelled_names() if n not in given)
 
 
-def may_walk_grid(target: Target) -> bool:
+def may_walk_grid(target: Target, given: frozenset | None) -> bool:
     """Whether the model may make this kernel persistent (then its SM count is part of the compile)."""
-    return "persistent" in applies(target) and target.arch.has_wgmma
+    return "persistent" in applies(given) and target.arch.has_wgmma
 
 
-def resolve(fn: Function, target: Target) -> tuple[Target, Choice | None]:
+def resolve(fn: Function, target: Target, given: frozenset | None) -> tuple[Target, Choice | None]:
     """``target`` with the options left to the model chosen for ``fn`` (the frontend IR), and the choice (None
     when the model does not apply)."""
-    left = applies(target)
+    left = applies(given)
     if not left:
         return target, None
     options = target.options
     choice = choose(loop_shape(fn), target.arch, options.num_warps, left,
-                    specialized=options.in_effect("warp_specialize"), split_k=options.split_k > 1)
-    return replace(target, options=replace(options, given=None, **choice.values)), choice
+                    specialized=options.in_effect("warp_specialize"), cut_k=options.split_k > 1)
+    return replace(target, options=replace(options, **choice.values)), choice
 
 
-def choose(shape: LoopShape | None, arch: Arch, num_warps: int, left: tuple[str, ...] = CHOSEN, *,
-           specialized: bool = False, split_k: bool = False) -> Choice:
-    """The values of the options in ``left`` for a kernel whose main loop is ``shape`` (None: it has none) on
-    ``arch`` with ``num_warps`` warps; ``specialized``: the launch warp-specializes it itself. Pure: the rules of
-    the module docstring."""
-    values = {"num_stages": OLD_STAGES, "warp_specialize": False, "persistent": False}
+def choose(shape: LoopShape | None, arch: Arch, warps: int, left: tuple[str, ...] | None = None, *,
+           specialized: bool = False, cut_k: bool = False) -> Choice:
+    """The values of the options in ``left`` (default: every modelled option) for a kernel whose main loop is
+    ``shape`` (None: it has none) on ``arch`` with ``warps`` warps; ``specialized``: the launch warp-specializes
+    it itself; ``cut_k``: it is split-K. Pure: the rules of the module docstring."""
+    left = LaunchOptions.modelled_names() if left is None else left
+    values = dict(num_stages=OLD_STAGES, warp_specialize=False, persistent=False)
     why = []
     if shape is None:
         return Choice({n: values[n] for n in left}, ("no pipelined main loop with a gemm: the fixed defaults",))
-    threads = 32 * num_warps
+    threads = 32 * warps
     limit = arch.max_shared_bytes
     fits = max([s for s in range(1, DEEP_STAGES + 1) if _shared(shape, s) <= limit] or [1])
     own = shape.explicit_stages
@@ -140,7 +140,7 @@ def choose(shape: LoopShape | None, arch: Arch, num_warps: int, left: tuple[str,
                    f"{limit:,}: {fits}")
     blocks = blocks_per_sm(_shared(shape, depth), threads, _registers(shape, threads), arch)
     one_block = blocks <= 1
-    if arch.has_wgmma and "warp_specialize" in left and not specialized and not split_k and num_warps % 4 == 0:
+    if arch.has_wgmma and "warp_specialize" in left and not specialized and not cut_k and warps % 4 == 0:
         room = _consumer_registers(threads) - REGISTER_HEADROOM
         if not one_block:
             why.append(f"not warp-specialized: up to {blocks} blocks per SM, which a producer warpgroup would cost")

@@ -202,7 +202,7 @@ class Kernel:
         bound.apply_defaults()
         values = dict(bound.arguments)
         try:
-            opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options}, given=frozenset(options))
+            opts = LaunchOptions(**{**LAUNCH_OPTIONS, **options})
         except ValueError as e:
             raise ArgumentValueError(f"kernel {self.__name__}: {e}") from None
         specs: dict[str, ArgSpec] = {}
@@ -221,7 +221,9 @@ class Kernel:
             else:
                 specs[name] = _scalar_spec(name, value)
         spec = Specialization(self.__name__, self.parsed, self.source_hash(),
-                              tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts)
+                              tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts,
+                              # (an option a parameter shadows is not this kernel's: fixed, as if given)
+                              given=frozenset(options).union(set(LAUNCH_OPTIONS).difference(self._options)))
         return BoundCall(values, spec)
 
     def key_material(self, call: BoundCall, target: str) -> dict[str, Any]:
@@ -299,7 +301,7 @@ class Kernel:
         """
         options = call.options
         target = Target(resolve_arch(arch, device_index), options)
-        if options.walks_grid or launch_model.may_walk_grid(target):  # one program per SM
+        if options.walks_grid or launch_model.may_walk_grid(target, call.spec.given):  # one program per SM
             target = Target(target.arch, options, sm_count=_sm_count(device_index))
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
