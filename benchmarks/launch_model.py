@@ -160,7 +160,7 @@ ARGS = argparse.Namespace(all=False)
 
 def main(argv: list[str] | None = None) -> int:
     global ARGS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.launch_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the matmul quick shapes and S=4096 only")
     parser.add_argument("--dtypes", default="fp16,bf16,tf32,fp8")
     parser.add_argument("--shapes", default=None, help="MxNxK,... (default: the matmul sweep)")

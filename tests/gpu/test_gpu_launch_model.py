@@ -36,7 +36,8 @@ def _expected(kernel, args, kwargs) -> dict:
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "{}x{}x{}w{}".format(*t))
-@pytest.mark.parametrize("shape", [(1000, 904, 520), (256, 512, 4096), (130, 200, 72)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1000, 904, 520), (256, 512, 4096), (130, 200, 72)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_without_options(dtype, shape, tile):
     m, n, k = shape
