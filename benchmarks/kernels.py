@@ -159,8 +159,9 @@ def attention_one_loop(Q, K, V, O, sm_scale, BM: T.constexpr, BN: T.constexpr, D
                        CAUSAL: T.constexpr):
     """A FlashAttention-2 forward written the obvious way (what ``benchmarks/attention.py`` times beside
     ``attention()``): one ``T.range`` loop over the key blocks, the keys' ragged end and the causal diagonal masked
-    by ``T.where`` in every block, no launch options but tiles and warps; the compiler peels the blocks whose mask
-    is all true (``passes/peel_masks.py``). Grid: (cdiv(S, BM), H, B)."""
+    by ``T.where`` in every block, no launch options but tiles and warps: the compiler peels the blocks whose mask
+    is all true (``passes/peel_masks.py``) and chooses the pipeline (``passes/launch_model.py``; what
+    ``benchmarks/launch_model.py`` times). Grid: (cdiv(S, BM), H, B)."""
     b = T.program_id(2)
     h = T.program_id(1)
     m0 = T.program_id(0) * BM

@@ -42,6 +42,7 @@ from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
 from .ir import Function, print_function
+from .passes import launch_model
 from .target import LaunchOptions, Target
 from .version import __version__
 
@@ -109,6 +110,9 @@ class Specialization:
     constants: tuple[tuple[str, Any], ...]   # compile-time globals the kernel and its helpers read
     args: tuple[tuple[str, ArgSpec], ...]   # every parameter, in order
     options: LaunchOptions
+    # the launch options the launch gave by name (``Kernel.bind``); None: all of them (the launch model leaves a
+    # specialization made otherwise alone)
+    given: frozenset | None = None
 
     @property
     def specs(self) -> dict[str, ArgSpec]:
@@ -170,17 +174,21 @@ class Specialization:
         return layout
 
 
-def target_text(target: Target) -> str:
-    """The target as it enters the cache key: arch and NVRTC version (a new NVRTC may make other code)."""
+def target_text(target: Target, given: frozenset | None = None) -> str:
+    """The target as it enters the cache key: arch and NVRTC version (a new NVRTC may make other code), the options
+    left to the launch model (``passes.launch_model``; ``given``: the options the launch gave, None for all) and a
+    persistent kernel's SM count."""
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
+    left = launch_model.applies(given)
+    walks = target.persistent or launch_model.may_walk_grid(target, given)
     return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + knobs.codegen_pins()
-            + (f":sms={target.sm_count}" if target.persistent else ""))
+            + (f":model={'+'.join(left)}" if left else "") + (f":sms={target.sm_count}" if walks else ""))
 
 
 def cache_key(spec: Specialization, target: Target) -> str:
-    return spec.key(target_text(target))
+    return spec.key(target_text(target, spec.given))
 
 
 # -- the stages ------------------------------------------------------------------------------------------------
@@ -201,6 +209,8 @@ class Stages:
     tensor_maps: list[dict] | None = None
     stream_k_slot_bytes: int = 0        # a stream-K program's share of the partial-sum workspace (lower_split_k)
     stream_k_flags: int = 0             # and its flags
+    launch_choice: Any = None           # what the launch model chose for the options left to it (launch_model.Choice)
+    explicit_stages: int = 0            # the deepest ring a T.range(stages=) of the kernel asks for
     ptx: str | None = None
     cubin: bytes | None = None
     nvrtc_log: str = ""
@@ -233,7 +243,13 @@ def _ir_stage(st: Stages) -> None:
 
 def _passes_stage(st: Stages) -> None:
     from .backend_cuda.stages import run_passes
+    from .ir import OpKind
 
+    st.explicit_stages = max([op.attrs.stages or 0 for op in st.fn.walk() if op.kind is OpKind.FOR] + [0])
+    # (the options the launch left unsaid, chosen once: the target that comes back has none left)
+    target, choice = launch_model.resolve(st.fn, st.target, st.spec.given)
+    if choice is not None:
+        st.target, st.launch_choice = target, choice
     run_passes(st.fn, st.target)
     st.final_ir = print_function(st.fn)
 
@@ -255,7 +271,8 @@ def _cuda_stage(st: Stages) -> None:
     if out.shared_bytes > limit:
         raise _shared_memory_error(st, out, limit)
     compiled = _deepest_ring(st.fn)
-    if compiled < asked:
+    chosen = st.launch_choice is not None and "num_stages" in st.launch_choice.values
+    if compiled < asked and (not chosen or st.explicit_stages > compiled):  # (a depth the model chose: no warning)
         warn_user(f"tilejit: kernel {st.spec.name}: a pipeline of {asked} stages needs {asked_bytes:,} bytes of "
                   f"shared memory, more than {st.target.arch} allows per block ({limit:,}); compiled with "
                   f"{compiled} stages (ask for fewer stages or smaller tiles to silence this)")
@@ -502,6 +519,8 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
         "stream_k_flags": st.stream_k_flags, "written": st.written,
     }
+    if st.launch_choice is not None:  # the options the launch left to the model, as it chose them
+        meta["launch_model"] = dict(st.launch_choice.values)
     return files, meta
 
 

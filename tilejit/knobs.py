@@ -99,6 +99,13 @@ def mma_overlap() -> bool:
     return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def launch_model() -> bool:
+    """TILEJIT_LAUNCH_MODEL=0: a launch that leaves its pipeline unsaid (no ``num_stages``) gets the fixed defaults
+    (3 stages, no warp specialization, not persistent) instead of what ``passes.launch_model`` chooses; for
+    comparing the two (``python -m benchmarks.launch_model``)."""
+    return os.environ.get("TILEJIT_LAUNCH_MODEL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def compile_workers() -> int:
     """TILEJIT_COMPILE_WORKERS: processes used to compile autotune configs (default: all cores)."""
     value = os.environ.get("TILEJIT_COMPILE_WORKERS", "").strip()

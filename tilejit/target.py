@@ -161,6 +161,8 @@ class OptionSpec:
     bare_in_key: bool = False
     # set, it changes the kernel on sm_90a only (elsewhere it is accepted and has no effect)
     sm90a_only: bool = False
+    # the compiler's launch model chooses it for a launch that gives neither it nor num_stages (passes/launch_model.py)
+    modelled: bool = False
 
 
 _OPTION = "tilejit.launch_option"  # the metadata key of a field's OptionSpec
@@ -182,7 +184,8 @@ class LaunchOptions:
     num_warps: int = launch_option(4, one_of(VALID_WARPS), "warps per program: threads = 32 x num_warps",
                                    reserved=True)
     num_stages: int = launch_option(
-        3, int_at_least(1), "the pipeline depth of T.range loops that do not give stages=", reserved=True)
+        3, int_at_least(1), "the pipeline depth of T.range loops that do not give stages=", reserved=True,
+        modelled=True)
     split_k: int = launch_option(
         1, one_of(VALID_SPLIT_K, "the programs of one thread-block cluster"),
         "the K loop of a GEMM-like kernel cut over that many programs of one thread-block cluster, their partial "
@@ -191,12 +194,12 @@ class LaunchOptions:
         False, FLAG,
         "the pipelined main loops that qualify get a producer warpgroup issuing their TMA loads while the "
         "num_warps warps only compute; a loop's own T.range(..., warp_specialize=) overrides it; see "
-        "passes/warp_specialize.py", sm90a_only=True)
+        "passes/warp_specialize.py", sm90a_only=True, modelled=True)
     persistent: bool = launch_option(
         False, FLAG,
         "a warp-specialized kernel runs as one program per SM walking the grid's programs, so the producer loads "
         "the next tile while the math warps finish this one; warp-specializes loops that do not say",
-        implies="warp_specialize", sm90a_only=True)
+        implies="warp_specialize", sm90a_only=True, modelled=True)
     pingpong: bool = launch_option(
         False, FLAG,
         "a persistent kernel whose block holds two groups of num_warps warps, each running its own programs from "
@@ -233,6 +236,11 @@ class LaunchOptions:
     def reserved_names(cls) -> tuple[str, ...]:
         """The options always listed, whose names no kernel parameter may take (``OptionSpec.reserved``)."""
         return tuple(f.name for f, spec in _declared(cls) if spec.reserved)
+
+    @classmethod
+    def modelled_names(cls) -> tuple[str, ...]:
+        """The options the launch model chooses where the launch leaves them unsaid (``OptionSpec.modelled``)."""
+        return tuple(f.name for f, spec in _declared(cls) if spec.modelled)
 
     @classmethod
     def spec(cls, name: str) -> OptionSpec:

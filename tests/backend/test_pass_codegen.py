@@ -169,7 +169,9 @@ def test_sm90a_two_warpgroups(compiled):
         CHECK: tj.gemm {{.*}}impl = wgmma_m64nNk16} : tile<128x256xf32, reg, #wgmma<warpgroups=2>>
     """)
     body = kernel_body(c.asm["cuda"])
-    assert "__launch_bounds__(256)" in body
+    # a launch without num_stages: the launch model warp-specializes this one-block-per-SM tile (a producer
+    # warpgroup beside the 8 math warps; passes/launch_model.py)
+    assert "__launch_bounds__(384, 1)" in body
     assert body.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 4  # 4 k16 steps x 1 slab
 
 

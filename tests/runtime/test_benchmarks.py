@@ -287,7 +287,7 @@ def test_table_rows_report_fail_and_ratios():
     assert good[5:7] == ["0.50", "1.25"]
 
 
-@pytest.mark.parametrize("module", ["benchmarks.matmul", "benchmarks.launch"])
+@pytest.mark.parametrize("module", ["benchmarks.matmul", "benchmarks.launch", "benchmarks.launch_model"])
 def test_cli_help_without_gpu(module):
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, env=env, capture_output=True,

@@ -223,8 +223,13 @@ def test_float_values_share_a_key(recorder):
     assert scale_key(s=0.5) == scale_key(s=-3.0) == scale_key(s=1.0)
 
 
-def test_explicit_default_launch_options_share_the_default_key(recorder):
+def test_explicit_default_launch_options_share_the_default_key(recorder, monkeypatch):
+    """With the launch model off; with it on, a launch that leaves its pipeline unsaid is told apart (the model
+    may choose other values: passes/launch_model.py), and one that gives num_stages is not."""
     defaults = jit.LAUNCH_OPTIONS
+    assert scale_key(**defaults) != scale_key()
+    assert scale_key(**defaults) == scale_key(num_stages=defaults["num_stages"])
+    monkeypatch.setenv("TILEJIT_LAUNCH_MODEL", "0")
     assert scale_key(**defaults) == scale_key()
 
 

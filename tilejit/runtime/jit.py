@@ -24,6 +24,7 @@ from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorListSpec, TensorSpec
+from ..passes import launch_model
 from ..target import LaunchOptions, Target
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
@@ -220,7 +221,9 @@ class Kernel:
             else:
                 specs[name] = _scalar_spec(name, value)
         spec = Specialization(self.__name__, self.parsed, self.source_hash(),
-                              tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts)
+                              tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts,
+                              # (an option a parameter shadows is not this kernel's: fixed, as if given)
+                              given=frozenset(options).union(set(LAUNCH_OPTIONS).difference(self._options)))
         return BoundCall(values, spec)
 
     def key_material(self, call: BoundCall, target: str) -> dict[str, Any]:
@@ -301,8 +304,9 @@ class Kernel:
 
     def _compile_call(self, call: BoundCall, arch: Any, device_index: int | None, stop_after: str | None):
         options = call.options
-        target = Target(resolve_arch(arch, device_index), options,
-                        sm_count=_sm_count(device_index) if options.walks_grid else 0)  # one program per SM
+        target = Target(resolve_arch(arch, device_index), options)
+        if options.walks_grid or launch_model.may_walk_grid(target, call.spec.given):  # one program per SM
+            target = Target(target.arch, options, sm_count=_sm_count(device_index))
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
             return compiler.compile(call.spec, target, stop_after=stop_after)
