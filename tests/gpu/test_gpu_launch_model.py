@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tilejit
-from benchmarks.kernels import attention_fwd, matmul
+from benchmarks.kernels import attention_one_loop, matmul
 from tilejit.passes.launch_model import choose, loop_shape
 from tilejit.runtime.launch import resolve_arch
 
@@ -86,9 +86,9 @@ def test_attention_forward_without_options(d, causal, tile):
     o = torch.full_like(q, float("nan"))
     scale = 1.0 / math.sqrt(d)
     kw = dict(BM=bm, BN=bn, D=d, CAUSAL=causal, num_warps=warps)
-    compiled = attention_fwd.compile(q, k, v, o, scale, **kw)
-    assert compiled.meta["launch_model"] == _expected(attention_fwd, (q, k, v, o, scale), kw)
-    attention_fwd[(tilejit.cdiv(seq, bm), batch * heads)](q, k, v, o, scale, **kw)
+    compiled = attention_one_loop.compile(q, k, v, o, scale, **kw)
+    assert compiled.meta["launch_model"] == _expected(attention_one_loop, (q, k, v, o, scale), kw)
+    attention_one_loop[(tilejit.cdiv(seq, bm), heads, batch)](q, k, v, o, scale, **kw)
     torch.cuda.synchronize()
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
     assert not torch.isnan(o).any()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tilejit
-from benchmarks.kernels import attention_fwd, matmul
+from benchmarks.kernels import attention_one_loop, matmul
 from tilejit import compiler
 from tilejit.passes import launch_model
 from tilejit.passes.launch_model import LoopShape, blocks_per_sm, choose, loop_shape
@@ -33,7 +33,7 @@ def _matmul(dtype, bm, bn, bk16, warps, arch, **options):
 
 def _attention(d, bm, bn, warps, arch, causal=False, stop_after="passes", **options):
     q = torch.empty(4, 16, 4096, d, dtype=torch.bfloat16, device="meta")
-    return attention_fwd.compile(q, q, q, q, 0.125, BM=bm, BN=bn, D=d, CAUSAL=causal, num_warps=warps, arch=arch,
+    return attention_one_loop.compile(q, q, q, q, 0.125, BM=bm, BN=bn, D=d, CAUSAL=causal, num_warps=warps, arch=arch,
                                  stop_after=stop_after, **options)
 
 
@@ -103,7 +103,7 @@ def test_loop_shape_of_the_attention_forward():
     from tilejit.compiler import run_stages
 
     q = torch.empty(2, 2, 256, 128, dtype=torch.bfloat16, device="meta")
-    spec = attention_fwd.bind((q, q, q, q, 0.5), dict(BM=128, BN=64, D=128, CAUSAL=True, num_warps=8)).spec
+    spec = attention_one_loop.bind((q, q, q, q, 0.5), dict(BM=128, BN=64, D=128, CAUSAL=True, num_warps=8)).spec
     shape = loop_shape(run_stages(spec, None, "ir").fn)
     assert shape.stage_bytes == 2 * 64 * 128 * 2 and shape.other_shared_bytes == 128 * 128 * 2  # K, V; Q once
     # carried acc, m_i, l_i, and the scores s beside them (p @ v accumulates into acc * alpha in place)
