@@ -210,6 +210,7 @@ class Stages:
     stream_k_slot_bytes: int = 0        # a stream-K program's share of the partial-sum workspace (lower_split_k)
     stream_k_flags: int = 0             # and its flags
     launch_choice: Any = None           # what the launch model chose for the options left to it (launch_model.Choice)
+    unmodelled_target: Any = None       # the target before the model chose (a pass rerun chooses from it again)
     explicit_stages: int = 0            # the deepest ring a T.range(stages=) of the kernel asks for
     ptx: str | None = None
     cubin: bytes | None = None
@@ -246,8 +247,11 @@ def _passes_stage(st: Stages) -> None:
     from .ir import OpKind
 
     st.explicit_stages = max([op.attrs.stages or 0 for op in st.fn.walk() if op.kind is OpKind.FOR] + [0])
-    # (the options the launch left unsaid, chosen once: the target that comes back has none left)
-    target, choice = launch_model.resolve(st.fn, st.target, st.spec.given)
+    # (the options the launch left unsaid, chosen from the target as the launch gave it: when the passes run
+    # again for a shallower ring, the choice is made again from that target, not from the one it made)
+    if st.unmodelled_target is None:
+        st.unmodelled_target = st.target
+    target, choice = launch_model.resolve(st.fn, st.unmodelled_target, st.spec.given)
     if choice is not None:
         st.target, st.launch_choice = target, choice
     run_passes(st.fn, st.target)

@@ -194,3 +194,23 @@ def test_an_explicit_depth_cut_to_fit_still_warns():
     with pytest.warns(RuntimeWarning, match="a pipeline of 6 stages needs"):
         matmul.kernel.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=6, arch="sm_90a",
                               stop_after="cuda")
+
+
+@pytest.mark.parametrize("dtype", ["tf32", "fp8"])
+def test_a_ring_cut_to_fit_keeps_the_models_choice(dtype, monkeypatch):
+    """When the emitted kernel needs more shared memory than the model's estimate (the transposing copy of an
+    MN-major 8-bit operand) the passes run again for a shallower ring; the model then chooses again from the
+    launch's own options, not from the target it had already chosen (which read as a launch that
+    warp-specializes, and dropped the warp specialization)."""
+    monkeypatch.setenv("TILEJIT_ALWAYS_COMPILE", "1")
+    dt = DTYPES[dtype]
+    a = torch.empty(1000, 520, dtype=dt, device="meta")
+    b = torch.empty(520, 904, dtype=dt, device="meta")
+    c = torch.empty(1000, 904, dtype=torch.float32, device="meta")
+    kw = dict(BM=256, BN=128, BK=64 * 2 // dt.itemsize, num_warps=8)
+    compiled = matmul.kernel.compile(a, b, c, arch="sm_90a", **kw)
+    frontend = compiler.run_stages(matmul.kernel.bind((a, b, c), dict(kw)).spec, None, "ir").fn
+    expected = choose(loop_shape(frontend), Arch.parse("sm_90a"), 8).values
+    assert expected["warp_specialize"] and compiled.meta["launch_model"] == expected
+    if dtype == "tf32":  # (fp8's loop with its transposing copy does not qualify for the producer warpgroup)
+        assert "setmaxnreg" in compiled.asm["cuda"]
