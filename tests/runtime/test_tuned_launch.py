@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import types
 import uuid
+import warnings
 
 import pytest
 
@@ -307,3 +308,21 @@ def test_warnings_of_compile_name_its_line_through_a_helper_of_the_users(tmp_pat
         build()
     (warning,) = [w for w in caught if "a pipeline of" in str(w.message)]
     assert (warning.filename, warning.lineno) == (__file__, lines[0])
+
+
+def test_a_warning_located_in_code_without_a_module_spec(monkeypatch):
+    """A call site in code that torch.compile generates (its globals have no ``__spec__.loader``): the warning is
+    still located there, not a ValueError from ``warnings.warn_explicit``."""
+    from tilejit import errors
+
+    generated = {"__name__": "torch_compiled_graph"}
+    exec(compile("import sys\nframe = sys._getframe()\n", "<eval_with_key>.7", "exec"), generated)
+    monkeypatch.setattr(errors, "_user_frame", lambda site: generated["frame"])
+    token = errors._CALL_SITE.set(object())
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            errors.warn_user("tilejit: a pipeline of 2 stages ...")
+    finally:
+        errors._CALL_SITE.reset(token)
+    assert [(w.filename, w.lineno) for w in caught] == [("<eval_with_key>.7", 2)]
