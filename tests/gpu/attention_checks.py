@@ -38,5 +38,7 @@ def check_grad(got, want, name):
     # does) and the results once more when stored: each a relative error up to 2^-8 (bf16) per term, summed
     # in float32. Gradients mix terms of both signs, so the bound is taken relative to the tensor's scale.
     assert not torch.isnan(got).any(), f"{name}: some gradients were never written"
-    scale = want.abs().max().item()
+    # A gradient that is zero in exact arithmetic (dQ where each query sees one key: softmax is 1 and dS = 0) is
+    # rounding noise in the kernels: its floor is 1e-3 of a unit-scale gradient's.
+    scale = max(want.abs().max().item(), 1e-3)
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=1e-2 * scale, msg=lambda m: f"{name}: {m}")
