@@ -102,7 +102,12 @@ def test_fused_epilogue_and_repeated_launches(mode):
 @pytest.mark.parametrize("kind", ["fp8", "int8", "tf32"])
 @pytest.mark.parametrize("mode", ["ws", "persistent"])
 def test_other_dtypes(mode, kind, shape):
-    check_lowp_launch(kind, shape, dict(num_warps=4, num_stages=4, cluster=2, **MODES[mode]), _clustered)
+    # One warpgroup owning all 128 rows of a warp-specialized fp8 tile has no registers left for the precise mode's
+    # promotion temporaries (it spills; the autotune space leaves that config out of precise fp8, see
+    # configs.promotion_fits): the clusters are checked on the fast loop there. test_gpu_fp8_precision checks the
+    # precise loop's forms.
+    fast = dict(PRECISION="fast") if kind == "fp8" and mode == "ws" else {}
+    check_lowp_launch(kind, shape, dict(num_warps=4, num_stages=4, cluster=2, **MODES[mode], **fast), _clustered)
 
 
 @pytest.mark.parametrize("causal", [False, True])
