@@ -150,8 +150,11 @@ class Wgmma(GemmLowering):
     def emit(self, em: Emitter, op: Op) -> None:
         a, b, acc = op.operands
         out = op.result
-        layout: WgmmaLayout = out.type.layout
-        m, n, k = _mnk(op)
+        # the instruction's operands: A (whatever setup_a makes of it), B's tile (a descriptor), and the
+        # accumulator's layout as the instruction writes it (M x N of the instruction)
+        a, b, b_k_major = self.instruction_operands(op)
+        layout: WgmmaLayout = self.instruction_layout(out.type.layout)
+        m, n, k = layout.shape[0], layout.shape[1], _mnk(op)[2]
         ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
         k_atom = 32 // a.dtype.itemsize
         integer = out.dtype == D.int32
@@ -166,7 +169,7 @@ class Wgmma(GemmLowering):
             em.alias(out, name)
         else:
             name = em.declare_tile(out)
-        em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
+        em.comment(op, f"gemm {'x'.join(map(str, _mnk(op)))} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
                        f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
                    + (", left in flight" if ring else ""))
         if ring is None:
@@ -174,11 +177,11 @@ class Wgmma(GemmLowering):
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
         a_mn_major = op.attrs.transpose_a
-        self.setup_a(em, a, layout, a_mn_major)
+        self.setup_a(em, op, a, layout, a_mn_major)
         em.line(f"const unsigned tj_b = {sb.base()};")
         # One descriptor per operand; each k step adds its offset >> 4 to the start-address field (the field
         # cannot carry: shared addresses stay below 2^18), instead of encoding a descriptor per instruction.
-        em.line(f"const uint64_t tj_bdesc = {descriptor_call('tj_b', sb.layout, b_fields(sb.layout, 0, _b_k_major(op))[1])};")
+        em.line(f"const uint64_t tj_bdesc = {descriptor_call('tj_b', sb.layout, b_fields(sb.layout, 0, b_k_major)[1])};")
         d_name, d_regs = name, layout.regs
         if f16_acc:  # the accumulator as f16x2 registers, packed before the fence and unpacked after the wait
             d_name, d_regs = "tj_h", layout.regs // 2
@@ -189,9 +192,9 @@ class Wgmma(GemmLowering):
         em.line("tj_wgmma_fence();  // the accumulator registers were written by ordinary instructions")
         half = n // 4 if f16_acc else n // 2  # accumulator registers per slab
         for kk in range(k // k_atom):
-            b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, _b_k_major(op))[0])
+            b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, b_k_major)[0])
             for s in range(layout.slabs):
-                a_ins = self.a_operands(em, a, kk, s, layout, a_mn_major)
+                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major)
                 a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 \
                     else f"%{half}"
                 nb, np = half + len(a_ins), half + len(a_ins) + 1  # B descriptor, scale-d predicate source
@@ -199,7 +202,7 @@ class Wgmma(GemmLowering):
                 operands = ", ".join(f'"+{con}"({d_name}[{s * half + r}])' for r in range(half))
                 shape = f"m64n{n}k{k_atom}"
                 if a.dtype in (D.float16, D.bfloat16):
-                    trans_b = 0 if _b_k_major(op) else 1
+                    trans_b = 0 if b_k_major else 1
                     # register A has no transpose immediate
                     trans = f"{int(a_mn_major)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
                     td = "f16" if f16_acc else "f32"
@@ -234,7 +237,15 @@ class Wgmma(GemmLowering):
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""
 
-    def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
+    def instruction_operands(self, op: Op):
+        """(operand A, operand B's shared tile, whether B is K-major) as the instruction reads them."""
+        return op.operands[0], op.operands[1], _b_k_major(op)
+
+    def instruction_layout(self, acc_layout) -> WgmmaLayout:
+        """The accumulator as the instruction writes it, from the gemm's result layout (the same here)."""
+        return acc_layout
+
+    def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
         """The descriptor of this warpgroup's first slab of A (``tj_adesc``); slabs and k steps add to it."""
         sa = em.shared[a.id]
         # warp-uniform by construction; through a shuffle ptxas can prove it and keep the descriptors in uniform
@@ -250,7 +261,7 @@ class Wgmma(GemmLowering):
         """Bytes from one 64-row slab of A to the next: a 64-column panel (M-major), or 64 rows (K-major)."""
         return lay.panel_bytes if mn_major else 64 * lay.row_pitch
 
-    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
+    def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
         K x M, each 64-row slab one 64-column panel)."""
