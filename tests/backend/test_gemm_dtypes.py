@@ -52,9 +52,9 @@ DISPATCH = [
     ((torch.int8, torch.int8), T.int32, None, "nt", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ((torch.int8, torch.int8), T.int32, None, "tn", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ((torch.float32,) * 2, T.float32, None, "nt", "sm_90a", "wgmma_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-    # MN-major f32 operands are read into registers as the instruction's A (lower_wgmma_mn; "tn": B copied K-major)
+    # an MN-major f32 operand is read into registers as the instruction's A (lower_wgmma_mn); both MN-major: copied
     ((torch.float32,) * 2, T.float32, "tf32", "nn", "sm_90a", "wgmma_mn_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-    ((torch.float32,) * 2, T.float32, "tf32", "tn", "sm_90a", "wgmma_mn_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ((torch.float32,) * 2, T.float32, "tf32", "tn", "sm_90a", "wgmma_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
     ((torch.float32,) * 2, T.float32, "tf32", "nn", "sm_80", "mma_sync_m16n8k8_tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ((torch.float32,) * 2, T.float32, "tf32", "tn", "sm_80", "mma_sync_m16n8k8_tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ((torch.float32,) * 2, T.float32, "tf32x3", "nt", "sm_90a", "mma_sync_m16n8k8_tf32x3", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),

@@ -6,7 +6,8 @@ instruction's A, loaded per lane with ordinary shared loads out of its swizzled 
 operand stays a shared-memory descriptor (the instruction's B):
 
 * A given K x M (``transpose_a``), B given N x K: the MN-major operand is already A. The accumulator is the
-  usual ``WgmmaLayout``.
+  usual ``WgmmaLayout``. (With both operands MN-major, ``passes/transpose_operands.py`` copies both K-major for
+  the descriptor lowering instead: a copy beside the gathered fragment spills at 128x256.)
 * A given M x K, B given K x N (the DESIGN matmul's own layout): the product is computed transposed,
   ``C^T = B^T A^T``: the instruction's A is ``B^T`` (N x K, from B's K x N tile), its B is ``A`` (its M rows of
   K, K-major: exactly wgmma's K-major B), and the instruction's N is the tile's M. The accumulator holds ``C^T``
@@ -59,6 +60,7 @@ class WgmmaRegisterMN(Wgmma):
     """``wgmma.mma_async.m64nNk8.f32.tf32.tf32`` with A's fragment gathered from an MN-major shared tile."""
 
     in_flight = False  # A's registers are rewritten each iteration: the gemm completes in its own iteration
+    gathers_mn_major = True  # with both operands MN-major, both are copied K-major instead (passes.transpose_operands)
     a_note = ", A from registers (gathered from its MN-major tile)"
 
     def acc_layout(self, op: Op, target: Target):
