@@ -369,9 +369,6 @@ class GemmLowering(ABC):
     register_a: bool = False
     #: The name of the shared-A lowering whose pin (``TILEJIT_GEMM_LOWERING``) admits this register-A form too.
     register_a_of: str | None = None
-    #: An asynchronous lowering's groups may stay in flight across the iterations of a pipelined loop
-    #: (``passes.software_pipeline.mma_family``); False where registers they read are rewritten each iteration.
-    in_flight: bool = True
     #: Reads an MN-major operand itself, gathering its fragment from the shared tile: ``passes.transpose_operands``
     #: copies no operand for it (a copy's code beside the gathered fragment's registers spills).
     gathers_mn_major: bool = False

@@ -18,7 +18,7 @@ import torch
 
 from _lowering import kernel_body, lower
 from filecheck import filecheck
-from kernels import matmul, matmul_any
+from kernels import matmul, matmul_any, matmul_staged
 
 import tilejit.language as T
 from tilejit.configs import matmul_configs
@@ -187,27 +187,101 @@ def test_k_major_operands_keep_the_descriptor_lowering():
     assert _gemm(fn).attrs.impl == "wgmma_m64nNk8_tf32" and "tj_fa" not in cuda
 
 
+def _gemm_block(cuda: str) -> str:
+    body = kernel_body(cuda)
+    start = body.index("// gemm ")
+    return body[start:body.index("}\n", body.index("tj_wgmma_commit();\n", body.rindex("tj_fa[", 0, len(body))))]
+
+
+def _events(block: str) -> list[tuple]:
+    """The gemm's fragment loads, instructions (the fragment registers they read), commits, waits and release,
+    in order (a wait split over two asm statements for its operands counts once)."""
+    events: list[tuple] = []
+    for line in block.splitlines():
+        if m := re.search(r"tj_fa\[(\d+)\] = ", line):
+            events.append(("load", int(m.group(1))))
+        elif "wgmma.mma_async" in line:
+            events.append(("mma", set()))
+        elif '"r"(__float_as_uint(tj_fa[' in line:
+            events[-1][1].update(int(x) for x in re.findall(r"tj_fa\[(\d+)\]", line))
+        elif "tj_wgmma_commit();" in line:
+            events.append(("commit",))
+        elif m := re.search(r"wgmma\.wait_group\.sync\.aligned (\d+);", line):
+            if not events or events[-1] != ("wait", int(m.group(1))):
+                events.append(("wait", int(m.group(1))))
+        elif "tj_mbar_arrive" in line:
+            events.append(("release",))
+    return events
+
+
+def _replay_groups(events: list[tuple], iterations: int = 4) -> None:
+    """Runs the gemm's events for several iterations of the loop that leaves it in flight: no fragment register is
+    loaded while a pending or open instruction reads it, and at the slot's release no group of the previous
+    iteration is pending (groups complete in commit order; ``wait N`` leaves the newest N pending)."""
+    pending: list[tuple[int, set]] = []  # (iteration, registers read) of each committed, incomplete group
+    for it in range(iterations):
+        open_group: set = set()
+        for event in events:
+            if event[0] == "load":
+                assert all(event[1] not in regs for _, regs in pending), (it, event)
+                assert event[1] not in open_group
+            elif event[0] == "mma":
+                open_group |= event[1]
+            elif event[0] == "commit":
+                pending.append((it, open_group))
+                open_group = set()
+            elif event[0] == "wait":
+                pending = pending[len(pending) - event[1]:] if event[1] else []
+            elif event[0] == "release":
+                assert all(i == it for i, _ in pending), (it, [i for i, _ in pending])
+        assert not open_group
+
+
 @pytest.mark.parametrize("options", [{}, dict(warp_specialize=True), dict(persistent=True)],
                          ids=["plain", "ws", "persistent"])
-def test_generated_code(options):
+def test_in_flight_loop_commits_each_k_step_and_waits_before_reloading_its_registers(options):
     fn, cuda = _design(128, 256, 32, 8, num_stages=3, **options)
     loop = next(op for op in fn.walk() if op.kind.mnemonic == "for")
-    assert not loop.attrs.async_mma  # the registers are loaded again each iteration: nothing left in flight
+    assert loop.attrs.async_mma == "wgmma"
     if options:
         assert loop.attrs.producer_warpgroup
-    filecheck(kernel_body(cuda), r"""
-        CHECK-NOT: transposing copy
+    block = _gemm_block(cuda)
+    filecheck(block, r"""
         CHECK: gemm 128x256x32 on wgmma.m64n128k8 (2 warpgroup(s), 2 slab(s) of 64 rows each), A from registers
+        CHECK-SAME: left in flight
+        CHECK: wgmma.wait_group.sync.aligned 3;
         CHECK: tj_fa[0] = *reinterpret_cast<const float*>(tj_fsrc + tj_h
         CHECK: tj_wgmma_fence();
         CHECK: wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {{\{%0, .*\}, \{%64, %65, %66, %67\}, %68, p, 1, 1;}}
+        CHECK: tj_wgmma_commit();  // one group per k step
+        CHECK-NEXT: wgmma.wait_group.sync.aligned 3;
         CHECK: tj_fa[8] = *reinterpret_cast<const float*>(tj_fsrc + tj_h{{\d+}} + 1024);
-        CHECK-NEXT: tj_fa[9]
         CHECK: tj_wgmma_fence();  // this step's A registers were written by ordinary loads
-        CHECK: tj_wgmma_commit();
-        CHECK: wgmma.wait_group.sync.aligned 0;
-        CHECK-NOT: transposing copy
+        CHECK: release its slot
+        CHECK-NOT: wgmma.wait_group
+        CHECK: tj_mbar_arrive
     """)
+    assert "transposing copy" not in cuda
+    events = _events(block)
+    assert sum(e[0] == "commit" for e in events) == 4 and sum(e[0] == "mma" for e in events) == 8
+    _replay_groups(events)
+
+
+def test_group_replay_catches_a_missing_wait():
+    """The replay above fails on the same events with the waits taken out (a register reloaded in flight)."""
+    events = [e for e in _events(_gemm_block(_design(128, 256, 32, 8, num_stages=3)[1])) if e[0] != "wait"]
+    with pytest.raises(AssertionError):
+        _replay_groups(events)
+
+
+def test_loop_not_left_in_flight_commits_once_and_waits_at_the_end():
+    fn, cuda = lower(matmul_staged, _meta(1024, 1024), _meta(1024, 1024), _meta(1024, 1024), BM=128, BN=256, BK=32,
+                     num_warps=8, num_stages=1, arch="sm_90a")
+    assert _gemm(fn).attrs.impl == "wgmma_mn_m64nNk8_tf32"
+    block = _gemm_block(cuda)
+    events = _events(block)
+    assert [e for e in events if e[0] in ("commit", "wait")] == [("commit",), ("wait", 0)]
+    assert events.index(("commit",)) > max(i for i, e in enumerate(events) if e[0] == "mma")
 
 
 def test_pinned_descriptor_lowering_keeps_the_transposing_copy(monkeypatch):

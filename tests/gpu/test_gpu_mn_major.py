@@ -13,7 +13,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from kernels import matmul, matmul_any
+from kernels import matmul, matmul_any, matmul_staged
 
 pytestmark = pytest.mark.gpu
 
@@ -116,3 +116,19 @@ def test_agrees_with_the_transposing_copy(monkeypatch):
         ir = matmul.compile(a, b, c, BM=128, BN=256, BK=32, num_warps=8).asm["ir"]
         assert ("transpose_copy" in ir) == (pin is not None)
         _check(c, a, b)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_unpipelined_and_other_ring_depths(stages):
+    """One stage (the gemm commits one group and completes in its iteration) and rings of 2 and 4 slots (left in
+    flight: one group per k step, each waited for before its registers are loaded again)."""
+    _sm90()
+    m, n, k = 333, 520, 1000
+    torch.manual_seed(stages)
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.full((m, n), float("nan"), device="cuda")
+    kw = dict(BM=128, BN=256, BK=32, num_warps=8, num_stages=stages)
+    matmul_staged[(tilejit.cdiv(m, 128), tilejit.cdiv(n, 256))](a, b, c, **kw)
+    torch.cuda.synchronize()
+    _took_register_form(matmul_staged, a, b, c, **kw)
+    _check(c, a, b)

@@ -215,12 +215,11 @@ class Wgmma(GemmLowering):
                 em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
                 em.line(f'    : {operands}')
                 em.line(f'    : {ins}, "l"({b_desc}), "r"(1));')
+            self.after_step(em, op, kk, k // k_atom)
         em.line("tj_wgmma_commit();")
         if ring is not None:
             if op is ring.gemms[-1] and ring.settle:
-                # this iteration's groups may stay pending; the previous iteration's are complete
-                wait_group(em, len(ring.gemms), name, layout.regs, integer)
-                ring.release()
+                self.settle(em, ring, name, layout, integer)
             em.close()
             return
         # e.g. the next tiles' cp.async while the tensor cores work; a deferred gemm's issue leaves its group pending
@@ -233,6 +232,16 @@ class Wgmma(GemmLowering):
             em.line(f"{name}[2 * i + 1].bits = (unsigned short)(tj_h[i] >> 16);")
             em.close()
         em.close()
+
+    def after_step(self, em: Emitter, op: Op, kk: int, steps: int) -> None:
+        """After the instructions of k step ``kk`` (one commit group for them all, after the last, here)."""
+
+    def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
+        """The last gemm of a loop left in flight: wait until only this iteration's groups are pending (one per
+        gemm), then hand iteration -1's slot back (``ring.release``)."""
+        # this iteration's groups may stay pending; the previous iteration's are complete
+        wait_group(em, len(ring.gemms), name, layout.regs, integer)
+        ring.release()
 
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""

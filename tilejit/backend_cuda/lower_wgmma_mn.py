@@ -24,10 +24,13 @@ panels). In a warp the 8 lanes of one t read 32 consecutive bytes of one row; th
 
 Each k step's fragment is loaded into its own registers (``steps x slabs x 4`` per thread, 16 at BK = 32 and one
 slab) just before that step's wgmma, behind a ``wgmma.fence``, so the loads of step ``kk + 1`` overlap the
-tensor cores' work on step ``kk`` and no register an issued wgmma reads is written before the gemm's wait. For
-that the gemm never stays in flight across loop iterations (``in_flight = False``: the loop waits for it at the
-end of each iteration, and a warp-specialized loop releases the slot after that wait, once the fragment loads are
-long complete).
+tensor cores' work on step ``kk``. A register an issued wgmma reads must not be written before a wait covers
+that wgmma (PTX ISA 9.7.15.5.2), so in a loop that leaves its gemms in flight (``Emitter.async_mma``) each k step
+commits its own group, and before loading step ``kk`` the gemm waits until at most ``steps - 1`` groups are
+pending: the previous iteration's step ``kk``, which read the same registers, is then complete, while the steps
+after it keep the tensor cores busy across the iteration boundary. The wait before the last step leaves every
+group of the previous iteration complete, so its slot is handed back (``AsyncMma.release``) with no further
+wait. Elsewhere the gemm commits one group and the loop waits for it as for any wgmma.
 
 Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk8_tf32`` keeps the transposing shared-memory copy
 (``passes/transpose_operands.py``) instead, for comparison.
@@ -40,7 +43,7 @@ from ..ir.layouts import CExpr, PermutedLayout, SharedLayout, WgmmaLayout, c_tex
 from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _mnk, _operand_dtypes, _precision
-from .lower_wgmma import Wgmma, swizzled_rows
+from .lower_wgmma import Wgmma, swizzled_rows, wait_group
 
 #: 32-bit elements per fragment register and k8 step of the tf32 instruction's A (a0..a3).
 _FRAGMENT_REGS = 4
@@ -59,7 +62,6 @@ def _instruction_mn(op: Op) -> tuple[int, int]:
 class WgmmaRegisterMN(Wgmma):
     """``wgmma.mma_async.m64nNk8.f32.tf32.tf32`` with A's fragment gathered from an MN-major shared tile."""
 
-    in_flight = False  # A's registers are rewritten each iteration: the gemm completes in its own iteration
     gathers_mn_major = True  # with both operands MN-major, both are copied K-major instead (passes.transpose_operands)
     a_note = ", A from registers (gathered from its MN-major tile)"
 
@@ -75,19 +77,34 @@ class WgmmaRegisterMN(Wgmma):
         return (b, a, True) if _swapped(op) else (a, b, True)
 
     def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
-        """The thread's fragment offsets (k step 0, slab 0) in the MN-major tile, and step 0's registers."""
-        steps = _mnk(op)[2] // 8
+        """The fragment registers (each k step's own) and step 0's loads."""
         em.line(f"const unsigned char* const tj_fsrc = {em.shared[a.id].pointer()};")
-        em.line(f"float tj_fa[{steps * layout.slabs * _FRAGMENT_REGS}];  // A's fragment, each k step's own")
-        self._load_step(em, a, 0, layout)
+        em.line(f"float tj_fa[{_steps(op) * layout.slabs * _FRAGMENT_REGS}];  // A's fragment, each k step's own")
+        self._start_step(em, op, a, 0, layout)
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         if s == 0 and kk > 0:
-            self._load_step(em, a, kk, layout)
+            self._start_step(em, op, a, kk, layout)
             em.line("tj_wgmma_fence();  // this step's A registers were written by ordinary loads")
         first = (kk * layout.slabs + s) * _FRAGMENT_REGS
         return [("r", f"__float_as_uint(tj_fa[{first + r}])") for r in range(_FRAGMENT_REGS)]
+
+    def after_step(self, em: Emitter, op: Op, kk: int, steps: int) -> None:
+        if _in_flight(em, op) and kk < steps - 1:  # (the last step's group is committed after the loop)
+            em.line("tj_wgmma_commit();  // one group per k step: its registers are free once it completes")
+
+    def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
+        # the wait before this iteration's last step left at most its own earlier steps pending: every group of
+        # the previous iteration is complete
+        ring.release()
+
+    def _start_step(self, em: Emitter, op: Op, a, kk: int, layout: WgmmaLayout) -> None:
+        """In a loop left in flight, wait for the previous iteration's step ``kk`` (``steps - 1`` groups committed
+        after it may stay pending), whose instructions read the registers about to be loaded; then the loads."""
+        if _in_flight(em, op):
+            wait_group(em, _steps(op) - 1, em.name(op.result), layout.regs, False)
+        self._load_step(em, a, kk, layout)
 
     @staticmethod
     def _load_step(em: Emitter, a, kk: int, layout: WgmmaLayout) -> None:
@@ -100,6 +117,15 @@ class WgmmaRegisterMN(Wgmma):
                 at = kk * 8 * lay.row_pitch + slab
                 em.line(f"tj_fa[{(kk * layout.slabs + s) * _FRAGMENT_REGS + r}] = "
                         f"*reinterpret_cast<const float*>(tj_fsrc + {off}{f' + {at}' if at else ''});")
+
+
+def _steps(op: Op) -> int:
+    return _mnk(op)[2] // 8
+
+
+def _in_flight(em: Emitter, op: Op) -> bool:
+    """The gemm is left in flight by its loop (``Emitter.async_mma``): one commit group per k step."""
+    return em.async_mma is not None and em.async_mma.owns(op)
 
 
 def fragment_coords(tid, r: int):

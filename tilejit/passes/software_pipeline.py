@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import dtypes as D
-from ..target import REGISTRY, Target
+from ..target import Target
 from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
 from ..ir.layouts import SharedLayout
 from ..ir.rewrite import use_counts
@@ -128,6 +128,4 @@ def mma_family(op: Op) -> str | None:
     impl = op.attrs.impl or ""
     if impl.startswith("wgmma") and op.result.dtype == D.float16:
         return None  # its f16x2 registers are packed around each product: never left in flight
-    if impl and not REGISTRY.get("gemm", impl).payload.in_flight:
-        return None  # e.g. operand A's registers, loaded again each iteration (lower_wgmma_mn)
     return next((f for f in ("wgmma", "tcgen05") if impl.startswith(f)), None)
