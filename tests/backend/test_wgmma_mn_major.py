@@ -5,8 +5,10 @@ fragment gathered from B's swizzled K x N tile, its B is A's K-major tile, and t
 layout with its dims swapped. The generated fragment loads are replayed here thread by thread against the shared
 tile's layout: every register must hold the element the PTX fragment of A puts there, each instruction must read
 the registers and the descriptor of one k step, and the result layout must map every register to the transposed
-coordinates of the instruction's accumulator. Then: no transposing copy, no shrunk ring in the default tf32
-autotune space, cubins without spills or serialized wgmma, and the other arches unchanged.
+coordinates of the instruction's accumulator. The commits, waits and fragment loads are replayed over several
+iterations: no register is reloaded while an instruction that reads it may be pending. Then: no transposing copy,
+no shrunk ring in the default tf32 autotune space, cubins without spills or serialized wgmma, and the other arches
+unchanged.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def _py(expr: str) -> str:
     return expr.replace("/", "//")
 
 
-def _replay_fragments(cuda: str, source_layout, threads: int) -> dict[int, dict[int, tuple[int, int]]]:
-    """Per thread, fragment register index -> the (k, mn) element of the K x MN tile its load reads."""
+def _replay_fragments(cuda: str, source_layout, threads: int) -> dict[int, list[tuple[int, tuple[int, int]]]]:
+    """Per thread, in emission order, (fragment register index, the (k, mn) element of the K x MN tile its load
+    reads)."""
     body = kernel_body(cuda)
     hoisted = {name: _py(expr) for name, expr in
                re.findall(r"const unsigned (tj_h\d+) = tj_opaque\(\(unsigned\)\((.*)\)\);", body)}
@@ -61,14 +64,20 @@ def _replay_fragments(cuda: str, source_layout, threads: int) -> dict[int, dict[
     assert loads
     where = {source_layout.elem_offset(k, mn): (k, mn)
              for k in range(source_layout.rows) for mn in range(source_layout.cols)}
-    regs: dict[int, dict[int, tuple[int, int]]] = {}
+    regs: dict[int, list[tuple[int, tuple[int, int]]]] = {}
     for tid in range(threads):
         base = {name: eval(expr, {}, {"tid": tid}) for name, expr in hoisted.items()}
-        mine = regs.setdefault(tid, {})
-        for index, name, plus in loads:
-            assert int(index) not in mine, "a fragment register is loaded twice"
-            mine[int(index)] = where[base[name] + int(plus or 0)]
+        regs[tid] = [(int(index), where[base[name] + int(plus or 0)]) for index, name, plus in loads]
     return regs
+
+
+def _expected(tid: int, j: int, r: int, slabs: int, groups: int) -> tuple[int, int]:
+    """(k, mn) of fragment register ``r`` of instruction ``j`` (k step major, then slab) for thread ``tid``: the PTX
+    tf32 A fragment's (row mn, col k) at that k step and slab."""
+    wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
+    g, t = lane // 4, lane % 4
+    kk, s = divmod(j, slabs)
+    return 8 * kk + t + 4 * (r >> 1), (s * groups + wg) * 64 + warp * 16 + g + 8 * (r & 1)
 
 
 def _instructions(cuda: str) -> list[tuple[list[int], int]]:
@@ -100,28 +109,24 @@ def test_b_given_k_by_n_is_the_register_a_of_the_transposed_product(tile):
         for i in range(inst.regs):
             row, col = inst.coords(tid, i)
             assert gemm.result.type.layout.coords(tid, i) == [col, row]
-    # the fragment of (k step kk, slab s) holds B[k, n] at the PTX tf32 A fragment's (row n, col k)
+    # instruction j's fragment (k step kk, slab s), in buffer j % 2, holds B[k, n] at the PTX tf32 A fragment's
+    # (row n, col k)
     b_tile = gemm.operands[1].type.layout
     assert (b_tile.rows, b_tile.cols) == (bk, bn)
     regs = _replay_fragments(cuda, b_tile, warps * 32)
     slabs = inst.slabs
-    for tid, held in regs.items():
-        wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
-        g, t = lane // 4, lane % 4
-        assert len(held) == bk // 8 * slabs * 4
-        for kk in range(bk // 8):
-            for s in range(slabs):
-                for r in range(4):
-                    n = (s * groups + wg) * 64 + warp * 16 + g + 8 * (r & 1)
-                    k = 8 * kk + t + 4 * (r >> 1)
-                    assert held[(kk * slabs + s) * 4 + r] == (k, n), (tid, kk, s, r)
-    # each instruction reads the fragment of its k step and A's K-major tile at that k step (32 bytes a step)
+    count = bk // 8 * slabs
+    for tid, loads in regs.items():
+        assert len(loads) == count * 4
+        for p, (index, elem) in enumerate(loads):
+            j, r = divmod(p, 4)
+            assert index == (j % 2) * 4 + r and elem == _expected(tid, j, r, slabs, groups), (tid, p)
+    # each instruction reads its buffer and A's K-major tile at its k step (32 bytes a step)
     issued = _instructions(cuda)
-    assert len(issued) == bk // 8 * slabs
+    assert len(issued) == count
     for j, (frag, plus) in enumerate(issued):
-        kk, s = divmod(j, slabs)
-        assert frag == [(kk * slabs + s) * 4 + r for r in range(4)]
-        assert plus * 16 == kk * 32
+        assert frag == [(j % 2) * 4 + r for r in range(4)]
+        assert plus * 16 == j // slabs * 32
 
 
 def test_the_transposed_product_is_what_the_store_writes():
@@ -137,13 +142,11 @@ def test_the_transposed_product_is_what_the_store_writes():
     b = torch.randint(-4, 5, (bk, bn), generator=gen).double()
     # the instruction's A (N x K), assembled from the lanes' registers by the PTX fragment map
     a2 = torch.full((bn, bk), float("nan"), dtype=torch.float64)
-    slabs = inst.slabs
-    for tid, held in regs.items():
+    for tid, loads in regs.items():
         wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
         g, t = lane // 4, lane % 4
-        for index, (k, n) in held.items():
-            step, r = divmod(index, 4)
-            kk, s = divmod(step, slabs)
+        for p, (_, (k, n)) in enumerate(loads):  # the p-th load: instruction p // 4, register p % 4
+            (kk, s), r = divmod(p // 4, inst.slabs), p % 4
             row = (s * inst.groups + wg) * 64 + warp * 16 + g + 8 * (r & 1)
             a2[row, 8 * kk + t + 4 * (r >> 1)] = b[k, n]
     d = a2 @ a.T  # wgmma: D (N x M) = A'' (N x K) times B'' (M rows of K, K-major)
@@ -164,12 +167,11 @@ def test_a_given_k_by_m_is_read_into_registers_without_swapping():
     a_tile = gemm.operands[0].type.layout
     assert (a_tile.rows, a_tile.cols) == (32, 128)
     regs = _replay_fragments(cuda, a_tile, 256)
-    for tid, held in regs.items():
-        wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
-        g, t = lane // 4, lane % 4
-        for kk in range(4):
-            for r in range(4):
-                assert held[kk * 4 + r] == (8 * kk + t + 4 * (r >> 1), wg * 64 + warp * 16 + g + 8 * (r & 1))
+    for tid, loads in regs.items():
+        assert len(loads) == 16
+        for p, (index, elem) in enumerate(loads):
+            j, r = divmod(p, 4)
+            assert index == (j % 2) * 4 + r and elem == _expected(tid, j, r, 1, 2)
 
 
 def test_both_mn_major_copy_both_operands_for_the_descriptor_lowering():
@@ -239,7 +241,7 @@ def _replay_groups(events: list[tuple], iterations: int = 4) -> None:
 
 @pytest.mark.parametrize("options", [{}, dict(warp_specialize=True), dict(persistent=True)],
                          ids=["plain", "ws", "persistent"])
-def test_in_flight_loop_commits_each_k_step_and_waits_before_reloading_its_registers(options):
+def test_in_flight_loop_commits_each_instruction_and_waits_before_reloading_its_registers(options):
     fn, cuda = _design(128, 256, 32, 8, num_stages=3, **options)
     loop = next(op for op in fn.walk() if op.kind.mnemonic == "for")
     assert loop.attrs.async_mma == "wgmma"
@@ -249,21 +251,22 @@ def test_in_flight_loop_commits_each_k_step_and_waits_before_reloading_its_regis
     filecheck(block, r"""
         CHECK: gemm 128x256x32 on wgmma.m64n128k8 (2 warpgroup(s), 2 slab(s) of 64 rows each), A from registers
         CHECK-SAME: left in flight
-        CHECK: wgmma.wait_group.sync.aligned 3;
+        CHECK: wgmma.wait_group.sync.aligned 1;
         CHECK: tj_fa[0] = *reinterpret_cast<const float*>(tj_fsrc + tj_h
         CHECK: tj_wgmma_fence();
         CHECK: wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {{\{%0, .*\}, \{%64, %65, %66, %67\}, %68, p, 1, 1;}}
-        CHECK: tj_wgmma_commit();  // one group per k step
-        CHECK-NEXT: wgmma.wait_group.sync.aligned 3;
-        CHECK: tj_fa[8] = *reinterpret_cast<const float*>(tj_fsrc + tj_h{{\d+}} + 1024);
-        CHECK: tj_wgmma_fence();  // this step's A registers were written by ordinary loads
+        CHECK: tj_wgmma_commit();  // one group per instruction
+        CHECK-NEXT: wgmma.wait_group.sync.aligned 1;
+        CHECK: tj_fa[4] = *reinterpret_cast<const float*>(tj_fsrc + tj_h{{\d+}} + 16384);
+        CHECK: tj_wgmma_fence();  // this instruction's A registers were written by ordinary loads
+        CHECK: tj_fa[0] = *reinterpret_cast<const float*>(tj_fsrc + tj_h{{\d+}} + 1024);
         CHECK: release its slot
         CHECK-NOT: wgmma.wait_group
         CHECK: tj_mbar_arrive
     """)
     assert "transposing copy" not in cuda
     events = _events(block)
-    assert sum(e[0] == "commit" for e in events) == 4 and sum(e[0] == "mma" for e in events) == 8
+    assert sum(e[0] == "commit" for e in events) == 8 and sum(e[0] == "mma" for e in events) == 8
     _replay_groups(events)
 
 
@@ -274,14 +277,16 @@ def test_group_replay_catches_a_missing_wait():
         _replay_groups(events)
 
 
-def test_loop_not_left_in_flight_commits_once_and_waits_at_the_end():
+def test_loop_not_left_in_flight_completes_the_gemm_in_its_iteration():
     fn, cuda = lower(matmul_staged, _meta(1024, 1024), _meta(1024, 1024), _meta(1024, 1024), BM=128, BN=256, BK=32,
                      num_warps=8, num_stages=1, arch="sm_90a")
     assert _gemm(fn).attrs.impl == "wgmma_mn_m64nNk8_tf32"
-    block = _gemm_block(cuda)
-    events = _events(block)
-    assert [e for e in events if e[0] in ("commit", "wait")] == [("commit",), ("wait", 0)]
-    assert events.index(("commit",)) > max(i for i, e in enumerate(events) if e[0] == "mma")
+    events = _events(_gemm_block(cuda))
+    # no wait before the first two instructions' loads (nothing earlier reads their buffers); all done at the end
+    assert events[0][0] == "load" and events[-1] == ("wait", 0)
+    _replay_groups(events)
+    with pytest.raises(AssertionError):
+        _replay_groups([e for e in events if e[0] != "wait"])
 
 
 def test_pinned_descriptor_lowering_keeps_the_transposing_copy(monkeypatch):

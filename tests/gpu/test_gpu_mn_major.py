@@ -121,7 +121,7 @@ def test_agrees_with_the_transposing_copy(monkeypatch):
 @pytest.mark.parametrize("stages", [1, 2, 4])
 def test_unpipelined_and_other_ring_depths(stages):
     """One stage (the gemm commits one group and completes in its iteration) and rings of 2 and 4 slots (left in
-    flight: one group per k step, each waited for before its registers are loaded again)."""
+    flight: one group per instruction, each waited for before its registers are loaded again)."""
     _sm90()
     m, n, k = 333, 520, 1000
     torch.manual_seed(stages)

@@ -215,7 +215,7 @@ class Wgmma(GemmLowering):
                 em.line(f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{np}, 0; {instr} }}"')
                 em.line(f'    : {operands}')
                 em.line(f'    : {ins}, "l"({b_desc}), "r"(1));')
-            self.after_step(em, op, kk, k // k_atom)
+                self.after_instruction(em, op, kk * layout.slabs + s, k // k_atom * layout.slabs)
         em.line("tj_wgmma_commit();")
         if ring is not None:
             if op is ring.gemms[-1] and ring.settle:
@@ -233,8 +233,9 @@ class Wgmma(GemmLowering):
             em.close()
         em.close()
 
-    def after_step(self, em: Emitter, op: Op, kk: int, steps: int) -> None:
-        """After the instructions of k step ``kk`` (one commit group for them all, after the last, here)."""
+    def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
+        """After instruction ``index`` of the gemm's ``count`` (one commit group for them all, after the last,
+        here)."""
 
     def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
         """The last gemm of a loop left in flight: wait until only this iteration's groups are pending (one per

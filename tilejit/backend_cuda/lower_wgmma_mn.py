@@ -22,15 +22,16 @@ slab 0 are computed once per kernel (``Emitter.hoist``); a k step adds 8 rows, a
 panels). In a warp the 8 lanes of one t read 32 consecutive bytes of one row; the 4 rows a load touches fall on
 2 pairs of equal swizzle phase, a 2-way bank conflict.
 
-Each k step's fragment is loaded into its own registers (``steps x slabs x 4`` per thread, 16 at BK = 32 and one
-slab) just before that step's wgmma, behind a ``wgmma.fence``, so the loads of step ``kk + 1`` overlap the
-tensor cores' work on step ``kk``. A register an issued wgmma reads must not be written before a wait covers
-that wgmma (PTX ISA 9.7.15.5.2), so in a loop that leaves its gemms in flight (``Emitter.async_mma``) each k step
-commits its own group, and before loading step ``kk`` the gemm waits until at most ``steps - 1`` groups are
-pending: the previous iteration's step ``kk``, which read the same registers, is then complete, while the steps
-after it keep the tensor cores busy across the iteration boundary. The wait before the last step leaves every
-group of the previous iteration complete, so its slot is handed back (``AsyncMma.release``) with no further
-wait. Elsewhere the gemm commits one group and the loop waits for it as for any wgmma.
+The fragments are double-buffered by instruction (8 registers per thread): instruction ``j``'s (k step, then
+slab) is loaded just before it, behind a ``wgmma.fence``, while instruction ``j - 1`` runs. A register an issued
+wgmma reads must not be written before a wait covers that wgmma (PTX ISA 9.7.15.5.2), so each instruction
+commits its own group, and before loading instruction ``j`` the gemm waits until at most one group is pending:
+the one that last read that buffer (``j - 2``, or in a loop that leaves its gemms in flight,
+``Emitter.async_mma``, the previous iteration's) is then complete, while the one after it keeps the tensor cores
+busy, across the iteration boundary too. In such a loop the wait before the second instruction leaves no group of
+the previous iteration pending, so its slot is handed back (``AsyncMma.release``) with no further wait;
+elsewhere the loop waits for the gemm's last group as for any wgmma. (A buffer per k step, all slabs at once,
+spilled in the 128x128 pingpong kernel: 16 registers beside a 128-register accumulator under its 168.)
 
 Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk8_tf32`` keeps the transposing shared-memory copy
 (``passes/transpose_operands.py``) instead, for comparison.
@@ -77,50 +78,58 @@ class WgmmaRegisterMN(Wgmma):
         return (b, a, True) if _swapped(op) else (a, b, True)
 
     def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
-        """The fragment registers (each k step's own) and step 0's loads."""
+        """The fragment registers (two instructions' worth) and the first instruction's loads."""
         em.line(f"const unsigned char* const tj_fsrc = {em.shared[a.id].pointer()};")
-        em.line(f"float tj_fa[{_steps(op) * layout.slabs * _FRAGMENT_REGS}];  // A's fragment, each k step's own")
-        self._start_step(em, op, a, 0, layout)
+        em.line(f"float tj_fa[{_buffers(op, layout) * _FRAGMENT_REGS}];  // A's fragment, double-buffered by "
+                "instruction")
+        self._start(em, op, a, 0, 0, layout)
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
-        if s == 0 and kk > 0:
-            self._start_step(em, op, a, kk, layout)
-            em.line("tj_wgmma_fence();  // this step's A registers were written by ordinary loads")
-        first = (kk * layout.slabs + s) * _FRAGMENT_REGS
+        if kk or s:
+            self._start(em, op, a, kk, s, layout)
+            em.line("tj_wgmma_fence();  // this instruction's A registers were written by ordinary loads")
+        first = _first_register(op, kk * layout.slabs + s, layout)
         return [("r", f"__float_as_uint(tj_fa[{first + r}])") for r in range(_FRAGMENT_REGS)]
 
-    def after_step(self, em: Emitter, op: Op, kk: int, steps: int) -> None:
-        if _in_flight(em, op) and kk < steps - 1:  # (the last step's group is committed after the loop)
-            em.line("tj_wgmma_commit();  // one group per k step: its registers are free once it completes")
+    def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
+        if index < count - 1:  # (the last one's group is committed after the loop)
+            em.line("tj_wgmma_commit();  // one group per instruction: its registers are free once it completes")
 
     def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
-        # the wait before this iteration's last step left at most its own earlier steps pending: every group of
-        # the previous iteration is complete
+        # the wait before this iteration's second instruction (its first, when it has one) left no group of the
+        # previous iteration pending
         ring.release()
 
-    def _start_step(self, em: Emitter, op: Op, a, kk: int, layout: WgmmaLayout) -> None:
-        """In a loop left in flight, wait for the previous iteration's step ``kk`` (``steps - 1`` groups committed
-        after it may stay pending), whose instructions read the registers about to be loaded; then the loads."""
-        if _in_flight(em, op):
-            wait_group(em, _steps(op) - 1, em.name(op.result), layout.regs, False)
-        self._load_step(em, a, kk, layout)
-
-    @staticmethod
-    def _load_step(em: Emitter, a, kk: int, layout: WgmmaLayout) -> None:
+    def _start(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout) -> None:
+        """Wait for the instruction that last read the registers of instruction (``kk``, ``s``)'s buffer (one group
+        committed after it may stay pending): two instructions back in this gemm, or in a loop left in flight in
+        the previous iteration; then the loads."""
+        index, buffers = kk * layout.slabs + s, _buffers(op, layout)
+        if index >= buffers or _in_flight(em, op):
+            wait_group(em, buffers - 1, em.name(op.result), layout.regs, False)
         lay: SharedLayout = em.shared[a.id].layout
-        for s in range(layout.slabs):
-            # 64 columns further: whole 128-byte panels (the shape rule keeps slabs on panel boundaries)
-            slab = s * layout.groups * 64 * lay.elem_bytes // lay.row_pitch * lay.panel_bytes
-            for r in range(_FRAGMENT_REGS):
-                off = em.hoist("unsigned", c_text(fragment_offset(lay, r)), key=("wgmma_mn_a", lay, r))
-                at = kk * 8 * lay.row_pitch + slab
-                em.line(f"tj_fa[{(kk * layout.slabs + s) * _FRAGMENT_REGS + r}] = "
-                        f"*reinterpret_cast<const float*>(tj_fsrc + {off}{f' + {at}' if at else ''});")
+        # 64 columns further per slab: whole 128-byte panels (the shape rule keeps slabs on panel boundaries)
+        at = kk * 8 * lay.row_pitch + s * layout.groups * 64 * lay.elem_bytes // lay.row_pitch * lay.panel_bytes
+        first = _first_register(op, index, layout)
+        for r in range(_FRAGMENT_REGS):
+            off = em.hoist("unsigned", c_text(fragment_offset(lay, r)), key=("wgmma_mn_a", lay, r))
+            em.line(f"tj_fa[{first + r}] = "
+                    f"*reinterpret_cast<const float*>(tj_fsrc + {off}{f' + {at}' if at else ''});")
 
 
 def _steps(op: Op) -> int:
     return _mnk(op)[2] // 8
+
+
+def _buffers(op: Op, layout: WgmmaLayout) -> int:
+    """Instructions whose fragments are held at once: two (one loading while the other runs), or the only one."""
+    return min(2, _steps(op) * layout.slabs)
+
+
+def _first_register(op: Op, index: int, layout: WgmmaLayout) -> int:
+    """The first fragment register of instruction ``index`` (k step major, then slab)."""
+    return (index % _buffers(op, layout)) * _FRAGMENT_REGS
 
 
 def _in_flight(em: Emitter, op: Op) -> bool:
