@@ -133,7 +133,8 @@ def _first_register(op: Op, index: int, layout: WgmmaLayout) -> int:
 
 
 def _in_flight(em: Emitter, op: Op) -> bool:
-    """The gemm is left in flight by its loop (``Emitter.async_mma``): one commit group per k step."""
+    """The gemm is left in flight by its loop (``Emitter.async_mma``): its last groups stay pending into the next
+    iteration, whose first loads must wait for them too."""
     return em.async_mma is not None and em.async_mma.owns(op)
 
 
