@@ -121,8 +121,16 @@ def tf32_mm_nt(A, Bt, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, GROU
 
 tf32_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=4), key=["A", "B"],
                               prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
-"""The DESIGN matmul (B given K x N) on float32 operands: tf32 by default, on wgmma through a transposing copy of
-B (wgmma reads tf32 K-major only)."""
+"""The DESIGN matmul (B given K x N) on float32 operands: tf32 by default; on sm_90a B is read into registers as
+the transposed product's A (``backend_cuda/lower_wgmma_mn.py``: wgmma reads tf32 K-major only from shared memory)."""
+
+tf32_mm_nn_copy = tilejit.autotune(configs=matmul_configs(elem_bytes=4), key=["A", "B"],
+                                   prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
+"""``tf32_mm_nn`` for launches made with ``TF32_COPY_PINS`` set (``pinned(TF32_COPY_PINS)``, sm_90a): B through a
+transposing shared-memory copy to the descriptor lowering, the form the register one replaced, for comparison."""
+
+TF32_COPY_PINS = {"TILEJIT_GEMM_LOWERING": "wgmma_m64nNk8_tf32"}
+"""The knob that keeps MN-major tf32 operands on the transposing copy (sm_90a)."""
 
 lowp_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "B"],
                               prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
@@ -143,10 +151,15 @@ launches made with ``SM80_PINS`` set (``sm80_path``): the sm_80 path, run and tu
 def sm80_path():
     """``with sm80_path():`` ``SM80_PINS`` set in the environment for the duration (the previous values restored
     after)."""
+    return pinned(SM80_PINS)
+
+
+def pinned(pins: dict[str, str]):
+    """``with pinned(pins):`` the knobs ``pins`` set in the environment for the duration (restored after)."""
     import os
     from unittest import mock
 
-    return mock.patch.dict(os.environ, SM80_PINS)
+    return mock.patch.dict(os.environ, pins)
 
 
 def nt_grid(meta):

@@ -176,9 +176,10 @@ def _tuned(row: dict[str, Any], tuner: Any, impl: str = "tilejit") -> None:
         row[impl]["failed_configs"] = list(stats.failed)
 
 
-def _time_nn(row: dict[str, Any], a, bt, out_dtype, ref, m: int, n: int, k: int) -> None:
-    """``tilejit_nn``: the same product through the DESIGN matmul with B given K x N (fp8 without the scales),
-    which reaches wgmma through a transposing copy of B."""
+def _time_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, bt, out_dtype, ref, m: int, n: int,
+             k: int) -> None:
+    """``tilejit_nn``: the same product through the DESIGN matmul with B given K x N (MN-major; fp8 without the
+    scales), which reaches wgmma through a transposing copy of B; timed in the rounds of the shape's other runs."""
     import torch
 
     import tilejit.language as T
@@ -186,7 +187,33 @@ def _time_nn(row: dict[str, Any], a, bt, out_dtype, ref, m: int, n: int, k: int)
     b = bt.T.contiguous()
     c = torch.empty(m, n, device=a.device, dtype=out_dtype)
     acc = T.int32 if out_dtype == torch.int32 else T.float32
-    row["tilejit_nn"] = measure(lambda: kernels.lowp_mm_nn[kernels.matmul_grid](a, b, c, ACC=acc), c, ref, m, n, k)
+    runs["tilejit_nn"] = lambda: kernels.lowp_mm_nn[kernels.matmul_grid](a, b, c, ACC=acc)
+    row["tilejit_nn"] = measure(runs["tilejit_nn"], c, ref, m, n, k)
+    _tuned(row, kernels.lowp_mm_nn, "tilejit_nn")
+
+
+def _time_tf32_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, b, ref, m: int, n: int,
+                  k: int) -> None:
+    """``tilejit_nn``: the DESIGN matmul in float32 with B given K x N (on sm_90a B is read into registers as the
+    transposed product's A), and on sm_90a ``tilejit_nn_copy``: the same with the transposing copy pinned
+    (``kernels.TF32_COPY_PINS``), both tuned and timed in the shape's rounds."""
+    import torch
+
+    from benchmarks import kernels
+    c_nn = torch.empty(m, n, device=a.device)
+    runs["tilejit_nn"] = lambda: kernels.tf32_mm_nn[kernels.matmul_grid](a, b, c_nn)
+    row["tilejit_nn"] = measure(runs["tilejit_nn"], c_nn, ref, m, n, k)
+    _tuned(row, kernels.tf32_mm_nn, "tilejit_nn")
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+        return
+    c_copy = torch.empty(m, n, device=a.device)
+
+    def copy_run() -> None:
+        with kernels.pinned(kernels.TF32_COPY_PINS):
+            kernels.tf32_mm_nn_copy[kernels.matmul_grid](a, b, c_copy)
+    runs["tilejit_nn_copy"] = copy_run
+    row["tilejit_nn_copy"] = measure(copy_run, c_copy, ref, m, n, k)
+    _tuned(row, kernels.tf32_mm_nn_copy, "tilejit_nn_copy")
 
 
 def frobenius_error(out, ref64) -> float | None:
@@ -218,7 +245,7 @@ def _fp8_runs(row: dict[str, Any], runs: dict[str, Callable[[], Any]], mode: str
     row["tilejit"]["err_f64"] = frobenius_error(c, ref64)
     _tuned(row, kernels.scaled_mm)
     if precision == "precise":  # (the DESIGN matmul, without scales, at the default precision)
-        _time_nn(row, a, bt, torch.bfloat16, (a.float() @ bt.float().T), m, n, k)
+        _time_nn(row, runs, a, bt, torch.bfloat16, (a.float() @ bt.float().T), m, n, k)
     c_ref = torch.empty(m, n, device=device, dtype=torch.bfloat16)
 
     def baseline():
@@ -241,8 +268,11 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
       row only (one kernel, its own accumulation). Both carry their error against float64.
     - int8: A (M x K), B given N x K, int32 out; baseline ``torch._int_mm``.
     - fp8 and int8 rows also time the DESIGN matmul with B given K x N (``tilejit_nn``, fp8 without scales).
-    - tf32: float32 A and B given N x K (wgmma wants both K-major; the row also times tilejit's N-major form, the
-      DESIGN matmul with B given K x N, under ``tilejit_nn``); baseline ``torch.matmul`` with tf32 allowed.
+    - tf32: float32 A and B given N x K (K-major, as wgmma reads tf32 from shared memory; the row also times the
+      DESIGN matmul with B given K x N under ``tilejit_nn``, and on sm_90a that with the transposing copy pinned
+      under ``tilejit_nn_copy``); baseline ``torch.matmul`` with tf32 allowed.
+    The MN-major runs take part in the timing rounds; ``mn_major_rows`` tabulates them against cuBLAS (tf32) or
+    the K-major tilejit form (fp8, int8).
     """
     import torch
 
@@ -263,7 +293,7 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         runs["tilejit"] = lambda: kernels.int8_mm[kernels.nt_grid](a, bt, c)
         row["tilejit"] = measure(runs["tilejit"], c, ref, m, n, k)
         _tuned(row, kernels.int8_mm)
-        _time_nn(row, a, bt, torch.int32, ref, m, n, k)
+        _time_nn(row, runs, a, bt, torch.int32, ref, m, n, k)
         c_ref = torch.empty(m, n, device=device, dtype=torch.int32)
         refusal = baseline_refusal(dtype_name, m, n, k)
         runs["cublas"] = lambda: c_ref.copy_(torch._int_mm(a, bt.T))
@@ -279,8 +309,7 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
         runs["tilejit"] = lambda: kernels.tf32_mm_nt[kernels.nt_grid](a, bt, c)
         row["tilejit"] = measure(runs["tilejit"], c, ref, m, n, k)
         _tuned(row, kernels.tf32_mm_nt)
-        c_nn = torch.empty(m, n, device=device)
-        row["tilejit_nn"] = measure(lambda: kernels.tf32_mm_nn[kernels.matmul_grid](a, b, c_nn), c_nn, ref, m, n, k)
+        _time_tf32_nn(row, runs, a, b, ref, m, n, k)
         c_ref = torch.empty(m, n, device=device)
         previous = torch.backends.cuda.matmul.allow_tf32
 
@@ -419,10 +448,32 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     for r in rows:
         ratios = [_ratio(r, "cublas"), _ratio(r, "triton")]
         config = r["tilejit"].get("config", "n/a")
-        if "tilejit_nn" in r:  # the N-major B form of the same product (a transposing copy), for comparison
+        if "tilejit_nn" in r:  # the MN-major B form of the same product, for comparison (mn_major_rows)
             config += f"; B K x N: {_cell(r['tilejit_nn'])}"
         out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(r["tilejit"]), _cell(r["cublas"]),
                     _cell(r["triton"]), *(None if x is None else f"{x:.2f}" for x in ratios), config])
+    return out
+
+
+MN_MAJOR_HEADERS = ["shape (MxNxK)", "dtype", "B K x N TFLOP/s", "against", "its TFLOP/s", "ratio",
+                    "transposing copy TFLOP/s", "B K x N config"]
+
+
+def mn_major_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The MN-major table: the DESIGN matmul with B given K x N (``tilejit_nn``) against cuBLAS tf32 (tf32) or
+    tilejit's K-major form (fp8, int8, B given N x K), and for tf32 on sm_90a the transposing copy it replaced."""
+    out = []
+    for r in rows:
+        if "tilejit_nn" not in r:
+            continue
+        nn = r["tilejit_nn"]
+        other = "cublas" if r["dtype"] == "tf32" else "tilejit"
+        base = r[other]
+        ratio = nn["tflops"] / base["tflops"] if nn["status"] == base["status"] == "ok" else None
+        copy = _cell(r["tilejit_nn_copy"]) if "tilejit_nn_copy" in r else "n/a"
+        out.append([f"{r['m']}x{r['n']}x{r['k']}", r["dtype"], _cell(nn),
+                    "cuBLAS tf32" if other == "cublas" else "tilejit B N x K", _cell(base),
+                    None if ratio is None else f"{ratio:.2f}", copy, nn.get("config", "n/a")])
     return out
 
 
@@ -593,6 +644,10 @@ def main(argv: list[str] | None = None) -> int:
         table += (f"\n\nfp8, each mode against its like (error: relative Frobenius norm against float64 over the same "
                   f"fp8 values; peak: {FP8_DENSE_PEAK_TFLOPS:,.0f} TFLOP/s dense, H100 SXM):\n\n"
                   + markdown_table(FP8_HEADERS, fp8_rows(rows)))
+    if mn_major_rows(rows):
+        table += ("\n\nMN-major operands (the DESIGN matmul, B given K x N) in the same run, against cuBLAS tf32 "
+                  "(tf32) or the K-major tilejit form (fp8, int8):\n\n" + markdown_table(MN_MAJOR_HEADERS,
+                                                                                          mn_major_rows(rows)))
     print()
     print(table)
     print("\n".join(notes))

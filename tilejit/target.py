@@ -382,6 +382,9 @@ class GemmLowering(ABC):
     register_a: bool = False
     #: The name of the shared-A lowering whose pin (``TILEJIT_GEMM_LOWERING``) admits this register-A form too.
     register_a_of: str | None = None
+    #: Reads an MN-major operand itself, gathering its fragment from the shared tile: ``passes.transpose_operands``
+    #: copies no operand for it (a copy's code beside the gathered fragment's registers spills).
+    gathers_mn_major: bool = False
 
     @abstractmethod
     def acc_layout(self, op: Any, target: Target) -> Any:

@@ -38,7 +38,7 @@ def _impl(stages) -> str:
 DISPATCH = [
     ((E4M3, E4M3), T.float32, None, "nt", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
     ((E4M3, E5M2), T.float32, None, "nt", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2"),
-    # MN-major 8-bit and f32 operands reach wgmma / tcgen05 through a transposing copy (transpose_operands)
+    # MN-major 8-bit operands reach wgmma / tcgen05 through a transposing copy (transpose_operands)
     ((E5M2, E5M2), T.float32, None, "nn", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2"),
     ((E4M3, E4M3), T.float32, None, "tn", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
     ((E4M3, E4M3), T.float32, None, "tn", "sm_89", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
@@ -52,7 +52,9 @@ DISPATCH = [
     ((torch.int8, torch.int8), T.int32, None, "nt", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ((torch.int8, torch.int8), T.int32, None, "tn", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ((torch.float32,) * 2, T.float32, None, "nt", "sm_90a", "wgmma_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-    ((torch.float32,) * 2, T.float32, "tf32", "nn", "sm_90a", "wgmma_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    # an MN-major f32 operand is read into registers as the instruction's A (lower_wgmma_mn); both MN-major: copied
+    ((torch.float32,) * 2, T.float32, "tf32", "nn", "sm_90a", "wgmma_mn_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ((torch.float32,) * 2, T.float32, "tf32", "tn", "sm_90a", "wgmma_m64nNk8_tf32", "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
     ((torch.float32,) * 2, T.float32, "tf32", "nn", "sm_80", "mma_sync_m16n8k8_tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ((torch.float32,) * 2, T.float32, "tf32", "tn", "sm_80", "mma_sync_m16n8k8_tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ((torch.float32,) * 2, T.float32, "tf32x3", "nt", "sm_90a", "mma_sync_m16n8k8_tf32x3", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),

@@ -1,4 +1,5 @@
-"""The transposing shared-memory copy (``transpose_copy``) that puts MN-major fp8 / int8 / tf32 operands on wgmma.
+"""The transposing shared-memory copy (``transpose_copy``) that puts MN-major fp8 / int8 / tf32 operands on wgmma
+(tf32 only with the descriptor lowering pinned: ``TF32_COPIED``).
 
 The generated C of each copy is replayed here in Python, thread by thread: every byte of the source tile must land
 exactly once at the destination's place of the transposed element (both tiles in their swizzled SharedLayout),
@@ -20,6 +21,9 @@ import tilejit.language as T
 from tilejit.ir.layouts import SharedLayout
 
 E4M3 = torch.float8_e4m3fn
+#: tf32 takes the copy with the descriptor lowering pinned (by default its MN-major operand is read into registers:
+#: lower_wgmma_mn)
+TF32_COPIED = "wgmma_m64nNk8_tf32"
 
 
 def _meta(*shape, dtype):
@@ -32,8 +36,11 @@ def _lower(dtype, ta, tb, bm, bn, bk, warps, m=1024, n=1024, k=1024, stages=3, *
     acc = T.int32 if dtype == torch.int8 else T.float32
     out = _meta(m, n, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
     extra = dict(PRECISION="tf32") if dtype == torch.float32 else {}
-    return lower(matmul_any, a, b, out, BM=bm, BN=bn, BK=bk, TA=ta, TB=tb, ACC=acc, num_warps=warps,
-                 num_stages=stages, arch="sm_90a", **extra, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        if dtype == torch.float32:
+            patch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
+        return lower(matmul_any, a, b, out, BM=bm, BN=bn, BK=bk, TA=ta, TB=tb, ACC=acc, num_warps=warps,
+                     num_stages=stages, arch="sm_90a", **extra, **options)
 
 
 def _copies(fn):
@@ -215,7 +222,9 @@ def test_pinned_lowering_is_honoured(monkeypatch):
 @pytest.mark.parametrize("dtype, bk", [(E4M3, 128), (torch.int8, 128), (torch.float32, 32)],
                          ids=["fp8", "int8", "tf32"])
 @pytest.mark.parametrize("warp_specialize", [False, True], ids=["plain", "ws"])
-def test_nn_compiles_to_wgmma_without_spills(dtype, bk, warp_specialize):
+def test_nn_compiles_to_wgmma_without_spills(dtype, bk, warp_specialize, monkeypatch):
+    if dtype == torch.float32:
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
     a, b = _meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=dtype)
     acc = T.int32 if dtype == torch.int8 else T.float32
     out = _meta(1024, 1024, dtype=torch.int32 if dtype == torch.int8 else torch.float32)

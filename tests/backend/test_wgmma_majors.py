@@ -1,7 +1,8 @@
 """wgmma reads every operand major-ness of 16-bit matrices: A given K x M (``transpose_a``) is M-major in shared
 memory and goes in through the descriptor's transpose immediate (``imm-trans-a`` = 1), as N-major B does, so
 TN and TT matmuls stay on wgmma instead of falling back to mma.sync. 8-bit and tf32 operands have no transpose
-immediates: their MN-major operands reach wgmma through a transposing shared-memory copy.
+immediates: their MN-major operands reach wgmma through a transposing shared-memory copy, or (tf32) as a register
+fragment of the instruction's A (test_wgmma_mn_major.py).
 """
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ def test_k_major_a_is_unchanged():
 @pytest.mark.parametrize("ta, tb", [(True, True), (True, False), (False, False)], ids=["TT", "TN", "NN"])
 @pytest.mark.parametrize("dtype, acc, bk", [(torch.float8_e4m3fn, T.float32, 128), (torch.int8, T.int32, 128),
                                             (torch.float32, T.float32, 32)], ids=["fp8", "int8", "tf32"])
-def test_mn_major_operands_of_other_dtypes_reach_wgmma_through_a_transposing_copy(dtype, acc, bk, ta, tb):
+def test_mn_major_operands_of_other_dtypes_reach_wgmma_through_a_transposing_copy(dtype, acc, bk, ta, tb, monkeypatch):
     """8-bit and tf32 operands have no transpose immediates: each MN-major one is copied into a K-major tile
-    (``transpose_copy``) and the gemm reads that one with its transpose flag flipped."""
+    (``transpose_copy``) and the gemm reads that one with its transpose flag flipped (tf32 with the descriptor
+    lowering pinned: by default its MN-major operand is read into registers, tests/backend/test_wgmma_mn_major.py)."""
     kwargs = dict(PRECISION="tf32") if dtype == torch.float32 else {}
+    if dtype == torch.float32:
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "wgmma_m64nNk8_tf32")
     fn, _ = lower(matmul_any, *_operands(ta, tb, m=1024, dtype=dtype), BM=128, BN=128, BK=bk, TA=ta, TB=tb,
                   ACC=acc, num_warps=4, arch="sm_90a", **kwargs)
     gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")

@@ -1,4 +1,5 @@
-"""MN-major fp8, int8 and tf32 operands on wgmma through the transposing shared-memory copy (sm_90a): every
+"""MN-major fp8, int8 and tf32 operands on wgmma through the transposing shared-memory copy (sm_90a; tf32 with the
+descriptor lowering pinned, its default form is in test_gpu_mn_major.py): every
 operand major-ness, each loop form (plain in-flight ring, warp-specialized, persistent, unpipelined), ragged shapes,
 NaN-poisoned outputs, against float64 (int64 for int8) references. Each test also checks that the kernel it ran
 holds a ``transpose_copy`` and no mma.sync, so it tests the path it is named for.
@@ -75,6 +76,8 @@ def _check(dtype, c, am, bm_):
     assert (err <= bound).all(), f"max error {err.max().item():.3g}"
 
 
+#: tf32 takes the copy with the descriptor lowering pinned
+TF32_COPIED = "wgmma_m64nNk8_tf32"
 DTYPES = {"fp8": (torch.float8_e4m3fn, _fp8, 128), "int8": (torch.int8, _int8, 128), "tf32": (torch.float32, _f32, 32)}
 
 
@@ -83,8 +86,10 @@ DTYPES = {"fp8": (torch.float8_e4m3fn, _fp8, 128), "int8": (torch.int8, _int8, 1
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", DTYPES)
-def test_mn_major_operands_on_wgmma(name, shape, layout, tile, form):
+def test_mn_major_operands_on_wgmma(name, shape, layout, tile, form, monkeypatch):
     _sm90()
+    if name == "tf32":  # by default its MN-major operand is read into registers (test_gpu_mn_major.py)
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
     dtype, make, bk = DTYPES[name]
     m, n, k = shape
     ta, tb = LAYOUTS[layout]
@@ -101,9 +106,11 @@ def test_mn_major_operands_on_wgmma(name, shape, layout, tile, form):
 
 @pytest.mark.parametrize("stages", [1, 4])
 @pytest.mark.parametrize("name", ["fp8", "tf32"])
-def test_unpipelined_and_deep_rings(name, stages):
+def test_unpipelined_and_deep_rings(name, stages, monkeypatch):
     """One stage (the copy waits for the previous gemm's readers with a barrier) and a 4-deep TMA ring."""
     _sm90()
+    if name == "tf32":
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
     dtype, make, bk = DTYPES[name]
     m, n, k = 333, 520, 1000
     torch.manual_seed(stages)

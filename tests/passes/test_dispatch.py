@@ -52,8 +52,9 @@ def test_sm80_never_takes_wgmma():
 
 def test_fp32_operands_take_tf32_tensor_cores_by_default():
     assert _impl("sm_80", 32, 4, dtype=torch.float32) == "mma_sync_m16n8k8_tf32"
-    # B N-major: wgmma reads tf32 K-major only, so B goes through a transposing copy
-    assert _impl("sm_90a", 32, 4, dtype=torch.float32) == "wgmma_m64nNk8_tf32"
+    # B N-major: wgmma reads tf32 K-major only from shared memory, so B is read into registers as the transposed
+    # product's A (lower_wgmma_mn)
+    assert _impl("sm_90a", 32, 4, dtype=torch.float32) == "wgmma_mn_m64nNk8_tf32"
 
 
 def test_wgmma_kernel_uses_hgmma_and_descriptors():

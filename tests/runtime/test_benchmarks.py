@@ -287,6 +287,20 @@ def test_table_rows_report_fail_and_ratios():
     assert good[5:7] == ["0.50", "1.25"]
 
 
+def test_mn_major_rows_compare_tf32_with_cublas_and_8_bit_with_the_k_major_form():
+    tf32 = {"m": 8, "n": 8, "k": 8, "dtype": "tf32", "tilejit": {"status": "ok", "tflops": 9.0},
+            "cublas": {"status": "ok", "tflops": 10.0}, "triton": {"status": "n/a"},
+            "tilejit_nn": {"status": "ok", "tflops": 9.5, "config": "c"},
+            "tilejit_nn_copy": {"status": "ok", "tflops": 6.0}}
+    fp8 = {**tf32, "dtype": "fp8", "tilejit": {"status": "ok", "tflops": 19.0}}
+    del fp8["tilejit_nn_copy"]
+    plain = {k: v for k, v in tf32.items() if not k.startswith("tilejit_nn")}
+    rows = bench_matmul.mn_major_rows([tf32, fp8, plain])
+    assert len(rows) == 2
+    assert rows[0][2:8] == ["9.5", "cuBLAS tf32", "10.0", "0.95", "6.0", "c"]
+    assert rows[1][3:7] == ["tilejit B N x K", "19.0", "0.50", "n/a"]
+
+
 @pytest.mark.parametrize("module", ["benchmarks.matmul", "benchmarks.launch", "benchmarks.launch_model"])
 def test_cli_help_without_gpu(module):
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}

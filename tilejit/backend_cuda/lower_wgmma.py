@@ -186,8 +186,11 @@ class Wgmma(GemmLowering):
     def emit(self, em: Emitter, op: Op) -> None:
         a, b, acc = op.operands
         out = op.result
-        layout: WgmmaLayout = out.type.layout
-        m, n, k = _mnk(op)
+        # the instruction's operands: A (whatever setup_a makes of it), B's tile (a descriptor), and the
+        # accumulator's layout as the instruction writes it (M x N of the instruction)
+        a, b, b_k_major = self.instruction_operands(op)
+        layout: WgmmaLayout = self.instruction_layout(out.type.layout)
+        n, k = layout.shape[1], _mnk(op)[2]
         k_atom = 32 // a.dtype.itemsize
         integer = out.dtype == D.int32
         f16_acc = out.dtype == D.float16  # two f16 per accumulator register (f16x2)
@@ -201,7 +204,7 @@ class Wgmma(GemmLowering):
             em.alias(out, name)
         else:
             name = em.declare_tile(out)
-        em.comment(op, f"gemm {m}x{n}x{k} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
+        em.comment(op, f"gemm {'x'.join(map(str, _mnk(op)))} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
                        f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
                    + (", left in flight" if ring and not promoted(op) else ""))
         if ring is None:
@@ -209,11 +212,11 @@ class Wgmma(GemmLowering):
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
         a_mn_major = op.attrs.transpose_a
-        self.setup_a(em, a, layout, a_mn_major)
+        self.setup_a(em, op, a, layout, a_mn_major)
         em.line(f"const unsigned tj_b = {sb.base()};")
         # One descriptor per operand; each k step adds its offset >> 4 to the start-address field (the field
         # cannot carry: shared addresses stay below 2^18), instead of encoding a descriptor per instruction.
-        em.line(f"const uint64_t tj_bdesc = {descriptor_call('tj_b', sb.layout, b_fields(sb.layout, 0, _b_k_major(op))[1])};")
+        em.line(f"const uint64_t tj_bdesc = {descriptor_call('tj_b', sb.layout, b_fields(sb.layout, 0, b_k_major)[1])};")
         d_name, d_regs = name, layout.regs
         if f16_acc:  # the accumulator as f16x2 registers, packed before the fence and unpacked after the wait
             d_name, d_regs = "tj_h", layout.regs // 2
@@ -227,17 +230,17 @@ class Wgmma(GemmLowering):
             return
         half = n // 4 if f16_acc else n // 2  # accumulator registers per slab
         for kk in range(k // k_atom):
-            b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, _b_k_major(op))[0])
+            b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, b_k_major)[0])
             for s in range(layout.slabs):
-                a_ins = self.a_operands(em, a, kk, s, layout, a_mn_major)
+                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major)
                 operands = [f"{d_name}[{s * half + r}]" for r in range(half)]
-                self.issue(em, op, n, operands, con, a_ins, b_desc, scale_d=1, f16_acc=f16_acc)
+                self.issue(em, a, b, n, operands, con, a_ins, b_desc, scale_d=1, f16_acc=f16_acc,
+                           integer=integer, b_k_major=b_k_major, a_mn_major=a_mn_major)
+                self.after_instruction(em, op, kk * layout.slabs + s, k // k_atom * layout.slabs)
         em.line("tj_wgmma_commit();")
         if ring is not None:
             if op is ring.gemms[-1] and ring.settle:
-                # this iteration's groups may stay pending; the previous iteration's are complete
-                wait_group(em, len(ring.gemms), name, layout.regs, integer)
-                ring.release()
+                self.settle(em, ring, name, layout, integer)
             em.close()
             return
         # e.g. the next tiles' cp.async while the tensor cores work; a deferred gemm's issue leaves its group pending
@@ -252,11 +255,12 @@ class Wgmma(GemmLowering):
         em.close()
 
     @staticmethod
-    def issue(em: Emitter, op: Op, n: int, d_regs: list[str], con: str, a_ins: list[tuple[str, str]], b_desc: str,
-              scale_d: int, f16_acc: bool = False) -> None:
-        """One ``wgmma.mma_async`` m64{n}k: D in the registers ``d_regs``, A as ``a_ins``, B at ``b_desc``;
-        ``scale_d`` 0 makes D = A B (D's registers are outputs only), 1 makes D += A B (in/out)."""
-        a, b = op.operands[:2]
+    def issue(em: Emitter, a, b, n: int, d_regs: list[str], con: str, a_ins: list[tuple[str, str]], b_desc: str,
+              scale_d: int, *, f16_acc: bool = False, integer: bool = False, b_k_major: bool = True,
+              a_mn_major: bool = False) -> None:
+        """One ``wgmma.mma_async`` m64{n}k of the instruction's operands ``a`` and ``b``: D in the registers
+        ``d_regs``, A as ``a_ins``, B at ``b_desc``; ``scale_d`` 0 makes D = A B (D's registers are outputs only),
+        1 makes D += A B (in/out)."""
         ta, tb = PTX_TYPES[a.dtype], PTX_TYPES[b.dtype]
         half = len(d_regs)
         a_text = "{" + ", ".join(f"%{half + i}" for i in range(len(a_ins))) + "}" if len(a_ins) > 1 else f"%{half}"
@@ -264,12 +268,12 @@ class Wgmma(GemmLowering):
         regs = ", ".join(f"%{r}" for r in range(half))
         shape = f"m64n{n}k{32 // a.dtype.itemsize}"
         if a.dtype in (D.float16, D.bfloat16):
-            trans_b = 0 if _b_k_major(op) else 1
+            trans_b = 0 if b_k_major else 1
             # register A has no transpose immediate
-            trans = f"{int(op.attrs.transpose_a)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
+            trans = f"{int(a_mn_major)}, {trans_b}" if len(a_ins) == 1 else f"{trans_b}"
             td = "f16" if f16_acc else "f32"
             instr = f"wgmma.mma_async.sync.aligned.{shape}.{td}.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1, {trans};"
-        elif op.result.dtype == D.int32:
+        elif integer:
             instr = f"wgmma.mma_async.sync.aligned.{shape}.s32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p;"
         else:  # fp8 and tf32: scale-d and the two input scales, no transpose immediates
             instr = f"wgmma.mma_async.sync.aligned.{shape}.f32.{ta}.{tb} {{{regs}}}, {a_text}, %{nb}, p, 1, 1;"
@@ -315,8 +319,8 @@ class Wgmma(GemmLowering):
             for kk in range(g, min(g + per_group, k // k_atom)):
                 offset, _ = b_fields(sb.layout, kk, True)
                 b_desc = desc_plus("tj_bdesc", offset + n0 * sb.layout.row_pitch)
-                self.issue(em, op, width, [f"{t}[{r}]" for r in range(width // 2)], "f",
-                           self.a_operands(em, a, kk, s, layout), b_desc, scale_d=int(kk > g))
+                self.issue(em, a, b, width, [f"{t}[{r}]" for r in range(width // 2)], "f",
+                           self.a_operands(em, op, a, kk, s, layout), b_desc, scale_d=int(kk > g))
             em.line("tj_wgmma_commit();")
             if c == 0 and ring is None:
                 em.run_overlap_hook()  # e.g. the next tiles' cp.async while the tensor cores work
@@ -330,10 +334,29 @@ class Wgmma(GemmLowering):
             ring.release()  # every group of this iteration and the ones before are complete
         em.close()
 
+    def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
+        """After instruction ``index`` of the gemm's ``count`` (one commit group for them all, after the last,
+        here)."""
+
+    def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
+        """The last gemm of a loop left in flight: wait until only this iteration's groups are pending (one per
+        gemm), then hand iteration -1's slot back (``ring.release``)."""
+        # this iteration's groups may stay pending; the previous iteration's are complete
+        wait_group(em, len(ring.gemms), name, layout.regs, integer)
+        ring.release()
+
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""
 
-    def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
+    def instruction_operands(self, op: Op):
+        """(operand A, operand B's shared tile, whether B is K-major) as the instruction reads them."""
+        return op.operands[0], op.operands[1], _b_k_major(op)
+
+    def instruction_layout(self, acc_layout) -> WgmmaLayout:
+        """The accumulator as the instruction writes it, from the gemm's result layout (the same here)."""
+        return acc_layout
+
+    def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
         """The descriptor of this warpgroup's first slab of A (``tj_adesc``); slabs and k steps add to it."""
         sa = em.shared[a.id]
         # warp-uniform by construction; through a shuffle ptxas can prove it and keep the descriptors in uniform
@@ -349,7 +372,7 @@ class Wgmma(GemmLowering):
         """Bytes from one 64-row slab of A to the next: a 64-column panel (M-major), or 64 rows (K-major)."""
         return lay.panel_bytes if mn_major else 64 * lay.row_pitch
 
-    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
+    def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
         K x M, each 64-row slab one 64-column panel)."""

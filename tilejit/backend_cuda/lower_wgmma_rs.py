@@ -27,7 +27,7 @@ class WgmmaRegisterA(Wgmma):
     register_a = True  # the layout pass may hand this lowering a register operand A
     a_note = ", A from registers"
 
-    def setup_a(self, em: Emitter, a, layout: WgmmaLayout, mn_major: bool) -> None:
+    def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
         # Packed before the fence: a register written between two wgmma that read it makes ptxas insert a
         # fence of its own before each of them (C7519).
         if a.id in em.packed_a:
@@ -35,7 +35,7 @@ class WgmmaRegisterA(Wgmma):
         em.line(f"unsigned tj_pa[{a.type.layout.regs // 2}];  // A's fragment, two 16-bit elements per register")
         pack_a(em, a, "tj_pa")
 
-    def a_operands(self, em: Emitter, a, kk: int, s: int, layout: WgmmaLayout,
+    def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
                    mn_major: bool = False) -> list[tuple[str, str]]:
         base = (s * a.type.layout.regs // a.type.layout.slabs + 8 * kk) // 2
         words = em.packed_a.get(a.id, "tj_pa")

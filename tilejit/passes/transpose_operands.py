@@ -13,7 +13,9 @@ The staged tile keeps its own copy from global memory (TMA in a pipelined loop) 
 reads a landed slot and writes the tile the tensor cores read, right after the load (in a loop body, each
 iteration; a tile loaded before a loop is transposed once there), one copy per tile whatever the gemms reading it.
 Only operands loaded from a tensor are transposed (a tile staged from registers would better be stored in the
-right order in the first place). A pinned lowering (``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only
+right order in the first place). A lowering that gathers an MN-major operand's fragment itself (tf32 on sm_90a:
+``backend_cuda/lower_wgmma_mn.py``) takes the given form with no copy, and is not paired with a copy of the other
+operand (``GemmLowering.gathers_mn_major``): with both operands MN-major, both are copied. A pinned lowering (``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only
 when the pinned lowering takes the transposed form and not the given one.
 """
 from __future__ import annotations
@@ -42,12 +44,14 @@ def transpose_operands(fn: Function, target: Target) -> None:
         _maybe_transpose(op, target, pinned, home, copies)
 
 
-def _priority(op: Op, target: Target, pinned: str | None) -> int | None:
-    """The priority of the lowering the registry would give ``op``, or None when none fits."""
+def _priority(op: Op, target: Target, pinned: str | None, copied: bool = False) -> int | None:
+    """The priority of the lowering the registry would give ``op``, or None when none fits (or, for a form that
+    needs a copy, when that lowering gathers an MN-major operand itself: one copy beside it spills)."""
     try:
-        return REGISTRY.select("gemm", op, target, only=pinned).priority
+        impl = REGISTRY.select("gemm", op, target, only=pinned)
     except DispatchError:
         return None
+    return None if copied and impl.payload.gathers_mn_major else impl.priority
 
 
 def _transposable(v) -> bool:
@@ -74,7 +78,7 @@ def _maybe_transpose(op: Op, target: Target, pinned: str | None, home: dict, cop
         made = [_transpose_copy(op.operands[i], op.loc) if flips[i] else None for i in (0, 1)]
         trial = Op(OpKind.GEMM, [c.result if c else v for c, v in zip(made, op.operands[:2])] + [op.operands[2]],
                    [op.result.type], _flipped(op.attrs, flips), loc=op.loc)
-        got = _priority(trial, target, pinned)
+        got = _priority(trial, target, pinned, copied=True)
         if got is not None and (given is None or got > given) and (best is None or got > best[0]):
             best = (got, flips, made)
     if best is None:
