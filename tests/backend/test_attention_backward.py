@@ -141,10 +141,12 @@ def _compile(kernel_name, dim, bm, bn, warps, arch, varlen=False):
     q, kv, rows = _meta_args(dim)
     lens = torch.empty(2, dtype=torch.int32, device="meta")
     if kernel_name == "dkdv":
+        # (peel_masks=False: as attention_backward launches these hand-split kernels)
         return attention.attn_bwd_dkdv.compile(q, kv, kv, q, rows, rows, kv, kv, lens, 0.125, 2, GROUP=2, BM=bm,
-                                               BN=bn, D=dim, CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch)
+                                               BN=bn, D=dim, CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch,
+                                               peel_masks=False)
     return attention.attn_bwd_dq.compile(q, kv, kv, q, rows, rows, q, lens, 0.125, 4, GROUP=2, BM=bm, BN=bn, D=dim,
-                                         CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch)
+                                         CAUSAL=True, VARLEN=varlen, num_warps=warps, arch=arch, peel_masks=False)
 
 
 def _check_compiled(compiled, arch):

@@ -123,11 +123,13 @@ def test_key_blocks_outside_the_window_are_never_read(interpret):
 def test_a_right_bound_of_zero_is_causal_and_defaults_add_no_constexpr():
     """The kernels without a window or softcap take none of the new constexprs (so they compile as before);
     window (-1, 0) runs as causal; with causal the right bound is 0."""
-    assert attention._masking(False, None, None) == {"CAUSAL": False}
-    assert attention._masking(True, None, 0.0) == {"CAUSAL": True}
-    assert attention._masking(False, (-1, 0), None) == {"CAUSAL": True}
-    assert attention._masking(True, (64, 64), 30.0) == {"CAUSAL": True, "WINDOW_LEFT": 64, "SOFTCAP": 30.0}
-    assert attention._masking(False, (-1, 64), None) == {"CAUSAL": False, "WINDOW_RIGHT": 64}
+    # (the hand-split kernels are launched unpeeled; the windowed loops, every block masked, are peeled)
+    assert attention._masking(False, None, None) == {"CAUSAL": False, "peel_masks": False}
+    assert attention._masking(True, None, 0.0) == {"CAUSAL": True, "peel_masks": False}
+    assert attention._masking(False, (-1, 0), None) == {"CAUSAL": True, "peel_masks": False}
+    assert attention._masking(True, (64, 64), 30.0) == {"CAUSAL": True, "WINDOW_LEFT": 64, "SOFTCAP": 30.0,
+                                                        "peel_masks": True}
+    assert attention._masking(False, (-1, 64), None) == {"CAUSAL": False, "WINDOW_RIGHT": 64, "peel_masks": True}
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -435,6 +435,9 @@ def _masking(causal: bool, window, softcap) -> dict:
         masking["WINDOW_RIGHT"] = right
     if softcap:
         masking["SOFTCAP"] = float(softcap)
+    # The kernels split the unmasked key blocks from the masked ones by hand; the compiler's peeling
+    # (passes/peel_masks.py) is left to the windowed loops, where every block is masked as written.
+    masking["peel_masks"] = left >= 0 or "WINDOW_RIGHT" in masking
     return masking
 
 
@@ -450,7 +453,7 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, sof
     lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
     attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
-                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **masking, **config)
+                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **{**masking, **config})
     return out
 
 
@@ -486,11 +489,11 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     c = cfg["dkdv"]
     attn_bwd_dkdv[(tilejit.cdiv(seq, c["BN"]), batch * kv_heads)](
         q, k, v, do, lse, delta, dk, dv, lens_arg, sm_scale, kv_heads, GROUP=group, D=dim, CAUSAL=causal,
-        VARLEN=varlen, **masking, **c)
+        VARLEN=varlen, **{**masking, **c})
     c = cfg["dq"]
     attn_bwd_dq[(tilejit.cdiv(seq, c["BM"]), batch * heads)](
         q, k, v, do, lse, delta, dq, lens_arg, sm_scale, heads, GROUP=group, D=dim, CAUSAL=causal, VARLEN=varlen,
-        **masking, **c)
+        **{**masking, **c})
     return dq, dk, dv
 
 
