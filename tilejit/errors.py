@@ -350,13 +350,13 @@ def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
         warnings.warn(message, category, stacklevel=user_stacklevel())
         return
     module_globals = frame.f_globals
-    # (module_globals only lets the warnings module find the line's source; code torch.compile generates has
-    # globals without a __spec__.loader, which warn_explicit refuses with a ValueError: leave it out then)
-    spec = module_globals.get("__spec__")
+    # (no module_globals: it only lets the warnings module ask the frame's loader for the line's source, and
+    # loaders refuse in ways of their own: a module run as __main__ by `python -m` raises ImportError, code
+    # torch.compile generates has no __spec__.loader and warn_explicit raises ValueError; linecache reads the
+    # file by its name instead)
     warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
                            module=module_globals.get("__name__"),
-                           registry=module_globals.setdefault("__warningregistry__", {}),
-                           module_globals=module_globals if getattr(spec, "loader", None) is not None else None)
+                           registry=module_globals.setdefault("__warningregistry__", {}))
 
 
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:

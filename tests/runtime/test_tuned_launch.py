@@ -326,3 +326,34 @@ def test_a_warning_located_in_code_without_a_module_spec(monkeypatch):
     finally:
         errors._CALL_SITE.reset(token)
     assert [(w.filename, w.lineno) for w in caught] == [("<eval_with_key>.7", 2)]
+
+
+def test_a_warning_located_in_a_module_run_with_python_m(tmp_path):
+    """A compile warning whose call site is a module run as ``python -m`` (``__main__``, whose loader refuses to
+    give the source of another name) is located there, not an InternalError."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "userscript.py").write_text(textwrap.dedent('''
+        import warnings, torch, tilejit, tilejit.language as T
+
+        @tilejit.kernel
+        def k(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+            acc = T.zeros((BM, BN), T.float32)
+            for k0 in T.range(0, A.shape[1], BK):
+                acc += A[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN]
+            C[0:BM, 0:BN] = acc
+
+        a = torch.empty(512, 512, dtype=torch.float32, device="meta")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            k.compile(a, a, a, BM=128, BN=256, BK=64, num_warps=8, num_stages=3, arch="sm_90a")
+        print([(w.filename.rsplit("/", 1)[-1], w.lineno) for w in caught if "a pipeline of 3" in str(w.message)])
+    '''))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "TILEJIT_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "userscript"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[('userscript.py', 14)]"  # the compile line
