@@ -39,7 +39,8 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
    (no measurement of deeper rings there); only rule 1 applies to them.
 4. **Persistence** (sm_90a): for a warp-specialized plain matmul main loop (every gemm accumulating in place,
    nothing else in the body) of 128x128 tiles: measured +0.2-8% fp16 (2048^3 to 8192^3), +5-7% fp8, 0.99-1.01x tf32
-   over warp specialization alone. Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
+   over warp specialization alone. Not where an 8-bit operand is given MN-major (B stored K x N), which wgmma
+   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3). Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
    8192^3), not for smaller ones (64x64 / 64x128 at 1024^3: -5%), not for attention (a persistent loop gives up the
    deferred gemm).
 
@@ -84,6 +85,7 @@ class LoopShape:
     tile: tuple[int, int]       # the first gemm's result (BM, BN)
     plain_matmul: bool          # every gemm accumulates in place from loaded tiles; nothing else in the body
     explicit_stages: int | None  # the loop's own T.range(stages=)
+    copied_8bit: bool = False   # an 8-bit operand given MN-major: wgmma reads it through a transposing copy
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def choose(shape: LoopShape | None, arch: Arch, warps: int, left: tuple[str, ...
         values["num_stages"] = min(DEEP_STAGES, fits)
         why.append(f"{values['num_stages']} stages: one block per SM, and they fit")
     if arch.has_wgmma and "persistent" in left and specialized and shape.plain_matmul \
-            and shape.tile == PERSISTENT_TILE:
+            and shape.tile == PERSISTENT_TILE and not shape.copied_8bit:
         values["persistent"] = True
         why.append(f"persistent: a warp-specialized {shape.tile[0]}x{shape.tile[1]} matmul main loop")
     return Choice({n: values[n] for n in left}, tuple(why))
@@ -235,7 +237,20 @@ def loop_shape(fn: Function) -> LoopShape | None:
         stage_bytes=sum(_nbytes(o) for o in ring.values()), other_shared_bytes=sum(_nbytes(o) for o in once.values()),
         accumulator_bits=bits, tile=(shape[-2], shape[-1]),
         plain_matmul=fed and not once and all(_matmul_op(o, fused) for o in body.ops),
-        explicit_stages=loop.attrs.stages)
+        explicit_stages=loop.attrs.stages,
+        copied_8bit=any(_mn_major(gemm, i, inside, before) for gemm in gemms for i in (0, 1)
+                        if gemm.operands[i].type.dtype.itemsize == 1))
+
+
+def _mn_major(gemm: Op, index: int, inside: dict, before: dict) -> bool:
+    """Whether gemm operand ``index`` (0: A, 1: B) comes from its load in the other major-ness than wgmma reads
+    8-bit operands in (K-major: A given M x K, B given N x K), counting the transposes on the way."""
+    flips = int(gemm.attrs.transpose_a if index == 0 else not gemm.attrs.transpose_b)
+    v = gemm.operands[index]
+    while (op := inside.get(v.id) or before.get(v.id)) is not None and op.kind is OpKind.TRANSPOSE:
+        flips += 1
+        v = op.operands[0]
+    return flips % 2 == 1
 
 
 def _loaded(v, inside: dict, before: dict) -> tuple[Op | None, bool]:
