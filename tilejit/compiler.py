@@ -42,7 +42,6 @@ from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
 from .ir import Function, print_function
-from .passes import launch_model
 from .target import LaunchOptions, Target
 from .version import __version__
 
@@ -181,6 +180,8 @@ def target_text(target: Target, given: frozenset | None = None) -> str:
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
+    from .passes import launch_model  # (first use: `import tilejit` loads no pass)
+
     left = launch_model.applies(given)
     walks = target.persistent or launch_model.may_walk_grid(target, given)
     return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + knobs.codegen_pins()
@@ -251,6 +252,8 @@ def _passes_stage(st: Stages) -> None:
     # again for a shallower ring, the choice is made again from that target, not from the one it made)
     if st.unmodelled_target is None:
         st.unmodelled_target = st.target
+    from .passes import launch_model
+
     target, choice = launch_model.resolve(st.fn, st.unmodelled_target, st.spec.given)
     if choice is not None:
         st.target, st.launch_choice = target, choice

@@ -24,7 +24,6 @@ from ..compiler import CompiledKernel, Specialization
 from ..frontend.source import (JITFunction, ParsedSource, check_signature, parse_function, referenced_globals,
                                referenced_helpers)
 from ..frontend.spec import ArgSpec, ConstexprSpec, NeedsShape, ScalarSpec, TensorListSpec, TensorSpec
-from ..passes import launch_model
 from ..target import LaunchOptions, Target
 from ..version import __version__  # noqa: F401  (re-exported as tilejit.__version__)
 from . import native
@@ -305,6 +304,8 @@ class Kernel:
     def _compile_call(self, call: BoundCall, arch: Any, device_index: int | None, stop_after: str | None):
         options = call.options
         target = Target(resolve_arch(arch, device_index), options)
+        from ..passes import launch_model  # (first use: `import tilejit` loads no pass)
+
         if options.walks_grid or launch_model.may_walk_grid(target, call.spec.given):  # one program per SM
             target = Target(target.arch, options, sm_count=_sm_count(device_index))
         if stop_after is not None and stop_after != "cubin":
