@@ -40,7 +40,9 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
 4. **Persistence** (sm_90a): for a warp-specialized plain matmul main loop (every gemm accumulating in place,
    nothing else in the body) of 128x128 tiles: measured +0.2-8% fp16 (2048^3 to 8192^3), +5-7% fp8, 0.99-1.01x tf32
    over warp specialization alone. Not where an 8-bit operand is given MN-major (B stored K x N), which wgmma
-   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3). Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
+   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3), and 0.77-0.79x
+   warp-specialized alone (H100), so those 128x128 tiles keep the fixed defaults (rule 2 too); 128x256 /
+   256x128 fp8 tiles with the copy gain from warp specialization (1.0-1.05x) and keep it. Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
    8192^3), not for smaller ones (64x64 / 64x128 at 1024^3: -5%), not for attention (a persistent loop gives up the
    deferred gemm).
 
@@ -151,6 +153,9 @@ def choose(shape: LoopShape | None, arch: Arch, warps: int, left: tuple[str, ...
         elif _registers(shape, threads) > room:
             why.append(f"not warp-specialized: {_registers(shape, threads)} accumulator registers a thread, over "
                        f"{room}")
+        elif shape.copied_8bit and shape.tile == PERSISTENT_TILE:
+            why.append("not warp-specialized: 128x128 tiles with an 8-bit operand through a transposing copy "
+                       "(measured 0.77-0.79x)")
         else:
             values["warp_specialize"] = specialized = True
             why.append("warp-specialized: one block per SM either way")
