@@ -373,42 +373,6 @@ PLAIN_PASS_CASES = {
 
 
 @tilejit.kernel
-def attention_one_loop(Q, K, V, O, sm_scale, BM: T.constexpr, BN: T.constexpr, D: T.constexpr,
-                       CAUSAL: T.constexpr):
-    """A FlashAttention-2 forward written the obvious way: one ``T.range`` loop over every key block it needs, the
-    ragged end of the keys and the causal diagonal masked by ``T.where`` in every iteration (the compiler peels
-    the iterations whose mask is all true: ``passes/peel_masks.py``). Grid: (cdiv(S, BM), H, B)."""
-    b = T.program_id(2)
-    h = T.program_id(1)
-    m0 = T.program_id(0) * BM
-    S = Q.shape[2]
-    q = Q[b, h, m0:m0 + BM, 0:D]
-    m_i = T.full((BM,), float("-inf"), T.float32)
-    l_i = T.zeros((BM,), T.float32)
-    acc = T.zeros((BM, D), T.float32)
-    qk_scale = sm_scale * 1.4426950408889634
-    rows = m0 + T.arange(0, BM)
-    hi = S
-    if CAUSAL:
-        hi = T.minimum(S, m0 + BM)
-    for n0 in T.range(0, hi, BN):
-        k = K[b, h, n0:n0 + BN, 0:D]
-        s = q @ k.T
-        cols = n0 + T.arange(0, BN)
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        s = T.where(valid, s, float("-inf"))
-        m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
-        p = T.exp2(s * qk_scale - m_new[:, None])
-        alpha = T.exp2(m_i - m_new)
-        l_i = l_i * alpha + T.sum(p, 1)
-        acc = acc * alpha[:, None] + p.to(V.dtype) @ V[b, h, n0:n0 + BN, 0:D]
-        m_i = m_new
-    O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
-
-
-@tilejit.kernel
 def ragged_exp_row_sum(X, Out, BM: T.constexpr, BN: T.constexpr):
     """Out[i] = sum_j exp(X[i, j]) in blocks of BN columns, the ragged last block masked by ``T.where`` (without the
     mask the out-of-bounds columns, read as 0, would add exp(0) = 1 each)."""

@@ -8,7 +8,8 @@ import torch
 
 import tilejit
 from attention_checks import check, inputs
-from kernels import attention_one_loop, ragged_exp_row_sum
+from benchmarks.kernels import attention_one_loop
+from kernels import ragged_exp_row_sum
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,8 @@ from tilejit.passes.peel_masks import peel_masks, peel_plan
 from tilejit.target import Target
 
 from filecheck import filecheck
-from kernels import attention_one_loop, masked_from_start, meta, ragged_exp_row_sum, unpeelable_masks
+from benchmarks.kernels import attention_one_loop
+from kernels import masked_from_start, meta, ragged_exp_row_sum, unpeelable_masks
 
 
 def _attention_args(seq=200, dim=64, dtype=torch.float16):
