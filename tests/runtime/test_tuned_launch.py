@@ -21,20 +21,10 @@ from tilejit import autotuner as autotuner_module
 from tilejit.autotuner import Autotuner, Config
 from tilejit.runtime import native
 
+from test_native_launch import _build_tools_missing  # (tests/runtime is on the path)
+
 CONSTEXPR, RUNTIME = "constexpr", "runtime"
 TIMES = {32: 3.0, 64: 1.0, 128: 2.0}  # ms by BLOCK: 64 wins
-
-
-def _build_tools_missing() -> str | None:
-    import sysconfig
-    from pathlib import Path
-
-    try:
-        native.compiler()
-    except native.NativeBuildError as error:
-        return str(error)
-    include = sysconfig.get_paths().get("include")
-    return None if include and (Path(include) / "Python.h").is_file() else f"no Python.h in {include}"
 
 
 _MISSING = _build_tools_missing()
