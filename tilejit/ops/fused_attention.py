@@ -46,6 +46,20 @@ LOG2E = 1.4426950408889634
 
 
 @tilejit.func
+def _visible(rows, cols, S, CAUSAL, LEFT, RIGHT):
+    """Which scores of a query-row x key block count (row-major: rows x cols): keys before ``S``; ``CAUSAL``: keys
+    up to the row; ``LEFT``/``RIGHT`` >= 0: keys row - LEFT .. row + RIGHT."""
+    valid = cols[None, :] < S
+    if CAUSAL:
+        valid = valid & (cols[None, :] <= rows[:, None])
+    if LEFT >= 0:
+        valid = valid & (cols[None, :] >= rows[:, None] - LEFT)
+    if RIGHT >= 0:
+        valid = valid & (cols[None, :] <= rows[:, None] + RIGHT)
+    return valid
+
+
+@tilejit.func
 def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, MASK, CAUSAL, LEFT, RIGHT,
                          SOFTCAP, tanh_scale):
     """One key/value block: scores, the running max and sum rescaled, the output accumulated. ``MASK``: the
@@ -58,14 +72,7 @@ def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, B
     if SOFTCAP > 0.0:
         s = T.tanh(s * tanh_scale) * (SOFTCAP * 1.4426950408889634)
     if MASK:
-        cols = n0 + T.arange(0, BN)
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        if LEFT >= 0:
-            valid = valid & (cols[None, :] >= rows[:, None] - LEFT)
-        if RIGHT >= 0:
-            valid = valid & (cols[None, :] <= rows[:, None] + RIGHT)
+        valid = _visible(rows, n0 + T.arange(0, BN), S, CAUSAL, LEFT, RIGHT)
         s = T.where(valid, s, float("-inf"))
     m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
     m_exp = m_new
@@ -261,14 +268,7 @@ def _dq_step(q, do, lse, delta, K, V, b, kv, n0, S, rows, dq, qk_scale, BN, D, M
     p = T.exp2(s * qk_scale - lse[:, None])
     if MASK:
         # keys past the sequence read as zeros, but exp2(0 - lse) times 0 - Delta is not a zero term: mask them
-        cols = n0 + T.arange(0, BN)
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None])
-        if LEFT >= 0:
-            valid = valid & (cols[None, :] >= rows[:, None] - LEFT)
-        if RIGHT >= 0:
-            valid = valid & (cols[None, :] <= rows[:, None] + RIGHT)
+        valid = _visible(rows, n0 + T.arange(0, BN), S, CAUSAL, LEFT, RIGHT)
         p = T.where(valid, p, 0.0)
     dp = T.gemm(do, v, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
     ds = p * (dp - delta[:, None])
