@@ -235,12 +235,9 @@ def record_imported_versions(versions) -> None:
     """Remember the NVRTC versions ("major.minor") that built the kernels ``tilejit cache import`` stored, so a
     process that cannot load NVRTC at all keys its lookups as those kernels were keyed (see imported_version).
     Merged with the versions already recorded; nothing is written when the directory is not writable."""
-    known = set(_imported_versions())
-    for text in versions:
-        parsed = _parse_version(text)
-        if parsed is not None:
-            known.add(parsed)
-    if not known or known == set(_imported_versions()):
+    recorded = set(_imported_versions())
+    known = recorded | {parsed for parsed in map(_parse_version, versions) if parsed is not None}
+    if known == recorded:
         return
     target = _imported_record_path()
     try:
@@ -259,8 +256,7 @@ def imported_version() -> tuple[int, int] | None:
 
 def _imported_versions() -> list[tuple[int, int]]:
     try:
-        record = json.loads(private_io.read_private(_imported_record_path(), limit=1 << 16))
-        listed = record["versions"]
+        listed = private_io.read_json(_imported_record_path(), limit=1 << 16)["versions"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     if not isinstance(listed, list):

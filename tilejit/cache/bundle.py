@@ -148,7 +148,8 @@ def import_bundle(cache: KernelCache, path: Path, validate: Callable[[dict], Non
             continue
         stored = cache.store(key, files, {name: value for name, value in meta.items() if name not in _MADE_BY_STORE})
         report.entries.append(stored.key)
-        version = (meta.get("versions") or {}).get("nvrtc") if isinstance(meta.get("versions"), dict) else None
+        versions = meta.get("versions")
+        version = versions.get("nvrtc") if isinstance(versions, dict) else None
         if isinstance(version, str):
             report.nvrtc_versions.add(version)
     return report

@@ -251,23 +251,23 @@ def _mn_major(gemm: Op, index: int, inside: dict, before: dict) -> bool:
     """Whether gemm operand ``index`` (0: A, 1: B) comes from its load in the other major-ness than wgmma reads
     8-bit operands in (K-major: A given M x K, B given N x K), counting the transposes on the way."""
     flips = int(gemm.attrs.transpose_a if index == 0 else not gemm.attrs.transpose_b)
-    v = gemm.operands[index]
-    while (op := inside.get(v.id) or before.get(v.id)) is not None and op.kind is OpKind.TRANSPOSE:
-        flips += 1
-        v = op.operands[0]
-    return flips % 2 == 1
+    return (flips + _through_transposes(gemm.operands[index], inside, before)[2]) % 2 == 1
 
 
 def _loaded(v, inside: dict, before: dict) -> tuple[Op | None, bool]:
     """The load a gemm operand comes from (through transposes), and whether it is in the loop's body."""
-    while True:
-        op = inside.get(v.id) or before.get(v.id)
-        if op is None:
-            return None, False
-        if op.kind is OpKind.TRANSPOSE:
-            v = op.operands[0]
-            continue
-        return (op, v.id in inside) if op.kind is OpKind.LOAD and op.result.is_tile else (None, False)
+    op, v, _ = _through_transposes(v, inside, before)
+    return (op, v.id in inside) if op is not None and op.kind is OpKind.LOAD and op.result.is_tile else (None, False)
+
+
+def _through_transposes(v, inside: dict, before: dict):
+    """(the op, in the loop's body or before it, that makes ``v`` once the transposes on the way are passed (None:
+    an argument or an op elsewhere), the value it makes, how many transposes were passed)."""
+    flips = 0
+    while (op := inside.get(v.id) or before.get(v.id)) is not None and op.kind is OpKind.TRANSPOSE:
+        flips += 1
+        v = op.operands[0]
+    return op, v, flips
 
 
 def _added(gemm: Op, body, uses: dict) -> Op | None:
