@@ -69,7 +69,9 @@ ATTENTION_SM90 = {
     (128, 128, 64, 8): {"num_stages": 4, "warp_specialize": True, "persistent": False},
     (128, 64, 64, 4): OLD,
     (64, 128, 128, 8): OLD,  # 112 KiB: up to two blocks per SM
-    (64, 64, 128, 4): OLD,
+    (64, 64, 128, 4): {"num_stages": 2, "warp_specialize": False, "persistent": False},  # 3 blocks per SM, not 2
+    (64, 64, 64, 4): {"num_stages": 2, "warp_specialize": False, "persistent": False},  # 5, not 4
+    (64, 128, 64, 8): OLD,  # registers hold two blocks at either depth
 }
 
 

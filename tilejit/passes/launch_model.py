@@ -46,6 +46,15 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
    8192^3), not for smaller ones (64x64 / 64x128 at 1024^3: -5%), not for attention (a persistent loop gives up the
    deferred gemm).
 
+5. **Blocks before depth** (sm_90a): a loop that is not a plain matmul (attention's softmax between its gemms) and
+   is not warp-specialized relies on co-resident blocks to hide its loads. Where the fixed 3-deep ring lets fewer
+   blocks share an SM than a 2-deep one, it takes 2 stages. Registers enter at 1.5x the accumulator count (what
+   ptxas gave such loops on an H100: 96, 168 and 104 registers for 64, 97 and 64 accumulator registers). Measured
+   on the obvious attention forward at D = 64 (``scripts/probes/one_loop_d64.py``, H100, S 1k/4k, causal and not):
+   64x64 on 4 warps +5-13% (five blocks per SM instead of four), 64x128 on 4 warps -3..+21% (three instead of two;
+   the loss is causal S = 4k); 128x64 on 8 warps, where registers allow two blocks either way, keeps 3 (2 stages
+   measured 0.98-1.02x).
+
 The SM count enters a persistent kernel as its program count (the device's at launch, else
 ``warp_specialize.DEFAULT_SM_COUNT``, an H100 SXM's 132). The grid does not enter the model: one compiled kernel
 serves every grid of its arguments' signature (the launch's fast paths do not key on the grid), so rule 4 keeps to
@@ -64,6 +73,8 @@ from ..target import Arch, LaunchOptions, Target
 OLD_STAGES = 3
 #: The deepest ring the model chooses (rule 3).
 DEEP_STAGES = 4
+#: The ring depth rule 5 takes when it holds more blocks per SM than the fixed default.
+SHALLOW_STAGES = 2
 #: The shallowest ring warp specialization is chosen for (``warp_specialize.DEFER_STAGES``).
 SPECIALIZED_MIN_STAGES = 3
 #: Shared memory per SM, by SM number (CUDA C Programming Guide, "Technical Specifications per Compute
@@ -159,6 +170,14 @@ def choose(shape: LoopShape | None, arch: Arch, warps: int, left: tuple[str, ...
         else:
             values["warp_specialize"] = specialized = True
             why.append("warp-specialized: one block per SM either way")
+    if arch.has_wgmma and own is None and not specialized and not shape.plain_matmul and depth > SHALLOW_STAGES:
+        held = _registers(shape, threads) * 3 // 2
+        deep = blocks_per_sm(_shared(shape, depth), threads, held, arch)
+        shallow = blocks_per_sm(_shared(shape, SHALLOW_STAGES), threads, held, arch)
+        if shallow > deep:
+            values["num_stages"] = depth = SHALLOW_STAGES
+            why.append(f"{SHALLOW_STAGES} stages: {shallow} blocks per SM instead of {deep}, which hide the loads "
+                       "of a loop with work between its gemms")
     if arch.has_wgmma and own is None and (one_block or specialized) and fits > depth:
         values["num_stages"] = min(DEEP_STAGES, fits)
         why.append(f"{values['num_stages']} stages: one block per SM, and they fit")
