@@ -6,7 +6,7 @@ FlashAttention-2/3 do), timed beside ``attention_backward``'s two kernels and cu
 Five products a step instead of the two kernels' seven (dQ's kernel recomputes S and dP). Measured on an H100
 (bf16, B=4, H=16, S=4096): D=128 236.5 TFLOP/s (64x128 w8) against 409.1 for the two kernels and 508.3 cuDNN;
 causal 216.7 / 346.0 / 459.1; D=64 195.3 / 343.5 / 417.1. The per-element float32 atomics of dQ (32 KiB a step)
-and its transposed product cost more than the two products they save.
+and its transposed product (dS^T staged for wgmma) are the suspects; not profiled further.
 """
 from __future__ import annotations
 
