@@ -15,7 +15,7 @@
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
-from tilejit.ops.rms_norm import rms_norm
+from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
 
 __all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding"]

@@ -81,7 +81,8 @@ def launch_config(dim: int, backward: bool = False) -> dict:
     """BM rows of BD columns per program: BD the row rounded up to a power of 2; short rows packed so that a
     program moves at least 2048 elements (1024 in the backward); warps so that a thread holds 16 of a tile's
     elements (two 16-byte loads of a 16-bit type), 8 in the backward, which keeps more tiles live (x, dy, dweight's
-    partial, the weight); at most 16 warps, so an 8192-long row holds 16 (32 in the backward)."""
+    partial, the weight); at most 16 warps: an 8192-long row is 16 values a thread, in the backward too (whose
+    tiles then take more than the 128 registers a thread of 16 warps has: it spills up to about 200 bytes a thread)."""
     per_program, per_thread = (1024, 8) if backward else (2048, 16)
     bd = 1 << max(4, (dim - 1).bit_length())
     bm = max(1, min(16, per_program // bd))
@@ -234,4 +235,4 @@ class _Operators:
         return dx, dweight, (dx if ctx.residual else None), None
 
 
-_OPS = _Operators(namespace(__name__, "tilejit.ops.rms_norm"))
+_OPS = _Operators(namespace(__name__, "tilejit.ops.norm"))
