@@ -6,9 +6,16 @@
   (``window=(left, right)``) and logit softcaps (``softcap=c``).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
+- ``rms_norm(x, weight, *, eps, residual)``: RMSNorm over the last dim, optionally fused with the residual add
+  (then ``(y, x + residual)``); operators ``tilejit::rms_norm_fwd`` / ``tilejit::rms_norm_bwd``.
+- ``rotary_embedding(q, k, cos, sin, *, positions)``: half-split rotary embedding of q and k, in place when no
+  gradient is recorded, else into fresh tensors (differentiable); operators ``tilejit::rotary_embedding_`` (in
+  place) and ``tilejit::rotary_embedding``.
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
+from tilejit.ops.norm import rms_norm
+from tilejit.ops.rotary import rotary_embedding
 
-__all__ = ["attention", "attention_forward", "attention_backward"]
+__all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding"]

@@ -1,0 +1,331 @@
+"""tilejit.ops.rms_norm and tilejit.ops.rotary_embedding: forward and backward through the interpreter against
+the float64 definitions (``reference`` of tilejit/ops/norm.py and tilejit/ops/rotary.py, which the GPU tests
+use too) over ragged shapes, every output written (NaN-poisoned), in place without autograd and out of place with
+it, inside torch.compile(fullgraph=True), the users' mistakes as typed errors, and the kernels' compilation for
+sm_80, sm_90a and sm_100a."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilejit
+from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from tilejit.ops import norm
+from tilejit.ops import rotary
+
+ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=4e-3, atol=4e-3),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.fixture
+def interpret(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(got, want, dtype, name, scale=1.0):
+    assert not torch.isnan(got).any(), f"{name}: some elements were never written"
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol["rtol"], atol=tol["atol"] * scale,
+                               msg=lambda m: f"{name}: {m}")
+
+
+def _norm_reference_grads(x, w, r, dy, ds, eps):
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    r64 = None if r is None else r.detach().double().requires_grad_()
+    out = norm.reference(x64, w64, eps, r64)
+    if r is None:
+        (out * dy.double()).sum().backward()
+        return out.detach(), None, x64.grad, w64.grad, None
+    (out[0] * dy.double() + out[1] * ds.double()).sum().backward()
+    return out[0].detach(), out[1].detach(), x64.grad, w64.grad, r64.grad
+
+
+NORM_CASES = [((7, 37), torch.float32, False), ((3, 5, 37), torch.float32, True), ((2, 19, 100), torch.bfloat16, True),
+              ((70, 40), torch.float16, True), ((300,), torch.float32, False), ((9, 1030), torch.bfloat16, False)]
+
+
+@pytest.mark.parametrize("shape, dtype, residual", NORM_CASES, ids=[f"{s}-{str(d)[6:]}-{r}" for s, d, r in NORM_CASES])
+def test_rms_norm_matches_float64_autograd(interpret, shape, dtype, residual):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 2 + 0.3
+    w = torch.randn(shape[-1], dtype=dtype)
+    r = torch.randn(shape, dtype=dtype) if residual else None
+    dy, ds = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, r)]
+    out = norm.rms_norm(leaves[0], leaves[1], eps=1e-5, residual=leaves[2])
+    y, s = out if residual else (out, None)
+    assert y.dtype == dtype and y.shape == x.shape
+    (y * dy + (s * ds if residual else 0)).sum().backward()
+    want = _norm_reference_grads(x, w, r, dy, ds, 1e-5)
+    _close(y, want[0], dtype, "y")
+    _close(leaves[0].grad, want[2], dtype, "dx", want[2].abs().max().item())
+    # dweight sums over every row: relative to its scale
+    _close(leaves[1].grad, want[3], dtype, "dweight", want[3].abs().max().item())
+    if residual:
+        _close(s, want[1], dtype, "s")
+        _close(leaves[2].grad, want[4], dtype, "dresidual", want[4].abs().max().item())
+
+
+def test_rms_norm_float32_weight_with_bfloat16_activations(interpret):
+    torch.manual_seed(1)
+    x = torch.randn(6, 50, dtype=torch.bfloat16)
+    w = torch.randn(50, dtype=torch.float32, requires_grad=True)
+    y = norm.rms_norm(x, w)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.float32
+    want = _norm_reference_grads(x, w, None, torch.ones(6, 50), None, 1e-6)
+    _close(y, want[0], torch.bfloat16, "y")
+    _close(w.grad, want[3], torch.bfloat16, "dweight", want[3].abs().max().item())
+
+
+def test_rms_norm_launches_write_every_output(interpret):
+    """Outputs poisoned with NaN: every element is written; the backward's programs walk several row blocks
+    (100 rows of 16 per block, 4 programs on CPU), so the partial dweight sums cover every row."""
+    torch.manual_seed(2)
+    rows, dim = 100, 40
+    x, r, dy, ds = (torch.randn(rows, dim) for _ in range(4))
+    w = torch.randn(dim)
+    y, s, rstd = (torch.full(shape, float("nan")) for shape in ((rows, dim), (rows, dim), (rows,)))
+    norm.rms_norm_forward(x, w, 1e-6, r, out=y, residual_out=s, rstd=rstd)
+    dx, dweight = torch.full((rows, dim), float("nan")), torch.full((dim,), float("nan"))
+    norm.rms_norm_backward(dy, ds, s, w, rstd, dx=dx, dweight=dweight)
+    want = _norm_reference_grads(x, w, r, dy, ds, 1e-6)
+    _close(y, want[0], torch.float32, "y")
+    _close(s, want[1], torch.float32, "s")
+    _close(rstd, torch.rsqrt(want[1].pow(2).mean(-1) + 1e-6), torch.float32, "rstd")
+    _close(dx, want[2], torch.float32, "dx", want[2].abs().max().item())
+    _close(dweight, want[3], torch.float32, "dweight", want[3].abs().max().item())
+
+
+def _rotary_inputs(batch, seq, q_heads, k_heads, dim, dtype, positions_dtype=None, max_positions=64, seed=0):
+    torch.manual_seed(seed)
+    q = torch.randn(batch, seq, q_heads, dim, dtype=dtype)
+    k = torch.randn(batch, seq, k_heads, dim, dtype=dtype)
+    angles = torch.randn(max_positions, dim // 2) * 3
+    positions = None
+    if positions_dtype is not None:
+        positions = torch.randint(0, max_positions, (batch, seq), dtype=positions_dtype)
+    return q, k, angles.cos(), angles.sin(), positions
+
+
+ROPE_CASES = [(2, 3, 5, 2, 20, torch.float32, None), (3, 1, 4, 4, 16, torch.bfloat16, torch.int64),
+              (2, 4, 6, 3, 300, torch.float16, torch.int32), (1, 5, 2, 1, 2, torch.float32, torch.int64)]
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[f"{c[:5]}-{str(c[5])[6:]}-{c[6]}" for c in ROPE_CASES])
+def test_rotary_in_place_matches_float64(interpret, case):
+    """Without autograd: q and k are rotated in place and returned. Head dim 300 (halves of 150 in 256-wide
+    tiles, 4 heads a step) walks the heads in two steps; S = 1 with one position per batch entry is decode."""
+    *shape, dtype, positions_dtype = case
+    q, k, cos, sin, positions = _rotary_inputs(*shape, dtype, positions_dtype)
+    want_q, want_k = rotary.reference(q, k, cos, sin, positions)
+    q_in, k_in = q.clone(), k.clone()
+    got_q, got_k = rotary.rotary_embedding(q_in, k_in, cos, sin, positions=positions)
+    assert got_q is q_in and got_k is k_in
+    _close(got_q, want_q, dtype, "q")
+    _close(got_k, want_k, dtype, "k")
+
+
+def test_rotary_in_place_on_strided_views(interpret):
+    """q and k as views of one fused qkv projection (row strides larger than the heads): rotated where they lie,
+    the rest of the buffer untouched."""
+    torch.manual_seed(3)
+    qkv = torch.randn(2, 3, 4 + 2 + 2, 16)
+    q, k = qkv[:, :, :4], qkv[:, :, 4:6]
+    _, _, cos, sin, _ = _rotary_inputs(2, 3, 4, 2, 16, torch.float32)
+    want_q, want_k = rotary.reference(q, k, cos, sin)
+    v_before = qkv[:, :, 6:].clone()
+    rotary.rotary_embedding(q, k, cos, sin)
+    _close(qkv[:, :, :4], want_q, torch.float32, "q")
+    _close(qkv[:, :, 4:6], want_k, torch.float32, "k")
+    assert torch.equal(qkv[:, :, 6:], v_before)
+
+
+@pytest.mark.parametrize("dtype, positions_dtype", [(torch.float32, torch.int64), (torch.bfloat16, None)])
+def test_rotary_backward_matches_float64_autograd(interpret, dtype, positions_dtype):
+    """With autograd: fresh tensors come back (q and k unchanged), and the gradients are the inverse rotation."""
+    q, k, cos, sin, positions = _rotary_inputs(2, 5, 3, 1, 12, dtype, positions_dtype, seed=4)
+    q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+    got_q, got_k = rotary.rotary_embedding(q_leaf, k_leaf, cos, sin, positions=positions)
+    assert got_q is not q_leaf and torch.equal(q_leaf.detach(), q) and torch.equal(k_leaf.detach(), k)
+    dq, dk = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * dq).sum() + (got_k * dk).sum()).backward()
+    q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
+    want_q, want_k = rotary.reference(q64, k64, cos, sin, positions)
+    ((want_q * dq.double()).sum() + (want_k * dk.double()).sum()).backward()
+    _close(got_q, want_q.detach(), dtype, "q")
+    _close(got_k, want_k.detach(), dtype, "k")
+    _close(q_leaf.grad, q64.grad, dtype, "dq")
+    _close(k_leaf.grad, k64.grad, dtype, "dk")
+
+
+def test_rotary_launch_writes_every_output(interpret):
+    q, k, cos, sin, positions = _rotary_inputs(2, 3, 5, 3, 26, torch.float32, torch.int64, seed=5)
+    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    rotary.rotary_forward(q, k, cos, sin, positions, q_out=q_out, k_out=k_out)
+    want_q, want_k = rotary.reference(q, k, cos, sin, positions)
+    _close(q_out, want_q, torch.float32, "q")
+    _close(k_out, want_k, torch.float32, "k")
+    back_q, back_k = rotary.rotary_forward(q_out, k_out, cos, sin, positions, inverse=True)
+    _close(back_q, q.double(), torch.float32, "inverse q")
+    _close(back_k, k.double(), torch.float32, "inverse k")
+
+
+def _block(h, residual, w, wq, wk, cos, sin):
+    """A sliver of a Llama block: residual add + RMSNorm, q/k projections, rotary."""
+    x, residual = tilejit.ops.rms_norm(h, w, eps=1e-5, residual=residual)
+    batch, seq, _ = x.shape
+    q = (x @ wq).view(batch, seq, 2, 8)
+    k = (x @ wk).view(batch, seq, 1, 8)
+    q, k = tilejit.ops.rotary_embedding(q, k, cos, sin)
+    return (q.sum(2) * k.sum(2)).sum() + residual.square().mean()
+
+
+def test_both_ops_in_fullgraph_compile_forward_and_backward(interpret):
+    torch.manual_seed(6)
+    h, residual = torch.randn(2, 5, 24), torch.randn(2, 5, 24)
+    w, wq, wk = torch.randn(24), torch.randn(24, 16) / 5, torch.randn(24, 8) / 5
+    _, _, cos, sin, _ = _rotary_inputs(2, 5, 2, 1, 8, torch.float32)
+    compiled = torch.compile(_block, fullgraph=True, backend="aot_eager")
+    eager_leaves = [t.clone().requires_grad_() for t in (h, residual, w, wq)]
+    compiled_leaves = [t.clone().requires_grad_() for t in (h, residual, w, wq)]
+    eager = _block(*eager_leaves, wk, cos, sin)
+    got = compiled(*compiled_leaves, wk, cos, sin)
+    torch.testing.assert_close(got, eager)
+    eager.backward()
+    got.backward()
+    for a, b in zip(compiled_leaves, eager_leaves):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad, b.grad)
+    # the float64 definition agrees with both
+    leaves64 = [t.double().requires_grad_() for t in (h, residual, w, wq)]
+    x64, r64 = norm.reference(leaves64[0], leaves64[2], 1e-5, leaves64[1])
+    q64 = (x64 @ leaves64[3]).view(2, 5, 2, 8)
+    k64 = (x64 @ wk.double()).view(2, 5, 1, 8)
+    q64, k64 = rotary.reference(q64, k64, cos, sin)
+    want = (q64.sum(2) * k64.sum(2)).sum() + r64.square().mean()
+    want.backward()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(compiled_leaves, leaves64):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-4)
+    explanation = torch._dynamo.explain(_block)(h, residual, w, wq, wk, cos, sin)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+def test_in_place_rotary_in_fullgraph_compile_without_grad(interpret):
+    q, k, cos, sin, positions = _rotary_inputs(3, 1, 4, 2, 16, torch.float32, torch.int32, seed=7)
+
+    def decode_step(q, k, positions):
+        q, k = tilejit.ops.rotary_embedding(q, k, cos, sin, positions=positions)
+        return q * 2, k
+
+    compiled = torch.compile(decode_step, fullgraph=True, backend="aot_eager")
+    q_in, k_in = q.clone(), k.clone()
+    with torch.no_grad():
+        got_q, got_k = compiled(q_in, k_in, positions)
+    want_q, want_k = rotary.reference(q, k, cos, sin, positions)
+    _close(got_q, 2 * want_q, torch.float32, "q")
+    _close(got_k, want_k, torch.float32, "k")
+    _close(q_in, want_q, torch.float32, "q rotated in place")
+
+
+def test_opcheck(interpret):
+    """torch.library.opcheck: schemas, fake kernels against the real ones, autograd registration."""
+    x, r = torch.randn(4, 24), torch.randn(4, 24)
+    w = torch.randn(24, requires_grad=True)
+    torch.library.opcheck(norm._OPS.forward, (x, w, r, 1e-6))
+    torch.library.opcheck(norm._OPS.forward, (x, w, None, 1e-6))
+    q, k, cos, sin, positions = _rotary_inputs(2, 3, 2, 1, 8, torch.float32, torch.int64)
+    torch.library.opcheck(rotary._OPS.rotate, (q.requires_grad_(), k, cos, sin, positions, False))
+    torch.library.opcheck(rotary._OPS.rotate_, (q.detach().clone(), k, cos, sin, None))
+
+
+def test_rms_norm_errors():
+    x = torch.randn(4, 24)
+    w = torch.randn(24)
+    cases = [
+        (TypeError, "float16, bfloat16 or float32", dict(x=x.long(), weight=w)),
+        (TypeError, "must be tensors", dict(x=x.tolist(), weight=w)),
+        (ValueError, r"weight must have shape \(24,\)", dict(x=x, weight=torch.randn(23))),
+        (ValueError, "at most 8192", dict(x=torch.randn(2, 8193), weight=torch.randn(8193))),
+        (ValueError, "non-empty last dim", dict(x=torch.randn(3, 0), weight=torch.randn(0))),
+        (ValueError, "residual must have x's shape, dtype", dict(x=x, weight=w, residual=torch.randn(4, 25))),
+        (ValueError, "residual must have x's shape, dtype", dict(x=x, weight=w, residual=x.half())),
+        (ValueError, "eps must be a number >= 0", dict(x=x, weight=w, eps=-1.0)),
+    ]
+    for error, message, kwargs in cases:
+        with pytest.raises(error, match=message):
+            norm.rms_norm(**kwargs)
+
+
+def test_rotary_errors():
+    q, k, cos, sin, positions = _rotary_inputs(2, 3, 4, 2, 8, torch.float32, torch.int64)
+    cases = [
+        (ValueError, r"must be \(B, S, H, D\)", dict(q=q[0])),
+        (TypeError, "share one dtype", dict(k=k.half())),
+        (TypeError, "share one dtype", dict(q=q.long(), k=k.long())),
+        (ValueError, "k must be \\(B, S, Hkv, D\\) with q's B, S and D", dict(k=k[:, :2])),
+        (ValueError, "head dim must be even", dict(q=q[..., :7], k=k[..., :7])),
+        (ValueError, "last stride of 1", dict(q=torch.randn(2, 3, 4, 16)[..., ::2])),
+        (ValueError, r"cos must be float32 \(max_positions, 4\)", dict(cos=cos.double())),
+        (ValueError, r"sin must be float32 \(max_positions, 4\)", dict(sin=sin[:, :3])),
+        (ValueError, r"positions must be an int32 or int64 tensor \(2, 3\)", dict(positions=positions.float())),
+        (ValueError, r"positions must be an int32 or int64 tensor \(2, 3\)", dict(positions=positions[:1])),
+        (ValueError, "3 positions but cos and sin have 2 rows", dict(cos=cos[:2], sin=sin[:2], positions=None)),
+        (TypeError, "cos must be a tensor", dict(cos=1.0)),
+    ]
+    base = dict(q=q, k=k, cos=cos, sin=sin, positions=positions)
+    for error, message, kwargs in cases:
+        args = {**base, **kwargs}
+        with pytest.raises(error, match=message):
+            rotary.rotary_embedding(args.pop("q"), args.pop("k"), args.pop("cos"), args.pop("sin"), **args)
+
+
+def _check_compiled(compiled, arch, spill_bytes=0):
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    assert compiled.meta["spills"] <= spill_bytes, compiled.meta
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dim", [100, 4096, 8192])
+def test_rms_norm_kernels_compile(fresh_compile_cache, arch, dim):
+    x, w, rstd = _meta(1000, dim), _meta(dim, dtype=torch.float32), _meta(1000, dtype=torch.float32)
+    partial = _meta(264, dim, dtype=torch.float32)
+    _check_compiled(norm.rms_norm_fwd.compile(x, x, w, x, x, rstd, 1e-6, RESIDUAL=True, arch=arch,
+                                              **norm.launch_config(dim)), arch)
+    # 8192-long rows: 16 warps of at most 128 registers a thread hold the backward's tiles with a small spill
+    _check_compiled(norm.rms_norm_bwd.compile(x, x, x, w, rstd, x, partial, HAS_DS=True, arch=arch,
+                                              **norm.launch_config(dim, backward=True)), arch,
+                    spill_bytes=256 if dim > 4096 else 0)
+    _check_compiled(norm.column_sums.compile(partial, _meta(dim, dtype=torch.float32), BM=16, BN=128, num_warps=4,
+                                             arch=arch), arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dim, q_heads, k_heads", [(128, 32, 8), (64, 8, 8), (96, 5, 1)])
+def test_rotary_kernel_compiles(fresh_compile_cache, arch, dim, q_heads, k_heads):
+    q, k = _meta(2, 7, q_heads, 2, dim // 2), _meta(2, 7, k_heads, 2, dim // 2)
+    table, positions = _meta(100, dim // 2, dtype=torch.float32), _meta(2, 7, dtype=torch.int64)
+    compiled = rotary.rotary_kernel.compile(q, k, q, k, table, table, positions, POSITIONS=True, INVERSE=False,
+                                            arch=arch, **rotary.launch_config(dim, q_heads, k_heads))
+    _check_compiled(compiled, arch)
+    # cos and sin are spread over the heads once per operand (outside the head loops), not at each use
+    assert compiled.asm["cuda"].count("broadcast through shared memory") <= 4
+
+
+def test_launch_configs():
+    assert norm.launch_config(4096) == dict(BM=1, BD=4096, num_warps=8)
+    assert norm.launch_config(8192, backward=True) == dict(BM=1, BD=8192, num_warps=16)
+    assert norm.launch_config(40, backward=True) == dict(BM=16, BD=64, num_warps=4)
+    assert norm.launch_config(100) == dict(BM=16, BD=128, num_warps=4)
+    assert rotary.launch_config(128, 32, 8) == dict(BHQ=16, BHK=8, BHALF=64, num_warps=4)
+    assert rotary.launch_config(300, 6, 3) == dict(BHQ=4, BHK=4, BHALF=256, num_warps=4)
