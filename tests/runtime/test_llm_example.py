@@ -94,6 +94,8 @@ def test_prefill_and_paged_decode_give_the_full_forwards_logits(llm):
         full = model.logits(tokens)
         expected = llm["model"].LlamaModel(config, backend="torch", seed=3).logits(tokens)
         cache = llm["model"].PagedKVCache(config, 2, 12, page_size=4, dtype=torch.float32, device="cpu", seed=2)
+        cache.keys.fill_(100.0)  # stale values: a step that read a slot past its position would be far off
+        cache.values.fill_(100.0)
         steps = [model.prefill(tokens[:, :7], cache)]
         for pos in range(7, 12):
             positions = torch.full((2,), pos, dtype=torch.int64)
