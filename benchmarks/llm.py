@@ -160,15 +160,42 @@ def time_decode(name: str, backend: str, how: str, batch: int, args) -> dict:
     row = {"workload": f"decode B={batch} ctx {args.prompt}+{args.new_tokens}", "implementation": name,
            "tokens_per_s": batch * args.new_tokens / elapsed, "peak_gib": None,
            "device": torch.cuda.get_device_name()}
-    print(f"{name}, batch {batch}: {row['tokens_per_s']:.1f} tokens/s on {row['device']}", flush=True)
+    if how == "reduce-overhead":  # torch.compile falls back to no graph when it cannot capture one: say so
+        skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+        if skips:
+            row["implementation"] += f" ({skips} CUDA graph skips: run with TORCH_LOGS=perf_hints for why)"
+    print(f"{row['implementation']}, batch {batch}: {row['tokens_per_s']:.1f} tokens/s on {row['device']}",
+          flush=True)
     del model, cache, decoder
     return row
 
 
+def measured(timer, name: str, *args) -> dict:
+    """``timer(name, *args)``'s row; an implementation that fails gets a row without numbers saying so, and the
+    benchmark goes on with the others."""
+    try:
+        return timer(name, *args)
+    except Exception as exc:  # noqa: BLE001 - one failing implementation must not lose the others' numbers
+        print(f"{name} failed: {type(exc).__name__}: {exc}", flush=True)
+        workload = (f"train B={args[2].batch} S={args[2].seq}" if timer is time_training
+                    else f"decode B={args[2]} ctx {args[3].prompt}+{args[3].new_tokens}")
+        return {"workload": workload,
+                "implementation": f"{name} (failed: {type(exc).__name__})", "tokens_per_s": None,
+                "peak_gib": None, "device": torch.cuda.get_device_name()}
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def _with_ratios(rows: list[dict], reference: str) -> None:
-    base = next((r["tokens_per_s"] for r in rows if r["implementation"] == reference), None)
+    base = next((r["tokens_per_s"] for r in rows if r["implementation"].startswith(reference)), None)
     for r in rows:
-        r["vs_reference"] = f"{r['tokens_per_s'] / base:.2f}x {reference}" if base else None
+        ok = base and r["tokens_per_s"]
+        r["vs_reference"] = f"{r['tokens_per_s'] / base:.2f}x {reference}" if ok else None
+
+
+def _rounded(value, digits):
+    return None if value is None else round(value, digits or None)
 
 
 def main(argv=None) -> int:
@@ -198,25 +225,25 @@ def main(argv=None) -> int:
             variants.append(("Liger Kernel", "torch", None, liger))
         variants += [("tilejit", "tilejit", None, None), ("tilejit + torch.compile", "tilejit", "default", None)]
         for name, backend, mode, ops in variants:
-            train_rows.append(time_training(name, backend, mode, args, corpus, ops))
+            train_rows.append(measured(time_training, name, backend, mode, args, corpus, ops))
         _with_ratios(train_rows, "torch.compile max-autotune")
         eager_peak = train_rows[0]["peak_gib"]
         for r in train_rows:
-            r["vs_reference"] += f", {r['peak_gib'] / eager_peak:.2f}x eager's memory"
+            if eager_peak and r["peak_gib"]:
+                r["vs_reference"] = f"{r['vs_reference'] or 'n/a'}, {r['peak_gib'] / eager_peak:.2f}x eager's memory"
     if not args.skip_decode:
         for batch in (int(b) for b in args.decode_batches.split(",")):
-            rows = [time_decode("torch eager", "torch", "eager", batch, args),
-                    time_decode("torch.compile reduce-overhead", "torch", "reduce-overhead", batch, args),
-                    time_decode("tilejit eager", "tilejit", "eager", batch, args),
-                    time_decode("tilejit CUDA graph", "tilejit", "graph", batch, args)]
+            rows = [measured(time_decode, "torch eager", "torch", "eager", batch, args),
+                    measured(time_decode, "torch.compile reduce-overhead", "torch", "reduce-overhead", batch, args),
+                    measured(time_decode, "tilejit eager", "tilejit", "eager", batch, args),
+                    measured(time_decode, "tilejit CUDA graph", "tilejit", "graph", batch, args)]
             _with_ratios(rows, "torch.compile reduce-overhead")
             decode_rows += rows
     rows = train_rows + decode_rows
     write_json(args.out / "llm.json", {"meta": meta, "args": vars(args) | {"out": str(args.out)}, "rows": rows})
     print(f"\nwrote {args.out / 'llm.json'}\n")
-    print(markdown_table(HEADERS, [[r["workload"], r["implementation"], round(r["tokens_per_s"]),
-                                    r["peak_gib"] and round(r["peak_gib"], 2), r["vs_reference"], r["device"]]
-                                   for r in rows]))
+    print(markdown_table(HEADERS, [[r["workload"], r["implementation"], _rounded(r["tokens_per_s"], 0),
+                                    _rounded(r["peak_gib"], 2), r.get("vs_reference"), r["device"]] for r in rows]))
     return 0
 
 
