@@ -114,7 +114,7 @@ def tilejit_ops() -> SimpleNamespace:
     return SimpleNamespace(rms_norm=ops.rms_norm, rotary_embedding=ops.rotary_embedding, linear=ops.linear,
                            attention=ops.attention, swiglu_linear=ops.swiglu_linear,
                            linear_cross_entropy=ops.linear_cross_entropy,
-                           decode_attention=lambda q, kc, vc, lens, table: ops.decode_attention(q, kc, vc, lens, table))
+                           decode_attention=ops.decode_attention)
 
 
 def rope_tables(config: LlamaConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
