@@ -1,0 +1,127 @@
+"""Trains the byte-level Llama of model.py on the Python standard library's sources with AdamW, logs the loss of
+every step to a JSON file and draws the loss curve (PNG; needs matplotlib, else plot_loss.py draws it later).
+
+    python examples/llm/train.py --steps 200                     # GPU: full model, bf16, tilejit's operators
+    python examples/llm/train.py --steps 200 --backend torch     # the same model in plain torch operators
+    python examples/llm/train.py --toy --steps 3 --device cpu    # toy size on CPU, through the interpreter
+
+On a GPU the parameters, activations and AdamW's state are bfloat16 (the losses float32); on CPU float32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data import BatchSampler, corpus_digest, load_corpus  # noqa: E402
+from model import LlamaConfig, LlamaModel  # noqa: E402
+from plot_loss import plot  # noqa: E402
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def use_interpreter_on_cpu(device: str):
+    """tilejit's operators run CPU tensors through the IR interpreter only when TILEJIT_INTERPRET=1."""
+    if torch.device(device).type == "cpu":
+        os.environ.setdefault("TILEJIT_INTERPRET", "1")
+
+
+def device_name(device: str) -> str:
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+
+
+def build_model(config: LlamaConfig, backend: str, device: str, seed: int = 0) -> LlamaModel:
+    """The model from ``seed`` on ``device``: bfloat16 on a GPU, float32 on CPU."""
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return LlamaModel(config, backend=backend, seed=seed).to(device=device, dtype=dtype)
+
+
+def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """AdamW; the norms' weights are not decayed."""
+    decayed = [p for p in model.parameters() if p.dim() >= 2]
+    kept = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": kept, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+def train_steps(model: LlamaModel, sampler: BatchSampler, steps: int, lr: float, device: str,
+                warmup: int | None = None, step_fn=None) -> tuple[list[float], list[float]]:
+    """Runs ``steps`` AdamW steps (linear warm-up over ``warmup`` steps, default a tenth, then constant ``lr``;
+    gradients clipped to norm 1) and returns (loss of each step before its update, seconds of each step).
+    ``step_fn(tokens, targets)`` replaces ``model(tokens, targets)`` (e.g. a compiled model)."""
+    optimizer = make_optimizer(model, lr)
+    warmup = max(1, steps // 10) if warmup is None else max(1, warmup)
+    forward = model if step_fn is None else step_fn
+    losses, seconds = [], []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        tokens, targets = sampler.next(device)
+        start = time.perf_counter()
+        loss = forward(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # waits for the step: the time below is the step's own
+        seconds.append(time.perf_counter() - start)
+    return losses, seconds
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--toy", action="store_true", help="2 layers of width 64 (CPU-sized)")
+    parser.add_argument("--backend", choices=("tilejit", "torch"), default="tilejit")
+    parser.add_argument("--batch", type=int, default=None, help="default 8 (toy: 2)")
+    parser.add_argument("--seq", type=int, default=None, help="default 1024 (toy: 32)")
+    parser.add_argument("--lr", type=float, default=None, help="default 1e-3 (toy: 1e-2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus-bytes", type=int, default=None, help="default 16 MiB (toy: 256 KiB)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON log path (default llm-<backend>-loss.json); the PNG goes next to it")
+    parser.add_argument("--save", type=Path, default=None, help="save the trained state dict here (generate.py "
+                        "--checkpoint reads it)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    use_interpreter_on_cpu(args.device)
+    config = LlamaConfig.toy() if args.toy else LlamaConfig()
+    batch = args.batch or (2 if args.toy else 8)
+    seq = args.seq or (32 if args.toy else 1024)
+    lr = args.lr or (1e-2 if args.toy else 1e-3)
+    corpus = load_corpus(args.corpus_bytes or ((256 << 10) if args.toy else (16 << 20)))
+    model = build_model(config, args.backend, args.device, args.seed)
+    sampler = BatchSampler(corpus, batch, seq, seed=args.seed)
+    losses, seconds = train_steps(model, sampler, args.steps, lr, args.device)
+    timed = seconds[1:] or seconds  # the first step compiles kernels
+    run = {"backend": args.backend, "device": args.device, "device_name": device_name(args.device),
+           "dtype": str(next(model.parameters()).dtype), "config": config.as_dict(), "batch": batch,
+           "seq_len": seq, "lr": lr, "seed": args.seed, "corpus_bytes": corpus.numel(),
+           "corpus_digest": corpus_digest(corpus), "losses": losses, "step_seconds": seconds,
+           "tokens_per_s": batch * seq * len(timed) / sum(timed)}
+    out = args.out or Path(f"llm-{args.backend}-loss.json")
+    out.write_text(json.dumps(run, indent=1))
+    print(f"{args.backend} on {run['device_name']}: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {args.steps} "
+          f"steps, {run['tokens_per_s']:.0f} tokens/s; log {out}")
+    plot([out], out.with_suffix(".png"))
+    if args.save is not None:
+        torch.save(model.state_dict(), args.save)
+        print(f"saved the weights to {args.save}")
+    return run
+
+
+if __name__ == "__main__":
+    main()
