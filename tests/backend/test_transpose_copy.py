@@ -261,7 +261,7 @@ PRODUCER_CASES = [
     (E4M3, False, False, 128, 256, 64, 8, 2),     # 64-row staged B, 64-byte K-major rows: 2-way
     (E4M3, False, False, 128, 128, 128, 8, 1),
     (E4M3, False, False, 128, 256, 128, 8, 1),
-    (torch.int8, True, False, 128, 128, 128, 8, 1),  # A given K x M
+    (torch.int8, True, True, 128, 128, 128, 8, 1),  # A given K x M (B given N x K)
     (torch.int8, True, True, 128, 256, 128, 8, 1),
 ]
 
@@ -286,7 +286,7 @@ def test_producer_copy_structure(dtype):
     """FileCheck of the producer warpgroup's part: the MN-major tile lands on its own mbarrier, warps 1..3 wait
     for the slot's release and the landing, copy, fence and arrive on "full" (96 arrivals and the TMA issue's);
     the math warps wait on "full" alone."""
-    _, cuda = _lower(dtype, False, False, 128, 256, 64, 8, stages=4, warp_specialize=True)
+    _, cuda = _lower(dtype, False, False, 128, 256, 64, 8, warp_specialize=True)  # (3 stages)
     check(kernel_body(cuda), """
         CHECK: tj_mbar_init(tj_smem_u32 + [[BARS:[0-9]+]] + 8 * s, 97); tj_mbar_init(tj_smem_u32 + [[LANDED:[0-9]+]] + 8 * s, 1);
         CHECK: tj_setmaxnreg_dec<48>();
@@ -296,15 +296,15 @@ def test_producer_copy_structure(dtype):
         CHECK: tj_tma_load_2d({{.*}}, tj_smem_u32 + [[BARS]] + 8 * tj_pslot);
         CHECK-NEXT: tj_tma_load_2d({{.*}}, tj_smem_u32 + [[LANDED]] + 8 * tj_pslot);
         CHECK: else if (tid >= 288)
-        CHECK: if (tj_pit >= 4) tj_mbar_wait(
-        CHECK-NEXT: tj_mbar_wait(tj_smem_u32 + [[LANDED]] + 8 * tj_pslot, (tj_pit / 4) & 1);
+        CHECK: if (tj_pit >= 3) tj_mbar_wait(
+        CHECK-NEXT: tj_mbar_wait(tj_smem_u32 + [[LANDED]] + 8 * tj_pslot, (tj_pit / 3) & 1);
         CHECK: transposing copy 64x256 -> 256x64
         CHECK: __byte_perm
         CHECK: tj_fence_proxy_async();
         CHECK-NEXT: tj_mbar_arrive(tj_smem_u32 + [[BARS]] + 8 * tj_pslot);
         CHECK: return;
         CHECK: tj_setmaxnreg_inc<232>();
-        CHECK: tj_mbar_wait(tj_smem_u32 + [[BARS]] + 8 * (tj_it % 4), (tj_it / 4) & 1);
+        CHECK: tj_mbar_wait(tj_smem_u32 + [[BARS]] + 8 * (tj_it % 3), (tj_it / 3) & 1);
         CHECK-NOT: __byte_perm
         CHECK: wgmma.mma_async
     """)
@@ -314,15 +314,39 @@ def test_producer_copy_structure(dtype):
 @pytest.mark.parametrize("dtype", [E4M3, torch.int8], ids=["fp8", "int8"])
 def test_mn_major_8bit_compiles_on_every_arch_without_spills(dtype, arch):
     """The DESIGN matmul's layout (B given K x N) in 8 bits, left to the launch model: on sm_90a it is
-    warp-specialized with the producer's copy; every arch compiles it to a cubin without spills or warnings."""
+    warp-specialized with the producer's copy; every arch compiles it to a cubin without spills or warnings (on
+    128x128 tiles: int8's 128x256 ones spill in every form, the plain ring's too)."""
     import warnings
 
     a, b = _meta(2048, 2048, dtype=dtype), _meta(2048, 2048, dtype=dtype)
     out = _meta(2048, 2048, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        compiled = matmul_staged.compile(a, b, out, BM=128, BN=256, BK=64, num_warps=8, arch=arch)
+        compiled = matmul_staged.compile(a, b, out, BM=128, BN=128, BK=128, num_warps=8, arch=arch)
     assert compiled.meta["spills"] == 0
     if arch == "sm_90a":
         assert "producer_transposes = true" in compiled.asm["ir"]
         assert "mma.sync.aligned" not in kernel_body(compiled.asm["cuda"])
+
+
+@pytest.mark.parametrize("dtype", [E4M3, torch.int8], ids=["fp8", "int8"])
+def test_default_space_for_8_bit_b_given_k_by_n_compiles_without_shrinking(dtype):
+    """Every config of the 8-bit default space that ``matmul_prune``'s shared-memory rule keeps on an H100 (B's
+    K-major copies counted; pingpong dropped) compiles the README matmul on sm_90a with the ring it names: no "compiled with N
+    stages" warning; the warp-specialized ones with the producer's copy."""
+    import warnings
+
+    from tilejit.configs import matmul_configs, matmul_shared_bytes
+    from tilejit.target import Arch
+
+    limit = Arch.parse("sm_90a").max_shared_bytes
+    space = [c for c in matmul_configs(elem_bytes=1) if c.split_k == 1 and not c.pingpong
+             and matmul_shared_bytes(c, 1, copied=True) <= limit]
+    assert any(c.warp_specialize and c.num_stages >= 4 for c in space)
+    a = _meta(4096, 4096, dtype=dtype)
+    out = _meta(4096, 4096, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
+    for c in space:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            st = matmul_staged.compile(a, a, out, **c.all_kwargs(), arch="sm_90a", stop_after="cuda")
+        assert ("producer_transposes = true" in st.final_ir) == bool(c.warp_specialize or c.persistent), c
