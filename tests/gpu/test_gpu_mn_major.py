@@ -132,3 +132,61 @@ def test_unpipelined_and_other_ring_depths(stages):
     torch.cuda.synchronize()
     _took_register_form(matmul_staged, a, b, c, **kw)
     _check(c, a, b)
+
+
+# -- 8-bit operands given MN-major: the producer warpgroup's transposing copy (warp_specialize.producer_copies) --
+
+LOWP = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+# (TA, TB): A given K x M, B given K x N, both
+LOWP_MAJORS = [(False, False), (True, True), (True, False)]
+# (BM, BN, BK, warps, stages, options): the forms that copy in the producer, and the launch model's choice
+LOWP_FORMS = {
+    "ws-128x256x128-s2": (128, 256, 128, 8, 2, {"warp_specialize": True}),
+    "ws-128x128x128-s4": (128, 128, 128, 8, 4, {"warp_specialize": True}),
+    "persistent-128x256x64-s4": (128, 256, 64, 8, 4, {"persistent": True}),
+    "model-128x128x128": (128, 128, 128, 8, None, {}),
+}
+
+
+@pytest.mark.parametrize("form", LOWP_FORMS)
+@pytest.mark.parametrize("majors", LOWP_MAJORS, ids=lambda t: ("T" if t[0] else "N") + ("N" if t[1] else "T"))
+@pytest.mark.parametrize("shape", [(1000, 1040, 1008), (80, 400, 4096), (1531, 777, 640)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", LOWP)
+def test_8_bit_mn_major_operands_copied_by_the_producer(dtype, shape, majors, form):
+    """fp8 / int8 with A and/or B given MN-major, on ragged shapes (rows that are 16-byte multiples, so TMA feeds
+    the ring), against float64 references (exact for int8; fp8 products summed in float32); outputs NaN-poisoned.
+    Each checks that its kernel took the producer's copy."""
+    _sm90()
+    m, n, k = shape
+    ta, tb = majors
+    bm, bn, bk, warps, stages, options = LOWP_FORMS[form]
+    if dtype == "int8" and bn == 256:
+        pytest.skip("int8 128x256 tiles spill (every form)")
+    torch.manual_seed(m + 5 * n + 11 * k)
+    if dtype == "int8":
+        a32, b32 = torch.randint(-8, 8, (m, k), device="cuda"), torch.randint(-8, 8, (k, n), device="cuda")
+        c = torch.full((m, n), -2 ** 31, dtype=torch.int32, device="cuda")
+        acc = T.int32
+    else:
+        a32 = torch.randn(m, k, device="cuda").to(LOWP[dtype]).float()
+        b32 = torch.randn(k, n, device="cuda").to(LOWP[dtype]).float()
+        c = torch.full((m, n), float("nan"), device="cuda")
+        acc = T.float32
+    a = (a32.T.contiguous() if ta else a32.contiguous()).to(LOWP[dtype])
+    b = (b32.contiguous() if not tb else b32.T.contiguous()).to(LOWP[dtype])
+    kw = dict(BM=bm, BN=bn, BK=bk, TA=ta, TB=tb, ACC=acc, num_warps=warps, **options)
+    if stages is not None:
+        kw["num_stages"] = stages
+    matmul_any[(tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))](a, b, c, **kw)
+    torch.cuda.synchronize()
+    compiled = matmul_any.compile(a, b, c, **kw)
+    assert "producer_transposes = true" in compiled.asm["ir"], "the kernel did not copy in the producer"
+    ref = a32.double() @ b32.double()
+    if dtype == "int8":
+        assert (c.long() == ref.long()).all(), "int8 products differ"
+    else:
+        assert not c.isnan().any(), "some outputs were never written"
+        bound = (a32.double().abs() @ b32.double().abs()) * 2.0 ** -20 + 1e-6
+        err = (c.double() - ref).abs()
+        assert (err <= bound).all(), f"max error {err.max().item():.3g}"
