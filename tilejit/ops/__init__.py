@@ -6,9 +6,13 @@
   (``window=(left, right)``) and logit softcaps (``softcap=c``).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
+- ``linear(x, weight)``, ``swiglu_linear(x, w_gate, w_up)`` and ``linear_cross_entropy(h, weight, targets)``:
+  the GEMM ops of a transformer, forward and backward (``linear_ops``; kernels in ``linear_kernels``).
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
+from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 
-__all__ = ["attention", "attention_forward", "attention_backward"]
+__all__ = ["attention", "attention_forward", "attention_backward", "linear", "swiglu_linear",
+           "linear_cross_entropy"]
