@@ -167,10 +167,23 @@ def swiglu_configs(elem_bytes: int) -> list[Config]:
     return [c for c in matmul_configs(elem_bytes=elem_bytes) if fits(c)]
 
 
+#: (BM, BN, BK, num_warps, num_stages, warp_specialize) of ``swiglu_bwd`` recomputing the products: its epilogue
+#: holds dOut and both products too, so the accumulators get 64 registers a thread (at 128 they spill: 1.7 KB at
+#: 128x128 on 8 warps, sm_90a).
+_SWIGLU_RECOMPUTE_TILES = [(64, 64, 64, 4, 3, False), (64, 64, 64, 4, 4, False), (128, 64, 64, 8, 3, False),
+                           (128, 64, 64, 8, 4, False), (64, 128, 64, 8, 3, False), (64, 128, 64, 8, 4, False),
+                           (128, 64, 64, 8, 4, True), (64, 128, 64, 8, 4, True)]
+
+
+def swiglu_recompute_configs(elem_bytes: int) -> list[Config]:
+    """The configs ``swiglu_bwd`` with ``RECOMPUTE`` tunes over (``_SWIGLU_RECOMPUTE_TILES``, BK in bytes of K)."""
+    return [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
+                   **({"warp_specialize": True} if ws else {})) for bm, bn, bk, w, s, ws in _SWIGLU_RECOMPUTE_TILES]
+
+
 def _swiglu_prune(configs, named_args, **kwargs):
-    x = named_args.get("X", named_args.get("dOut"))
-    kept = matmul_prune(configs, {**named_args, "A": x, "B": named_args["Wg"].T}, **kwargs)
-    return kept
+    """``matmul_prune`` on the problem x (M x K) @ w_gate.T (K x F)."""
+    return matmul_prune(configs, {**named_args, "A": named_args["X"], "B": named_args["Wg"].T}, **kwargs)
 
 
 def _tuned(kernel, configs, key, prune):
@@ -183,10 +196,10 @@ _GEMM_KEY = ["A", "B", "C", "A2", "TRANS_A", "TRANS_B", "ACC_IN", "TWO"]
 TUNED_GEMM = {size: _tuned(gemm, matmul_configs(elem_bytes=size), _GEMM_KEY, _gemm_prune) for size in (2, 4)}
 TUNED_SWIGLU_FWD = {size: _tuned(swiglu_fwd, swiglu_configs(size), ["X", "Wg", "Out", "STORE_GU"], _swiglu_prune)
                     for size in (2, 4)}
-TUNED_SWIGLU_BWD = {size: _tuned(swiglu_bwd, swiglu_configs(size), ["X", "Wg", "dOut", "RECOMPUTE"], _swiglu_prune)
-                    for size in (2, 4)}
+TUNED_SWIGLU_BWD = {size: _tuned(swiglu_bwd, swiglu_recompute_configs(size), ["X", "Wg", "dOut", "RECOMPUTE"],
+                                  _swiglu_prune) for size in (2, 4)}
 #: The elementwise backward (``RECOMPUTE=False``: no K loop, nothing to tune).
-SWIGLU_BWD_LOADED = {"BM": 64, "BN": 128, "BK": 32, "num_warps": 4}
+SWIGLU_BWD_LOADED = {"BM": 32, "BN": 128, "BK": 32, "num_warps": 4}
 
 
 def _tiles_grid(rows: int, cols: int):

@@ -146,8 +146,9 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *,
 # -- linear_cross_entropy ------------------------------------------------------------------------------------------
 
 def default_chunk_rows(rows: int, dim: int, vocab: int) -> int:
-    """Rows per chunk: the chunk's logits about the size of h (rows * dim elements), at least 64 rows."""
-    return max(64, rows * dim // max(vocab, 1))
+    """Rows per chunk: the chunk's logits at most about the size of h (rows * dim elements), in whole 128-row
+    tiles, at least 64 rows."""
+    return max(64, rows * dim // max(vocab, 1) // 128 * 128)
 
 
 def _lce_fwd(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str,
