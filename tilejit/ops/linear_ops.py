@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from tilejit.errors import UsageTypeError, UsageValueError
-from tilejit.ops import linear_kernels as kernels
+import tilejit.ops.linear_kernels as kernels
 from tilejit.ops.custom_ops import namespace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
