@@ -332,3 +332,14 @@ def test_config_spaces_fit_their_kernels():
     a, b = _meta(300, 64), _meta(2000, 64)  # op(A) = 300 x 64, op(B) = b.T = 64 x 2000
     kept = kernels._gemm_prune(kernels.TUNED_GEMM[2].configs, {"A": a.T, "B": b, "TRANS_A": True, "TRANS_B": True})
     assert kept == kernels.matmul_prune(kernels.TUNED_GEMM[2].configs, {"A": a, "B": b.T})
+
+
+def test_tuning_an_accumulating_gemm_adds_once(interpret):
+    """The autotuner times ``C += A @ B`` several times; C is restored after each run, so the launch adds once."""
+    torch.manual_seed(8)
+    a, b, c = torch.randn(64, 40), torch.randn(40, 64), torch.randn(64, 64)
+    expected = c.double() + a.double() @ b.double()
+    tuned = kernels.TUNED_GEMM_ACC[4]
+    assert len(kernels._gemm_prune(tuned.configs, {"A": a, "B": b})) > 1  # so it is tuned, not just launched
+    tuned[kernels._tiles_grid(64, 64)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
+    assert_close64(c, expected, torch.float32, "c + a @ b")

@@ -186,14 +186,17 @@ def _swiglu_prune(configs, named_args, **kwargs):
     return matmul_prune(configs, {**named_args, "A": named_args["X"], "B": named_args["Wg"].T}, **kwargs)
 
 
-def _tuned(kernel, configs, key, prune):
-    return tilejit.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(
-        tilejit.kernel(kernel.fn))
+def _tuned(kernel, configs, key, prune, restore=()):
+    return tilejit.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune},
+                            restore_value=list(restore))(tilejit.kernel(kernel.fn))
 
 
 _GEMM_KEY = ["A", "B", "C", "A2", "TRANS_A", "TRANS_B", "ACC_IN", "TWO"]
 #: Autotuned launches per operand size in bytes (2: fp16/bf16; 4: float32 on tf32).
 TUNED_GEMM = {size: _tuned(gemm, matmul_configs(elem_bytes=size), _GEMM_KEY, _gemm_prune) for size in (2, 4)}
+#: The same for ``ACC_IN`` launches (C += ...): C is restored after every timed run, so tuning adds nothing twice.
+TUNED_GEMM_ACC = {size: _tuned(gemm, matmul_configs(elem_bytes=size), _GEMM_KEY, _gemm_prune, restore=["C"])
+                  for size in (2, 4)}
 TUNED_SWIGLU_FWD = {size: _tuned(swiglu_fwd, swiglu_configs(size), ["X", "Wg", "Out", "STORE_GU"], _swiglu_prune)
                     for size in (2, 4)}
 TUNED_SWIGLU_BWD = {size: _tuned(swiglu_bwd, swiglu_recompute_configs(size), ["X", "Wg", "dOut", "RECOMPUTE"],
@@ -221,7 +224,8 @@ def matmul(a, b, c, *, trans_a: bool = False, trans_b: bool = False, accumulate:
     two = a2 is not None
     args = (a, b, c, a2 if two else a, b2 if two else b)
     flags = dict(TRANS_A=trans_a, TRANS_B=trans_b, ACC_IN=accumulate, TWO=two)
-    _launch(TUNED_GEMM, gemm, c.shape[0], c.shape[1], args, flags, a.element_size())
+    tuned = TUNED_GEMM_ACC if accumulate else TUNED_GEMM
+    _launch(tuned, gemm, c.shape[0], c.shape[1], args, flags, a.element_size())
 
 
 def swiglu_forward(x, w_gate, w_up, out, gate, up) -> None:
