@@ -330,8 +330,9 @@ def test_config_spaces_fit_their_kernels():
         assert all(2 * c.kwargs["BM"] * c.kwargs["BN"] <= 64 * 32 * c.num_warps
                    for c in kernels.swiglu_recompute_configs(size))
     a, b = _meta(300, 64), _meta(2000, 64)  # op(A) = 300 x 64, op(B) = b.T = 64 x 2000
-    kept = kernels._gemm_prune(kernels.TUNED_GEMM[2].configs, {"A": a.T, "B": b, "TRANS_A": True, "TRANS_B": True})
-    assert kept == kernels.matmul_prune(kernels.TUNED_GEMM[2].configs, {"A": a, "B": b.T})
+    configs = kernels.tuned_gemm(2, True, True, False, False).configs
+    kept = kernels._gemm_prune(configs, {"A": a.T, "B": b, "TRANS_A": True, "TRANS_B": True})
+    assert kept == kernels.matmul_prune(configs, {"A": a, "B": b.T})
 
 
 def test_tuning_an_accumulating_gemm_adds_once(interpret):
@@ -339,7 +340,7 @@ def test_tuning_an_accumulating_gemm_adds_once(interpret):
     torch.manual_seed(8)
     a, b, c = torch.randn(64, 40), torch.randn(40, 64), torch.randn(64, 64)
     expected = c.double() + a.double() @ b.double()
-    tuned = kernels.TUNED_GEMM_ACC[4]
+    tuned = kernels.tuned_gemm(4, False, False, True, False)
     assert len(kernels._gemm_prune(tuned.configs, {"A": a, "B": b})) > 1  # so it is tuned, not just launched
     tuned[kernels._tiles_grid(64, 64)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
     assert_close64(c, expected, torch.float32, "c + a @ b")

@@ -17,6 +17,8 @@ whose registers and shared memory hold both); under ``TILEJIT_INTERPRET=1`` they
 """
 from __future__ import annotations
 
+import functools
+
 import tilejit
 import tilejit.language as T
 from tilejit import knobs
@@ -192,11 +194,17 @@ def _tuned(kernel, configs, key, prune, restore=()):
 
 
 _GEMM_KEY = ["A", "B", "C", "A2", "TRANS_A", "TRANS_B", "ACC_IN", "TWO"]
-#: Autotuned launches per operand size in bytes (2: fp16/bf16; 4: float32 on tf32).
-TUNED_GEMM = {size: _tuned(gemm, matmul_configs(elem_bytes=size), _GEMM_KEY, _gemm_prune) for size in (2, 4)}
-#: The same for ``ACC_IN`` launches (C += ...): C is restored after every timed run, so tuning adds nothing twice.
-TUNED_GEMM_ACC = {size: _tuned(gemm, matmul_configs(elem_bytes=size), _GEMM_KEY, _gemm_prune, restore=["C"])
-                  for size in (2, 4)}
+
+
+@functools.cache
+def tuned_gemm(elem_bytes: int, trans_a: bool, trans_b: bool, accumulate: bool, two: bool):
+    """The autotuned ``gemm`` of one operand size (2: fp16/bf16; 4: float32 on tf32) and one form, a kernel object
+    of its own (a model's few forms and shapes stay under the respecialization warning of one kernel). An
+    accumulating form (C += ...) restores C after every timed run, so tuning adds nothing twice."""
+    return _tuned(gemm, matmul_configs(elem_bytes=elem_bytes), _GEMM_KEY, _gemm_prune,
+                  restore=["C"] if accumulate else ())
+
+
 TUNED_SWIGLU_FWD = {size: _tuned(swiglu_fwd, swiglu_configs(size), ["X", "Wg", "Out", "STORE_GU"], _swiglu_prune)
                     for size in (2, 4)}
 TUNED_SWIGLU_BWD = {size: _tuned(swiglu_bwd, swiglu_recompute_configs(size), ["X", "Wg", "dOut", "RECOMPUTE"],
@@ -209,12 +217,13 @@ def _tiles_grid(rows: int, cols: int):
     return lambda meta: (tilejit.cdiv(rows, meta["BM"]) * tilejit.cdiv(cols, meta["BN"]),)
 
 
-def _launch(tuned: dict, kernel, rows: int, cols: int, args: tuple, constexprs: dict, elem_bytes: int) -> None:
-    """``kernel`` over the tiles of a (rows x cols) output: fixed tiles under the interpreter, else autotuned."""
+def _launch(tuned, kernel, rows: int, cols: int, args: tuple, constexprs: dict) -> None:
+    """``kernel`` over the tiles of a (rows x cols) output: fixed tiles under the interpreter, else the autotuned
+    kernel ``tuned()`` returns."""
     if knobs.interpret():
         kernel[_tiles_grid(rows, cols)](*args, **constexprs, **INTERPRET_TILES, num_warps=4)
     else:
-        tuned[elem_bytes][_tiles_grid(rows, cols)](*args, **constexprs)
+        tuned()[_tiles_grid(rows, cols)](*args, **constexprs)
 
 
 def matmul(a, b, c, *, trans_a: bool = False, trans_b: bool = False, accumulate: bool = False, a2=None,
@@ -224,15 +233,16 @@ def matmul(a, b, c, *, trans_a: bool = False, trans_b: bool = False, accumulate:
     two = a2 is not None
     args = (a, b, c, a2 if two else a, b2 if two else b)
     flags = dict(TRANS_A=trans_a, TRANS_B=trans_b, ACC_IN=accumulate, TWO=two)
-    tuned = TUNED_GEMM_ACC if accumulate else TUNED_GEMM
-    _launch(tuned, gemm, c.shape[0], c.shape[1], args, flags, a.element_size())
+    _launch(lambda: tuned_gemm(a.element_size(), trans_a, trans_b, accumulate, two), gemm, c.shape[0], c.shape[1],
+            args, flags)
 
 
 def swiglu_forward(x, w_gate, w_up, out, gate, up) -> None:
     """out = silu(x @ w_gate.T) * (x @ w_up.T); ``gate``/``up`` (or None) also receive the two products."""
     store = gate is not None
     args = (x, w_gate, w_up, out, gate if store else out, up if store else out)
-    _launch(TUNED_SWIGLU_FWD, swiglu_fwd, out.shape[0], out.shape[1], args, {"STORE_GU": store}, x.element_size())
+    _launch(lambda: TUNED_SWIGLU_FWD[x.element_size()], swiglu_fwd, out.shape[0], out.shape[1], args,
+            {"STORE_GU": store})
 
 
 def swiglu_backward_gates(x, w_gate, w_up, gate, up, d_out, d_gate, d_up) -> None:
@@ -244,7 +254,7 @@ def swiglu_backward_gates(x, w_gate, w_up, gate, up, d_out, d_gate, d_up) -> Non
         swiglu_bwd[_tiles_grid(rows, cols)](*args, RECOMPUTE=False, **{"num_warps": 4, **config})
         return
     args = (x, w_gate, w_up, d_out, d_out, d_out, d_gate, d_up)
-    _launch(TUNED_SWIGLU_BWD, swiglu_bwd, rows, cols, args, {"RECOMPUTE": True}, x.element_size())
+    _launch(lambda: TUNED_SWIGLU_BWD[x.element_size()], swiglu_bwd, rows, cols, args, {"RECOMPUTE": True})
 
 
 def cross_entropy_chunk(logits, targets, loss_rows, scale, ignore_index: int) -> None:
