@@ -11,11 +11,15 @@
 - ``rotary_embedding(q, k, cos, sin, *, positions)``: half-split rotary embedding of q and k, in place when no
   gradient is recorded, else into fresh tensors (differentiable); operators ``tilejit::rotary_embedding_`` (in
   place) and ``tilejit::rotary_embedding``.
+- ``linear(x, weight)``, ``swiglu_linear(x, w_gate, w_up)`` and ``linear_cross_entropy(h, weight, targets)``:
+  the GEMM ops of a transformer, forward and backward (``linear_ops``; kernels in ``linear_kernels``).
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
+from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 
-__all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding"]
+__all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding", "linear",
+           "swiglu_linear", "linear_cross_entropy"]

@@ -1,0 +1,346 @@
+"""tilejit.ops.linear, swiglu_linear and linear_cross_entropy (tilejit/ops/linear_ops.py): forward and backward
+through the interpreter against float64 torch over ragged shapes, NaN-poisoned kernel outputs, ignore_index,
+torch.compile(fullgraph=True), typed errors, and the kernels compiled for sm_80, sm_90a and sm_100a."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilejit
+from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from tilejit.ops import linear, linear_cross_entropy, swiglu_linear
+from tilejit.ops import linear_kernels as kernels
+from tilejit.ops import linear_ops
+
+ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+#: Error bound relative to the reference's largest magnitude (float32 runs as tf32 products).
+TOL = {torch.bfloat16: 1.6e-2, torch.float16: 3e-3, torch.float32: 4e-3}
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+
+
+def assert_close64(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    err = (got.double() - ref).abs().max().item()
+    bound = TOL[dtype] * (ref.abs().max().item() + 1e-3)
+    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g}"
+
+
+def leaf(*shape, dtype, scale=1.0):
+    return (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype).requires_grad_()
+
+
+def as64(t):
+    return t.detach().double().requires_grad_()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead, k, n", [((37,), 29, 45), ((2, 19), 64, 33), ((3, 1, 5), 7, 70)])
+def test_linear_forward_backward(interpret, dtype, lead, k, n):
+    torch.manual_seed(1)
+    x, w = leaf(*lead, k, dtype=dtype), leaf(n, k, dtype=dtype, scale=k ** -0.5)
+    y = linear(x, w)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64, w64 = as64(x), as64(w)
+    y64 = x64 @ w64.T
+    y64.backward(dy.double())
+    assert y.dtype == dtype and y.shape == (*lead, n)
+    assert_close64(y, y64, dtype, "y")
+    assert_close64(x.grad, x64.grad, dtype, "dx")
+    assert_close64(w.grad, w64.grad, dtype, "dw")
+
+
+def test_linear_weight_only_grad_skips_dx(interpret):
+    x = torch.randn(9, 20, dtype=torch.bfloat16)
+    w = leaf(11, 20, dtype=torch.bfloat16)
+    linear(x, w).sum().backward()
+    assert x.grad is None
+    assert_close64(w.grad, torch.ones(9, 11, dtype=torch.float64).T @ x.double(), torch.bfloat16, "dw")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("recompute", [False, True])
+def test_swiglu_linear_forward_backward(interpret, dtype, recompute):
+    torch.manual_seed(2)
+    x = leaf(2, 21, 40, dtype=dtype)
+    wg, wu = leaf(52, 40, dtype=dtype, scale=40 ** -0.5), leaf(52, 40, dtype=dtype, scale=40 ** -0.5)
+    y = swiglu_linear(x, wg, wu, recompute=recompute)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64, wg64, wu64 = as64(x), as64(wg), as64(wu)
+    y64 = F.silu(x64 @ wg64.T) * (x64 @ wu64.T)
+    y64.backward(dy.double())
+    assert_close64(y, y64, dtype, "y")
+    for got, ref, name in ((x.grad, x64.grad, "dx"), (wg.grad, wg64.grad, "dw_gate"), (wu.grad, wu64.grad, "dw_up")):
+        assert_close64(got, ref, dtype, name)
+
+
+def test_swiglu_saves_products_only_when_a_gradient_is_wanted(interpret, monkeypatch):
+    stored = []
+    forward = kernels.swiglu_forward
+    monkeypatch.setattr(kernels, "swiglu_forward", lambda x, wg, wu, out, g, u: (stored.append(g is not None),
+                                                                                 forward(x, wg, wu, out, g, u)))
+    x, w = torch.randn(5, 16), torch.randn(24, 16)
+    with torch.no_grad():
+        swiglu_linear(x.requires_grad_(), w, w)
+    swiglu_linear(x, w, w)
+    swiglu_linear(x, w, w, recompute=True)
+    assert stored == [False, True, False]
+
+
+CE_CASES = [(50, 29, 70, 16, "mean"), (50, 29, 70, 16, "sum"), (33, 40, 130, 7, "mean"), (8, 16, 64, 1000, "mean")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, dim, vocab, chunk, reduction", CE_CASES)
+def test_linear_cross_entropy(interpret, dtype, rows, dim, vocab, chunk, reduction):
+    torch.manual_seed(3)
+    h, w = leaf(rows, dim, dtype=dtype), leaf(vocab, dim, dtype=dtype, scale=dim ** -0.5)
+    targets = torch.randint(0, vocab, (rows,))
+    targets[::5] = -100
+    loss = linear_cross_entropy(h, w, targets, reduction=reduction, chunk_rows=chunk)
+    loss.backward()
+    h64, w64 = as64(h), as64(w)
+    loss64 = F.cross_entropy(h64 @ w64.T, targets, reduction=reduction)
+    loss64.backward()
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    assert abs(loss.item() - loss64.item()) <= 2e-3 * abs(loss64.item())
+    assert_close64(h.grad, h64.grad, dtype, "dh")
+    assert_close64(w.grad, w64.grad, dtype, "dw")
+    assert h.grad.dtype == dtype and w.grad.dtype == dtype
+
+
+def test_cross_entropy_custom_ignore_index_and_upstream_scale(interpret):
+    torch.manual_seed(4)
+    h, w = leaf(20, 12, dtype=torch.float32), leaf(30, 12, dtype=torch.float32)
+    targets = torch.randint(0, 30, (20,))
+    targets[3:9] = 7  # the ignored value is also a valid class: only the rows naming it are ignored
+    (linear_cross_entropy(h, w, targets, ignore_index=7, chunk_rows=8) * 3.0).backward()
+    h64, w64 = as64(h), as64(w)
+    (F.cross_entropy(h64 @ w64.T, targets, ignore_index=7) * 3.0).backward()
+    assert torch.all(h.grad[3:9] == 0)
+    assert_close64(h.grad, h64.grad, torch.float32, "dh")
+    assert_close64(w.grad, w64.grad, torch.float32, "dw")
+
+
+def test_cross_entropy_every_row_ignored(interpret):
+    h, w = leaf(6, 8, dtype=torch.bfloat16), leaf(10, 8, dtype=torch.bfloat16)
+    targets = torch.full((6,), -100)
+    mean = linear_cross_entropy(h, w, targets)
+    assert torch.isnan(mean)  # as torch: 0 / 0
+    total = linear_cross_entropy(h, w, targets, reduction="sum")
+    total.backward()
+    assert total.item() == 0.0 and torch.all(h.grad == 0) and torch.all(w.grad == 0)
+
+
+def test_cross_entropy_never_holds_more_than_a_chunk_of_logits(interpret, monkeypatch):
+    shapes = []
+    chunk = kernels.cross_entropy_chunk
+    monkeypatch.setattr(kernels, "cross_entropy_chunk",
+                        lambda logits, *rest: (shapes.append(tuple(logits.shape)), chunk(logits, *rest)))
+    h, w = torch.randn(45, 8, requires_grad=True), torch.randn(40, 8)
+    linear_cross_entropy(h, w, torch.randint(0, 40, (45,)), chunk_rows=16).backward()
+    assert shapes == [(16, 40), (16, 40), (13, 40)]
+    assert linear_ops.default_chunk_rows(8192, 1024, 128256) == 64
+    assert linear_ops.default_chunk_rows(8192, 4096, 2048) == 16384
+
+
+def test_cross_entropy_without_grad_runs_no_gradient_gemm(interpret, monkeypatch):
+    calls = []
+    matmul = kernels.matmul
+    monkeypatch.setattr(kernels, "matmul", lambda *a, **kw: (calls.append(kw), matmul(*a, **kw)))
+    h, w = torch.randn(10, 8), torch.randn(12, 8) / 3
+    targets = torch.randint(0, 12, (10,))
+    loss = linear_cross_entropy(h, w, targets)
+    assert calls == [{"trans_b": True}]
+    expected = F.cross_entropy(h.double() @ w.double().T, targets).item()
+    assert abs(loss.item() - expected) <= 2e-3 * expected  # tf32 logits
+
+
+LAYOUTS = [dict(trans_b=True), dict(), dict(trans_a=True), dict(trans_a=True, trans_b=True)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "".join(sorted(d)) or "nn")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemm_layouts_write_every_element(interpret, layout, dtype):
+    torch.manual_seed(5)
+    m, n, k = 37, 45, 29
+    a_logical, b_logical = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    a = a_logical.T.contiguous() if layout.get("trans_a") else a_logical
+    b = b_logical.T.contiguous() if layout.get("trans_b") else b_logical
+    c = torch.full((m, n), float("nan"), dtype=dtype)
+    kernels.matmul(a, b, c, **layout)
+    assert_close64(c, a_logical.double() @ b_logical.double(), dtype, "c")
+    acc = torch.randn(m, n)
+    expected = acc.double() + a_logical.double() @ b_logical.double()
+    kernels.matmul(a, b, acc, accumulate=True, **layout)
+    assert_close64(acc, expected, dtype, "c + a @ b")
+
+
+def test_gemm_two_products_and_swiglu_kernels_write_every_element(interpret):
+    torch.manual_seed(6)
+    a, a2 = torch.randn(33, 20, dtype=torch.float16), torch.randn(33, 20, dtype=torch.float16)
+    b, b2 = torch.randn(20, 41, dtype=torch.float16), torch.randn(20, 41, dtype=torch.float16)
+    c = torch.full((33, 41), float("nan"))
+    kernels.matmul(a, b, c, a2=a2, b2=b2)
+    assert_close64(c, a.double() @ b.double() + a2.double() @ b2.double(), torch.float16, "two products")
+    x, wg, wu = torch.randn(33, 20), torch.randn(41, 20) / 5, torch.randn(41, 20) / 5
+    out, gate, up = (torch.full((33, 41), float("nan")) for _ in range(3))
+    kernels.swiglu_forward(x, wg, wu, out, gate, up)
+    g64, u64 = x.double() @ wg.double().T, x.double() @ wu.double().T
+    for got, ref, name in ((out, F.silu(g64) * u64, "out"), (gate, g64, "gate"), (up, u64, "up")):
+        assert_close64(got, ref, torch.float32, name)
+    d_out = torch.randn(33, 41)
+    for saved in (True, False):
+        d_gate, d_up = torch.full((33, 41), float("nan")), torch.full((33, 41), float("nan"))
+        kernels.swiglu_backward_gates(x, wg, wu, gate if saved else None, up if saved else None, d_out, d_gate,
+                                      d_up)
+        s = torch.sigmoid(g64)
+        assert_close64(d_up, d_out.double() * g64 * s, torch.float32, "d_up")
+        assert_close64(d_gate, d_out.double() * u64 * s * (1 + g64 * (1 - s)), torch.float32, "d_gate")
+
+
+def test_cross_entropy_kernel_writes_every_row(interpret):
+    logits = torch.randn(7, 130)
+    targets = torch.tensor([0, 129, -100, 64, 63, 5, 128])
+    loss_rows = torch.full((7,), float("nan"))
+    expected = F.cross_entropy(logits.double(), targets, reduction="none")
+    grad = torch.softmax(logits.double(), 1) - F.one_hot(targets.clamp(min=0), 130)
+    grad[2] = 0
+    kernels.cross_entropy_chunk(logits, targets, loss_rows, torch.tensor([0.5]), -100)
+    assert_close64(loss_rows, expected, torch.float32, "loss")
+    assert_close64(logits, grad * 0.5, torch.float32, "grad")
+
+
+def test_under_torch_compile_fullgraph(interpret):
+    torch.manual_seed(7)
+
+    def step(x, w, wg, wu, head, targets):
+        hidden = swiglu_linear(linear(x, w), wg, wu)
+        return linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head, targets)
+
+    leaves = [leaf(2, 5, 16, dtype=torch.bfloat16), leaf(24, 16, dtype=torch.bfloat16, scale=0.25),
+              leaf(20, 24, dtype=torch.bfloat16, scale=0.2), leaf(20, 24, dtype=torch.bfloat16, scale=0.2),
+              leaf(33, 20, dtype=torch.bfloat16, scale=0.2)]
+    targets = torch.randint(0, 33, (10,))
+    targets[4] = -100
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    loss = compiled(*leaves, targets)
+    loss.backward()
+    grads = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    eager = step(*leaves, targets)
+    eager.backward()
+    assert loss.item() == eager.item()
+    for got, tensor in zip(grads, leaves):
+        assert torch.equal(got, tensor.grad)
+    refs = [as64(t) for t in leaves]
+    hidden = F.silu(refs[0] @ refs[1].T @ refs[2].T) * (refs[0] @ refs[1].T @ refs[3].T)
+    loss64 = F.cross_entropy(hidden.reshape(10, 20) @ refs[4].T, targets)
+    assert abs(loss.item() - loss64.item()) <= 2e-2 * abs(loss64.item())
+
+
+def test_errors_are_typed_and_say_what_to_fix():
+    x, w = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(6, 8, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="w_up is torch.float16 but x is torch.bfloat16"):
+        swiglu_linear(x, w, w.half())
+    with pytest.raises(TypeError, match="int32; the kernels take float16, bfloat16 or float32"):
+        linear(x.to(torch.int32), w.to(torch.int32))
+    with pytest.raises(ValueError, match=r"weight must be 2-D \(N, K\) with K = x.shape\[-1\] = 8, got shape \(6, 7\)"):
+        linear(x, w[:, :7])
+    with pytest.raises(ValueError, match="w_up \\(5, 8\\) must have w_gate's shape \\(6, 8\\)"):
+        swiglu_linear(x, w, w[:5])
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        linear(x, [[1.0]])
+    targets = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"targets must be an int64 tensor of shape \(4,\), got torch.int32"):
+        linear_cross_entropy(x, w, targets.int())
+    with pytest.raises(TypeError, match=r"shape \(4,\), got torch.int64 \(3,\)"):
+        linear_cross_entropy(x, w, targets[:3])
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum', got 'none'"):
+        linear_cross_entropy(x, w, targets, reduction="none")
+    with pytest.raises(ValueError, match=r"h must be \(N, D\)"):
+        linear_cross_entropy(x[None], w, targets)
+    with pytest.raises(ValueError, match="chunk_rows must be a positive int, got 0"):
+        linear_cross_entropy(x, w, targets, chunk_rows=0)
+    for error in (tilejit.errors.UsageTypeError, tilejit.errors.UsageValueError):
+        assert issubclass(error, tilejit.errors.TilejitError)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _compile_cases():
+    m, n, k = 1000, 3000, 776
+    plain = dict(ACC_IN=False, TWO=False)
+    return {
+        "nt": (kernels.gemm, (_meta(m, k), _meta(n, k), _meta(m, n), _meta(m, k), _meta(n, k)),
+               dict(TRANS_A=False, TRANS_B=True, **plain)),
+        "nn-two": (kernels.gemm, (_meta(m, n), _meta(n, k), _meta(m, k), _meta(m, n), _meta(n, k)),
+                   dict(TRANS_A=False, TRANS_B=False, ACC_IN=False, TWO=True)),
+        "tn-acc": (kernels.gemm, (_meta(m, n), _meta(m, k), _meta(n, k, dtype=torch.float32), _meta(m, n),
+                                  _meta(m, k)), dict(TRANS_A=True, TRANS_B=False, ACC_IN=True, TWO=False)),
+        "swiglu-fwd": (kernels.swiglu_fwd, (_meta(m, k), _meta(n, k), _meta(n, k)) + (_meta(m, n),) * 3,
+                       dict(STORE_GU=True)),
+        "swiglu-bwd": (kernels.swiglu_bwd, (_meta(m, k), _meta(n, k), _meta(n, k)) + (_meta(m, n),) * 5,
+                       dict(RECOMPUTE=True)),
+    }
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(_compile_cases()))
+def test_kernels_compile(fresh_compile_cache, arch, name):
+    kernel, args, flags = _compile_cases()[name]
+    tiles = dict(BM=128, BN=64, BK=64, num_warps=8, num_stages=3)
+    compiled = kernel.compile(*args, arch=arch, **flags, **tiles)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    assert 0 < compiled.shared_bytes <= tilejit.target.Arch.parse(arch).max_shared_bytes
+    assert compiled.asm["ir"].count("tj.gemm") == (2 if name.startswith(("swiglu", "nn-two")) else 1)
+    if arch == "sm_90a":
+        assert compiled.meta["spills"] == 0, compiled.meta
+        assert "wgmma" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_elementwise_kernels_compile(fresh_compile_cache, arch):
+    _, args, _ = _compile_cases()["swiglu-bwd"]
+    compiled = kernels.swiglu_bwd.compile(*args, arch=arch, RECOMPUTE=False, **kernels.SWIGLU_BWD_LOADED)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0
+    compiled = kernels.cross_entropy_rows.compile(_meta(64, 50000), _meta(64, dtype=torch.int64),
+                                                  _meta(64, dtype=torch.float32), _meta(1, dtype=torch.float32), -100,
+                                                  arch=arch, BV=kernels.CE_BLOCK_V, num_warps=kernels.CE_WARPS)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0
+
+
+def test_config_spaces_fit_their_kernels():
+    for size in (2, 4):
+        for config in kernels.swiglu_configs(size):
+            k = config.kwargs
+            assert 2 * k["BM"] * k["BN"] <= 128 * 32 * config.num_warps
+        assert all(2 * c.kwargs["BM"] * c.kwargs["BN"] <= 64 * 32 * c.num_warps
+                   for c in kernels.swiglu_recompute_configs(size))
+    a, b = _meta(300, 64), _meta(2000, 64)  # op(A) = 300 x 64, op(B) = b.T = 64 x 2000
+    configs = kernels.tuned_gemm(2, True, True, False, False).configs
+    kept = kernels._gemm_prune(configs, {"A": a.T, "B": b, "TRANS_A": True, "TRANS_B": True})
+    assert kept == kernels.matmul_prune(configs, {"A": a, "B": b.T})
+
+
+def test_tuning_an_accumulating_gemm_adds_once(interpret):
+    """The autotuner times ``C += A @ B`` several times; C is restored after each run, so the launch adds once."""
+    torch.manual_seed(8)
+    a, b, c = torch.randn(64, 40), torch.randn(40, 64), torch.randn(64, 64)
+    expected = c.double() + a.double() @ b.double()
+    tuned = kernels.tuned_gemm(4, False, False, True, False)
+    assert len(kernels._gemm_prune(tuned.configs, {"A": a, "B": b})) > 1  # so it is tuned, not just launched
+    tuned[kernels._tiles_grid(64, 64)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
+    assert_close64(c, expected, torch.float32, "c + a @ b")
