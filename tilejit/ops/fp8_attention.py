@@ -246,7 +246,13 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
                          f"{tuple(out.shape)}")
     dim = q.shape[-1]
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
+    if not 0.0 < sm_scale < math.inf:  # the running max is taken of unscaled scores: the scale must keep order
+        raise ValueError(f"attention_fp8: sm_scale must be a finite number > 0, got {sm_scale}")
     encoded = encode_config(config, "attention_fp8")
+    _check_inputs(q, k, v, v_transposed)  # the user's mistakes named here, before the operator's schema sees them
+    for name, scale, heads in (("q_scale", q_scale, q.shape[1]), ("k_scale", k_scale, k.shape[1]),
+                               ("v_scale", v_scale, k.shape[1])):
+        _scale(scale, name, heads, q)
     if out is None:
         return _OPS.forward(q, k, v, q_scale, k_scale, v_scale, bool(causal), sm_scale, bool(v_transposed),
                             out_dtype, encoded)
