@@ -123,7 +123,7 @@ def test_bad_scales_and_inputs_are_clear_errors(interpret):
     with pytest.raises(ValueError, match=r"and v \(B, H // G, D, S\) \(v_transposed\)"):
         fa.attention_fp8(q, k, v, v_transposed=True, **run)
     with pytest.raises(ValueError, match="query heads 2 must be a multiple of key/value heads 3"):
-        fa.attention_fp8(q, *(t.expand(1, 3, 70, 32) for t in (k, v)), **run)
+        fa.attention_fp8(q, *(t[:, :1].expand(1, 3, 70, 32) for t in (k, v)), **run)
     with pytest.raises(ValueError, match="BM and BN must divide 128"):
         fa.attention_fp8(q, k, v, BM=64, BN=96, num_warps=4, **run)
     with pytest.raises(TypeError, match="out_dtype must be one of"):
