@@ -26,14 +26,17 @@ dequantized inputs ``q * q_scale``, ``k * k_scale``, ``v * v_scale``, forward on
   inside the keys, and left of the diagonal when causal, run without a mask) and the warp specialization of the
   bf16 forward (``fused_attention.attn_fwd``) are kept.
 - wgmma reads 8-bit operands K-major only, so ``p @ v`` wants V transposed, (D, S) per head: ``attention_fp8``
-  transposes v once into (B, H // G, D, S16) (S16: S rounded up to 16 keys, zero-filled, so each row's stride is a
-  multiple of TMA's 16 bytes), which costs one read and one write of v (about 3% of the attention at S = 4096,
-  D = 128). ``v_transposed=True`` takes v already laid out as (B, H // G, D, S) (its row stride a multiple of 16
-  bytes). The compiler's transposing copy (MN-major 8-bit operands, transposed in shared memory) is the slower
-  route and is not used.
+  transposes v once into (B, H // G, D, S16) (S16: S rounded up to 16 keys, the padding zeroed, so each row's
+  stride is a multiple of TMA's 16 bytes), which costs one read and one write of v (at S = 4096, D = 128, B = 4,
+  H = 16: 67 MB, about 25 us at 3 TB/s, 2-4% of the attention at 600-900 TFLOP/s). ``v_transposed=True`` takes v
+  already laid out as (B, H // G, D, S) (its row stride a multiple of 16 bytes). The compiler's transposing copy
+  (MN-major 8-bit operands, transposed in shared memory) is the slower route and is not used.
+- P feeds the second product from shared memory (the compiler has float8 wgmma with both operands in shared
+  memory only), so the bf16 forward's deferred ``p @ v`` (which needs A in registers) does not apply.
 
-Float8 products need sm_89+ (mma.sync m16n8k32) or sm_90a (wgmma); on sm_80/86 the kernel does not compile (the
-gemm's dispatch error lists why) and ``attention_fp8`` refuses the GPU up front.
+Float8 products need sm_89+ (mma.sync m16n8k32), sm_90a (wgmma) or sm_100a (tcgen05 for ``q @ k^T``); for
+sm_80/86 the kernel compiles to the compiler's FMA fallback (correct, minutes to compile, far slower than bf16
+attention), so ``attention_fp8`` refuses those GPUs up front.
 """
 from __future__ import annotations
 
@@ -183,8 +186,9 @@ def _scale(scale, name: str, heads: int, q) -> tuple[torch.Tensor, bool]:
     batch, _, seq, _ = q.shape
     blocks = (batch, heads, -(-seq // SCALE_BLOCK))
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
         raise TypeError(f"attention_fp8: {name} must be a float32 tensor (one scale, or one per block of "
-                        f"{SCALE_BLOCK}), got {type(scale).__name__ if not isinstance(scale, torch.Tensor) else scale.dtype}")
+                        f"{SCALE_BLOCK}), got {got}")
     if scale.device != q.device:
         raise ValueError(f"attention_fp8: {name} is on {scale.device}, q on {q.device}")
     if scale.numel() == 1 and scale.dim() <= 1:
@@ -197,10 +201,11 @@ def _scale(scale, name: str, heads: int, q) -> tuple[torch.Tensor, bool]:
 
 
 def transpose_v(v: torch.Tensor) -> torch.Tensor:
-    """v (B, HKV, S, D) as (B, HKV, D, S): a view of a zero-filled (B, HKV, D, S16) tensor, S16 = S rounded up to
-    16, so that each row's stride is a multiple of 16 bytes (TMA's requirement)."""
+    """v (B, HKV, S, D) as (B, HKV, D, S): a view of a (B, HKV, D, S16) tensor whose padding is zeroed, S16 = S
+    rounded up to 16, so that each row's stride is a multiple of 16 bytes (TMA's requirement)."""
     batch, heads, seq, dim = v.shape
-    padded = torch.zeros(batch, heads, dim, -(-seq // 16) * 16, dtype=v.dtype, device=v.device)
+    padded = torch.empty(batch, heads, dim, -(-seq // 16) * 16, dtype=v.dtype, device=v.device)
+    padded[..., seq:].zero_()  # never read as keys (out of bounds), but no NaN bytes left in memory either
     out = padded[..., :seq]
     out.copy_(v.transpose(2, 3))
     return out
