@@ -9,7 +9,7 @@
 causal), for every column alike. Columns:
 
 - ``fp8``: the kernel alone on a v transposed beforehand (``v_transposed=True``), the fastest config of
-  ``fp8_attention.CONFIGS`` (each also warp-specialized with a 3-deep ring on sm_90), or with ``--tune default``
+  ``fp8_attention.CONFIGS`` (each also warp-specialized with a 2- and a 3-deep ring on sm_90), or with ``--tune default``
   the config ``attention_fp8`` takes; ``fp8 + transpose``: the call on v as (B, H, S, D), which transposes it
   first (one read and write of v);
 - ``bf16``: ``tilejit.ops.attention`` with its default config (what ``attention(q, k, v)`` runs); ``cuDNN`` and
@@ -55,8 +55,8 @@ def _configs(dim, tune):
     hopper = torch.cuda.get_device_capability()[0] == 9
     if tune == "default":
         return [fa.default_config(dim, hopper=hopper)]
-    modes = (False, True) if hopper else (False,)
-    return [dict(BM=bm, BN=bn, num_warps=w, **(dict(warp_specialize=True, STAGES=3) if ws else {}))
+    modes = (0, 2, 3) if hopper else (0,)  # not warp-specialized, or with a ring of 2 or 3 stages
+    return [dict(BM=bm, BN=bn, num_warps=w, **(dict(warp_specialize=True, STAGES=ws) if ws else {}))
             for bm, bn, w in fa.CONFIGS[dim] for ws in modes]
 
 

@@ -35,3 +35,13 @@ def test_attention_mode_fp8_takes_the_fp8_arguments(capsys):
     assert "--scales" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--scales takes tensor and/or block, not 'rows'"):
         bench_attention.main(["--mode", "fp8", "--scales", "rows"])
+
+
+def test_config_space_on_hopper_adds_warp_specialized_rings(monkeypatch):
+    monkeypatch.setattr(attention_fp8.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    configs = attention_fp8._configs(128, "all")
+    assert len(configs) == 3 * len(attention_fp8.fa.CONFIGS[128])
+    assert {c.get("STAGES") for c in configs} == {None, 2, 3}
+    assert attention_fp8._configs(128, "default") == [attention_fp8.fa.default_config(128, hopper=True)]
+    monkeypatch.setattr(attention_fp8.torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    assert not any(c.get("warp_specialize") for c in attention_fp8._configs(128, "all"))
