@@ -14,10 +14,10 @@ dequantized inputs ``q * q_scale``, ``k * k_scale``, ``v * v_scale``, forward on
 - P is quantized to e4m3 for the second product, scaled so that its range lands in e4m3's normal range: the
   exponent subtracts the running max less 8 (``P_SHIFT``), so each row's largest weight is 2^8 = 256 (e4m3 holds
   up to 448 and is normal down to 2^-6: weights down to 2^-14 of the row's max keep e4m3's full 3-bit mantissa).
-  The row sum ``l`` adds the same scaled weights in float32 before rounding (as FlashAttention-3 does), so the
-  2^8 cancels in ``acc / l``. Each weight's rounding is a relative error of at most 2^-4, so an output element
-  is off by at most 2^-4 times its column's spread of v (max - min) from P alone; random errors average down
-  to about 2^-4 / sqrt(3 n) of it over n keys of similar weight.
+  The row sum ``l`` adds the same scaled weights in float32 before rounding, so the 2^8 cancels in ``acc / l``.
+  Each weight's rounding is a relative error of at most 2^-4, so an output element is off by at most 2^-4 times
+  its column's largest |v| from P alone (tests/backend/test_attention_fp8.py's bound); random errors average
+  down over many keys of similar weight.
 - ``p @ v`` accumulates in the tensor cores across key blocks (precision "fast"): P's rounding dominates its
   error. Per-block v scales ride in the accumulator's rescaling: it is kept in units of the current block's
   scale (multiplied by ``alpha * v_prev / v_new`` before each block's product), and the last block's scale is
@@ -47,7 +47,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.ops.custom_ops import decode_config, encode_config, namespace
-from tilejit.ops.fused_attention import _check_heads, _hopper, _visible
+from tilejit.ops.fused_attention import _hopper, _visible
 
 #: Rows (queries) or keys per per-block scale.
 SCALE_BLOCK = 128
