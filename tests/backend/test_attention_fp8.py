@@ -163,13 +163,22 @@ def _final_ir(arch, causal=True, per_block=True, **config):
     return fa.attn_fwd_fp8.compile(*args, CAUSAL=causal, **meta, **config, arch=arch, stop_after="passes").final_ir
 
 
-def test_hopper_default_runs_both_products_on_fp8_wgmma_warp_specialized():
-    ir = _final_ir("sm_90a", **fa.default_config(128, hopper=True))
-    gemms = [line for line in ir.splitlines() if "tj.gemm" in line]
-    assert len(gemms) == 4  # q @ k^T and p @ v, in the unmasked and the masked loop
-    assert all("impl = wgmma_m64nNk32_fp8" in g and "precision = fast" in g for g in gemms)
-    assert "warp_specialize" in ir or "producer" in ir
-    assert ir.count("xf8e4m3, shared") >= 2  # P, rounded to e4m3, feeds the second product from shared memory
+def test_hopper_default_runs_p_at_v_from_registers_deferred():
+    """sm_90a, the default config: q @ k^T on float8 wgmma from shared memory, p @ v with P's e4m3 fragment
+    gathered from registers (no staging through shared memory), issued one iteration late under the next
+    block's q @ k^T in the unmasked loop, as the bf16 forward's."""
+    args, meta = _args()
+    stages = fa.attn_fwd_fp8.compile(*args, CAUSAL=True, **meta, **fa.default_config(128, hopper=True),
+                                     arch="sm_90a", stop_after="cuda")
+    gemms = [line for line in stages.final_ir.splitlines() if "tj.gemm" in line]
+    impls = [g.split("impl = ")[1].split("}")[0] for g in gemms]
+    assert impls == ["wgmma_m64nNk32_fp8", "wgmma_rs_m64nNk32_fp8"] * 2  # the unmasked loop, the masked one
+    assert all("precision = fast" in g for g in gemms)
+    assert "tj.convert_layout" not in stages.final_ir  # P is never staged through shared memory
+    cuda = stages.cuda
+    assert "the previous iteration's last gemm, issued under this iteration's math" in cuda
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in cuda and "{%64, %65, %66, %67}" in cuda
+    assert "__byte_perm(__shfl_sync(0xffffffffu, x, tj_q0), __shfl_sync(0xffffffffu, x, tj_q1), tj_sel)" in cuda
 
 
 @pytest.mark.parametrize("arch, qk, pv", [("sm_89", "mma_sync_m16n8k32_fp8", "mma_sync_m16n8k32_fp8"),
@@ -189,3 +198,18 @@ def test_default_config_compiles_to_a_cubin(arch):
     compiled = fa.attn_fwd_fp8.compile(*args, CAUSAL=False, **meta, **fa.default_config(128, arch == "sm_90a"),
                                        arch=arch)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
+
+
+HOPPER_CASES = [(bm, bn, w, ws) for bm, bn, w in fa.CONFIGS[128] for ws in (False, True)]
+
+
+@pytest.mark.skipif(not nvrtc_supports("sm_90a"), reason="NVRTC without sm_90a")
+@pytest.mark.parametrize("bm, bn, warps, ws", HOPPER_CASES,
+                         ids=[f"{m}x{n}-w{w}{'-ws' if s else ''}" for m, n, w, s in HOPPER_CASES])
+def test_every_head_dim_128_config_compiles_for_sm90a(bm, bn, warps, ws):
+    args, meta = _args()
+    extra = dict(warp_specialize=True, STAGES=3) if ws else {}
+    compiled = fa.attn_fwd_fp8.compile(*args, CAUSAL=True, **meta, BM=bm, BN=bn, num_warps=warps, **extra,
+                                       arch="sm_90a")
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    assert "wgmma_rs_m64nNk32_fp8" in compiled.asm["ir"]

@@ -31,8 +31,11 @@ dequantized inputs ``q * q_scale``, ``k * k_scale``, ``v * v_scale``, forward on
   H = 16: 67 MB, about 25 us at 3 TB/s, 2-4% of the attention at 600-900 TFLOP/s). ``v_transposed=True`` takes v
   already laid out as (B, H // G, D, S) (its row stride a multiple of 16 bytes). The compiler's transposing copy
   (MN-major 8-bit operands, transposed in shared memory) is the slower route and is not used.
-- P feeds the second product from shared memory (the compiler has float8 wgmma with both operands in shared
-  memory only), so the bf16 forward's deferred ``p @ v`` (which needs A in registers) does not apply.
+- On sm_90a P feeds the second wgmma from registers (``wgmma_rs_m64nNk32_fp8``: the e4m3 fragment gathered
+  across each quad of lanes, two shuffles per 32-bit word, in place of a round trip through shared memory and a
+  barrier of both consumer warpgroups), so the bf16 forward's overlap holds: warp-specialized with a 3-deep
+  ring, each block's ``p @ v`` is issued under the next block's ``q @ k^T``. On sm_89 and sm_100a P is staged
+  through shared memory for ``p @ v`` (mma.sync).
 
 Float8 products need sm_89+ (mma.sync m16n8k32), sm_90a (wgmma) or sm_100a (tcgen05 for ``q @ k^T``); for
 sm_80/86 the kernel compiles to the compiler's FMA fallback (correct, minutes to compile, far slower than bf16
