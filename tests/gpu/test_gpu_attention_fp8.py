@@ -1,12 +1,15 @@
 """The float8 attention forward on the GPU: every config of its space and the default (warp-specialized on sm_90)
 against float64 attention of the dequantized inputs within P's rounding bound, ragged lengths, GQA, causal,
 per-tensor and per-block scales, a pre-transposed v, NaN-poisoned outputs, torch.compile; and its error against
-bf16 SDPA's on the same (unquantized) inputs."""
+bf16 SDPA's on the same (unquantized) inputs. The float8 wgmma with A from registers (``wgmma_rs_m64nNk32_fp8``)
+alone, against float64, over one and two warpgroups."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import tilejit
+import tilejit.language as T
 from tilejit.ops import fp8_attention as fa
 
 pytestmark = pytest.mark.gpu
@@ -105,3 +108,26 @@ def test_error_against_float64_next_to_bf16_sdpa(causal, per_block):
     sdpa_err = ((sdpa.double() - exact).norm() / exact.norm()).item()
     fp8_err = ((fp8.double() - exact).norm() / exact.norm()).item()
     assert sdpa_err < fp8_err <= 0.08, (fp8_err, sdpa_err)
+
+
+@tilejit.kernel
+def _scores_then_p_at_v(A, B, Vt, O, D: T.constexpr):
+    s = T.gemm(A[0:128, 0:32], B[0:128, 0:32], T.zeros((128, 128), T.float32), transpose_b=True, precision="fast")
+    O[0:128, 0:D] = T.gemm(s.to(T.float8_e4m3fn), Vt[0:D, 0:128], T.zeros((128, D), T.float32), transpose_b=True,
+                           precision="fast")
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+def test_float8_operand_a_from_registers(warps, requires_sm):
+    """Scores of small integers (exact in float32, rounded to e4m3 as torch rounds) times V: a byte of P's
+    fragment in the wrong place moves whole products, far beyond the float8 sum's rounding."""
+    requires_sm(90)
+    torch.manual_seed(warps)
+    a, b = (torch.randint(-1, 2, (128, 32), device="cuda").float().to(torch.float8_e4m3fn) for _ in range(2))
+    vt = torch.randn(128, 128, device="cuda").to(torch.float8_e4m3fn)
+    out = torch.full((128, 128), float("nan"), device="cuda")
+    assert "wgmma_rs_m64nNk32_fp8" in _scores_then_p_at_v.compile(a, b, vt, out, D=128, num_warps=warps).asm["ir"]
+    _scores_then_p_at_v[(1,)](a, b, vt, out, D=128, num_warps=warps)
+    p = (a.double() @ b.double().T).float().to(torch.float8_e4m3fn).double()
+    scale = (p.abs() @ vt.double().abs().T).max().item()
+    torch.testing.assert_close(out.double(), p @ vt.double().T, rtol=1e-3, atol=1e-3 * scale)
