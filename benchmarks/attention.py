@@ -4,6 +4,7 @@ backends) and a Triton FlashAttention-2-style baseline.
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
                                    [--tune all|default] [--sm80-path] [--out DIR]
     python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
+    python -m benchmarks.attention --mode fp8 [benchmarks.attention_fp8's arguments]   # e4m3 against bf16
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
@@ -253,6 +254,9 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
 
 
 BASELINES = ("SDPA flash", "SDPA cuDNN", "Triton")
+_MODE = argparse.ArgumentParser(add_help=False)
+_MODE.add_argument("--mode", choices=("default", "fp8"), default="default",
+                   help="fp8: e4m3 attention_fp8 against bf16 (python -m benchmarks.attention_fp8 --help)")
 TITLES = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
 
 
@@ -281,7 +285,11 @@ def plot_json(path: Path, out: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode, rest = _MODE.parse_known_args(argv)
+    if mode.mode == "fp8":  # the float8 forward against bf16: benchmarks/attention_fp8.py, with its own arguments
+        from benchmarks import attention_fp8
+        return attention_fp8.main(rest)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[_MODE])
     parser.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
     parser.add_argument("--dtypes", default="bf16", help="bf16, fp16 or bf16,fp16")
     parser.add_argument("--seqs", default="1024,4096")

@@ -45,7 +45,7 @@ from .emitter import (RULES, AsyncMma, Emitter, assign_value, c_type, declare_va
 from . import lower_tcgen05, lower_tma
 from .lower_specialized import ProducerCopies, emit_producer, group_turn, release
 from .lower_wgmma import wait_group
-from .lower_wgmma_rs import pack_a
+from .lower_wgmma_rs import pack_a, packed_words
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
 
 
@@ -615,7 +615,7 @@ class Deferred:
         em = self.em
         em.line("bool tj_pend = false;  // the previous iteration's last gemm is still to issue (deferred)")
         if self.packed is not None:
-            em.line(f"unsigned tj_pp[{self.packed.type.layout.regs // 2}];  // its A fragment, packed")
+            em.line(f"unsigned tj_pp[{packed_words(self.packed)}];  // its A fragment, packed")
 
     def skips(self, op: Op) -> bool:
         """Emit nothing for the deferred gemm in its own iteration; wait for the previous one's before the first

@@ -4,6 +4,8 @@
 - ``attention(q, k, v, *, causal, sm_scale, lens, out, bwd_config, **config)``: fused attention (operator
   ``tilejit::attention_fwd``, its backward ``tilejit::attention_bwd``); GQA, variable lengths, sliding windows
   (``window=(left, right)``) and logit softcaps (``softcap=c``).
+- ``attention_fp8(q, k, v, *, q_scale, k_scale, v_scale, causal, sm_scale, out_dtype)``: the forward on e4m3
+  inputs with per-tensor or per-block scales (operator ``tilejit::attention_fp8``; ``tilejit.ops.fp8_attention``).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
 - ``rms_norm(x, weight, *, eps, residual)``: RMSNorm over the last dim, optionally fused with the residual add
@@ -16,10 +18,11 @@
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
+from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
 from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 
 __all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding", "linear",
-           "swiglu_linear", "linear_cross_entropy"]
+           "swiglu_linear", "linear_cross_entropy", "attention_fp8"]
