@@ -118,7 +118,8 @@ def _dense_compile(arch: str, config: dict, stop_after: str | None = "cuda"):
                                     dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True)],
                          ids=["128x128-ws", "64x64-ws", "128x128-persistent"])
 def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
-    """Each 128-block: a fresh wgmma sum (no promotion inside it: precision "fast" over one block), waited for,
+    """Each 128-block: a fresh wgmma sum (no promotion inside it: precision "fast" over one block; its first k
+    step writes the registers with scale-d = 0, no zeros copied in), waited for,
     then one FMA per accumulator element with the row's scale times the tile's weight scale, a product computed
     once for each of the thread's two rows (registers 0 and 2; the others are copies); the per-row scales are
     loaded by the threads that hold the rows (no shared-memory broadcast)."""
@@ -126,7 +127,13 @@ def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
     filecheck(text, """
         CHECK: load v{{[0-9]+}}_SA window into registers
         CHECK: gemm {{[0-9]+}}x{{[0-9]+}}x128 on wgmma.m64n{{[0-9]+}}k32
+        CHECK-NOT: = v{{[0-9]+}}[i];
         CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
+        CHECK-NEXT: "=f"(
+        CHECK-NEXT: "r"(0));
+        CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
+        CHECK-NEXT: "+f"(
+        CHECK-NEXT: "r"(1));
         CHECK: tj_wgmma_commit();
         CHECK: wgmma.wait_group.sync.aligned 0;
         CHECK: v{{[0-9]+}}[0] = (v{{[0-9]+}}[0] * v{{[0-9]+}}[0]);
