@@ -492,8 +492,7 @@ class Semantic:
         ok_shape = isinstance(scale, Value) and (scale.is_scalar or scale.type.shape == (length,))
         if not ok_shape:
             raise SemanticError(f"{name} must be a float32 scalar or a 1-D float32 tile of length {dim} = {length} "
-                                f"(one scale per {what}), got "
-                                f"{describe(scale)}",
+                                f"(one scale per {what}), got {describe(scale)}",
                                 f"load it as e.g. SA[m0:m0 + BM, kb] ({docs_link('block-scaled-float8')})")
         if scale.dtype != D.float32:
             raise SemanticError(f"{name} must be float32, got {scale.dtype}", "convert it with .to(T.float32)")
