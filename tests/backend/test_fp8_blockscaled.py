@@ -210,3 +210,18 @@ def test_bad_scales_in_a_kernel_are_located_errors(which, message):
     with pytest.raises(tilejit.CompilationError, match=message) as info:
         bad_scales.compile(*args, WHICH=which, arch="sm_90a", stop_after="ir")
     assert "test_fp8_blockscaled.py" in str(info.value)
+
+
+def test_the_ops_trace_under_torch_compile_fullgraph(interpret):
+    """Both operators have fake implementations: dynamo traces them without a graph break, and the compiled call
+    gives the eager result."""
+    a, sa, b, sb = _operands(70, 136, 300, experts=2, seed=3)
+    offsets = torch.tensor([0, 30, 70], dtype=torch.int32)
+
+    def both(a, sa, b, sb, offsets):
+        dense = F.fp8_blockscaled_matmul(a, sa, b[0], sb[0], BM=64, BN=64, num_warps=4)
+        return dense, F.fp8_blockscaled_grouped_matmul(a, sa, b, sb, offsets, BM=64, BN=64, num_warps=4)
+
+    compiled = torch.compile(both, fullgraph=True, backend="eager")
+    for got, want in zip(compiled(a, sa, b, sb, offsets), both(a, sa, b, sb, offsets)):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape and torch.equal(got, want)
