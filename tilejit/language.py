@@ -388,7 +388,8 @@ def min(x, axis=None):  # noqa: A001
 
 
 @builtin
-def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None):
+def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None, scale_a=None,
+         scale_b=None):
     """Matrix product with accumulation: ``acc + op(a) @ op(b)``, on tensor cores.
 
     ``op(t)`` is ``t.T`` when the matching ``transpose_*`` is True, else ``t``. ``a @ b`` is the same product
@@ -428,6 +429,14 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
               products (hi*hi + hi*lo + lo*hi) give close to float32 accuracy at three times the work.
             * ``"ieee"``: exact float32 multiply-adds on the FMA units (no tensor cores; slow).
 
+        scale_a, scale_b: block scales of float8 operands (DeepSeek-V3's block-scaled fp8): ``scale_a`` a
+            float32 scalar or (M,) tile (one scale per row of ``op(a)``), ``scale_b`` a float32 scalar or (N,)
+            tile (one per column of ``op(b)``); either may be left out (1). The result is then
+            ``acc + (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :]`` in float32: the product is summed
+            fresh by the tensor cores over the tile's K (the tensor cores' own accumulator when K <= 128, the
+            promotion interval of precision "precise"), then scaled and added into ``acc`` with one FMA per
+            element; call it once per 128-wide block of K. float8 operands only.
+
     Returns:
         ``acc + op(a) @ op(b)``, a (M, N) tile of ``acc``'s dtype.
 
@@ -454,7 +463,11 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
         acc16 = T.zeros((BM, BN), T.float16)                   # float16 operands, float16 accumulation
         acc16 = T.gemm(a, b, acc16, transpose_b=True, out_dtype=T.float16)
 
-    See docs/language.md#matrix-products.
+        # block-scaled fp8, BK = 128: SA (M, cdiv(K, 128)) per 1x128 block, SB (cdiv(N, 128), cdiv(K, 128))
+        acc = T.gemm(a, b, acc, transpose_b=True, scale_a=SA[m0:m0 + BM, k0 // 128],
+                     scale_b=SB[n0 // 128, k0 // 128])
+
+    See docs/language.md#matrix-products and #block-scaled-float8.
     """
 
 

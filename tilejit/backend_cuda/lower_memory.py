@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..ir import Op, OpKind, Scope, Value
 from ..passes.divisibility import Divisibility
-from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, thread_local_broadcast, thread_local_permutation
+from ..ir.layouts import (CExpr, RegisterLayout, SharedLayout, broadcast_view, c_text, duplicate_registers,
+                          thread_local_broadcast, thread_local_permutation)
 from .emitter import Emitter, SharedTile, c_type, emits
 from . import lower_tma
 
@@ -152,7 +153,32 @@ def _load(em: Emitter, op: Op) -> None:
     name = em.declare_tile(out)
     win = Window(em, op, _start_names(em, op, 1))
     em.comment(op, f"load {win.t} window into registers")
+    owner = duplicate_registers(layout, em.target.threads)
+    if owner is not None:
+        _load_distinct(em, win, layout, name, owner)
+        return
     _move_window(em, win, layout, name, layout.vec if win.unit_last else 1, load=True)
+
+
+def _load_distinct(em: Emitter, win: Window, layout: RegisterLayout, regs: str, owner: tuple[int, ...]) -> None:
+    """A window loaded into a layout whose registers repeat others' elements (a per-row or per-column vector in
+    an accumulator's slice layout, ``duplicate_registers``): each distinct element is loaded once and copied to
+    its repeats, so a thread issues as many loads as it holds distinct elements (2 for a wgmma accumulator's
+    rows), not one per register."""
+    ctype = c_type(win.tensor.dtype)
+    em.open("")
+    em.line(f"const {ctype}* tj_p = {win.base_expr()};")
+    em.line(f"const bool tj_dropped_ok = {win.dropped_ok()};")
+    for i in sorted(set(owner)):
+        coords = em.coords(layout, str(i))
+        valid = em.valid(layout, str(i))
+        ok = " && ".join(["tj_dropped_ok"] + [win.in_bounds(k, c) for k, c in enumerate(coords)]
+                         + ([valid] if valid else []))
+        em.line(f"{regs}[{i}] = ({ok}) ? tj_p[{win.offset(coords)}] : {ctype}{{}};")
+    for i, j in enumerate(owner):
+        if i != j:
+            em.line(f"{regs}[{i}] = {regs}[{j}];")
+    em.close()
 
 
 @emits(OpKind.STORE)

@@ -45,7 +45,8 @@ form's elements, packed in pairs): packed before the fence, unpacked after the w
 from __future__ import annotations
 
 from .. import dtypes as D
-from ..ir import Op
+from ..ir import Op, OpKind
+from ..ir.rewrite import defining_op
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
 from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
@@ -120,6 +121,19 @@ def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
     while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
         width //= 2
     return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
+
+
+def _fresh_float8_product(op: Op) -> bool:
+    """Whether ``op`` is a float8 gemm of precision "fast" whose accumulator is a splat of 0 (a block-scaled
+    loop's fresh product, ``T.gemm(..., scale_a=, scale_b=)``): its first k step writes the registers with
+    scale-d = 0 instead of copying zeros into them. (16-bit products with a zero accumulator, such as
+    attention's scores, still copy: their generated code is left as it was.)"""
+    producer = defining_op(op.operands[2])
+    if not (op.operands[0].dtype.is_fp8 and op.attrs.precision == "fast" and producer is not None
+            and producer.kind is OpKind.SPLAT):
+        return False
+    value = defining_op(producer.operands[0])
+    return value is not None and value.kind is OpKind.CONSTANT and value.attrs.value == 0
 
 
 def _b_k_major(op: Op) -> bool:
@@ -207,7 +221,8 @@ class Wgmma(GemmLowering):
         em.comment(op, f"gemm {'x'.join(map(str, _mnk(op)))} on wgmma.m64n{n}k{k_atom} ({layout.groups} warpgroup(s), "
                        f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
                    + (", left in flight" if ring and not promoted(op) else ""))
-        if ring is None:
+        fresh = ring is None and _fresh_float8_product(op)
+        if ring is None and not fresh:
             src = em.name(acc)
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
@@ -234,8 +249,8 @@ class Wgmma(GemmLowering):
             for s in range(layout.slabs):
                 a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major)
                 operands = [f"{d_name}[{s * half + r}]" for r in range(half)]
-                self.issue(em, a, b, n, operands, con, a_ins, b_desc, scale_d=1, f16_acc=f16_acc,
-                           integer=integer, b_k_major=b_k_major, a_mn_major=a_mn_major)
+                self.issue(em, a, b, n, operands, con, a_ins, b_desc, scale_d=int(kk > 0 or not fresh),
+                           f16_acc=f16_acc, integer=integer, b_k_major=b_k_major, a_mn_major=a_mn_major)
                 self.after_instruction(em, op, kk * layout.slabs + s, k // k_atom * layout.slabs)
         em.line("tj_wgmma_commit();")
         if ring is not None:

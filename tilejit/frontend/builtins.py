@@ -97,7 +97,8 @@ def python_minmax(gen, node, is_max: bool, args: list) -> Any:
 
 
 @builtin("gemm")
-def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None):
+def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dtype=None,
+                 scale_a=None, scale_b=None):
     if not (is_const(transpose_a) and is_const(transpose_b)):
         raise gen.error(node, "transpose_a/transpose_b must be compile-time bools")
     if precision is not None and not isinstance(precision, str):
@@ -105,7 +106,7 @@ def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, pre
                               "(float32 operands), \"precise\" or \"fast\" (float8 operands)")
     if out_dtype is not None and not isinstance(out_dtype, D.DType):
         raise gen.error(node, f"out_dtype must be a dtype such as T.float32 or T.float16, got {describe(out_dtype)}")
-    return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype)
+    return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype, scale_a, scale_b)
 
 
 @builtin("copy")

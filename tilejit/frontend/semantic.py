@@ -67,6 +67,9 @@ def describe(x: Any) -> str:
 
 
 _FLOAT_RANK = {8: 0, 16: 1, 32: 2, 64: 3}
+#: The widest K of a scaled float8 product summed by the tensor cores' own accumulator before its scaled FMA into
+#: float32 (DeepSeek-V3's promotion interval, the precise loop's ``lower_wgmma.PROMOTION_K``).
+SCALED_GEMM_K = 128
 
 
 def promote(a: DType, b: DType) -> DType:
@@ -410,7 +413,10 @@ class Semantic:
         return self.b.create1(OpKind.REDUCE, [x], result_type, ReduceAttrs(axis, kind))
 
     def gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool = False, transpose_b: bool = False,
-             precision: str | None = None, out_dtype: DType | None = None) -> Value:
+             precision: str | None = None, out_dtype: DType | None = None, scale_a: Any = None,
+             scale_b: Any = None) -> Value:
+        if scale_a is not None or scale_b is not None:
+            return self._scaled_gemm(a, b, acc, transpose_a, transpose_b, precision, out_dtype, scale_a, scale_b)
         for name, t in (("a", a), ("b", b)):
             if not (isinstance(t, Value) and t.is_tile and t.type.rank in (2, 3)):
                 raise SemanticError(f"matrix product operand {name} must be a 2-D tile (or a 3-D batch of them), "
@@ -444,6 +450,53 @@ class Semantic:
         self._check_acc_dtype(acc, acc_dtype, a.dtype, out_dtype)
         return self.b.create1(OpKind.GEMM, [a, b, acc], TileType((m, n), acc_dtype),
                               GemmAttrs(bool(transpose_a), bool(transpose_b), precision))
+
+    def _scaled_gemm(self, a: Any, b: Any, acc: Any, transpose_a: bool, transpose_b: bool, precision: str | None,
+                     out_dtype: DType | None, scale_a: Any, scale_b: Any) -> Value:
+        """``acc + (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :]`` on float8 tiles (block-scaled fp8): the
+        product is summed fresh by the tensor cores over the tile's K (with at most ``SCALED_GEMM_K`` = 128 the
+        tensor cores' own accumulator, precision "fast": this is the promotion interval), then scaled and added
+        into the float32 ``acc`` with one FMA per element. A missing scale is 1."""
+        for name, t in (("a", a), ("b", b)):
+            if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2 and t.dtype.is_fp8):
+                raise SemanticError(f"a scaled matrix product (scale_a=/scale_b=) takes 2-D float8 tiles; operand "
+                                    f"{name} is {describe(t)}",
+                                    "block scales apply to float8 (e4m3fn, e5m2) operands; multiply other "
+                                    f"products by their scales after T.gemm ({docs_link('block-scaled-float8')})")
+        if out_dtype not in (None, D.float32):
+            raise SemanticError(f"a scaled matrix product accumulates in float32, not out_dtype={out_dtype.name}",
+                                "leave out_dtype out")
+        m = a.type.shape[1] if transpose_a else a.type.shape[0]
+        k = a.type.shape[0] if transpose_a else a.type.shape[1]
+        n = b.type.shape[0] if transpose_b else b.type.shape[1]
+        scales = [self._block_scale(scale_a, "scale_a", m, "M", "row of op(a)"),
+                  self._block_scale(scale_b, "scale_b", n, "N", "column of op(b)")]
+        if precision is None and k <= SCALED_GEMM_K:
+            precision = "fast"  # the fresh product of <= 128 products of K is the promotion interval itself
+        product = self.gemm(a, b, None, transpose_a, transpose_b, precision)
+        if acc is None:
+            acc = self.full((m, n), 0, D.float32)
+        elif not (isinstance(acc, Value) and acc.is_tile and acc.type.shape == (m, n) and acc.dtype == D.float32):
+            raise SemanticError(f"the accumulator of a scaled matrix product must be a float32 {m}x{n} tile, got "
+                                f"{describe(acc)}", f"create it with T.zeros(({m}, {n}), T.float32)")
+        rows = self.expand_dims(scales[0], 1) if scales[0].is_tile else scales[0]
+        cols = self.expand_dims(scales[1], 0) if scales[1].is_tile else scales[1]
+        return self.fma(product, self.binary(BinaryOp.MUL, rows, cols), acc)
+
+    def _block_scale(self, scale: Any, name: str, length: int, dim: str, what: str) -> Value:
+        """``scale`` as a float32 scalar or (``length``,) tile (1.0 when None), or a located error."""
+        if scale is None:
+            return self.constant(1.0, D.float32)
+        if is_const(scale) and not isinstance(scale, bool):
+            return self.constant(float(scale), D.float32)
+        ok_shape = isinstance(scale, Value) and (scale.is_scalar or scale.type.shape == (length,))
+        if not ok_shape:
+            raise SemanticError(f"{name} must be a float32 scalar or a 1-D float32 tile of length {dim} = {length} "
+                                f"(one scale per {what}), got {describe(scale)}",
+                                f"load it as e.g. SA[m0:m0 + BM, kb] ({docs_link('block-scaled-float8')})")
+        if scale.dtype != D.float32:
+            raise SemanticError(f"{name} must be float32, got {scale.dtype}", "convert it with .to(T.float32)")
+        return scale
 
     @staticmethod
     def _gemm_precision(operand: DType, precision: str | None) -> str | None:

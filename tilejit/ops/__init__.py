@@ -15,14 +15,18 @@
   place) and ``tilejit::rotary_embedding``.
 - ``linear(x, weight)``, ``swiglu_linear(x, w_gate, w_up)`` and ``linear_cross_entropy(h, weight, targets)``:
   the GEMM ops of a transformer, forward and backward (``linear_ops``; kernels in ``linear_kernels``).
+- ``fp8_blockscaled_matmul(a, a_scales, b, b_scales)`` and ``fp8_blockscaled_grouped_matmul(..., group_offsets)``:
+  DeepSeek-V3's block-scaled float8 products (1x128 activation and 128x128 weight scales), dense and MoE-grouped
+  (operators ``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``).
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.fp8_attention import attention_fp8
+from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
+from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
-from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 
-__all__ = ["attention", "attention_forward", "attention_backward", "rms_norm", "rotary_embedding", "linear",
-           "swiglu_linear", "linear_cross_entropy", "attention_fp8"]
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_fp8", "rms_norm", "rotary_embedding",
+           "linear", "swiglu_linear", "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul"]

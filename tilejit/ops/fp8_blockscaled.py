@@ -1,0 +1,243 @@
+"""Block-scaled float8 matrix products (DeepSeek-V3's training and serving form, DeepGEMM's kernels' contract),
+written in tilejit's language.
+
+The operands are e4m3 with float32 scales: activations A (M, K) with one scale per 1x128 block
+(``a_scales`` (M, cdiv(K, 128))), weights B given N x K with one scale per 128x128 block (``b_scales``
+(cdiv(N, 128), cdiv(K, 128))). The product is ``C[m, n] = sum over k-blocks kb of a_scales[m, kb] *
+b_scales[n // 128, kb] * sum_{k in kb} A[m, k] B[n, k]``, out in bfloat16.
+
+Each program computes a BM x BN tile (BN divides 128, so the tile's columns share one weight scale per k-block)
+and walks K in blocks of 128: ``T.gemm(..., scale_a=, scale_b=)`` sums each block's products fresh in the tensor
+cores' accumulator, then adds them into the float32 accumulator scaled by the row's activation scale and the
+tile's weight scale (one FMA per element: the promotion of the precise fp8 loop, with the scales applied at
+it). The per-row scales are loaded by each thread for the rows it holds, no shared-memory broadcast. M, N and K
+are ragged (the scales index with ceil); the scale tensors may have any strides.
+
+Grouped (``fp8_blockscaled_grouped_matmul``, MoE): experts' problems in one launch. The rows of A are the
+experts' tokens concatenated, expert ``e`` owning rows ``group_offsets[e]:group_offsets[e + 1]``; B is
+(E, N, K) with scales (E, cdiv(N, 128), cdiv(K, 128)). The grid covers the most row tiles the experts can need
+(``cdiv(M, BM) + E``: each expert's ragged tail adds at most one), and each program finds its (expert, tile)
+with scalar loads of the offsets; programs past the last tile run no k-steps and store nothing. No host sync.
+
+``fp8_blockscaled_matmul`` / ``fp8_blockscaled_grouped_matmul`` run as the PyTorch operators
+``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``; ``reference`` /
+``grouped_reference`` are the float64 dequantized products the tests check against.
+"""
+from __future__ import annotations
+
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+
+#: Elements of K (and of N, for the weights) that one scale covers.
+BLOCK = 128
+
+
+@tilejit.kernel
+def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
+    """C = (A @ B^T) with A's 1x128 and B's 128x128 block scales applied per k-block; one BM x BN tile."""
+    M, K = A.shape
+    N = B.shape[0]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, 128, stages=STAGES):
+        kb = k0 // 128
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                     scale_a=SA[m0:m0 + BM, kb], scale_b=SB[n0 // 128, kb])
+    C[m0:m0 + BM, n0:n0 + BN] = acc
+
+
+@tilejit.kernel
+def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
+    """Expert e's rows Offsets[e]:Offsets[e + 1] of C = their rows of A times B[e]^T, block-scaled; program
+    (t, j) computes the t-th row tile over all experts (in expert order) and column tile j."""
+    K = A.shape[1]
+    tile = T.program_id(0)
+    n0 = T.program_id(1) * BN
+    expert = 0
+    m0 = 0
+    rows_end = 0  # stays 0 for a program past the last tile: it stores nothing
+    first = 0     # row tiles of the experts before e
+    for e in range(E):
+        lo = Offsets[e]
+        hi = Offsets[e + 1]
+        tiles = (hi - lo + BM - 1) // BM
+        if tile >= first and tile < first + tiles:
+            expert = e
+            m0 = lo + (tile - first) * BM
+            rows_end = hi
+        first = first + tiles
+    k_end = K if rows_end > 0 else 0
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, k_end, 128, stages=STAGES):
+        kb = k0 // 128
+        # rows past the expert's end are the next expert's (or past A: 0); their results are not stored
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[expert, n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                     scale_a=SA[m0:m0 + BM, kb], scale_b=SB[expert, n0 // 128, kb])
+    Cv = T.bounded(C, (rows_end, C.shape[1]))
+    Cv[m0:m0 + BM, n0:n0 + BN] = acc
+
+
+def default_config(m: int, n: int, arch_major: int = 9) -> dict:
+    """Tile and launch options for an (m, n) output on a GPU of compute capability ``arch_major``: 128x128 with a
+    warp-specialized producer on Hopper; 64-row (and then 64-column) tiles when 128x128 leaves most of the 132
+    SMs idle (small M: decode and small batches)."""
+    bm, bn = 128, 128
+    if tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn) < 100:
+        bm = 64
+        if tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn) < 100:
+            bn = 64
+    # 4 stages of 128x128 tiles take 128 KiB of shared memory: sm_86 / sm_89 allow 99 KiB a block
+    config = dict(BM=bm, BN=bn, STAGES=4 if arch_major != 8 else 3, num_warps=4 if bm == 64 else 8)
+    if arch_major == 9:
+        config["warp_specialize"] = True
+    return config
+
+
+def _check(a, a_scales, b, b_scales, grouped: bool) -> None:
+    """Shapes and dtypes of a block-scaled product's operands, or a ValueError naming the one to fix."""
+    what = "fp8_blockscaled_grouped_matmul" if grouped else "fp8_blockscaled_matmul"
+    if a.dim() != 2 or b.dim() != (3 if grouped else 2):
+        raise ValueError(f"{what}: a must be 2-D (M, K) and b {'3-D (E, N, K)' if grouped else '2-D (N, K)'}, got "
+                         f"a {tuple(a.shape)}, b {tuple(b.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise ValueError(f"{what}: {name} must be float8 (e4m3fn or e5m2), got {t.dtype}")
+    m, k = a.shape
+    n = b.shape[-2]
+    if b.shape[-1] != k:
+        raise ValueError(f"{what}: a is {m}x{k} but b's rows have {b.shape[-1]} elements; b is given N x K")
+    kb = tilejit.cdiv(k, BLOCK)
+    want_a = (m, kb)
+    want_b = (*b.shape[:-2], tilejit.cdiv(n, BLOCK), kb)
+    for name, t, want, block in (("a_scales", a_scales, want_a, "1x128"), ("b_scales", b_scales, want_b, "128x128")):
+        if tuple(t.shape) != want or t.dtype != torch.float32:
+            raise ValueError(f"{what}: {name} must be float32 of shape {want} (one scale per {block} block, "
+                             f"ceil of the ragged edges), got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_out(out, shape: tuple[int, int], what: str) -> None:
+    if out is not None and (tuple(out.shape) != shape or not out.dtype.is_floating_point):
+        raise ValueError(f"{what}: out must be a float tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
+
+
+def _arch_major(t: torch.Tensor) -> int:
+    return torch.cuda.get_device_capability(t.device)[0] if t.is_cuda else 9
+
+
+def _dense(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
+    m, n = a.shape[0], b.shape[0]
+    cfg = {**default_config(m, n, _arch_major(a)), **config}
+    if BLOCK % cfg["BN"]:
+        raise ValueError(f"fp8_blockscaled_matmul: BN must divide {BLOCK} (a tile's columns share one weight "
+                         f"scale per k-block), got {cfg['BN']}")
+    blockscaled_mm[(tilejit.cdiv(m, cfg["BM"]), tilejit.cdiv(n, cfg["BN"]))](a, a_scales, b, b_scales, out, **cfg)
+    return out
+
+
+def _grouped(a, a_scales, b, b_scales, group_offsets, out, config: dict) -> torch.Tensor:
+    m, experts, n = a.shape[0], b.shape[0], b.shape[1]
+    cfg = {**default_config(m, n * experts, _arch_major(a)), **config}
+    if BLOCK % cfg["BN"]:
+        raise ValueError(f"fp8_blockscaled_grouped_matmul: BN must divide {BLOCK}, got {cfg['BN']}")
+    grid = (tilejit.cdiv(m, cfg["BM"]) + experts, tilejit.cdiv(n, cfg["BN"]))
+    blockscaled_grouped_mm[grid](a, a_scales, b, b_scales, out, group_offsets, experts, **cfg)
+    return out
+
+
+def fp8_blockscaled_matmul(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                           out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+                           **config) -> torch.Tensor:
+    """(a @ b^T) with block scales: a (M, K) float8 with ``a_scales`` float32 (M, cdiv(K, 128)) (1x128 blocks),
+    b (N, K) float8 with ``b_scales`` float32 (cdiv(N, 128), cdiv(K, 128)) (128x128 blocks); (M, N) of
+    ``out_dtype`` (or written into ``out``, (M, N), any float dtype). ``config`` (BM, BN (dividing 128), STAGES,
+    launch options) overrides ``default_config``."""
+    _check(a, a_scales, b, b_scales, grouped=False)
+    _check_out(out, (a.shape[0], b.shape[0]), "fp8_blockscaled_matmul")
+    config = encode_config(config, "fp8_blockscaled_matmul")
+    if out is None:
+        return _OPS.dense(a, a_scales, b, b_scales, out_dtype, config)
+    _OPS.dense_into(a, a_scales, b, b_scales, out, config)
+    return out
+
+
+def fp8_blockscaled_grouped_matmul(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                                   group_offsets: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                                   out: torch.Tensor | None = None, **config) -> torch.Tensor:
+    """Every expert's block-scaled product in one launch: rows ``group_offsets[e]:group_offsets[e + 1]`` of a
+    (M, K) times b[e]^T (b (E, N, K), ``b_scales`` (E, cdiv(N, 128), cdiv(K, 128))); ``group_offsets`` int32
+    (E + 1,), nondecreasing from 0 to at most M, on a's device (never read on the host). Rows outside every
+    expert's range are not written (uninitialized unless ``out``, (M, N), is given)."""
+    _check(a, a_scales, b, b_scales, grouped=True)
+    if group_offsets.dtype != torch.int32 or tuple(group_offsets.shape) != (b.shape[0] + 1,):
+        raise ValueError(f"fp8_blockscaled_grouped_matmul: group_offsets must be int32 of shape ({b.shape[0] + 1},) "
+                         f"(E + 1 row offsets into a), got {group_offsets.dtype} {tuple(group_offsets.shape)}")
+    _check_out(out, (a.shape[0], b.shape[1]), "fp8_blockscaled_grouped_matmul")
+    config = encode_config(config, "fp8_blockscaled_grouped_matmul")
+    if out is None:
+        return _OPS.grouped(a, a_scales, b, b_scales, group_offsets, out_dtype, config)
+    _OPS.grouped_into(a, a_scales, b, b_scales, group_offsets, out, config)
+    return out
+
+
+def reference(a, a_scales, b, b_scales) -> torch.Tensor:
+    """The float64 product of the dequantized operands (each scale broadcast over its block)."""
+    def dequantize(t, scales, rows_per_scale):
+        s = scales.double().repeat_interleave(rows_per_scale, 0)[:t.shape[0]]
+        return t.double() * s.repeat_interleave(BLOCK, 1)[:, :t.shape[1]]
+    return dequantize(a, a_scales, 1) @ dequantize(b, b_scales, BLOCK).T
+
+
+def grouped_reference(a, a_scales, b, b_scales, group_offsets) -> torch.Tensor:
+    """float64 (M, N): each expert's rows by ``reference``; rows outside every expert's range are NaN."""
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=torch.float64, device=a.device)
+    offsets = group_offsets.tolist()
+    for e in range(b.shape[0]):
+        lo, hi = offsets[e], offsets[e + 1]
+        out[lo:hi] = reference(a[lo:hi], a_scales[lo:hi], b[e], b_scales[e])
+    return out
+
+
+def _dense_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+              out_dtype: torch.dtype, config: list[int]) -> torch.Tensor:
+    out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+    return _dense(a, a_scales, b, b_scales, out, decode_config(config))
+
+
+def _grouped_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                group_offsets: torch.Tensor, out_dtype: torch.dtype, config: list[int]) -> torch.Tensor:
+    out = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
+    return _grouped(a, a_scales, b, b_scales, group_offsets, out, decode_config(config))
+
+
+def _dense_out_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                  out: torch.Tensor, config: list[int]) -> None:
+    _dense(a, a_scales, b, b_scales, out, decode_config(config))
+
+
+def _grouped_out_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                    group_offsets: torch.Tensor, out: torch.Tensor, config: list[int]) -> None:
+    _grouped(a, a_scales, b, b_scales, group_offsets, out, decode_config(config))
+
+
+class _Operators:
+    """The PyTorch operators of this module, in ``namespace``: ``fp8_blockscaled_mm`` and
+    ``fp8_blockscaled_grouped_mm`` (functional, not differentiable), and their ``_out`` forms (writing ``out``)."""
+
+    def __init__(self, namespace: str):
+        lib = torch.library
+        self.dense = lib.custom_op(f"{namespace}::fp8_blockscaled_mm", mutates_args=())(_dense_op)
+        self.grouped = lib.custom_op(f"{namespace}::fp8_blockscaled_grouped_mm", mutates_args=())(_grouped_op)
+        self.dense_into = lib.custom_op(f"{namespace}::fp8_blockscaled_mm_out", mutates_args=("out",))(_dense_out_op)
+        self.grouped_into = lib.custom_op(f"{namespace}::fp8_blockscaled_grouped_mm_out",
+                                          mutates_args=("out",))(_grouped_out_op)
+        self.dense.register_fake(lambda a, sa, b, sb, out_dtype, config:
+                                 a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype))
+        self.grouped.register_fake(lambda a, sa, b, sb, offsets, out_dtype, config:
+                                   a.new_empty(a.shape[0], b.shape[1], dtype=out_dtype))
+
+
+_OPS = _Operators(namespace(__name__, "tilejit.ops.fp8_blockscaled"))
