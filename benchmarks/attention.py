@@ -4,6 +4,7 @@ backends) and a Triton FlashAttention-2-style baseline.
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
                                    [--tune all|default] [--sm80-path] [--out DIR]
     python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
+    python -m benchmarks.attention --mode decode [options]   # paged-cache decode: benchmarks/decode_attention.py
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
@@ -281,7 +282,14 @@ def plot_json(path: Path, out: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = argparse.ArgumentParser(add_help=False)
+    mode.add_argument("--mode", choices=("prefill", "decode"), default="prefill")
+    modes, rest = mode.parse_known_args(argv)
+    if modes.mode == "decode":  # its own options: python -m benchmarks.decode_attention --help
+        from benchmarks import decode_attention
+        return decode_attention.main(rest)
+    argv = rest
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[mode])
     parser.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
     parser.add_argument("--dtypes", default="bf16", help="bf16, fp16 or bf16,fp16")
     parser.add_argument("--seqs", default="1024,4096")
