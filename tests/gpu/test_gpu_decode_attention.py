@@ -45,9 +45,14 @@ def _check(out, want, tol=2e-2):
 LENS = [4099, 1, 0, 1024, 777, 2048, 63, 3000]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("page", [None, 1, 16, 64, 256])
-@pytest.mark.parametrize("heads, kv_heads, dim", [(32, 4, 128), (8, 8, 64), (16, 4, 128), (64, 8, 128)])
+# (page size, heads, kv heads, head dim, dtype): every page size at GQA 8:1, then GQA 1 and 4, D=64, fp16
+SHAPES = [(page, 32, 4, 128, torch.bfloat16) for page in (None, 1, 16, 64, 256)] + [
+    (16, 8, 8, 64, torch.bfloat16), (64, 16, 4, 128, torch.float16), (None, 8, 8, 128, torch.float16),
+    (1, 16, 4, 64, torch.float16), (256, 64, 8, 128, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("page, heads, kv_heads, dim, dtype", SHAPES,
+                         ids=[f"p{p}-h{h}-kv{kv}-d{d}-{str(t)[6:]}" for p, h, kv, d, t in SHAPES])
 def test_matches_float64(page, heads, kv_heads, dim, dtype):
     q, k, v, lens, table = _inputs(LENS, heads, kv_heads, dim, page, dtype, seed=heads + dim)
     want = decode.reference(q, k, v, lens, table)

@@ -101,8 +101,8 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
     """Grid (KV heads, batch, NSPLIT). Q (B, Hq, D); K, V (B, S, Hkv, D), (pages, PAGE, Hkv, D) or, ``GATHER``,
     (pages * PAGE, Hkv, D). NSPLIT == 1: the output goes to O; else to OPart (B, Hq, NSPLIT, D) float32 and
     LsePart (B, Hq, NSPLIT) float32 (base 2; -inf for a split without keys). ``WIDEN``: an fp8 cache, widened
-    to Q's dtype. ``K_SCALE_TENSOR``/``V_SCALE_TENSOR``: the
-    fp8 scale is KScale[0] / VScale[0] (a device scalar: no host sync) instead of k_scale / v_scale."""
+    to Q's dtype. ``K_SCALE_TENSOR``/``V_SCALE_TENSOR``: the fp8 scale is KScale[0] / VScale[0] (a device
+    scalar: no host sync) instead of k_scale / v_scale."""
     kv = T.program_id(0)
     b = T.program_id(1)
     split = T.program_id(2)
@@ -137,14 +137,17 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
         m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc, qk_scale,
                                      tanh_scale, BN, D, PAGE, PAGED, GATHER, True, SOFTCAP, WIDEN)
     if PAGED and not GATHER:
-        # page by page, so that the pipelined loop's loads depend on the page it was given, not on one it loads
+        # page by page, so that the pipelined loop's loads depend on the page it was given, not on one it loads;
+        # the next page's number is loaded before this page's keys, so its latency hides under theirs
+        page = BlockTable[b, head_hi // PAGE]
         for pg in range(head_hi // PAGE, T.cdiv(mid_hi, PAGE)):
-            page = BlockTable[b, pg]
+            next_page = BlockTable[b, pg + 1]
             for n0 in T.range(T.maximum(head_hi, pg * PAGE), T.minimum(mid_hi, pg * PAGE + PAGE), BN,
                               stages=STAGES):
                 m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc,
                                              qk_scale, tanh_scale, BN, D, PAGE, PAGED, GATHER, False, SOFTCAP,
                                              WIDEN)
+            page = next_page
     else:
         for n0 in T.range(head_hi, mid_hi, BN, stages=STAGES):
             m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, b, n0, start, L, m_i, l_i, acc, qk_scale,
@@ -199,7 +202,8 @@ def default_config(head_dim: int, fp8: bool = False, page_size: int | None = Non
         size, gather = block_size(page_size, bn)
         if not gather and page_size // size < stages:
             stages = 2
-    return dict(BN=bn, STAGES=stages, num_warps=4)
+    # the masked blocks (at most one before and one after the unmasked run) are split off by hand: no peeling
+    return dict(BN=bn, STAGES=stages, num_warps=4, peel_masks=False)
 
 
 def block_size(page_size: int | None, bn: int) -> tuple[int, bool]:
@@ -453,9 +457,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``tilejit::decode_attention`` (forward only): no host sync and, after the first call of a shape, no
     allocation but the output, so CUDA graphs capture it and ``torch.compile(fullgraph=True)`` traces it.
     """
-    _, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window, softcap,
-                                    k_scale, v_scale)
-    sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
+    sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window,
+                                           softcap, k_scale, v_scale)
     k_value, k_tensor, v_value, v_tensor = scales
     return _OP(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, left, cap, k_value, k_tensor, v_value,
                v_tensor, [])
