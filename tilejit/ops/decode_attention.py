@@ -26,7 +26,6 @@ caps the scaled scores to ``c * tanh(s / c)``. An fp8 e4m3 cache is widened to t
 """
 from __future__ import annotations
 
-import collections
 import math
 
 import torch
@@ -41,7 +40,6 @@ LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
 #: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
 MIN_BLOCKS_PER_SPLIT = 4
-_WORKSPACES_KEPT = 16
 
 
 @tilejit.func
@@ -256,23 +254,19 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNTS[index]
 
 
-_WORKSPACES: collections.OrderedDict = collections.OrderedDict()
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _workspace(device: torch.device, batch: int, heads: int, splits: int, dim: int):
     """The split kernel's partial outputs (B, Hq, splits, D) and log-sum-exps (B, Hq, splits), float32, kept per
-    device and shape (the most recent ``_WORKSPACES_KEPT``), so steady-state calls and CUDA-graph replays
-    allocate nothing."""
+    device and shape for the life of the process, so steady-state calls allocate nothing and a captured CUDA
+    graph's workspace is never freed under it. Each is small: splits > 1 only while B x Hkv x splits stays
+    under a few programs per SM."""
     key = (str(device), batch, heads, splits, dim)
-    if key in _WORKSPACES:
-        _WORKSPACES.move_to_end(key)
-        return _WORKSPACES[key]
-    buffers = (torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=device),
-               torch.empty(batch, heads, splits, dtype=torch.float32, device=device))
-    _WORKSPACES[key] = buffers
-    while len(_WORKSPACES) > _WORKSPACES_KEPT:
-        _WORKSPACES.popitem(last=False)
-    return buffers
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=device),
+                            torch.empty(batch, heads, splits, dtype=torch.float32, device=device))
+    return _WORKSPACES[key]
 
 
 # ----------------------------------------------------------------------------------------------- checks
