@@ -52,7 +52,8 @@ def _close(got, want, tol=2e-2):
 
 
 # (lengths, page size (None: no block table), heads, kv heads, splits, window, softcap): lengths of 0, 1, at a
-# page's end and at the capacity; gather (1, 24) and slice (16, 64) pages; a window narrower than a block
+# page's end and at the capacity; gather (1, 24) and slice (16, 64) pages; a window narrower than a block; runs
+# of several four-page groups, a split starting inside one
 CASES = [
     ([70, 13, 0], 16, 4, 1, 1, None, None),
     ([70, 13, 64], 16, 4, 1, 4, None, None),
@@ -62,6 +63,8 @@ CASES = [
     ([90, 5], None, 4, 4, 1, (40, -1), 3.0),
     ([90, 0, 31], None, 16, 2, 4, None, None),
     ([129, 12], 64, 4, 1, None, (8, 8), 2.0),
+    ([300, 170, 1], 16, 8, 2, 2, None, None),
+    ([520, 200], 64, 4, 1, 2, (300, 0), None),
 ]
 
 
@@ -134,6 +137,9 @@ def test_split_count_comes_from_shapes():
     assert decode.block_size(16, 64) == (16, False) and decode.block_size(48, 64) == (16, False)
     assert decode.block_size(256, 64) == (64, False)
     assert decode.block_size(1, 64) == (64, True) and decode.block_size(24, 64) == (64, True)
+    assert decode.programs_per_sm(None, 64, False) == 2 and decode.programs_per_sm(16, 16, False) == 4
+    assert decode.programs_per_sm(1, 64, True) == 8
+    assert decode.default_config(128, page_size=16)["STAGES"] == 4 and decode.default_config(128)["STAGES"] == 3
 
 
 def test_no_host_read_of_lengths_and_one_workspace_per_shape(interpret, monkeypatch):

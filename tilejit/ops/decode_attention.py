@@ -7,9 +7,9 @@ products need), so each key and value is read from memory once per KV head. The 
 batch's keys in blocks of BN rows with the online softmax of ``fused_attention``. A block always lies in one page
 (BN divides the page size), so it is one strided slice of the cache; page sizes that no block size of 16 or more
 divides (1, 8, 24, ...) gather the block's rows one by one (``GATHER``). The loads of a ``T.range`` loop are
-prefetched only when their addresses do not depend on data the loop loads, so the block table is read page by
-page outside the pipelined loop, which runs over the blocks of one page (all of them without a block table):
-small pages get their parallelism from more programs instead (``programs_per_sm``).
+prefetched only when their addresses do not depend on data the loop loads, so the numbers of four pages are
+loaded before each pipelined loop (those of the next four too, to hide their latency) and the loop picks its
+block's page among them by arithmetic: the ring stays full across four pages.
 
 Split-KV: when batch x KV heads leaves SMs idle, the keys [start, len) of a batch are cut into ``NSPLIT`` equal
 runs of whole blocks, one per program; each writes its normalized partial output and base-2 log-sum-exp to a
@@ -90,6 +90,12 @@ def _page_of(BlockTable, b, n0, PAGE, PAGED, GATHER):
     return page
 
 
+@tilejit.func
+def _four_pages(BlockTable, b, pg):
+    """The cache pages of batch ``b``'s pages pg .. pg + 3 (0 past the table's end)."""
+    return BlockTable[b, pg], BlockTable[b, pg + 1], BlockTable[b, pg + 2], BlockTable[b, pg + 3]
+
+
 @tilejit.kernel
 def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_scale, k_scale, v_scale,
                GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr, D: T.constexpr, PAGE: T.constexpr,
@@ -135,17 +141,19 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
         m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc, qk_scale,
                                      tanh_scale, BN, D, PAGE, PAGED, GATHER, True, SOFTCAP, WIDEN)
     if PAGED and not GATHER:
-        # page by page, so that the pipelined loop's loads depend on the page it was given, not on one it loads;
-        # the next page's number is loaded before this page's keys, so its latency hides under theirs
-        page = BlockTable[b, head_hi // PAGE]
-        for pg in range(head_hi // PAGE, T.cdiv(mid_hi, PAGE)):
-            next_page = BlockTable[b, pg + 1]
-            for n0 in T.range(T.maximum(head_hi, pg * PAGE), T.minimum(mid_hi, pg * PAGE + PAGE), BN,
+        # four pages per pipelined loop: their numbers are loaded before it (the loop's loads may depend on them,
+        # not on data the loop loads), the next four's too, so that their latency hides under these pages' keys
+        p0, p1, p2, p3 = _four_pages(BlockTable, b, head_hi // PAGE)
+        for pg in range(head_hi // PAGE, T.cdiv(mid_hi, PAGE), 4):
+            q0, q1, q2, q3 = _four_pages(BlockTable, b, pg + 4)
+            for n0 in T.range(T.maximum(head_hi, pg * PAGE), T.minimum(mid_hi, pg * PAGE + 4 * PAGE), BN,
                               stages=STAGES):
+                j = n0 // PAGE - pg
+                page = T.where(j == 0, p0, T.where(j == 1, p1, T.where(j == 2, p2, p3)))
                 m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc,
                                              qk_scale, tanh_scale, BN, D, PAGE, PAGED, GATHER, False, SOFTCAP,
                                              WIDEN)
-            page = next_page
+            p0, p1, p2, p3 = q0, q1, q2, q3
     else:
         for n0 in T.range(head_hi, mid_hi, BN, stages=STAGES):
             m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, b, n0, start, L, m_i, l_i, acc, qk_scale,
@@ -189,19 +197,14 @@ def default_config(head_dim: int, fp8: bool = False, page_size: int | None = Non
     """BN (keys per block, before the page size caps it: ``block_size``), STAGES (blocks in flight) and warps.
     Decode reads each key once, so the aim is bytes in flight: 3 stages of 64 keys x D=128 x 2 bytes x (K, V)
     keep 64 KB of loads outstanding per program while it computes on the third, in 100 KB of shared memory (two
-    programs per H100 SM); the tensor-core products are a few percent of the time at any BN. The ring runs within
-    a page (see ``programs_per_sm``): where a page holds fewer than 3 blocks it is 2 deep (K and V of a block
-    still load together), leaving shared memory to more programs."""
+    programs per H100 SM); the tensor-core products are a few percent of the time at any BN. Where the page caps
+    the block below 64 keys the ring is 4 deep (its blocks are small)."""
     bn = 64 if head_dim <= 128 else 32
     if fp8:
         bn *= 2  # half the bytes per key
-    stages = 3
-    if page_size is not None:
-        size, gather = block_size(page_size, bn)
-        if not gather and page_size // size < stages:
-            stages = 2
+    size, gather = block_size(page_size, bn)
     # the masked blocks (at most one before and one after the unmasked run) are split off by hand: no peeling
-    return dict(BN=bn, STAGES=stages, num_warps=4, peel_masks=False)
+    return dict(BN=bn, STAGES=4 if size < bn and not gather else 3, num_warps=4, peel_masks=False)
 
 
 def block_size(page_size: int | None, bn: int) -> tuple[int, bool]:
@@ -231,13 +234,12 @@ def num_splits(batch: int, kv_heads: int, max_keys: int, bn: int, sm_count: int,
 
 
 def programs_per_sm(page_size: int | None, bn: int, gather: bool) -> int:
-    """Programs per SM the split count aims for. The loads of a pipelined loop may not depend on data it loads
-    (the compiler's rule), so the block table is read outside it and the pipeline runs within a page: where a
-    page holds few blocks (or rows are gathered), a program waits on each page's loads, and more programs per SM
-    (they are small then) keep loads in flight instead."""
-    if page_size is not None and (gather or page_size // bn < 4):
+    """Programs per SM the split count aims for: 2 where a program keeps 2 blocks of 64 keys in flight; more where
+    the page caps the block (smaller programs, fewer bytes each) and most where rows are gathered (loads go
+    element by element, unpipelined)."""
+    if gather:
         return 8
-    return 2
+    return 2 if page_size is None or bn >= 64 else 4
 
 
 _SM_COUNTS: dict[int, int] = {}
