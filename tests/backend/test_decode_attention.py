@@ -252,7 +252,7 @@ def test_kernels_compile(fresh_compile_cache, arch, form):
     extra = dict(WINDOW_LEFT=100, SOFTCAP=30.0) if "window" in form else {}
     compiled = [decode.decode_fwd.compile(
         q, k, k, ints[:, 0], ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0, 1.0, GROUP=8, BM=16, BN=bn,
-        D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, NSPLIT=4, arch=arch, **extra, **config)]
+        D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, SPLIT=True, arch=arch, **extra, **config)]
     compiled.append(decode.decode_combine.compile(part, lse, q, BH=4, NSPLIT=4, D=dim, num_warps=4, arch=arch))
     for c in compiled:
         assert c.asm["cubin"][:4] == b"\x7fELF"
@@ -272,7 +272,7 @@ def test_fp8_kernel_compiles(fresh_compile_cache, arch):
     config = decode.default_config(dim, fp8=True, page_size=64)
     bn, _ = decode.block_size(64, config.pop("BN"))
     compiled = decode.decode_fwd.compile(q, k, k, ints[:, 0], ints, q, q, q, scale, scale, 0.1, 1.0, 1.0, GROUP=8,
-                                         BM=16, BN=bn, D=dim, PAGE=64, PAGED=True, GATHER=False, NSPLIT=1,
+                                         BM=16, BN=bn, D=dim, PAGE=64, PAGED=True, GATHER=False, SPLIT=False,
                                          WIDEN=True, K_SCALE_TENSOR=True, V_SCALE_TENSOR=True, arch=arch, **config)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
 

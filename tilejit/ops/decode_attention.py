@@ -11,7 +11,7 @@ prefetched only when their addresses do not depend on data the loop loads, so th
 loaded before each pipelined loop (those of the next four too, to hide their latency) and the loop picks its
 block's page among them by arithmetic: the ring stays full across four pages.
 
-Split-KV: when batch x KV heads leaves SMs idle, the keys [start, len) of a batch are cut into ``NSPLIT`` equal
+Split-KV: when batch x KV heads leaves SMs idle, the keys [start, len) of a batch are cut into (grid z) equal
 runs of whole blocks, one per program; each writes its normalized partial output and base-2 log-sum-exp to a
 workspace, and ``decode_combine`` weighs the partials into the output. The split count comes from shapes only
 (the cache's capacity, the SM count), never from ``cache_seqlens``, so a call needs no host sync; the workspace is
@@ -99,14 +99,14 @@ def _four_pages(BlockTable, b, pg):
 @tilejit.kernel
 def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_scale, k_scale, v_scale,
                GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr, D: T.constexpr, PAGE: T.constexpr,
-               PAGED: T.constexpr, GATHER: T.constexpr, NSPLIT: T.constexpr, STAGES: T.constexpr = 3,
+               PAGED: T.constexpr, GATHER: T.constexpr, SPLIT: T.constexpr, STAGES: T.constexpr = 3,
                WINDOW_LEFT: T.constexpr = -1, SOFTCAP: T.constexpr = 0.0, WIDEN: T.constexpr = False,
                K_SCALE_TENSOR: T.constexpr = False, V_SCALE_TENSOR: T.constexpr = False):
-    """Grid (KV heads, batch, NSPLIT). Q (B, Hq, D); K, V (B, S, Hkv, D), (pages, PAGE, Hkv, D) or, ``GATHER``,
-    (pages * PAGE, Hkv, D). NSPLIT == 1: the output goes to O; else to OPart (B, Hq, NSPLIT, D) float32 and
-    LsePart (B, Hq, NSPLIT) float32 (base 2; -inf for a split without keys). ``WIDEN``: an fp8 cache, widened
-    to Q's dtype. ``K_SCALE_TENSOR``/``V_SCALE_TENSOR``: the fp8 scale is KScale[0] / VScale[0] (a device
-    scalar: no host sync) instead of k_scale / v_scale."""
+    """Grid (KV heads, batch, splits). Q (B, Hq, D); K, V (B, S, Hkv, D), (pages, PAGE, Hkv, D) or, ``GATHER``,
+    (pages * PAGE, Hkv, D). Not ``SPLIT`` (one split): the output goes to O; else to OPart (B, Hq, splits, D)
+    float32 and LsePart (B, Hq, splits) float32 (base 2; -inf for a split without keys). ``WIDEN``: an fp8
+    cache, widened to Q's dtype. ``K_SCALE_TENSOR``/``V_SCALE_TENSOR``: the fp8 scale is KScale[0] / VScale[0]
+    (a device scalar: no host sync) instead of k_scale / v_scale."""
     kv = T.program_id(0)
     b = T.program_id(1)
     split = T.program_id(2)
@@ -126,7 +126,7 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
         qk_scale = 1.0
     # this split's run of whole blocks of [start, L)
     first = start // BN
-    per_split = T.cdiv(T.cdiv(L, BN) - first, NSPLIT)
+    per_split = T.cdiv(T.cdiv(L, BN) - first, T.num_programs(2))
     lo = (first + split * per_split) * BN
     hi = T.minimum(lo + per_split * BN, T.cdiv(L, BN) * BN)
     # masked blocks: the one holding `start` (a window) and the one holding the last key; the rest run unmasked
@@ -164,13 +164,13 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
                                      tanh_scale, BN, D, PAGE, PAGED, GATHER, True, SOFTCAP, WIDEN)
     seen = l_i > 0.0
     out = acc * (v_scale / T.where(seen, l_i, 1.0))[:, None]
-    if NSPLIT == 1:
+    if not SPLIT:
         Ob = T.bounded(O, (O.shape[0], h0 + GROUP, D))  # the tile's rows past the group are another head's
         Ob[b, h0:h0 + BM, 0:D] = out
     else:
-        OPb = T.bounded(OPart, (OPart.shape[0], h0 + GROUP, NSPLIT, D))
+        OPb = T.bounded(OPart, (OPart.shape[0], h0 + GROUP, OPart.shape[2], D))
         OPb[b, h0:h0 + BM, split, 0:D] = out
-        LPb = T.bounded(LsePart, (LsePart.shape[0], h0 + GROUP, NSPLIT))
+        LPb = T.bounded(LsePart, (LsePart.shape[0], h0 + GROUP, LsePart.shape[2]))
         LPb[b, h0:h0 + BM, split] = T.where(seen, m_i + T.log2(T.where(seen, l_i, 1.0)), float("-inf"))
 
 
@@ -393,7 +393,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left
         q, k, v, cache_seqlens, block_table if paged else cache_seqlens, out, part, lse,
         k_tensor if k_tensor is not None else cache_seqlens, v_tensor if v_tensor is not None else cache_seqlens,
         sm_scale, k_scale, v_scale, GROUP=group, BM=max(16, 1 << (group - 1).bit_length()), BN=bn, D=dim,
-        PAGE=page_size or 1, PAGED=paged, GATHER=gather, NSPLIT=splits, WIDEN=fp8,
+        PAGE=page_size or 1, PAGED=paged, GATHER=gather, SPLIT=splits > 1, WIDEN=fp8,
         K_SCALE_TENSOR=k_tensor is not None, V_SCALE_TENSOR=v_tensor is not None, **masking, **config)
     if splits > 1:
         per_program = 4
