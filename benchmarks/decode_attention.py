@@ -1,7 +1,7 @@
 """Decode attention over a paged KV cache: achieved bytes per second of cache read against the GPU's HBM peak,
 tilejit.ops.decode_attention against SDPA on gathered K/V and FlashInfer's paged decode.
 
-    python -m benchmarks.decode_attention [--batches 1,8,32,64,128,256] [--contexts 1024,4096,16384,131072]
+    python -m benchmarks.decode_attention [--batches 1,8,32,64,128,256] [--contexts 1024,4096,16384,65536,131072]
                                           [--heads 64] [--kv-heads 8] [--dim 128] [--page-size 16] [--dtype bf16]
                                           [--max-cache-gib 40] [--out DIR]
     python -m benchmarks.attention --mode decode [same options]
@@ -134,7 +134,7 @@ def _row(batch, context, ns, dtype, with_flashinfer, peak):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32,64,128,256")
-    parser.add_argument("--contexts", default="1024,4096,16384,131072")
+    parser.add_argument("--contexts", default="1024,4096,16384,65536,131072")
     parser.add_argument("--heads", type=int, default=64, help="query heads")
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--dim", type=int, default=128)

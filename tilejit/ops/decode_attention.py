@@ -36,7 +36,6 @@ from tilejit import knobs
 from tilejit.ops.custom_ops import decode_config, encode_config, namespace
 from tilejit.ops.fused_attention import _window
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
 #: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
 MIN_BLOCKS_PER_SPLIT = 4
