@@ -5,6 +5,8 @@ backends) and a Triton FlashAttention-2-style baseline.
                                    [--tune all|default] [--sm80-path] [--out DIR]
     python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
     python -m benchmarks.attention --mode fp8 [benchmarks.attention_fp8's arguments]   # e4m3 against bf16
+    python -m benchmarks.attention --mode decode [options]   # paged-cache decode: benchmarks/decode_attention.py
+    python -m benchmarks.attention --mode varlen [options]   # packed variable lengths: benchmarks/varlen_attention.py
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
@@ -30,6 +32,7 @@ column reads n/a without Triton.
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 import torch
@@ -255,8 +258,12 @@ def _backward(q, k, v, causal, baselines, tflops, tune="all"):
 
 BASELINES = ("SDPA flash", "SDPA cuDNN", "Triton")
 _MODE = argparse.ArgumentParser(add_help=False)
-_MODE.add_argument("--mode", choices=("default", "fp8"), default="default",
-                   help="fp8: e4m3 attention_fp8 against bf16 (python -m benchmarks.attention_fp8 --help)")
+#: The modes that run a benchmark module of their own: fp8 (e4m3 attention_fp8 against bf16), decode (paged-cache
+#: decode_attention against SDPA and FlashInfer), varlen (packed variable lengths against the padded forward).
+MODE_MODULES = {"fp8": "attention_fp8", "decode": "decode_attention", "varlen": "varlen_attention"}
+_MODE.add_argument("--mode", choices=("default", *MODE_MODULES), default="default",
+                   help="fp8, decode or varlen: benchmarks/attention_fp8.py, decode_attention.py or "
+                        "varlen_attention.py, with their own arguments (their --help)")
 TITLES = {"fwd": "Attention forward", "bwd": "Attention backward (forward excluded)"}
 
 
@@ -286,9 +293,8 @@ def plot_json(path: Path, out: Path) -> list[Path]:
 
 def main(argv=None) -> int:
     mode, rest = _MODE.parse_known_args(argv)
-    if mode.mode == "fp8":  # the float8 forward against bf16: benchmarks/attention_fp8.py, with its own arguments
-        from benchmarks import attention_fp8
-        return attention_fp8.main(rest)
+    if mode.mode in MODE_MODULES:  # a benchmark of its own, with its own arguments (--help there)
+        return importlib.import_module(f"benchmarks.{MODE_MODULES[mode.mode]}").main(rest)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[_MODE])
     parser.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
     parser.add_argument("--dtypes", default="bf16", help="bf16, fp16 or bf16,fp16")

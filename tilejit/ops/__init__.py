@@ -6,6 +6,9 @@
   (``window=(left, right)``) and logit softcaps (``softcap=c``).
 - ``attention_fp8(q, k, v, *, q_scale, k_scale, v_scale, causal, sm_scale, out_dtype)``: the forward on e4m3
   inputs with per-tensor or per-block scales (operator ``tilejit::attention_fp8``; ``tilejit.ops.fp8_attention``).
+- ``decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, sm_scale, window, softcap, k_scale,
+  v_scale)``: one query token per sequence over a paged (or contiguous) KV cache, split-KV with a combine step,
+  GQA, fp8 caches (operator ``tilejit::decode_attention``; ``decode_attention_forward`` is the plain launch).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
 - ``rms_norm(x, weight, *, eps, residual)``: RMSNorm over the last dim, optionally fused with the residual add
@@ -23,10 +26,12 @@ The compiler never imports this package (tests/ir/test_import_graph.py): it is a
 """
 from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
+from tilejit.ops.decode_attention import decode_attention, decode_attention_forward
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
 from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
 
-__all__ = ["attention", "attention_forward", "attention_backward", "attention_fp8", "rms_norm", "rotary_embedding",
-           "linear", "swiglu_linear", "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul"]
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_fp8", "decode_attention",
+           "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
+           "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul"]

@@ -1,0 +1,316 @@
+"""tilejit.ops.decode_attention (attention of one query token over a paged KV cache): the interpreter against a
+float64 reference over ragged lengths, page sizes 1/16/24/64 and no block table, GQA 1/4/8, split and unsplit,
+windows, softcaps and an fp8 cache; outputs NaN-poisoned and every cache slot no key is read from poisoned too;
+the arguments checked; the split count from shapes only and the workspace kept; the kernels compiling with NVRTC
+for sm_80, sm_90a and sm_100a; and the PyTorch operator (fake kernel, opcheck, torch.compile(fullgraph))."""
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import tilejit
+from tilejit.backend_cuda.nvrtc import nvrtc_supports
+
+decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
+
+NAN = float("nan")
+
+
+@pytest.fixture
+def interpret(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
+
+
+def _inputs(lens, heads, kv_heads, dim, seed, page_size=None, capacity=None, dtype=torch.float16):
+    """q, the cache (paged with NaN in every slot past a length and in spare pages, or contiguous with NaN past
+    the lengths) and the lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lens)
+    capacity = capacity or max(lens) + 5
+    q = torch.randn(batch, heads, dim, generator=gen).to(torch.float16 if dtype == "fp8" else dtype)
+    k = torch.randn(batch, capacity, kv_heads, dim, generator=gen)
+    v = torch.randn(batch, capacity, kv_heads, dim, generator=gen)
+    for b, n in enumerate(lens):
+        k[b, n:] = NAN
+        v[b, n:] = NAN
+    cache_dtype = torch.float8_e4m3fn if dtype == "fp8" else q.dtype
+    k, v = k.to(cache_dtype), v.to(cache_dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    if page_size is None:
+        return q, k, v, lens_t, None
+    kp, vp, table = decode.paged_cache(k, v, page_size, spare_pages=3, generator=gen, fill=NAN)
+    return q, kp, vp, lens_t, table
+
+
+def _close(got, want, tol=2e-2):
+    assert not torch.isnan(got).any(), "some outputs are NaN: never written, or a poisoned slot was read"
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+# (lengths, page size (None: no block table), heads, kv heads, splits, window, softcap): lengths of 0, 1, at a
+# page's end and at the capacity; gather (1, 24) and slice (16, 64) pages; a window narrower than a block; runs
+# of several four-page groups, a split starting inside one
+CASES = [
+    ([70, 13, 0], 16, 4, 1, 1, None, None),
+    ([70, 13, 64], 16, 4, 1, 4, None, None),
+    ([33, 1, 50], 1, 8, 2, 2, None, None),
+    ([150, 64, 7], 64, 8, 1, 4, None, 5.0),
+    ([100, 37], 24, 2, 2, 2, (20, 0), None),
+    ([90, 5], None, 4, 4, 1, (40, -1), 3.0),
+    ([90, 0, 31], None, 16, 2, 4, None, None),
+    ([129, 12], 64, 4, 1, None, (8, 8), 2.0),
+    ([300, 170, 1], 16, 8, 2, 2, None, None),
+    ([520, 200], 64, 4, 1, 2, (300, 0), None),
+]
+
+
+@pytest.mark.parametrize("lens, page, heads, kv_heads, splits, window, softcap", CASES,
+                         ids=[f"p{c[1]}-g{c[2] // c[3]}-s{c[4]}-w{c[5]}-c{c[6]}" for c in CASES])
+def test_matches_float64(interpret, lens, page, heads, kv_heads, splits, window, softcap):
+    q, k, v, lens_t, table = _inputs(lens, heads, kv_heads, 32, seed=len(lens) + heads, page_size=page)
+    out = torch.full_like(q, NAN)
+    decode.decode_attention_forward(q, k, v, lens_t, table, window=window, softcap=softcap, out=out,
+                                    num_splits=splits, BN=16)
+    want = decode.reference(q, k, v, lens_t, table, window=window, softcap=softcap)
+    _close(out, want)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b]))
+
+
+def test_reference_is_sdpa_on_the_gathered_keys():
+    """The module's reference against SDPA in float64 on each sequence's keys, gathered from the pages."""
+    q, k, v, lens, table = _inputs([40, 17], 8, 2, 16, seed=5, page_size=16)
+    want = decode.reference(q, k, v, lens, table)
+    for b, n in enumerate(lens.tolist()):
+        slots = [(int(table[b, j // 16]), j % 16) for j in range(n)]
+        keys = torch.stack([k[p, s] for p, s in slots]).double().repeat_interleave(4, 1).transpose(0, 1)
+        vals = torch.stack([v[p, s] for p, s in slots]).double().repeat_interleave(4, 1).transpose(0, 1)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q[b].double()[:, None], keys, vals)
+        torch.testing.assert_close(want[b], sdpa[:, 0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_fp8_cache_with_scales(interpret, page):
+    """An e4m3 cache with a float k_scale and a tensor v_scale (and the reverse), against the widened cache."""
+    q, k, v, lens, table = _inputs([45, 20], 4, 2, 32, seed=7, page_size=page, dtype="fp8")
+    for k_scale, v_scale in ((0.5, torch.tensor([3.0])), (torch.tensor(0.25), 2.0)):
+        out = decode.decode_attention(q, k, v, lens, table, k_scale=k_scale, v_scale=v_scale)
+        _close(out, decode.reference(q, k, v, lens, table, k_scale=k_scale, v_scale=v_scale), tol=3e-2)
+
+
+def test_window_reads_no_key_before_it(interpret):
+    """Keys before the window poisoned with NaN: the output is finite and right (a block of them read, even
+    masked, would give NaN through 0 * NaN), split or not."""
+    q, k, v, lens, table = _inputs([200, 90], 4, 2, 32, seed=9, page_size=16)
+    want = decode.reference(q, k, v, lens, table, window=(30, 0))
+    for b, n in enumerate(lens.tolist()):
+        for j in range(n - 31):
+            k[table[b, j // 16], j % 16] = NAN
+            v[table[b, j // 16], j % 16] = NAN
+    for splits in (1, 2):
+        _close(decode.decode_attention_forward(q, k, v, lens, table, window=(30, 0), num_splits=splits, BN=16),
+               want)
+
+
+def test_operator_default_path(interpret):
+    """``decode_attention`` with its defaults (block sizes from the page size, split count from the shapes)."""
+    q, k, v, lens, table = _inputs([300, 4, 129], 8, 1, 64, seed=11, page_size=64, dtype=torch.bfloat16)
+    _close(decode.decode_attention(q, k, v, lens, table), decode.reference(q, k, v, lens, table))
+
+
+# ----------------------------------------------------------------------------------------------- planning
+
+def test_split_count_comes_from_shapes():
+    """Enough programs for every SM, a power of two, bounded by the blocks the capacity can hold."""
+    assert decode.num_splits(1, 8, 131072, 64, 132) == 64
+    assert decode.num_splits(16, 8, 131072, 64, 132) == 4
+    assert decode.num_splits(64, 8, 131072, 64, 132) == 1
+    assert decode.num_splits(1, 8, 512, 64, 132) == 2
+    assert decode.num_splits(4, 8, 4096, 64, 132, programs_per_sm=8) == 16
+    assert decode.num_splits(1, 1, 10 ** 7, 64, 10 ** 4) == decode.MAX_SPLITS
+    assert decode.block_size(None, 64) == (64, False)
+    assert decode.block_size(16, 64) == (16, False) and decode.block_size(48, 64) == (16, False)
+    assert decode.block_size(256, 64) == (64, False)
+    assert decode.block_size(1, 64) == (64, True) and decode.block_size(24, 64) == (64, True)
+    assert decode.programs_per_sm(None, 64, False) == 2 and decode.programs_per_sm(16, 16, False) == 4
+    assert decode.programs_per_sm(1, 64, True) == 8
+    assert decode.default_config(128, page_size=16)["STAGES"] == 4 and decode.default_config(128)["STAGES"] == 3
+
+
+def test_no_host_read_of_lengths_and_one_workspace_per_shape(interpret, monkeypatch):
+    """The lengths are never read on the host (their .tolist/.item/.cpu raise) and a second call of a shape
+    reuses the first's workspace."""
+    q, k, v, lens, table = _inputs([60, 10], 4, 1, 32, seed=13, page_size=16)
+    want = decode.reference(q, k, v, lens, table)
+
+    class DeviceOnly(torch.Tensor):
+        def tolist(self):
+            raise AssertionError("cache_seqlens read on the host")
+        item = cpu = tolist
+
+    seen = []
+    real = decode._workspace
+    monkeypatch.setattr(decode, "_workspace", lambda *a: seen.append(real(*a)) or seen[-1])
+    lens_dev = lens.as_subclass(DeviceOnly)
+    for _ in range(2):
+        _close(decode.decode_attention_forward(q, k, v, lens_dev, table, num_splits=2, BN=16), want)
+    assert len(seen) == 2 and all(a is b for a, b in zip(seen[0], seen[1]))
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+def _meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+GOOD = dict(q=(2, 8, 64), cache=(10, 16, 2, 64), lens=(2,), table=(2, 4))
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(q=_meta(2, 8, 1, 64)), ValueError, "q must be"),
+    (dict(q=_meta(2, 8, 64, dtype=torch.float32)), TypeError, "float16 or bfloat16"),
+    (dict(k_cache=_meta(10, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "k_cache must have q's dtype"),
+    (dict(k_cache=_meta(10, 16, 3, 64), v_cache=_meta(10, 16, 3, 64)), ValueError, "not a multiple"),
+    (dict(k_cache=_meta(10, 16, 2, 32), v_cache=_meta(10, 16, 2, 32)), ValueError, "head_dim is 32"),
+    (dict(v_cache=_meta(10, 8, 2, 64)), ValueError, "must match"),
+    (dict(k_cache=_meta(10, 16, 64)), ValueError, "k_cache must be"),
+    (dict(cache_seqlens=_meta(2, dtype=torch.int64)), TypeError, "cache_seqlens must be int32"),
+    (dict(cache_seqlens=_meta(3, dtype=torch.int32)), ValueError, r"cache_seqlens must be \(2,\)"),
+    (dict(block_table=_meta(2, 4, dtype=torch.int64)), TypeError, "block_table must be int32"),
+    (dict(block_table=_meta(3, 4, dtype=torch.int32)), ValueError, "block_table must be"),
+    (dict(block_table=[[0]]), TypeError, "block_table must be a torch.Tensor"),
+    (dict(block_table=None), ValueError, "without a block_table"),
+    (dict(q=None), TypeError, "q must be a torch.Tensor"),
+    (dict(cache_seqlens=torch.zeros(2, dtype=torch.int32)), ValueError, "one device"),
+    (dict(window=(3,)), ValueError, "window must be"),
+    (dict(softcap=-1.0), ValueError, "softcap must be"),
+    (dict(k_scale=2.0), ValueError, "not fp8"),
+    (dict(sm_scale="0.1"), TypeError, "sm_scale"),
+])
+def test_bad_arguments_are_typed_errors(change, error, match):
+    args = dict(q=_meta(*GOOD["q"]), k_cache=_meta(*GOOD["cache"]), v_cache=_meta(*GOOD["cache"]),
+                cache_seqlens=_meta(*GOOD["lens"], dtype=torch.int32),
+                block_table=_meta(*GOOD["table"], dtype=torch.int32))
+    args.update(change)
+    with pytest.raises(error, match=match):
+        decode.decode_attention(**args)
+
+
+def test_fp8_scale_errors():
+    cache = _meta(10, 16, 2, 64, dtype=torch.float8_e4m3fn)
+    args = (_meta(2, 8, 64), cache, cache, _meta(2, dtype=torch.int32), _meta(2, 4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="float32 tensor of one element"):
+        decode.decode_attention(*args, k_scale=_meta(2, dtype=torch.float32))
+    with pytest.raises(TypeError, match="finite float"):
+        decode.decode_attention(*args, v_scale=math.inf)
+    with pytest.raises(ValueError, match="num_splits must be a power of two"):
+        decode.decode_attention_forward(*args, num_splits=3)
+    with pytest.raises(ValueError, match="unknown config key"):
+        decode.decode_attention_forward(*args, BQ=3)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TILEJIT_INTERPRET", raising=False)
+    q, k, v, lens, table = _inputs([5], 2, 1, 16, seed=1, page_size=16)
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        decode.decode_attention(q, k, v, lens, table)
+
+
+# ----------------------------------------------------------------------------------------------- compiling
+
+ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
+
+
+# every cache form on sm_90a; the forms that differ most (pages with window and softcap, gathered rows) elsewhere
+COMPILE_CASES = [(arch, form) for arch in ARCHS for form in ("paged64-window-softcap", "paged16", "gather1",
+                                                              "contiguous") if arch == "sm_90a" or form in
+                 ("paged64-window-softcap", "gather1")]
+
+
+@pytest.mark.parametrize("arch, form", COMPILE_CASES, ids=[f"{f}-{a}" for a, f in COMPILE_CASES])
+def test_kernels_compile(fresh_compile_cache, arch, form):
+    """decode_fwd in the default config (D=128, GQA 8:1, bf16, split 4) for each cache form, and
+    decode_combine, to cubins within the arch's shared memory."""
+    batch, heads, kv_heads, dim = 4, 32, 4, 128
+    page = {"paged64-window-softcap": 64, "paged16": 16, "gather1": 1, "contiguous": None}[form]
+    config = decode.default_config(dim, page_size=page)
+    bn, gather = decode.block_size(page, config.pop("BN"))
+    if page is None:
+        k = _meta(batch, 4000, kv_heads, dim, dtype=torch.bfloat16)
+    elif gather:
+        k = _meta(3000 * page, kv_heads, dim, dtype=torch.bfloat16)
+    else:
+        k = _meta(3000, page, kv_heads, dim, dtype=torch.bfloat16)
+    q = _meta(batch, heads, dim, dtype=torch.bfloat16)
+    ints = _meta(batch, 64, dtype=torch.int32)
+    part, lse = _meta(batch, heads, 4, dim, dtype=torch.float32), _meta(batch, heads, 4, dtype=torch.float32)
+    extra = dict(WINDOW_LEFT=100, SOFTCAP=30.0) if "window" in form else {}
+    compiled = [decode.decode_fwd.compile(
+        q, k, k, ints[:, 0], ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0, 1.0, GROUP=8, BM=16, BN=bn,
+        D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, SPLIT=True, arch=arch, **extra, **config)]
+    compiled.append(decode.decode_combine.compile(part, lse, q, BH=4, NSPLIT=4, D=dim, num_warps=4, arch=arch))
+    for c in compiled:
+        assert c.asm["cubin"][:4] == b"\x7fELF"
+        assert 0 < c.shared_bytes <= tilejit.target.Arch.parse(arch).max_shared_bytes
+    assert "tj.gemm" in compiled[0].asm["ir"]
+    if extra:
+        assert "tj_tanh" in compiled[0].asm["cuda"]
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_100a"])
+def test_fp8_kernel_compiles(fresh_compile_cache, arch):
+    dim = 128
+    q = _meta(2, 16, dim, dtype=torch.bfloat16)
+    k = _meta(100, 64, 2, dim, dtype=torch.float8_e4m3fn)
+    ints = _meta(2, 8, dtype=torch.int32)
+    scale = _meta(1, dtype=torch.float32)
+    config = decode.default_config(dim, fp8=True, page_size=64)
+    bn, _ = decode.block_size(64, config.pop("BN"))
+    compiled = decode.decode_fwd.compile(q, k, k, ints[:, 0], ints, q, q, q, scale, scale, 0.1, 1.0, 1.0, GROUP=8,
+                                         BM=16, BN=bn, D=dim, PAGE=64, PAGED=True, GATHER=False, SPLIT=False,
+                                         WIDEN=True, K_SCALE_TENSOR=True, V_SCALE_TENSOR=True, arch=arch, **config)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+
+
+# ----------------------------------------------------------------------------------------------- the operator
+
+def _op_args(q, k, v, lens, table):
+    return (q, k, v, lens, table, 0.2, 20, 4.0, 1.0, None, 1.0, None, [])
+
+
+def test_operator_is_registered_with_a_fake_kernel():
+    q = _meta(3, 8, 64, dtype=torch.bfloat16)
+    cache = _meta(20, 16, 2, 64, dtype=torch.bfloat16)
+    out = torch.ops.tilejit.decode_attention(*_op_args(q, cache, cache, _meta(3, dtype=torch.int32),
+                                                       _meta(3, 4, dtype=torch.int32)))
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device.type == "meta"
+
+
+def test_opcheck(interpret):
+    q, k, v, lens, table = _inputs([20, 9], 4, 2, 16, seed=17, page_size=16)
+    k, v = k.nan_to_num(), v.nan_to_num()  # opcheck compares runs bitwise, NaN != NaN aside
+    torch.library.opcheck(torch.ops.tilejit.decode_attention.default, _op_args(q, k, v, lens, table))
+
+
+def test_torch_compile_fullgraph(interpret):
+    """A function calling decode_attention compiles with fullgraph=True and agrees with the eager call."""
+    q, k, v, lens, table = _inputs([20, 9], 4, 2, 16, seed=19, page_size=16)
+
+    def step(q, k, v, lens, table):
+        return decode.decode_attention(q, k, v, lens, table, window=(12, 0), softcap=5.0).relu()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, lens, table), step(q, k, v, lens, table))
+
+
+def test_meta_tensors_give_the_output_shape():
+    """What shape propagation (torch.compile's fake tensors) sees from the wrapper."""
+    q = _meta(3, 8, 64, dtype=torch.bfloat16)
+    cache = _meta(20, 16, 2, 64, dtype=torch.bfloat16)
+    out = decode.decode_attention(q, cache, cache, _meta(3, dtype=torch.int32), _meta(3, 4, dtype=torch.int32))
+    assert out.shape == q.shape and out.device.type == "meta"

@@ -1,0 +1,525 @@
+"""Attention of one query token per sequence over a (paged) KV cache, written in tilejit's language: the decode step
+of serving (flash-decoding).
+
+``decode_fwd``: one program per (batch, KV head, split). The ``GROUP`` query heads that read one KV head are the
+rows of one (BM x D) query tile (BM = the group rounded up to a power of two, at least 16, as the tensor-core
+products need), so each key and value is read from memory once per KV head. The program walks its share of the
+batch's keys in blocks of BN rows with the online softmax of ``fused_attention``. A block always lies in one page
+(BN divides the page size), so it is one strided slice of the cache; page sizes that no block size of 16 or more
+divides (1, 8, 24, ...) gather the block's rows one by one (``GATHER``). The loads of a ``T.range`` loop are
+prefetched only when their addresses do not depend on data the loop loads, so the numbers of four pages are
+loaded before each pipelined loop (those of the next four too, to hide their latency) and the loop picks its
+block's page among them by arithmetic: the ring stays full across four pages.
+
+Split-KV: when batch x KV heads leaves SMs idle, the keys [start, len) of a batch are cut into (grid z) equal
+runs of whole blocks, one per program; each writes its normalized partial output and base-2 log-sum-exp to a
+workspace, and ``decode_combine`` weighs the partials into the output. The split count comes from shapes only
+(the cache's capacity, the SM count), never from ``cache_seqlens``, so a call needs no host sync; the workspace is
+kept per (device, shape), so steady-state calls allocate nothing but their output and CUDA graphs can capture
+them (one workspace per shape: calls of one shape on two streams at once must not overlap).
+
+Masks: only a block that holds the batch's last key or the window's first one is masked (its keys outside
+[start, len) get no weight, and its values there are zeroed, as stale cache slots may hold anything). A left window
+of ``w`` keeps keys ``len - 1 - w .. len - 1`` (the query is the token at position ``len - 1``). ``SOFTCAP`` > 0
+caps the scaled scores to ``c * tanh(s / c)``. An fp8 e4m3 cache is widened to the query's dtype in registers; its
+``k_scale`` multiplies the scores and ``v_scale`` the output.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import tilejit
+import tilejit.language as T
+from tilejit import knobs
+from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.fused_attention import _window
+
+MAX_SPLITS = 64
+#: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
+MIN_BLOCKS_PER_SPLIT = 4
+
+
+@tilejit.func
+def _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc, qk_scale, tanh_scale, BN, D,
+                 PAGE, PAGED, GATHER, MASK, SOFTCAP, WIDEN):
+    """One block of BN keys from ``n0`` (``PAGED``: in cache page ``page``): scores, running max and sum
+    rescaled, values accumulated. ``MASK``: keys outside [start, L) get no weight and their values are zeroed (a
+    stale slot may hold NaN)."""
+    if GATHER:  # K, V flattened to (pages * PAGE, Hkv, D): the block's rows from their pages one by one
+        cols = n0 + T.arange(0, BN)
+        slots = BlockTable[b, cols // PAGE] * PAGE + cols % PAGE
+        k = K[slots, kv, 0:D]
+        v = V[slots, kv, 0:D]
+    elif PAGED:  # the block lies in one page
+        off = n0 % PAGE
+        k = K[page, off:off + BN, kv, 0:D]
+        v = V[page, off:off + BN, kv, 0:D]
+    else:
+        k = K[b, n0:n0 + BN, kv, 0:D]
+        v = V[b, n0:n0 + BN, kv, 0:D]
+    if WIDEN:  # an fp8 cache: widened here, its scale is in qk_scale / tanh_scale
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+    s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
+    if SOFTCAP > 0.0:
+        s = T.tanh(s * tanh_scale) * (SOFTCAP * 1.4426950408889634)
+    if MASK:
+        cols = n0 + T.arange(0, BN)
+        seen = (cols >= start) & (cols < L)
+        s = T.where(seen[None, :], s, float("-inf"))
+        v = T.where(seen[:, None], v, 0.0).to(q.dtype)
+    m_new = T.maximum(m_i, T.max(s, 1) * qk_scale)
+    m_exp = T.where(m_new == float("-inf"), 0.0, m_new)  # a masked block may be a row's first: no key seen yet
+    p = T.exp2(s * qk_scale - m_exp[:, None])
+    alpha = T.exp2(m_i - m_exp)
+    l_i = l_i * alpha + T.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc += p.to(q.dtype) @ v
+    return m_new, l_i, acc
+
+
+@tilejit.func
+def _page_of(BlockTable, b, n0, PAGE, PAGED, GATHER):
+    """The cache page of key ``n0`` of batch ``b`` (unused without pages or when the step gathers)."""
+    page = b
+    if PAGED and not GATHER:
+        page = BlockTable[b, n0 // PAGE]
+    return page
+
+
+@tilejit.func
+def _four_pages(BlockTable, b, pg):
+    """The cache pages of batch ``b``'s pages pg .. pg + 3 (0 past the table's end)."""
+    return BlockTable[b, pg], BlockTable[b, pg + 1], BlockTable[b, pg + 2], BlockTable[b, pg + 3]
+
+
+@tilejit.kernel
+def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_scale, k_scale, v_scale,
+               GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr, D: T.constexpr, PAGE: T.constexpr,
+               PAGED: T.constexpr, GATHER: T.constexpr, SPLIT: T.constexpr, STAGES: T.constexpr = 3,
+               WINDOW_LEFT: T.constexpr = -1, SOFTCAP: T.constexpr = 0.0, WIDEN: T.constexpr = False,
+               K_SCALE_TENSOR: T.constexpr = False, V_SCALE_TENSOR: T.constexpr = False):
+    """Grid (KV heads, batch, splits). Q (B, Hq, D); K, V (B, S, Hkv, D), (pages, PAGE, Hkv, D) or, ``GATHER``,
+    (pages * PAGE, Hkv, D). Not ``SPLIT`` (one split): the output goes to O; else to OPart (B, Hq, splits, D)
+    float32 and LsePart (B, Hq, splits) float32 (base 2; -inf for a split without keys). ``WIDEN``: an fp8
+    cache, widened to Q's dtype. ``K_SCALE_TENSOR``/``V_SCALE_TENSOR``: the fp8 scale is KScale[0] / VScale[0]
+    (a device scalar: no host sync) instead of k_scale / v_scale."""
+    kv = T.program_id(0)
+    b = T.program_id(1)
+    split = T.program_id(2)
+    h0 = kv * GROUP
+    L = Lens[b]
+    start = 0
+    if WINDOW_LEFT >= 0:
+        start = T.maximum(L - 1 - WINDOW_LEFT, 0)
+    if K_SCALE_TENSOR:
+        k_scale = KScale[0]
+    if V_SCALE_TENSOR:
+        v_scale = VScale[0]
+    qk_scale = sm_scale * k_scale * 1.4426950408889634
+    tanh_scale = sm_scale * k_scale
+    if SOFTCAP > 0.0:
+        tanh_scale = sm_scale * k_scale / SOFTCAP
+        qk_scale = 1.0
+    # this split's run of whole blocks of [start, L)
+    first = start // BN
+    per_split = T.cdiv(T.cdiv(L, BN) - first, T.num_programs(2))
+    lo = (first + split * per_split) * BN
+    hi = T.minimum(lo + per_split * BN, T.cdiv(L, BN) * BN)
+    # masked blocks: the one holding `start` (a window) and the one holding the last key; the rest run unmasked
+    head_hi = T.maximum(lo, T.minimum(hi, T.cdiv(start, BN) * BN))
+    mid_hi = T.maximum(head_hi, T.minimum(hi, (L // BN) * BN))
+    q = Q[b, h0:h0 + BM, 0:D]
+    m_i = T.full((BM,), float("-inf"), T.float32)
+    l_i = T.zeros((BM,), T.float32)
+    acc = T.zeros((BM, D), T.float32)
+    for n0 in range(lo, head_hi, BN):
+        page = _page_of(BlockTable, b, n0, PAGE, PAGED, GATHER)
+        m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc, qk_scale,
+                                     tanh_scale, BN, D, PAGE, PAGED, GATHER, True, SOFTCAP, WIDEN)
+    if PAGED and not GATHER:
+        # four pages per pipelined loop: their numbers are loaded before it (the loop's loads may depend on them,
+        # not on data the loop loads), the next four's too, so that their latency hides under these pages' keys
+        p0, p1, p2, p3 = _four_pages(BlockTable, b, head_hi // PAGE)
+        for pg in range(head_hi // PAGE, T.cdiv(mid_hi, PAGE), 4):
+            q0, q1, q2, q3 = _four_pages(BlockTable, b, pg + 4)
+            for n0 in T.range(T.maximum(head_hi, pg * PAGE), T.minimum(mid_hi, pg * PAGE + 4 * PAGE), BN,
+                              stages=STAGES):
+                j = n0 // PAGE - pg
+                page = T.where(j == 0, p0, T.where(j == 1, p1, T.where(j == 2, p2, p3)))
+                m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc,
+                                             qk_scale, tanh_scale, BN, D, PAGE, PAGED, GATHER, False, SOFTCAP,
+                                             WIDEN)
+            p0, p1, p2, p3 = q0, q1, q2, q3
+    else:
+        for n0 in T.range(head_hi, mid_hi, BN, stages=STAGES):
+            m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, b, n0, start, L, m_i, l_i, acc, qk_scale,
+                                         tanh_scale, BN, D, PAGE, PAGED, GATHER, False, SOFTCAP, WIDEN)
+    for n0 in range(mid_hi, hi, BN):
+        page = _page_of(BlockTable, b, n0, PAGE, PAGED, GATHER)
+        m_i, l_i, acc = _decode_step(q, K, V, BlockTable, b, kv, page, n0, start, L, m_i, l_i, acc, qk_scale,
+                                     tanh_scale, BN, D, PAGE, PAGED, GATHER, True, SOFTCAP, WIDEN)
+    seen = l_i > 0.0
+    out = acc * (v_scale / T.where(seen, l_i, 1.0))[:, None]
+    if not SPLIT:
+        Ob = T.bounded(O, (O.shape[0], h0 + GROUP, D))  # the tile's rows past the group are another head's
+        Ob[b, h0:h0 + BM, 0:D] = out
+    else:
+        OPb = T.bounded(OPart, (OPart.shape[0], h0 + GROUP, OPart.shape[2], D))
+        OPb[b, h0:h0 + BM, split, 0:D] = out
+        LPb = T.bounded(LsePart, (LsePart.shape[0], h0 + GROUP, LsePart.shape[2]))
+        LPb[b, h0:h0 + BM, split] = T.where(seen, m_i + T.log2(T.where(seen, l_i, 1.0)), float("-inf"))
+
+
+@tilejit.kernel
+def decode_combine(OPart, LsePart, O, BH: T.constexpr, NSPLIT: T.constexpr, D: T.constexpr):
+    """O[b, h] = the partials of its splits weighted by 2^lse (0 where no split saw a key). Grid
+    (cdiv(Hq, BH), batch); a program combines BH heads, one after another."""
+    b = T.program_id(1)
+    for i in T.static_range(BH):
+        h = T.program_id(0) * BH + i
+        lse = LsePart[b, h, 0:NSPLIT]
+        top = T.max(lse, 0)
+        top = T.where(top == float("-inf"), 0.0, top)
+        weight = T.exp2(lse - top)
+        total = T.sum(weight, 0)
+        part = OPart[b, h, 0:NSPLIT, 0:D]
+        acc = T.sum(part * weight[:, None], 0)
+        O[b, h, 0:D] = acc / T.where(total > 0.0, total, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------- configs
+
+def default_config(head_dim: int, fp8: bool = False, page_size: int | None = None) -> dict:
+    """BN (keys per block, before the page size caps it: ``block_size``), STAGES (blocks in flight) and warps.
+    Decode reads each key once, so the aim is bytes in flight: 3 stages of 64 keys x D=128 x 2 bytes x (K, V)
+    keep 64 KB of loads outstanding per program while it computes on the third, in 100 KB of shared memory (two
+    programs per H100 SM); the tensor-core products are a few percent of the time at any BN. Where the page caps
+    the block below 64 keys the ring is 4 deep (its blocks are small)."""
+    bn = 64 if head_dim <= 128 else 32
+    if fp8:
+        bn *= 2  # half the bytes per key
+    size, gather = block_size(page_size, bn)
+    # the masked blocks (at most one before and one after the unmasked run) are split off by hand: no peeling
+    return dict(BN=bn, STAGES=4 if size < bn and not gather else 3, num_warps=4, peel_masks=False)
+
+
+def block_size(page_size: int | None, bn: int) -> tuple[int, bool]:
+    """(keys per block, gather): the largest of bn, bn / 2, ... >= 16 that divides the page size (a block in one
+    page is one strided slice), else bn with the rows gathered one by one (pages of 1, 8, 24 keys...)."""
+    if page_size is None:
+        return bn, False
+    size = bn
+    while size >= 16:
+        if page_size % size == 0:
+            return size, False
+        size //= 2
+    return bn, True
+
+
+def num_splits(batch: int, kv_heads: int, max_keys: int, bn: int, sm_count: int,
+               programs_per_sm: int = 2) -> int:
+    """How many programs share one (batch, KV head)'s keys: a power of two that brings the grid to at least
+    ``programs_per_sm`` programs per SM, no more than the longest possible sequence (``max_keys``: the cache's
+    capacity, or the window) gives ``MIN_BLOCKS_PER_SPLIT`` blocks each, at most ``MAX_SPLITS``. From shapes
+    only: no host sync."""
+    most = max(1, min(MAX_SPLITS, tilejit.cdiv(max_keys, bn * MIN_BLOCKS_PER_SPLIT)))
+    splits = 1
+    while batch * kv_heads * splits < programs_per_sm * sm_count and splits * 2 <= most:
+        splits *= 2
+    return splits
+
+
+def programs_per_sm(page_size: int | None, bn: int, gather: bool) -> int:
+    """Programs per SM the split count aims for: 2 where a program keeps 2 blocks of 64 keys in flight; more where
+    the page caps the block (smaller programs, fewer bytes each) and most where rows are gathered (loads go
+    element by element, unpipelined)."""
+    if gather:
+        return 8
+    return 2 if page_size is None or bn >= 64 else 4
+
+
+_SM_COUNTS: dict[int, int] = {}
+#: the SM count the interpreter plans for (CPU tensors), so that CPU runs take the split path too
+INTERPRETER_SM_COUNT = 8
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, batch: int, heads: int, splits: int, dim: int):
+    """The split kernel's partial outputs (B, Hq, splits, D) and log-sum-exps (B, Hq, splits), float32, kept per
+    device and shape for the life of the process, so steady-state calls allocate nothing and a captured CUDA
+    graph's workspace is never freed under it. Each is small: splits > 1 only while B x Hkv x splits stays
+    under a few programs per SM."""
+    key = (str(device), batch, heads, splits, dim)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=device),
+                            torch.empty(batch, heads, splits, dtype=torch.float32, device=device))
+    return _WORKSPACES[key]
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+_FP8 = torch.float8_e4m3fn
+
+
+def _need(cond: bool, message: str, kind: type = ValueError) -> None:
+    if not cond:
+        raise kind(f"decode_attention: {message}")
+
+
+def _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table) -> None:
+    """Shapes, dtypes and devices of the operands (TypeError for a non-tensor or a wrong dtype, ValueError for a
+    wrong shape or device)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    _need(block_table is None or isinstance(block_table, torch.Tensor),
+          f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}", TypeError)
+    _need(q.dim() == 3, f"q must be (batch, heads, head_dim), got shape {tuple(q.shape)}")
+    _need(q.dtype in (torch.float16, torch.bfloat16), f"q must be float16 or bfloat16, got {q.dtype}", TypeError)
+    batch, heads, dim = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        layout = "(num_pages, page_size, kv_heads, head_dim)" if block_table is not None else \
+            "(batch, max_seqlen, kv_heads, head_dim)"
+        _need(t.dim() == 4, f"{name} must be {layout}, got shape {tuple(t.shape)}")
+        _need(t.dtype in (q.dtype, _FP8), f"{name} must have q's dtype ({q.dtype}) or be float8_e4m3fn, got "
+              f"{t.dtype}", TypeError)
+        _need(t.shape[3] == dim, f"{name}'s head_dim is {t.shape[3]}, q's is {dim}")
+        _need(t.stride(3) == 1 or t.shape[3] == 1, f"{name}'s last dimension must be contiguous (stride 1)")
+    _need(k_cache.shape == v_cache.shape and k_cache.dtype == v_cache.dtype,
+          f"k_cache and v_cache must match: {tuple(k_cache.shape)} {k_cache.dtype} vs {tuple(v_cache.shape)} "
+          f"{v_cache.dtype}")
+    kv_heads = k_cache.shape[2]
+    _need(kv_heads > 0 and heads % kv_heads == 0, f"q's {heads} heads are not a multiple of the cache's "
+          f"{kv_heads} kv_heads")
+    _need(dim % 16 == 0 and dim <= 256, f"head_dim must be a multiple of 16 up to 256, got {dim}")
+    _need(cache_seqlens.dtype == torch.int32, f"cache_seqlens must be int32, got {cache_seqlens.dtype}", TypeError)
+    _need(tuple(cache_seqlens.shape) == (batch,), f"cache_seqlens must be ({batch},), got "
+          f"{tuple(cache_seqlens.shape)}")
+    if block_table is None:
+        _need(k_cache.shape[0] == batch, f"without a block_table the cache is (batch, max_seqlen, kv_heads, "
+              f"head_dim): its first dimension is {k_cache.shape[0]}, q's batch is {batch}")
+    else:
+        _need(block_table.dtype == torch.int32, f"block_table must be int32, got {block_table.dtype}", TypeError)
+        _need(block_table.dim() == 2 and block_table.shape[0] == batch,
+              f"block_table must be (batch={batch}, max_pages), got shape {tuple(block_table.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                    ("block_table", block_table)):
+        _need(t is None or t.device == q.device, f"{name} is on {t.device if t is not None else ''}, q on "
+              f"{q.device}: every operand must be on one device")
+
+
+def _scale(value, name: str, fp8: bool, device: torch.device) -> tuple[float, torch.Tensor | None]:
+    """(float, tensor or None) of a k_scale / v_scale argument: a number, or a float32 one-element tensor on the
+    device (read in the kernel, so no host sync)."""
+    if value is None:
+        return 1.0, None
+    _need(fp8, f"{name} is for a float8_e4m3fn cache; this cache is not fp8")
+    if isinstance(value, torch.Tensor):
+        _need(value.dtype == torch.float32 and value.numel() == 1,
+              f"{name} must be a float or a float32 tensor of one element, got {value.dtype} of shape "
+              f"{tuple(value.shape)}", TypeError)
+        _need(value.device == device, f"{name} is on {value.device}, q on {device}")
+        return 1.0, value.reshape(1)
+    _need(not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value),
+          f"{name} must be a finite float or a float32 tensor, got {value!r}", TypeError)
+    return float(value), None
+
+
+def _masking(window, softcap) -> tuple[int, float]:
+    """(left window, softcap) from flash_attn's ``window=(left, right)``: decode's query is the last token, so only
+    the left bound keeps keys out (keys len - 1 - left .. len - 1); a right bound has nothing to exclude."""
+    try:
+        left, _ = _window(window)
+    except ValueError as err:
+        raise ValueError(f"decode_attention: {err}") from None
+    _need(softcap is None or (not isinstance(softcap, bool) and isinstance(softcap, (int, float))
+                              and softcap >= 0 and math.isfinite(softcap)),
+          f"softcap must be a finite number > 0 (0 or None: off), got {softcap!r}")
+    return left, float(softcap or 0.0)
+
+
+# ----------------------------------------------------------------------------------------------- launching
+
+def plan(q, k_cache, block_table=None, window_left: int = -1, config: dict | None = None):
+    """(config with BN fitted to the page, gather, split count) of a call: from shapes, the device's SM count and
+    the given config over ``default_config``; never from the lengths (no host sync)."""
+    batch, _, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    page_size = k_cache.shape[1] if block_table is not None else None
+    config = {**default_config(dim, k_cache.dtype == _FP8, page_size), **(config or {})}
+    bn, gather = block_size(page_size, config["BN"])
+    capacity = block_table.shape[1] * page_size if page_size is not None else k_cache.shape[1]
+    max_keys = min(capacity, window_left + 1) if window_left >= 0 else capacity
+    splits = num_splits(batch, kv_heads, max_keys, bn, _sm_count(q.device), programs_per_sm(page_size, bn, gather))
+    return {**config, "BN": bn}, gather, splits
+
+
+def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
+            splits):
+    """Launch ``decode_fwd`` (and ``decode_combine`` when split) writing ``out``. ``scales``: (k_scale, k tensor,
+    v_scale, v tensor); ``splits``: None picks ``num_splits``."""
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    fp8 = k_cache.dtype == _FP8
+    page_size = k_cache.shape[1] if block_table is not None else None
+    config, gather, planned = plan(q, k_cache, block_table, left, config)
+    bn = config.pop("BN")
+    splits = planned if splits is None else splits
+    paged = page_size is not None
+    k, v = (k_cache.flatten(0, 1), v_cache.flatten(0, 1)) if gather else (k_cache, v_cache)
+    k_scale, k_tensor, v_scale, v_tensor = scales
+    part, lse = _workspace(q.device, batch, heads, splits, dim) if splits > 1 else (out, out)
+    masking = {}
+    if left >= 0:
+        masking["WINDOW_LEFT"] = left
+    if softcap > 0:
+        masking["SOFTCAP"] = softcap
+    decode_fwd[(kv_heads, batch, splits)](
+        q, k, v, cache_seqlens, block_table if paged else cache_seqlens, out, part, lse,
+        k_tensor if k_tensor is not None else cache_seqlens, v_tensor if v_tensor is not None else cache_seqlens,
+        sm_scale, k_scale, v_scale, GROUP=group, BM=max(16, 1 << (group - 1).bit_length()), BN=bn, D=dim,
+        PAGE=page_size or 1, PAGED=paged, GATHER=gather, SPLIT=splits > 1, WIDEN=fp8,
+        K_SCALE_TENSOR=k_tensor is not None, V_SCALE_TENSOR=v_tensor is not None, **masking, **config)
+    if splits > 1:
+        per_program = 4
+        decode_combine[(tilejit.cdiv(heads, per_program), batch)](part, lse, out, BH=per_program, NSPLIT=splits,
+                                                                  D=dim, num_warps=4)
+    return out
+
+
+def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window, softcap, k_scale, v_scale):
+    """Every argument checked; (sm_scale, left window, softcap, scales)."""
+    _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table)
+    left, cap = _masking(window, softcap)
+    _need(sm_scale is None or (not isinstance(sm_scale, bool) and isinstance(sm_scale, (int, float))),
+          f"sm_scale must be a float or None, got {sm_scale!r}", TypeError)
+    sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
+    fp8 = k_cache.dtype == _FP8
+    scales = (*_scale(k_scale, "k_scale", fp8, q.device), *_scale(v_scale, "v_scale", fp8, q.device))
+    if not knobs.interpret():
+        _need(q.device.type in ("cuda", "meta"), f"the operands are on {q.device}: decode_attention runs on CUDA "
+              "tensors (CPU tensors with TILEJIT_INTERPRET=1)")
+    return sm_scale, left, cap, scales
+
+
+def decode_attention_forward(q, k_cache, v_cache, cache_seqlens, block_table=None, *, sm_scale=None,
+                             window=None, softcap=None, k_scale=None, v_scale=None, out=None, num_splits=None,
+                             **config) -> torch.Tensor:
+    """``decode_attention`` as a plain launch: into ``out`` (preallocated like q) when given, with ``num_splits``
+    (a power of two; None: from the shapes and SM count) and ``config`` (BN, STAGES, launch options such as
+    num_warps) overriding the defaults."""
+    _need(num_splits is None or (isinstance(num_splits, int) and num_splits >= 1
+                                 and num_splits & (num_splits - 1) == 0),
+          f"num_splits must be a power of two >= 1 or None, got {num_splits!r}")
+    encode_config(config, "decode_attention")
+    sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window,
+                                           softcap, k_scale, v_scale)
+    if out is None:
+        out = torch.empty_like(q)
+    _need(isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+          and out.device == q.device, "out must be a tensor like q (same shape, dtype and device)")
+    return _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, cap, scales, config,
+                   num_splits)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                     block_table: torch.Tensor | None = None, *, sm_scale: float | None = None,
+                     window: tuple[int, int] | None = None, softcap: float | None = None,
+                     k_scale=None, v_scale=None) -> torch.Tensor:
+    """softmax(q k^T * sm_scale) v of one query token per sequence over its cached keys [0, cache_seqlens[b]).
+
+    q (B, Hq, D) fp16/bf16. Without ``block_table``: k_cache, v_cache (B, max_seqlen, Hkv, D); with it (int32
+    (B, max_pages), the pages of each sequence in order): (num_pages, page_size, Hkv, D), as
+    ``flash_attn_with_kvcache`` and vLLM lay them out, any page size. Hq a multiple of Hkv (GQA). The cache has
+    q's dtype or is float8_e4m3fn with ``k_scale``/``v_scale`` (a float or a float32 one-element device tensor)
+    multiplying its keys and values. ``sm_scale`` defaults to 1/sqrt(D); ``window=(left, right)`` keeps the
+    ``left + 1`` most recent keys (-1: all; the right bound excludes nothing at decode); ``softcap=c`` caps the
+    scaled scores to c * tanh(s / c). A sequence of length 0 gives 0. The PyTorch operator
+    ``tilejit::decode_attention`` (forward only): no host sync and, after the first call of a shape, no
+    allocation but the output, so CUDA graphs capture it and ``torch.compile(fullgraph=True)`` traces it.
+    """
+    sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window,
+                                           softcap, k_scale, v_scale)
+    k_value, k_tensor, v_value, v_tensor = scales
+    return _OP(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, left, cap, k_value, k_tensor, v_value,
+               v_tensor, [])
+
+
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+               block_table: torch.Tensor | None, sm_scale: float, window_left: int, softcap: float,
+               k_scale: float, k_scale_tensor: torch.Tensor | None, v_scale: float,
+               v_scale_tensor: torch.Tensor | None, config: list[int]) -> torch.Tensor:
+    return _launch(q, k_cache, v_cache, cache_seqlens, block_table, torch.empty_like(q), sm_scale, window_left,
+                   softcap, (k_scale, k_scale_tensor, v_scale, v_scale_tensor), decode_config(config), None)
+
+
+_OP = torch.library.custom_op(f"{namespace(__name__, 'tilejit.ops.decode_attention')}::decode_attention",
+                              mutates_args=())(_decode_op)
+_OP.register_fake(lambda q, *_: torch.empty_like(q))
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+def reference(q, k_cache, v_cache, cache_seqlens, block_table=None, *, sm_scale=None, window=None, softcap=None,
+              k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+    """float64 decode attention, sequence by sequence: the keys [0, len) (with a left window, the last left + 1)
+    gathered from the pages, scores of each KV head's query heads (capped), softmax, values; 0 for no key.
+    Computed on q's device, returned on the CPU. Scales are floats or one-element tensors."""
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    left = -1 if window is None else window[0]
+    k_scale, v_scale = (float(s) for s in (k_scale, v_scale))
+    out = torch.zeros(batch, heads, dim, dtype=torch.float64)
+    for b, length in enumerate(cache_seqlens.tolist()):
+        keys = torch.arange(max(0, length - 1 - left) if left >= 0 else 0, length, device=q.device)
+        if keys.numel() == 0:
+            continue
+        if block_table is None:
+            k, v = k_cache[b, keys], v_cache[b, keys]
+        else:
+            pages = block_table[b].to(q.device).long()[keys // k_cache.shape[1]]
+            k, v = k_cache[pages, keys % k_cache.shape[1]], v_cache[pages, keys % k_cache.shape[1]]
+        k = k.double() * k_scale                                     # (keys, Hkv, D)
+        v = v.double() * v_scale
+        qg = q[b].double().view(kv_heads, heads // kv_heads, dim)    # the query heads of each KV head
+        s = torch.einsum("hgd,nhd->hgn", qg, k) * sm_scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        out[b] = torch.einsum("hgn,nhd->hgd", torch.softmax(s, -1), v).reshape(heads, dim).cpu()
+    return out
+
+
+def paged_cache(k: torch.Tensor, v: torch.Tensor, page_size: int, *, spare_pages: int = 0,
+                generator: torch.Generator | None = None, fill: float = 0.0):
+    """A contiguous cache (B, S, Hkv, D) cut into pages of ``page_size`` keys placed in random order:
+    (k_pages, v_pages, block_table int32 (B, cdiv(S, page_size))) in ``decode_attention``'s page layout, plus
+    ``spare_pages`` pages no sequence uses. Slots past S and the spare pages hold ``fill``. For tests and
+    benchmarks."""
+    batch, seq, kv_heads, dim = k.shape
+    per_seq = tilejit.cdiv(seq, page_size)
+    total = batch * per_seq + spare_pages
+    order = torch.randperm(total, generator=generator)[:batch * per_seq].to(k.device)
+    block_table = order.view(batch, per_seq).to(torch.int32)
+    pages = []
+    for t in (k, v):
+        padded = t.new_full((batch, per_seq * page_size, kv_heads, dim), fill)
+        padded[:, :seq] = t
+        paged = t.new_full((total, page_size, kv_heads, dim), fill)
+        paged[order] = padded.view(batch * per_seq, page_size, kv_heads, dim)
+        pages.append(paged)
+    return pages[0], pages[1], block_table
