@@ -115,9 +115,15 @@ def attn_varlen_fwd(Q, K, V, O, Lse, CuQ, CuK, sm_scale, H, GROUP: T.constexpr, 
         for n0 in T.range(k0, k0 + mid, BN, stages=STAGES):
             m_i, l_i, acc = _online_softmax_step(q, K, V, 0, kv, n0, k_end, rows, m_i, l_i, acc, qk_scale, BN, D,
                                                  False, False, -1, -1, SOFTCAP, tanh_scale)
-    for n0 in T.range(k0 + mid, k0 + hi, BN, stages=2):
+    whole = k0 + ((k_end - k0) // BN) * BN  # the blocks before it lie inside the sequence
+    for n0 in T.range(k0 + mid, T.minimum(k0 + hi, whole), BN, stages=2):
         m_i, l_i, acc = _online_softmax_step(q, K, V, 0, kv, n0, k_end, rows, m_i, l_i, acc, qk_scale, BN, D, True,
                                              False, WINDOW_LEFT, MASK_RIGHT, SOFTCAP, tanh_scale)
+    Kv = T.bounded(K, (1, K.shape[1], k_end, D))  # the block across the end: the next sequence's keys read 0
+    Vv = T.bounded(V, (1, V.shape[1], k_end, D))
+    for n0 in T.range(T.maximum(k0 + mid, whole), k0 + hi, BN, stages=1):
+        m_i, l_i, acc = _online_softmax_step(q, Kv, Vv, 0, kv, n0, k_end, rows, m_i, l_i, acc, qk_scale, BN, D,
+                                             True, False, WINDOW_LEFT, MASK_RIGHT, SOFTCAP, tanh_scale)
     _finish(acc, m_i, l_i, O, Lse, h, r0, q_end, BM, D, STORE_LSE)
 
 
@@ -125,10 +131,10 @@ def attn_varlen_fwd(Q, K, V, O, Lse, CuQ, CuK, sm_scale, H, GROUP: T.constexpr, 
 def _paged_step(q, Kc, Vc, Pages, b, kv, n0, len_k, rows, m_i, l_i, acc, qk_scale, BN, D, PAGE, LEFT, RIGHT,
                 SOFTCAP, tanh_scale):
     """``_online_softmax_step`` over keys n0 .. n0 + BN of sequence ``b`` gathered from the paged cache (Kc, Vc:
-    (num_pages * page_size, heads, D)); every block masked. Table slots past the sequence's pages (any value)
-    point at rows the mask drops, or outside the cache, which read 0."""
+    (num_pages * page_size, heads, D)); every block masked. Keys past the sequence's end read as 0 whatever its
+    table holds past its pages."""
     cols = n0 + T.arange(0, BN)
-    idx = Pages[b, cols // PAGE] * PAGE + cols % PAGE
+    idx = T.where(cols < len_k, Pages[b, cols // PAGE] * PAGE + cols % PAGE, -1)  # past the keys: read as 0
     k = Kc[idx, kv, 0:D]
     s = T.gemm(q, k, T.zeros((q.shape[0], BN), T.float32), transpose_b=True)
     if SOFTCAP > 0.0:
@@ -220,9 +226,15 @@ def attn_varlen_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, CuQ, CuK, sm_scale, H, GROUP
         for n0 in T.range(k0, k0 + mid, BN, stages=2):
             dq = _dq_step(q, do, lse, delta, K, V, 0, kv, n0, k_end, rows, dq, qk_scale, BN, D, False, False, -1, -1,
                           SOFTCAP, tanh_scale)
-    for n0 in T.range(k0 + mid, k0 + hi, BN, stages=2):
+    whole = k0 + ((k_end - k0) // BN) * BN
+    for n0 in T.range(k0 + mid, T.minimum(k0 + hi, whole), BN, stages=2):
         dq = _dq_step(q, do, lse, delta, K, V, 0, kv, n0, k_end, rows, dq, qk_scale, BN, D, True, False, WINDOW_LEFT,
                       MASK_RIGHT, SOFTCAP, tanh_scale)
+    Kv = T.bounded(K, (1, K.shape[1], k_end, D))
+    Vv = T.bounded(V, (1, V.shape[1], k_end, D))
+    for n0 in T.range(T.maximum(k0 + mid, whole), k0 + hi, BN, stages=1):
+        dq = _dq_step(q, do, lse, delta, Kv, Vv, 0, kv, n0, k_end, rows, dq, qk_scale, BN, D, True, False,
+                      WINDOW_LEFT, MASK_RIGHT, SOFTCAP, tanh_scale)
     dQv = T.bounded(dQ, (1, H, q_end, D))
     dQv[0, h, r0:r0 + BM, 0:D] = (dq * sm_scale).to(dQ.dtype)
 
