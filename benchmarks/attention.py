@@ -4,6 +4,7 @@ backends) and a Triton FlashAttention-2-style baseline.
     python -m benchmarks.attention [--passes fwd,bwd] [--dtypes bf16,fp16] [--seqs 1024,4096] [--dims 64,128]
                                    [--tune all|default] [--sm80-path] [--out DIR]
     python -m benchmarks.attention --plot attention.json --out DIR   # redraw the PNGs of stored results
+    python -m benchmarks.attention --mode varlen [--seqs ...] [--dims ...]   # benchmarks.varlen_attention
 
 16k tokens per problem (batch = 16384 // seq), 16 heads; causal and not; bf16 unless ``--dtypes`` says more.
 Every timing goes through ``tilejit.testing.do_bench`` in one process on one GPU, and every implementation is
@@ -296,7 +297,13 @@ def main(argv=None) -> int:
                              "sm_80 GPU's configs (Hopper GPUs only; the baselines are unchanged)")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="only draw the PNGs of a stored attention.json into --out (no GPU needed)")
+    parser.add_argument("--mode", choices=("padded", "varlen"), default="padded",
+                        help="varlen: packed variable-length prefill against the padded forward on the same tokens "
+                             "(benchmarks.varlen_attention, with --dtypes, --seqs, --dims, --heads, --out)")
     ns = parser.parse_args(argv)
+    if ns.mode == "varlen":
+        from benchmarks import varlen_attention
+        return varlen_attention.main([f"--{n}={getattr(ns, n)}" for n in ("dtypes", "seqs", "dims", "heads", "out")])
     if ns.plot is not None:
         ns.out.mkdir(parents=True, exist_ok=True)
         written = plot_json(ns.plot, ns.out)

@@ -230,6 +230,9 @@ def test_empty_batch_launches_nothing():
 ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
 
 
+# sm_80's default dQ config at D=128 (shared with the padded backward) asks for a 2-stage ring that the
+# compiler shrinks to 1 stage with a warning
+@pytest.mark.filterwarnings("ignore:tilejit. kernel attn_varlen_bwd_dq. a pipeline of 2 stages:RuntimeWarning")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dim, causal, window, softcap", [(128, True, None, None), (64, False, None, None),
                                                           (128, False, (256, 64), 30.0)])
