@@ -57,18 +57,19 @@ def _padded(packed: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return out
 
 
-def measure(lengths: list[int], heads: int, dim: int, dtype: torch.dtype, causal: bool) -> tuple[float, float]:
+def measure(lengths: list[int], heads: int, dim: int, dtype: torch.dtype, causal: bool,
+            device: str = "cuda") -> tuple[float, float]:
     """(varlen TFLOP/s, padded TFLOP/s) on one batch, both checked first."""
     from tilejit.ops import attention, attention_varlen
     from tilejit.ops import varlen_attention
     from tilejit.testing import do_bench
 
     torch.manual_seed(sum(lengths) + dim)
-    q, k, v = (torch.randn(sum(lengths), heads, dim, device="cuda", dtype=dtype) for _ in range(3))
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(lengths), heads, dim, device=device, dtype=dtype) for _ in range(3))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
     longest = max(lengths)
     padded = [_padded(t, lengths) for t in (q, k, v)]
-    lens = None if len(set(lengths)) == 1 else torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    lens = None if len(set(lengths)) == 1 else torch.tensor(lengths, dtype=torch.int32, device=device)
     out = attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)
     want = attention(*padded, causal=causal, lens=lens)
     if lens is None:
@@ -85,7 +86,7 @@ def measure(lengths: list[int], heads: int, dim: int, dtype: torch.dtype, causal
     return (_tflops(lengths, heads, dim, causal, ms_varlen), _tflops(lengths, heads, dim, causal, ms_padded))
 
 
-def run(dims: list[int], seqs: list[int], heads: int, dtypes: list[str], out: Path) -> int:
+def run(dims: list[int], seqs: list[int], heads: int, dtypes: list[str], out: Path, device: str = "cuda") -> int:
     rows = []
     for dim in dims:
         for seq in seqs:
@@ -95,7 +96,7 @@ def run(dims: list[int], seqs: list[int], heads: int, dtypes: list[str], out: Pa
             for label, lengths in batches.items():
                 for dtype in dtypes:
                     for causal in (False, True):
-                        varlen, padded = measure(lengths, heads, dim, DTYPES[dtype], causal)
+                        varlen, padded = measure(lengths, heads, dim, DTYPES[dtype], causal, device)
                         rows.append([dim, label, dtype, causal, varlen, padded, f"{varlen / padded:.3f}"])
                         print(markdown_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
     table = markdown_table(HEADERS, rows)

@@ -8,15 +8,18 @@ its ids to (sequence, head, query block), reads its sequence's bounds from the c
 walks the keys as the padded forward does (same tiles, same split into unmasked blocks and masked ones) in absolute
 key rows. Query row i of a sequence with Lq queries and Lk keys sits on key row i + Lk - Lq (the bottom-right
 aligned diagonal of flash-attn): causal sees keys up to it, a window (left, right) keys diagonal - left ..
-diagonal + right. Loads past a sequence read the next sequence's rows, which the masks drop or whose results are
-never stored: stores go through ``T.bounded`` views ending at the sequence's last row. A row that sees no key
-(a window, causal with Lq > Lk, Lk = 0) gives 0. The grid covers ``max_seqlen_q`` (the host never reads the
-cu_seqlens); blocks past a shorter sequence run no key block.
+diagonal + right. A query block past a sequence's end reads the next sequence's rows, whose results are never
+stored (stores past the end go through ``T.bounded`` views ending at the sequence's last row); the key block
+that crosses the end reads through such a view too (the next sequence's keys read 0), so no value of one
+sequence, NaN included, reaches another. A row that sees no key (a window, causal with Lq > Lk, Lk = 0) gives
+0. The grid covers ``max_seqlen_q`` (the host never reads the cu_seqlens); blocks past a shorter sequence run no
+key block.
 
 Backward: ``attn_bwd_preprocess`` (Delta) as for the padded batch, then ``attn_varlen_bwd_dkdv`` (one program per
 key block and key/value head) and ``attn_varlen_bwd_dq`` (one per query block and head). The dK/dV program reads
 the query blocks that straddle the diagonal, or cross the sequence's end, through views bounded at the sequence's
-end (so the next sequence's rows read as zeros, whose terms are exactly 0), the whole ones inside it directly.
+end (so the next sequence's rows read as zeros, whose terms are exactly 0), the whole ones inside it directly;
+the dQ program reads keys as the forward does.
 
 Paged (``block_table``): k and v are (num_pages, page_size, H // G, D) and sequence b's key j lives in page
 ``block_table[b, j // page_size]`` at row ``j % page_size``; ``attn_varlen_paged_fwd`` gathers each key block's
@@ -35,9 +38,6 @@ from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hop
                                          _sm80, _visible, _window, attn_bwd_preprocess, default_bwd_config,
                                          default_config)
 
-LOG2E = 1.4426950408889634
-
-
 @tilejit.func
 def _key_blocks(m, len_q, len_k, BM, BN, CAUSAL, LEFT, RIGHT):
     """(mid, hi): the key rows (relative to the sequence) that query block ``m`` walks: unmasked blocks from 0 to
@@ -55,10 +55,10 @@ def _key_blocks(m, len_q, len_k, BM, BN, CAUSAL, LEFT, RIGHT):
             mid = (T.maximum(diag - LEFT, 0) // BN) * BN
         if RIGHT >= 0:
             hi = T.minimum(hi, diag + BM + RIGHT)
-    if m >= len_q:
-        mid = 0
-        hi = 0
-    return mid, hi
+    # a block past the queries walks none; scalar math, not an if, so that a producer warpgroup can compute the
+    # bounds (passes/warp_specialize.py)
+    inside = T.minimum(T.maximum(len_q - m, 0), 1)
+    return mid * inside, hi * inside
 
 
 @tilejit.func
@@ -317,8 +317,9 @@ def attn_varlen_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, CuQ, CuK, sm_scale, HK
 
 
 def _tokens_view(t: torch.Tensor) -> torch.Tensor:
-    """(tokens, heads, D) as the (1, heads, tokens, D) view the kernels index (no copy)."""
-    return t.permute(1, 0, 2).unsqueeze(0)
+    """(tokens, heads, D), contiguous, as the (1, heads, tokens, D) view the kernels index (no copy)."""
+    tokens, heads, dim = t.shape
+    return t.as_strided((1, heads, tokens, dim), (heads * dim, dim, heads * dim, 1))
 
 
 def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table):
@@ -362,9 +363,9 @@ def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table):
 
 def _forward(q, k, v, cu_q, cu_k, block_table, max_q, max_k, causal, window, softcap, sm_scale, lse, out=None):
     """Launches the forward into ``out`` (new when None; the rows of no sequence left as they were) and ``lse``
-    (float32 (heads, total_q)) when given."""
-    batch, group = _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table)
+    (float32 (heads, total_q)) when given. The caller has checked the arguments (``_check_inputs``)."""
     heads, dim = q.shape[1], q.shape[2]
+    batch, group = cu_q.shape[0] - 1, heads // k.shape[-2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q) if out is None else out
     if max_q == 0 or q.shape[0] == 0:
@@ -509,6 +510,7 @@ class _Operators:
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
             block_table: torch.Tensor | None, max_q: int, max_k: int, causal: bool, window_left: int,
             window_right: int, softcap: float, sm_scale: float, store_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table)  # (called as torch.ops.tilejit...)
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if store_lse else \
         q.new_empty(0, dtype=torch.float32)
     out = _forward(q, k, v, cu_q, cu_k, block_table, max_q, max_k, causal, (window_left, window_right), softcap,
