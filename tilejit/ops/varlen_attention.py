@@ -350,7 +350,7 @@ def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table):
         raise ValueError(f"attention_varlen: cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k "
                          f"{tuple(cu_k.shape)} must have one shape (batch + 1,)")
     for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
             raise ValueError(f"attention_varlen: {name} must be an int >= 0, got {value!r}")
     batch = cu_q.shape[0] - 1
     if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
