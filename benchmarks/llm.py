@@ -118,7 +118,6 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None)
            "device": torch.cuda.get_device_name()}
     print(f"{name}: {row['tokens_per_s']:.0f} tokens/s, peak {row['peak_gib']:.2f} GiB, first loss "
           f"{first_loss:.4f} on {row['device']}", flush=True)
-    del model, optimizer, forward
     return row
 
 
@@ -166,7 +165,6 @@ def time_decode(name: str, backend: str, how: str, batch: int, args) -> dict:
             row["implementation"] += f" ({skips} CUDA graph skips: run with TORCH_LOGS=perf_hints for why)"
     print(f"{row['implementation']}, batch {batch}: {row['tokens_per_s']:.1f} tokens/s on {row['device']}",
           flush=True)
-    del model, cache, decoder
     return row
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -173,7 +174,7 @@ GOOD = dict(q=(2, 8, 64), cache=(10, 16, 2, 64), lens=(2,), table=(2, 4))
 
 @pytest.mark.parametrize("change, error, match", [
     (dict(q=_meta(2, 8, 1, 64)), ValueError, "q must be"),
-    (dict(q=_meta(2, 8, 64, dtype=torch.float32)), TypeError, "float16 or bfloat16"),
+    (dict(q=_meta(2, 8, 64, dtype=torch.int32)), TypeError, "float16, bfloat16 or float32"),
     (dict(k_cache=_meta(10, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "k_cache must have q's dtype"),
     (dict(k_cache=_meta(10, 16, 3, 64), v_cache=_meta(10, 16, 3, 64)), ValueError, "not a multiple"),
     (dict(k_cache=_meta(10, 16, 2, 32), v_cache=_meta(10, 16, 2, 32)), ValueError, "head_dim is 32"),
@@ -314,3 +315,31 @@ def test_meta_tensors_give_the_output_shape():
     cache = _meta(20, 16, 2, 64, dtype=torch.bfloat16)
     out = decode.decode_attention(q, cache, cache, _meta(3, dtype=torch.int32), _meta(3, 4, dtype=torch.int32))
     assert out.shape == q.shape and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_float32_cache(interpret, page):
+    """A float32 q and cache (what a model kept in float32 decodes with) against float64: tf32 products."""
+    q, k, v, lens, table = _inputs([37, 0, 21], 8, 2, 32, seed=11, page_size=page, dtype=torch.float32)
+    out = torch.full_like(q, NAN)
+    decode.decode_attention_forward(q, k, v, lens, table, out=out, num_splits=2, BN=16)
+    _close(out, decode.reference(q, k, v, lens, table), tol=5e-3)
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_float32_default_config_fits_without_a_cut(fresh_compile_cache, page):
+    """float32's default blocks hold half the keys, so their ring fits sm_90a's shared memory as asked."""
+    batch, heads, kv_heads, dim = 4, 32, 4, 128
+    config = decode.default_config(dim, page_size=page, fp32=True)
+    bn, gather = decode.block_size(page, config.pop("BN"))
+    k = _meta(batch, 4000, kv_heads, dim, dtype=torch.float32) if page is None else \
+        _meta(3000, page, kv_heads, dim, dtype=torch.float32)
+    q = _meta(batch, heads, dim, dtype=torch.float32)
+    ints = _meta(batch, 64, dtype=torch.int32)
+    part, lse = _meta(batch, heads, 4, dim, dtype=torch.float32), _meta(batch, heads, 4, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = decode.decode_fwd.compile(
+            q, k, k, ints[:, 0], ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0, 1.0, GROUP=8, BM=16, BN=bn,
+            D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, SPLIT=True, arch="sm_90a", **config)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"

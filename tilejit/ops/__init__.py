@@ -9,6 +9,10 @@
 - ``decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, sm_scale, window, softcap, k_scale,
   v_scale)``: one query token per sequence over a paged (or contiguous) KV cache, split-KV with a combine step,
   GQA, fp8 caches (operator ``tilejit::decode_attention``; ``decode_attention_forward`` is the plain launch).
+- ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, sm_scale,
+  window, softcap, block_table)``: attention of packed variable-length sequences in ``flash_attn_varlen_func``'s
+  conventions (operator ``tilejit::attention_varlen_fwd``, backward ``tilejit::attention_varlen_bwd``), and the
+  forward over a paged key/value cache (``block_table``).
 - ``attention_forward`` / ``attention_backward``: the two passes as plain launches into preallocated tensors
   (the forward also writes the base-2 log-sum-exp the backward reads).
 - ``rms_norm(x, weight, *, eps, residual)``: RMSNorm over the last dim, optionally fused with the residual add
@@ -24,14 +28,15 @@
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
+from tilejit.ops.decode_attention import decode_attention, decode_attention_forward
 from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
-from tilejit.ops.decode_attention import decode_attention, decode_attention_forward
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
 from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
+from tilejit.ops.varlen_attention import attention_varlen
 
-__all__ = ["attention", "attention_forward", "attention_backward", "attention_fp8", "decode_attention",
-           "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_fp8",
+           "decode_attention", "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
            "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul"]

@@ -192,15 +192,18 @@ def decode_combine(OPart, LsePart, O, BH: T.constexpr, NSPLIT: T.constexpr, D: T
 
 # ----------------------------------------------------------------------------------------------- configs
 
-def default_config(head_dim: int, fp8: bool = False, page_size: int | None = None) -> dict:
+def default_config(head_dim: int, fp8: bool = False, page_size: int | None = None, fp32: bool = False) -> dict:
     """BN (keys per block, before the page size caps it: ``block_size``), STAGES (blocks in flight) and warps.
     Decode reads each key once, so the aim is bytes in flight: 3 stages of 64 keys x D=128 x 2 bytes x (K, V)
     keep 64 KB of loads outstanding per program while it computes on the third, in 100 KB of shared memory (two
     programs per H100 SM); the tensor-core products are a few percent of the time at any BN. Where the page caps
-    the block below 64 keys the ring is 4 deep (its blocks are small)."""
+    the block below 64 keys the ring is 4 deep (its blocks are small). ``fp32``: a float32 cache, half the keys
+    per block (the same bytes)."""
     bn = 64 if head_dim <= 128 else 32
     if fp8:
         bn *= 2  # half the bytes per key
+    if fp32:
+        bn //= 2
     size, gather = block_size(page_size, bn)
     # the masked blocks (at most one before and one after the unmasked run) are split off by hand: no peeling
     return dict(BN=bn, STAGES=4 if size < bn and not gather else 3, num_warps=4, peel_masks=False)
@@ -288,7 +291,8 @@ def _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table) -> None:
     _need(block_table is None or isinstance(block_table, torch.Tensor),
           f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}", TypeError)
     _need(q.dim() == 3, f"q must be (batch, heads, head_dim), got shape {tuple(q.shape)}")
-    _need(q.dtype in (torch.float16, torch.bfloat16), f"q must be float16 or bfloat16, got {q.dtype}", TypeError)
+    _need(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+          f"q must be float16, bfloat16 or float32, got {q.dtype}", TypeError)
     batch, heads, dim = q.shape
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         layout = "(num_pages, page_size, kv_heads, head_dim)" if block_table is not None else \
@@ -359,7 +363,8 @@ def plan(q, k_cache, block_table=None, window_left: int = -1, config: dict | Non
     batch, _, dim = q.shape
     kv_heads = k_cache.shape[2]
     page_size = k_cache.shape[1] if block_table is not None else None
-    config = {**default_config(dim, k_cache.dtype == _FP8, page_size), **(config or {})}
+    config = {**default_config(dim, k_cache.dtype == _FP8, page_size, k_cache.dtype == torch.float32),
+              **(config or {})}
     bn, gather = block_size(page_size, config["BN"])
     capacity = block_table.shape[1] * page_size if page_size is not None else k_cache.shape[1]
     max_keys = min(capacity, window_left + 1) if window_left >= 0 else capacity
@@ -442,9 +447,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_scale=None, v_scale=None) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v of one query token per sequence over its cached keys [0, cache_seqlens[b]).
 
-    q (B, Hq, D) fp16/bf16. Without ``block_table``: k_cache, v_cache (B, max_seqlen, Hkv, D); with it (int32
-    (B, max_pages), the pages of each sequence in order): (num_pages, page_size, Hkv, D), as
-    ``flash_attn_with_kvcache`` and vLLM lay them out, any page size. Hq a multiple of Hkv (GQA). The cache has
+    q (B, Hq, D) fp16/bf16, or float32 (its products in tf32 on tensor cores). Without ``block_table``: k_cache,
+    v_cache (B, max_seqlen, Hkv, D); with it (int32 (B, max_pages), the pages of each sequence in order):
+    (num_pages, page_size, Hkv, D), as ``flash_attn_with_kvcache`` and vLLM lay them out, any page size. Hq a multiple of Hkv (GQA). The cache has
     q's dtype or is float8_e4m3fn with ``k_scale``/``v_scale`` (a float or a float32 one-element device tensor)
     multiplying its keys and values. ``sm_scale`` defaults to 1/sqrt(D); ``window=(left, right)`` keeps the
     ``left + 1`` most recent keys (-1: all; the right bound excludes nothing at decode); ``softcap=c`` caps the

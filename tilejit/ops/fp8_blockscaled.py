@@ -39,7 +39,6 @@ BLOCK = 128
 def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
     """C = (A @ B^T) with A's 1x128 and B's 128x128 block scales applied per k-block; one BM x BN tile."""
     M, K = A.shape
-    N = B.shape[0]
     m0 = T.program_id(0) * BM
     n0 = T.program_id(1) * BN
     acc = T.zeros((BM, BN), T.float32)
