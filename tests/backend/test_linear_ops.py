@@ -344,3 +344,25 @@ def test_tuning_an_accumulating_gemm_adds_once(interpret):
     assert len(kernels._gemm_prune(tuned.configs, {"A": a, "B": b})) > 1  # so it is tuned, not just launched
     tuned[kernels._tiles_grid(64, 64)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
     assert_close64(c, expected, torch.float32, "c + a @ b")
+
+
+@pytest.mark.parametrize("form", ["plain", "accumulate", "two", "trans_a"])
+def test_tuned_configs_are_plain_and_fit(form):
+    """The GEMM space the ops tune over: no split-K (it would add C once per split, or split SwiGLU's nonlinear
+    epilogue), no persistent/pingpong/stream-K walk, no producer warpgroup for the accumulating, two-product and
+    transposed-A forms, and an accumulating form's ring fits beside its float32 C tile (no cut, no warning)."""
+    from tilejit.configs import SMEM_BUDGET_BYTES, matmul_configs, matmul_shared_bytes
+
+
+    a = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    c = torch.empty(4096, 4096, dtype=torch.float32 if form == "accumulate" else torch.bfloat16, device="meta")
+    named = dict(A=a, B=a, C=c, A2=a, B2=a, TRANS_A=form == "trans_a", TRANS_B=True, ACC_IN=form == "accumulate",
+                 TWO=form == "two")
+    kept = kernels._gemm_prune(matmul_configs(elem_bytes=2), named)
+    assert kept
+    assert all(k.split_k == 1 and not (k.persistent or k.pingpong or k.stream_k) for k in kept)
+    if form != "plain":
+        assert not any(k.warp_specialize for k in kept)
+    if form == "accumulate":
+        assert all(matmul_shared_bytes(k, 2) + k.kwargs["BM"] * k.kwargs["BN"] * 4 <= SMEM_BUDGET_BYTES for k in kept)
+    assert all(k.split_k == 1 and not k.warp_specialize for k in kernels.swiglu_configs(2))
