@@ -310,13 +310,7 @@ def main(argv=None) -> int:
                              "sm_80 GPU's configs (Hopper GPUs only; the baselines are unchanged)")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="only draw the PNGs of a stored attention.json into --out (no GPU needed)")
-    parser.add_argument("--mode", choices=("padded", "varlen"), default="padded",
-                        help="varlen: packed variable-length prefill against the padded forward on the same tokens "
-                             "(benchmarks.varlen_attention, with --dtypes, --seqs, --dims, --heads, --out)")
     ns = parser.parse_args(argv)
-    if ns.mode == "varlen":
-        from benchmarks import varlen_attention
-        return varlen_attention.main([f"--{n}={getattr(ns, n)}" for n in ("dtypes", "seqs", "dims", "heads", "out")])
     if ns.plot is not None:
         ns.out.mkdir(parents=True, exist_ok=True)
         written = plot_json(ns.plot, ns.out)

@@ -116,7 +116,7 @@ def _is_flexible(v: Value, inf: _Inference) -> bool:
     if op is not None and op.kind is OpKind.EXPAND_DIMS:  # x[None, :] of a flexible x: x takes the slice
         return _is_flexible(op.operands[0], inf)
     return (op is None or op.kind.has(Trait.ANY_LAYOUT) or op.kind.is_elementwise
-            or (op.kind is OpKind.LOAD and _row_vector_load(inf.fn, op)))
+            or (op.kind is OpKind.LOAD and _row_vector_load(inf, op)))
 
 
 def _blocks_with_parents(block: Block, parent: Op | None):
@@ -271,20 +271,23 @@ def _gemm_backward(inf: _Inference, op: Op, parent: Op | None) -> bool:
     return False
 
 
-def _row_vector_load(fn: Function, op: Op) -> bool:
+def _row_vector_load(inf: _Inference, op: Op) -> bool:
     """Whether ``op`` loads a 1-D register vector that is only ever widened by ``x[:, None]`` (a per-row scale of
-    a tile): such a load is built in the slice of the tile's layout, so that each thread loads the few rows it
-    holds (2 per 64-row slab of a wgmma accumulator, 1 in tcgen05's) instead of the vector crossing shared
-    memory. Columns are left to the blocked seed: a thread holds a quarter of an accumulator's columns, so a
-    per-column vector in that slice would take as many registers again."""
-    if op.result.type.rank != 1:
+    a tile) on a wgmma or tcgen05 target: such a load is built in the slice of the tile's layout, so that each
+    thread loads the few rows it holds (2 per 64-row slab of a wgmma accumulator, 1 in tcgen05's) instead of the
+    vector crossing shared memory. Columns are left to the blocked seed: a thread holds a quarter of an
+    accumulator's columns, so a per-column vector in that slice would take as many registers again. Not on
+    mma.sync targets, whose fragments spread a row vector over more registers (attention's dQ on sm_80 spilled
+    64 bytes with it)."""
+    arch = inf.target.arch
+    if op.result.type.rank != 1 or not (arch.has_wgmma or arch.has_tcgen05):
         return False
-    users = [user for user in fn.walk() if any(v is op.result for v in user.operands)]
+    users = [user for user in inf.fn.walk() if any(v is op.result for v in user.operands)]
     return bool(users) and all(user.kind is OpKind.EXPAND_DIMS and user.attrs.axis == 1 for user in users)
 
 
 def _load_seed(inf: _Inference, op: Op) -> None:
-    if op.result.is_tile and op.result.type.scope is Scope.REGISTER and not _row_vector_load(inf.fn, op):
+    if op.result.is_tile and op.result.type.scope is Scope.REGISTER and not _row_vector_load(inf, op):
         inf.set(op.result, default_layout(op.result.type.shape, inf.target.threads, load_vector_width(inf.fn, op)))
 
 

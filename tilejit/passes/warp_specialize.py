@@ -131,7 +131,7 @@ def producer_copies(fn: Function, loop: Op) -> list[Op]:
              and o.attrs.copy == "tma_bulk_tensor"}
     if not copies or any(c.operands[0].id not in piped for c in copies) or not loop.attrs.producer_warpgroup:
         return []
-    if any(fn.attrs.get(k) for k in ("cluster", "groups", "stream_k")):
+    if fn.attrs.get("cluster") or fn.attrs.get("groups") or fn.attrs.get("stream_k"):
         return []
     return copies
 
