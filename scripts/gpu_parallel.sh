@@ -34,6 +34,6 @@ done
 wait "${pids[@]}"
 for name in "${names[@]}"; do
     echo "=== $name rc=$(cat "$OUT/$name.rc")"
-    grep -E "^(FAILED|ERROR)|Timeout|worker .* crashed" "$OUT/$name.log" | head -12
+    grep -E "FAILED|ERROR|Timeout|crashed" "$OUT/$name.log" | grep -v "^E " | head -"${FAILS:-25}"
     tail -n "${TAIL:-6}" "$OUT/$name.log"
 done
