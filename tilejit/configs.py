@@ -135,27 +135,10 @@ _PINGPONG_TILES = [(128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
 _STREAM_K_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4)]
 
 
-def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0, copied: bool = False) -> int:
-    """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch; with
-    ``copied`` (8-bit B given K x N on sm_90a, which wgmma reads through a transposing copy), B's K-major copies
-    too: one per ring slot where a producer warpgroup makes them (warp-specialized and persistent configs), a ring
-    of 3 where the math warps do (``transpose_operands.IN_FLIGHT_COPIES``)."""
+def matmul_shared_bytes(config: Config, elem_bytes: int = 2, scratch_bytes: int = 0) -> int:
+    """Shared memory of the pipelined A and B tiles: stages * (BM*BK + BK*BN) * element size, plus scratch."""
     k = config.kwargs
-    ring = config.num_stages * (k["BM"] * k["BK"] + k["BK"] * k["BN"]) * elem_bytes + scratch_bytes
-    if not copied:
-        return ring
-    producer = (config.warp_specialize or config.persistent) and not (config.pingpong or config.stream_k)
-    return ring + (config.num_stages if producer else _MATH_WARPS_COPIES) * k["BK"] * k["BN"] * elem_bytes
-
-
-#: The math warps' ring of transposing copies in a loop whose gemms stay in flight (passes/transpose_operands.py).
-_MATH_WARPS_COPIES = 3
-
-# (BM, BN, BK for 16-bit operands, num_warps, num_stages) run with ``warp_specialize=True`` for 8-bit operands only:
-# the README matmul's B (K x N) is copied K-major for wgmma by the producer warpgroup into each ring slot, so a slot
-# holds B twice and the 16-bit tiles' rings above shrink (128x256 at 8-bit BK = 128: 80 KiB a slot, 2 fit); these
-# keep 4-5 slots of BK = 64 (40 KiB) or 4 of 128x128 at BK = 128 (48 KiB). Not measured yet.
-_COPIED_8BIT_TILES = [(128, 256, 32, 8, 5), (256, 128, 32, 8, 5), (128, 128, 64, 8, 4), (128, 256, 64, 8, 2)]
+    return config.num_stages * (k["BM"] * k["BK"] + k["BK"] * k["BN"]) * elem_bytes + scratch_bytes
 
 
 def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2, stream_k: bool = False) -> list[Config]:
@@ -173,8 +156,6 @@ def matmul_configs(smem_budget: int = SMEM_BUDGET_BYTES, elem_bytes: int = 2, st
                 for bm, bn, bk, w, s, sk in _SPLIT_K_TILES + _THIN_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        warp_specialize=True) for bm, bn, bk, w, s in _WARP_SPECIALIZED_TILES]
-    configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
-                       warp_specialize=True) for bm, bn, bk, w, s in (_COPIED_8BIT_TILES if elem_bytes == 1 else ())]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
                        persistent=True) for bm, bn, bk, w, s in _PERSISTENT_TILES]
     configs += [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
@@ -214,8 +195,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
       those options change the kernel);
     - a config whose ring (``matmul_shared_bytes``) exceeds the GPU's shared memory per block
       (``shared_memory_per_block``) is dropped: the compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
-      duplicate of another config under a wrong name; 8-bit operands on sm_90 count B's K-major copies in the ring,
-      and drop the pingpong configs (each group of math warps copies B into its own ring);
+      duplicate of another config under a wrong name;
     - fp8 products at precision "precise" (``PRECISION`` absent or not "fast") drop the configs
       ``promotion_fits`` refuses.
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
@@ -232,9 +212,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
         if _hopper_only(c) and not hopper:
             return False
-        if smem and matmul_shared_bytes(c, elem, copied=elem == 1 and hopper) > smem:
-            return False
-        if elem == 1 and hopper and c.pingpong:  # (each group keeps its own ring of copies: over 227 KB)
+        if smem and matmul_shared_bytes(c, elem) > smem:
             return False
         if promoted and not promotion_fits(c):
             return False

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from _lowering import kernel_body, lower
-from filecheck import filecheck as check
 from kernels import fixed_b, matmul_any, matmul_staged
 
 import tilejit.language as T
@@ -58,8 +57,7 @@ class _Replay:
 
     def __init__(self, block: str) -> None:
         self.iters = int(re.search(r"tj_i < (\d+);", block).group(1))
-        # (the math warps' copy numbers its threads by tid, the producer's by tid less its first thread's)
-        self.threads = int(re.search(r"tj_w = (?:tid|\(tid - \d+\)) \+ tj_i \* (\d+);", block).group(1))
+        self.threads = int(re.search(r"tj_w = tid \+ tj_i \* (\d+);", block).group(1))
         bound = re.search(r"if \(tj_w >= (\d+)\) break;", block)
         self.total = int(bound.group(1)) if bound else self.iters * self.threads
         self.index = []  # (name, python expression) of tj_cb / tj_rb, in order
@@ -110,9 +108,9 @@ class _Replay:
         return dst, accesses
 
 
-def _replay(cuda: str, op, marker: str = "// transposing copy") -> tuple[dict, dict]:
+def _replay(cuda: str, op) -> tuple[dict, dict]:
     body = kernel_body(cuda)
-    start = body.index(marker)
+    start = body.index("// transposing copy")
     block = body[start:body.index("tj_fence_proxy_async();", start)]
     src_lay: SharedLayout = op.operands[0].type.layout
     dst_lay: SharedLayout = op.result.type.layout
@@ -203,16 +201,15 @@ def test_copy_outside_an_in_flight_loop_waits_for_the_previous_readers():
     assert block.count("__syncthreads();") == 2  # before (previous wgmma readers) and after (this one's)
 
 
-def test_warp_specialized_loop_leaves_the_copy_to_the_producer():
-    """Warp-specialized, the producer warpgroup makes the copy (``ForAttrs.producer_transposes``): one K-major tile
-    per ring slot, no copy and no block-wide barrier in the math warps' loop."""
-    fn, cuda = _lower(E4M3, False, False, 128, 256, 64, 8, stages=3, warp_specialize=True)
+def test_warp_specialized_loop_uses_the_math_warps_barrier():
+    fn, cuda = _lower(E4M3, False, False, 128, 256, 128, 8, stages=4, warp_specialize=True)
     loop = next(op for op in fn.walk() if op.kind.mnemonic == "for")
-    assert loop.attrs.producer_warpgroup and loop.attrs.producer_transposes
-    assert _copies(fn)[0].result.type.layout.stages == loop.attrs.stages == 3
+    assert loop.attrs.producer_warpgroup
     body = kernel_body(cuda)
-    math = body[body.index("tj_setmaxnreg_inc"):]
-    assert "transposing copy" not in math and "bar.sync 1, 256" not in math[:math.index("tj_wgmma_commit")]
+    start = body.index("// transposing copy")
+    block = body[start:body.index("tj_wgmma_fence", start)]
+    assert "__syncthreads();" not in block
+    assert re.search(r"bar\.sync 1, 256", block)
 
 
 def test_pinned_lowering_is_honoured(monkeypatch):
@@ -252,101 +249,3 @@ def test_a_tile_loaded_before_a_loop_is_transposed_once_there():
     gemms = [op for op in fn.walk() if op.kind.mnemonic == "gemm"]
     assert len(gemms) == 2 and all(g.operands[1] is copy.result and g.attrs.transpose_b for g in gemms)
     assert all(g.attrs.impl == "wgmma_m64nNk32_fp8" for g in gemms)
-
-
-# -- the producer warpgroup's copies (warp-specialized loops) ---------------------------------------------------
-
-# (dtype, TA, TB, BM, BN, BK, warps, most ways of bank conflict allowed): the default tiles of the autotune spaces
-PRODUCER_CASES = [
-    (E4M3, False, False, 128, 256, 64, 8, 2),     # 64-row staged B, 64-byte K-major rows: 2-way
-    (E4M3, False, False, 128, 128, 128, 8, 1),
-    (E4M3, False, False, 128, 256, 128, 8, 1),
-    (torch.int8, True, True, 128, 128, 128, 8, 1),  # A given K x M (B given N x K)
-    (torch.int8, True, True, 128, 256, 128, 8, 1),
-]
-
-
-@pytest.mark.parametrize("case", PRODUCER_CASES, ids=lambda c: f"{c[0]}-{'T' if c[1] else 'N'}{'T' if c[2] else 'N'}-"
-                         f"{c[3]}x{c[4]}x{c[5]}-w{c[6]}".replace("torch.", ""))
-def test_producer_copy_moves_every_element_once_without_bank_conflicts(case):
-    """The producer's copy (96 threads, from the landed slot into the slot's K-major tile), replayed as the math
-    warps' copy is: every byte once at its transposed place, each warp's loads and stores conflict-free."""
-    dtype, ta, tb, bm, bn, bk, warps, ways = case
-    fn, cuda = _lower(dtype, ta, tb, bm, bn, bk, warps, stages=2, warp_specialize=True)
-    copies = _copies(fn)
-    assert len(copies) == 1
-    block = kernel_body(cuda)[kernel_body(cuda).index("by the producer"):]
-    assert "tj_w = (tid - 288) + tj_i * 96;" in block
-    _, accesses = _replay(cuda, copies[0], marker="by the producer")
-    assert _worst_conflict(accesses) <= ways
-
-
-@pytest.mark.parametrize("dtype", [E4M3, torch.int8], ids=["fp8", "int8"])
-def test_producer_copy_structure(dtype):
-    """FileCheck of the producer warpgroup's part: the MN-major tile lands on its own mbarrier, warps 1..3 wait
-    for the slot's release and the landing, copy, fence and arrive on "full" (96 arrivals and the TMA issue's);
-    the math warps wait on "full" alone."""
-    _, cuda = _lower(dtype, False, False, 128, 256, 64, 8, warp_specialize=True)  # (3 stages)
-    check(kernel_body(cuda), """
-        CHECK: tj_mbar_init(tj_smem_u32 + [[BARS:[0-9]+]] + 8 * s, 97); tj_mbar_init(tj_smem_u32 + [[LANDED:[0-9]+]] + 8 * s, 1);
-        CHECK: tj_setmaxnreg_dec<48>();
-        CHECK: if (tid == 256)
-        CHECK: tj_mbar_expect_tx(tj_smem_u32 + [[BARS]] + 8 * tj_pslot, 8192);
-        CHECK-NEXT: tj_mbar_expect_tx(tj_smem_u32 + [[LANDED]] + 8 * tj_pslot, 16384);
-        CHECK: tj_tma_load_2d({{.*}}, tj_smem_u32 + [[BARS]] + 8 * tj_pslot);
-        CHECK-NEXT: tj_tma_load_2d({{.*}}, tj_smem_u32 + [[LANDED]] + 8 * tj_pslot);
-        CHECK: else if (tid >= 288)
-        CHECK: if (tj_pit >= 3) tj_mbar_wait(
-        CHECK-NEXT: tj_mbar_wait(tj_smem_u32 + [[LANDED]] + 8 * tj_pslot, (tj_pit / 3) & 1);
-        CHECK: transposing copy 64x256 -> 256x64
-        CHECK: __byte_perm
-        CHECK: tj_fence_proxy_async();
-        CHECK-NEXT: tj_mbar_arrive(tj_smem_u32 + [[BARS]] + 8 * tj_pslot);
-        CHECK: return;
-        CHECK: tj_setmaxnreg_inc<232>();
-        CHECK: tj_mbar_wait(tj_smem_u32 + [[BARS]] + 8 * (tj_it % 3), (tj_it / 3) & 1);
-        CHECK-NOT: __byte_perm
-        CHECK: wgmma.mma_async
-    """)
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
-@pytest.mark.parametrize("dtype", [E4M3, torch.int8], ids=["fp8", "int8"])
-def test_mn_major_8bit_compiles_on_every_arch_without_spills(dtype, arch):
-    """The DESIGN matmul's layout (B given K x N) in 8 bits, left to the launch model: on sm_90a it is
-    warp-specialized with the producer's copy; every arch compiles it to a cubin without spills or warnings (on
-    128x128 tiles: int8's 128x256 ones spill in every form, the plain ring's too)."""
-    import warnings
-
-    a, b = _meta(2048, 2048, dtype=dtype), _meta(2048, 2048, dtype=dtype)
-    out = _meta(2048, 2048, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        compiled = matmul_staged.compile(a, b, out, BM=128, BN=128, BK=128, num_warps=8, arch=arch)
-    assert compiled.meta["spills"] == 0
-    if arch == "sm_90a":
-        assert "producer_transposes = true" in compiled.asm["ir"]
-        assert "mma.sync.aligned" not in kernel_body(compiled.asm["cuda"])
-
-
-@pytest.mark.parametrize("dtype", [E4M3, torch.int8], ids=["fp8", "int8"])
-def test_default_space_for_8_bit_b_given_k_by_n_compiles_without_shrinking(dtype):
-    """Every config of the 8-bit default space that ``matmul_prune``'s shared-memory rule keeps on an H100 (B's
-    K-major copies counted; pingpong dropped) compiles the README matmul on sm_90a with the ring it names: no "compiled with N
-    stages" warning; the warp-specialized ones with the producer's copy."""
-    import warnings
-
-    from tilejit.configs import matmul_configs, matmul_shared_bytes
-    from tilejit.target import Arch
-
-    limit = Arch.parse("sm_90a").max_shared_bytes
-    space = [c for c in matmul_configs(elem_bytes=1) if c.split_k == 1 and not c.pingpong
-             and matmul_shared_bytes(c, 1, copied=True) <= limit]
-    assert any(c.warp_specialize and c.num_stages >= 4 for c in space)
-    a = _meta(4096, 4096, dtype=dtype)
-    out = _meta(4096, 4096, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
-    for c in space:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            st = matmul_staged.compile(a, a, out, **c.all_kwargs(), arch="sm_90a", stop_after="cuda")
-        assert ("producer_transposes = true" in st.final_ir) == bool(c.warp_specialize or c.persistent), c

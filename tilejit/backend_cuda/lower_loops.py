@@ -39,11 +39,11 @@ from .. import knobs
 from ..target import REGISTRY
 from ..passes.copies import load_spec
 from ..passes.software_pipeline import in_flight_gemms
-from ..passes.warp_specialize import TRANSPOSING_THREADS, deferred_gemm, multicast_loads
+from ..passes.warp_specialize import deferred_gemm, multicast_loads
 from .emitter import (RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, in_range,
                       is_positive_constant, scalar_expr)
 from . import lower_tcgen05, lower_tma
-from .lower_specialized import ProducerCopies, emit_producer, group_turn, release
+from .lower_specialized import emit_producer, group_turn, release
 from .lower_wgmma import wait_group
 from .lower_wgmma_rs import pack_a, packed_words
 from .lower_memory import InteriorCopy, SharedCopy, issue_shared_load, stage_shared
@@ -193,11 +193,6 @@ class LoopEmission:
         # a cluster's two programs fill each other's slots with the tiles they share (TMA multicast)
         self.paired = self.producer and bool(em.fn.attrs.get("cluster"))
         self.multicast = multicast_loads(em.fn, op) if self.paired else []
-        # the transposing copies the producer warpgroup makes (warp_specialize.producer_copies), and the mbarriers
-        # their MN-major tiles land on (set by _set_up_tma_ring)
-        self.copies = [o for o in body.ops if o.kind is OpKind.TRANSPOSE_COPY] \
-            if op.attrs.producer_transposes and self.producer else []
-        self.producer_copies: ProducerCopies | None = None
         # cp.async rings (no TMA in the loop): the shared addresses of each ring's slots read and refilled live in
         # variables rotated by a constant per iteration, and windows wholly inside their tensor take InteriorCopy
         self.ring = bool(self.piped) and not self.tma
@@ -258,21 +253,17 @@ class LoopEmission:
         em, stages, tma = self.em, self.stages, self.tma
         em.require_header("tma")
         released = bool(self.in_flight) or self.producer  # the math warps hand slots back on "empty" mbarriers
-        self.nbars = (3 if self.copies else 2) * stages if released else stages
+        self.nbars = 2 * stages if released else stages
         bars = em.allocate_shared(8 * self.nbars, 8)
         full = self.full = f"{em.smem_origin} + {bars}"
         empty = self.empty = f"{em.smem_origin} + {bars + 8 * stages}"
-        staged = [o for o in tma if any(c.operands[0] is o.result for c in self.copies)]
-        self.tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma if o not in staged)
+        self.tma_bytes = sum(stage_shared(em, o.result).layout.stage_bytes for o in tma)
         self.maps = {o.result.id: em.tensor_map_param(lower_tma.TensorMapSpec(
             o.operands[0].name, lower_tma.box_of(o, stage_shared(em, o.result).layout), o.result.dtype.itemsize))
             for o in tma}
         em.line(f"// one mbarrier per ring slot: the bulk tensor copies of an iteration complete {self.tma_bytes} "
                 "bytes on it")
-        if self.copies:
-            self._set_up_landed(bars, staged)
-        else:
-            em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({full} + 8 * s, 1); }}")
+        em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) tj_mbar_init({full} + 8 * s, 1); }}")
         if released:
             arrivals = 1 if self.tmem else em.target.num_warps
             em.line(f"// and one per slot that {'the MMA commit' if self.tmem else 'every warp'} arrives on once the "
@@ -289,21 +280,6 @@ class LoopEmission:
             em.require_header("cluster_ring")
             em.line("if (tj_ncta > 1) tj_cluster_sync_init();  // the barriers, initialized in both programs")
         em.rings[id(self.op)] = (full, empty, self.tma_bytes, self.maps, self.nbars, self.smem_mark)
-
-    def _set_up_landed(self, bars: int, staged: list[Op]) -> None:
-        """With the producer's transposing copies: "full" counts the copying threads' arrivals (and the TMA
-        issue's, with the K-major tiles' bytes, if any); the MN-major tiles land on a third set, "landed"."""
-        em, stages = self.em, self.stages
-        landed = f"{em.smem_origin} + {bars + 16 * stages}"
-        self.producer_copies = ProducerCopies(self.copies, landed,
-                                              sum(em.shared[o.result.id].layout.stage_bytes for o in staged))
-        arrivals = TRANSPOSING_THREADS + (1 if self.tma_bytes else 0)
-        em.line(f"// the slot's K-major tiles are in once the {TRANSPOSING_THREADS} transposing threads of the producer "
-                f"arrived" + (f" and {self.tma_bytes} bytes of TMA loads completed" if self.tma_bytes else "")
-                + f" ({arrivals} arrivals); its MN-major tiles land on a second mbarrier ({self.producer_copies.bytes} "
-                "bytes)")
-        em.line(f"if ({em.leader}) {{ for (int s = 0; s < {stages}; ++s) {{ tj_mbar_init({self.full} + 8 * s, "
-                f"{arrivals}); tj_mbar_init({landed} + 8 * s, 1); }} }}")
 
     def issue_tma(self, at: str, slot: str, guard: str, refill: bool = False) -> None:
         """Thread 0 loads the ring's TMA tiles of iteration ``at`` into ``slot`` (none when a producer does)."""
@@ -324,10 +300,8 @@ class LoopEmission:
         """The ring's shared tiles, then the producer warpgroup's part (``lower_specialized.emit_producer``)."""
         for load in self.piped:
             stage_shared(self.em, load.result)
-        for copy in self.copies:  # (each slot's K-major tiles, written by the producer)
-            stage_shared(self.em, copy.result)
         emit_producer(self.em, self.op, self.tma, self.stages, self.tma_bytes, self.full, self.empty, self.maps,
-                      self.starts_at, self.in_loop, self.em.per_program, self.multicast, self.producer_copies)
+                      self.starts_at, self.in_loop, self.em.per_program, self.multicast)
 
     def end_prelude(self) -> None:
         """A specialized loop's prelude ends with the ring's count; its math comes later (phase "consumer")."""
@@ -420,8 +394,8 @@ class LoopEmission:
             self._wait_for_tiles()
             copies = self._arm_prefetch()
         for inner in self.body.ops[:-1]:
-            if late is not None and late.skips(inner) or any(inner is c for c in self.copies):
-                continue  # (the producer makes the transposing copies)
+            if late is not None and late.skips(inner):
+                continue
             RULES[inner.kind](em, inner)
         em.run_overlap_hook()
         if late is not None:
@@ -458,8 +432,8 @@ class LoopEmission:
                         "  // every window wholly inside")
         else:
             em.line(f"const int tj_slot_next = (tj_it + {stages - 1}) % {stages};")
-            for v in [load.result for load in self.piped] + [copy.result for copy in self.copies]:
-                em.shared[v.id].slot = f"(tj_it % {stages})"
+            for load in self.piped:
+                em.shared[load.result.id].slot = f"(tj_it % {stages})"
         inner_ids = {load.result.id for load, _ in self.interior}
         copies = [SharedCopy(em, load, self.starts_at(load, nxt), "tj_slot_next", "tj_prefetch",
                              address=self.wr.get(load.result.id))

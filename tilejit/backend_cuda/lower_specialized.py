@@ -15,14 +15,12 @@ through the ``for`` rule twice (``Emitter.ring_phase``: the ring and producer, t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from ..ir import Op, OpKind, Value
-from ..passes.warp_specialize import (PRODUCER_THREADS, TRANSPOSING_THREADS, bounds_slice, compared_slice,
-                                      producer_slice)
+from ..passes.warp_specialize import PRODUCER_THREADS, bounds_slice, compared_slice, producer_slice
 from .emitter import RULES, Emitter, c_type, in_range, is_positive_constant
-from . import lower_tma, lower_transpose
+from . import lower_tma
 
 
 
@@ -37,50 +35,31 @@ def release(em: Emitter, bar: str) -> str:
 
 
 # setmaxnreg (PTX 9.7.17.1): registers per thread after the split, a multiple of 8 in 24..256. The producer keeps
-# few; the math warps take what the register file then holds (65,536 per SM, one block per SM). A producer that
-# also makes transposing copies keeps 48: its loads, byte permutes and addresses for two blocks at once; beside 8
-# or 4 math warps that costs them nothing (232 and 256 either way).
+# few; the math warps take what the register file then holds (65,536 per SM, one block per SM).
 _PRODUCER_REGISTERS = 40
-_TRANSPOSING_PRODUCER_REGISTERS = 48
 _REGISTER_FILE = 65536
 
 
 
-def consumer_registers(consumers: int, producers: int, kept: int = _PRODUCER_REGISTERS) -> int:
-    """Registers per math thread once the producer warpgroup has given its back, keeping ``kept`` a thread (a
-    multiple of 8, <= 256)."""
-    return min(256, (_REGISTER_FILE - producers * kept) // consumers // 8 * 8)
-
-
-@dataclass
-class ProducerCopies:
-    """The transposing copies a producer warpgroup makes (``warp_specialize.producer_copies``): the copies, the
-    ring's "landed" mbarriers (``landed``, one per slot) on which the TMA loads of their MN-major tiles complete
-    ``bytes`` bytes, apart from the slot's "full" one, which the math warps wait on."""
-    copies: list[Op]
-    landed: str
-    bytes: int
-
-    def staged(self, load: Op) -> bool:
-        return any(c.operands[0] is load.result for c in self.copies)
+def consumer_registers(consumers: int, producers: int) -> int:
+    """Registers per math thread once the producer warpgroup has given its back (a multiple of 8, <= 256)."""
+    return min(256, (_REGISTER_FILE - producers * _PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
 def emit_producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: int, full: str, empty: str,
               maps: dict[int, str], starts_at, in_range, per_program: Callable[[], None] | None = None,
-              multicast: list[tuple[Op, list[Value]]] = (), copies: ProducerCopies | None = None) -> None:
+              multicast: list[tuple[Op, list[Value]]] = ()) -> None:
     """The producer warpgroup's part of a warp-specialized loop, then the math warps' register grant. Set up at
     the kernel's start (``per_program`` given), the producer first computes what its loop needs (``per_program``);
-    in a persistent kernel it walks the same programs as the math warps, doing so for each program. With
-    ``copies``, warps 1..3 of the producer make them (``_emit_producer_transposes``)."""
+    in a persistent kernel it walks the same programs as the math warps, doing so for each program."""
     lo, step = em.name(op.operands[0]), em.name(op.operands[2])
     iv_t = c_type(op.regions[0].args[0].dtype)
     consumers = em.groups * em.target.threads
-    kept = _TRANSPOSING_PRODUCER_REGISTERS if copies else _PRODUCER_REGISTERS
     em.require_header("setmaxnreg")
     em.line(f"// warp specialization: threads {consumers}..{consumers + PRODUCER_THREADS - 1} (the producer "
             f"warpgroup) fill the {stages}-slot ring; the {em.target.num_warps} warps before them do the math")
     em.open(f"if (tid >= {consumers})")
-    em.line(f"tj_setmaxnreg_dec<{kept}>();")
+    em.line(f"tj_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
     em.open(f"if (tid == {consumers})")
     em.line("int tj_pit = 0;")
     walk = per_program is not None and em.fn.attrs.get("persistent")
@@ -96,66 +75,18 @@ def emit_producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: in
             "  // the math released the slot"
             + (" (in both programs of a cluster)" if em.fn.attrs.get("cluster") else ""))
     bar = f"{full} + 8 * tj_pslot"
-    landed = f"{copies.landed} + 8 * tj_pslot" if copies else ""
-    if tma_bytes or not copies:
-        em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
-    if copies:
-        em.line(f"tj_mbar_expect_tx({landed}, {copies.bytes});  // the MN-major tiles, for the transposing warps")
+    em.line(f"tj_mbar_expect_tx({bar}, {tma_bytes});")
     for o in tma:
-        lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot",
-                            landed if copies and copies.staged(o) else bar, maps[o.result.id],
-                            multicast=flags.get(o.result.id, ""))
+        lower_tma.tma_issue(em, o, em.shared[o.result.id], starts_at(o, "tj_piv"), "tj_pslot", bar,
+                            maps[o.result.id], multicast=flags.get(o.result.id, ""))
     em.close()
     if walk:
         em.close()
     em.close()
-    if copies:
-        _emit_producer_transposes(em, op, stages, full, empty, copies, in_range, per_program)
     em.line("return;  // the producer's part of the kernel ends with the loop")
     em.close()
-    em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS, kept)}>();")
+    em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
     em.consumers_only()
-
-
-def _emit_producer_transposes(em: Emitter, op: Op, stages: int, full: str, empty: str, copies: ProducerCopies,
-                              in_range, per_program: Callable[[], None] | None) -> None:
-    """Warps 1..3 of the producer warpgroup run the loop's iterations too (the same walk over programs in a
-    persistent kernel): for each, once the math warps released the slot (its K-major tiles' last readers are
-    done) and its MN-major tiles landed, they copy them transposed into the slot's K-major tiles
-    (``lower_transpose.emit_block_moves``), fence their writes for the tensor cores' async proxy and arrive on
-    the slot's "full" mbarrier, one arrival a thread. The TMA issue of warp 0 runs ahead on its own; the math
-    warps see a slot only through "full"."""
-    lo, step = em.name(op.operands[0]), em.name(op.operands[2])
-    iv_t = c_type(op.regions[0].args[0].dtype)
-    consumers = em.groups * em.target.threads
-    em.open(f"else if (tid >= {consumers + 32})")
-    em.line(f"// warps {consumers // 32 + 1}..{consumers // 32 + 3}: the transposing copies of each slot's "
-            "MN-major tiles into its K-major ones")
-    em.line("int tj_pit = 0;")
-    walk = per_program is not None and em.fn.attrs.get("persistent")
-    if walk:
-        _open_walk(em)
-    if per_program is not None:
-        per_program()
-    em.line("#pragma unroll 1")
-    em.open(f"for ({iv_t} tj_piv = {lo}; {in_range('tj_piv')}; tj_piv += {step}, ++tj_pit)")
-    em.line(f"const int tj_pslot = tj_pit % {stages};")
-    em.line(f"if (tj_pit >= {stages}) tj_mbar_wait({empty} + 8 * tj_pslot, (tj_pit / {stages} - 1) & 1);"
-            "  // the math is done with the slot's K-major tiles")
-    em.line(f"tj_mbar_wait({copies.landed} + 8 * tj_pslot, (tj_pit / {stages}) & 1);  // its MN-major tiles landed")
-    for copy in copies.copies:
-        src, dst = em.shared[copy.operands[0].id], em.shared[copy.result.id]
-        src.slot = dst.slot = "tj_pslot"
-        rows, cols = copy.operands[0].type.shape
-        em.comment(copy, f"transposing copy {rows}x{cols} -> {cols}x{rows} ({copy.result.dtype}) by the producer")
-        lower_transpose.emit_block_moves(em, copy, f"(tid - {consumers + 32})", TRANSPOSING_THREADS,
-                                         "#pragma unroll 2")
-    em.line("tj_fence_proxy_async();  // the copies' writes, visible to the tensor cores' async proxy")
-    em.line(f"tj_mbar_arrive({full} + 8 * tj_pslot);  // this thread's part of the slot is in")
-    em.close()
-    if walk:
-        em.close()
-    em.close()
 
 
 def _pair_flags(em: Emitter, loop: Op, multicast: list[tuple[Op, list[Value]]]) -> dict[int, str]:

@@ -57,6 +57,8 @@ def _transpose_copy(em: Emitter, op: Op) -> None:
     dst = stage_shared(em, op.result)
     rows, cols = op.operands[0].type.shape
     e = 4 // op.result.dtype.itemsize
+    per_row, per_col = cols // e, rows // e  # blocks along a source row (P) and along a destination row (Q)
+    total, threads = per_row * per_col, em.target.threads
     ring = dst.layout.stages > 1
     if ring:
         dst.slot = f"(tj_it % {dst.layout.stages})"
@@ -64,27 +66,13 @@ def _transpose_copy(em: Emitter, op: Op) -> None:
                    + (f", ring of {dst.layout.stages} tiles" if ring else "") + ")")
     if not ring:
         em.barrier("the tile's previous readers are done")
-    emit_block_moves(em, op, "tid", em.target.threads, "#pragma unroll")
-    em.line("tj_fence_proxy_async();  // the copy's writes, visible to the tensor cores' async proxy")
-    em.barrier()
-
-
-def emit_block_moves(em: Emitter, op: Op, worker: str, workers: int, unroll: str) -> None:
-    """The copy's moves of ``e x e``-element blocks (module docstring), by ``workers`` threads (a multiple of 32)
-    numbered by the C expression ``worker``, from the source tile's slot to the destination's (their ``slot``
-    as the caller set it); ``unroll`` is the pragma of the loop over each thread's blocks."""
-    src, dst = em.shared[op.operands[0].id], em.shared[op.result.id]
-    rows, cols = op.operands[0].type.shape
-    e = 4 // op.result.dtype.itemsize
-    per_row, per_col = cols // e, rows // e  # blocks along a source row (P) and along a destination row (Q)
-    total = per_row * per_col
     em.open("")
     em.line(f"unsigned char* const tj_src = {src.pointer()};")
     em.line(f"unsigned char* const tj_dst = {dst.pointer()};")
-    em.line(unroll)
-    em.open(f"for (int tj_i = 0; tj_i < {-(-total // workers)}; ++tj_i)")
-    em.line(f"const int tj_w = {worker} + tj_i * {workers};")
-    if total % workers:
+    em.line("#pragma unroll")
+    em.open(f"for (int tj_i = 0; tj_i < {-(-total // threads)}; ++tj_i)")
+    em.line(f"const int tj_w = tid + tj_i * {threads};")
+    if total % threads:
         em.line(f"if (tj_w >= {total}) break;")
     if per_row % 32 == 0 or 32 % per_row == 0:
         # a group of 32 work items covers `lanes` block columns x 32 / `lanes` block rows, turned diagonally
@@ -110,3 +98,5 @@ def emit_block_moves(em: Emitter, op: Op, worker: str, workers: int, unroll: str
         em.line(f"*reinterpret_cast<unsigned*>(tj_dst + {at}) = tj_y{j};")
     em.close()
     em.close()
+    em.line("tj_fence_proxy_async();  // the copy's writes, visible to the tensor cores' async proxy")
+    em.barrier()

@@ -309,9 +309,6 @@ class ForAttrs:
     # the next iteration, after that iteration's first gemm, so it runs under the math between them
     # (FlashAttention-3's intra-warpgroup overlap; lower_loops emits the rotation)
     defer_mma: bool | None = None
-    # set by the backend (specialize_warps): the producer warpgroup also makes the body's transposing copies of its
-    # TMA tiles (lower_specialized.emit_producer_transposes); the math warps only wait for the K-major tiles
-    producer_transposes: bool | None = None
     # set by passes/peel_masks.py on the loops it splits a loop into: "unmasked" (the iterations whose masks are all
     # true, with the masks taken away) or "masked" (the others, with the original body)
     peeled: str | None = None

@@ -31,11 +31,7 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
    stages; 0.985-1.11x with 4), +5% fp8, +7-11% tf32, +6-17% attention 128x128 on 8 warps (D 64 / 128), and the
    deferred gemm on top (+8-9%, from 3 stages). Where the plain kernel held two blocks per SM the producer cost
    10-40% (attention 128x64 on 8 warps and 64-row tiles), so those stay plain. Only where the ring is at least 3
-   deep (``warp_specialize.DEFER_STAGES``: with 2, attention measured 500 TFLOP/s against 534 without), or 2 for
-   a loop with an 8-bit operand given MN-major: its producer warpgroup then also makes the operand's transposing
-   copy into each ring slot (``warp_specialize.producer_copies``), off the math warps' path, where the plain
-   loop's math warps copy it themselves between their wgmma (the 128x128 tiles of that form measured 0.77-0.79x
-   of K-major; the producer's form is not measured yet). The ring's slots then hold the copies too (rule 1).
+   deep (``warp_specialize.DEFER_STAGES``: with 2, attention measured 500 TFLOP/s against 534 without).
 3. **Ring depth.** A kernel that runs one block per SM either way (rule 2's, or one warp-specialized by the launch)
    takes a 4-deep ring where 4 fits: no co-resident block to lose, more loads in flight (128x256 / 256x128 fp16
    3 -> 4 stages: +1-14% plain and warp-specialized alike). Deeper rings (6-12) measured faster only on small tiles
@@ -44,8 +40,9 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
 4. **Persistence** (sm_90a): for a warp-specialized plain matmul main loop (every gemm accumulating in place,
    nothing else in the body) of 128x128 tiles: measured +0.2-8% fp16 (2048^3 to 8192^3), +5-7% fp8, 0.99-1.01x tf32
    over warp specialization alone. Not where an 8-bit operand is given MN-major (B stored K x N), which wgmma
-   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3, with the math
-   warps' copy). Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
+   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3), and 0.77-0.79x
+   warp-specialized alone (H100), so those 128x128 tiles keep the fixed defaults (rule 2 too); 128x256 /
+   256x128 fp8 tiles with the copy gain from warp specialization (1.0-1.05x) and keep it. Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
    8192^3), not for smaller ones (64x64 / 64x128 at 1024^3: -5%), not for attention (a persistent loop gives up the
    deferred gemm).
 
@@ -71,7 +68,6 @@ from .. import knobs
 from ..ir import BinaryOp, Function, LoopKind, Op, OpKind
 from ..ir.rewrite import use_counts
 from ..target import Arch, LaunchOptions, Target
-from .transpose_operands import IN_FLIGHT_COPIES
 
 #: The fixed default ring depth (``LaunchOptions.num_stages``), what a launch with the model off gets.
 OLD_STAGES = 3
@@ -89,9 +85,6 @@ REGISTERS_PER_SM = 65536
 THREADS_PER_SM = 2048
 #: Registers a warp-specialized math thread must keep beyond its accumulators (addresses, fragments, softmax).
 REGISTER_HEADROOM = 64
-#: The shallowest ring warp specialization is chosen for where the producer makes an 8-bit operand's transposing
-#: copy (rule 2): a 128x256x128 fp8 tile's slot with its copy (80 KiB) fits twice.
-COPIED_MIN_STAGES = 2
 #: The tile (BM, BN) persistence is chosen for (rule 4).
 PERSISTENT_TILE = (128, 128)
 
@@ -106,7 +99,6 @@ class LoopShape:
     plain_matmul: bool          # every gemm accumulates in place from loaded tiles; nothing else in the body
     explicit_stages: int | None  # the loop's own T.range(stages=)
     copied_8bit: bool = False   # an 8-bit operand given MN-major: wgmma reads it through a transposing copy
-    copied_bytes: int = 0       # of the stage, the bytes of those operands (their K-major copies' per ring slot)
 
 
 @dataclass(frozen=True)
@@ -154,32 +146,34 @@ def choose(shape: LoopShape | None, arch: Arch, warps: int, left: tuple[str, ...
         return Choice({n: values[n] for n in left}, ("no pipelined main loop with a gemm: the fixed defaults",))
     threads = 32 * warps
     limit = arch.max_shared_bytes
-    fits = max([s for s in range(1, DEEP_STAGES + 1) if _shared(shape, s, arch) <= limit] or [1])
+    fits = max([s for s in range(1, DEEP_STAGES + 1) if _shared(shape, s) <= limit] or [1])
     own = shape.explicit_stages
     depth = own or min(OLD_STAGES, fits)  # the depth the old defaults compile (rule 1's cut included)
     if own is None and fits < OLD_STAGES:
         values["num_stages"] = depth
-        why.append(f"fit: {OLD_STAGES} stages need ~{_shared(shape, OLD_STAGES, arch):,} B of shared memory, {arch} "
-                   f"allows {limit:,}: {fits}")
-    blocks = blocks_per_sm(_shared(shape, depth, arch), threads, _registers(shape, threads), arch)
+        why.append(f"fit: {OLD_STAGES} stages need ~{_shared(shape, OLD_STAGES):,} B of shared memory, {arch} allows "
+                   f"{limit:,}: {fits}")
+    blocks = blocks_per_sm(_shared(shape, depth), threads, _registers(shape, threads), arch)
     one_block = blocks <= 1
     if arch.has_wgmma and "warp_specialize" in left and not specialized and not cut_k and warps % 4 == 0:
         room = _consumer_registers(threads) - REGISTER_HEADROOM
         if not one_block:
             why.append(f"not warp-specialized: up to {blocks} blocks per SM, which a producer warpgroup would cost")
-        elif depth < (COPIED_MIN_STAGES if shape.copied_8bit else SPECIALIZED_MIN_STAGES):
+        elif depth < SPECIALIZED_MIN_STAGES:
             why.append(f"not warp-specialized: a {depth}-deep ring (it pays from {SPECIALIZED_MIN_STAGES})")
         elif _registers(shape, threads) > room:
             why.append(f"not warp-specialized: {_registers(shape, threads)} accumulator registers a thread, over "
                        f"{room}")
+        elif shape.copied_8bit and shape.tile == PERSISTENT_TILE:
+            why.append("not warp-specialized: 128x128 tiles with an 8-bit operand through a transposing copy "
+                       "(measured 0.77-0.79x)")
         else:
             values["warp_specialize"] = specialized = True
-            why.append("warp-specialized: one block per SM either way" + (
-                "; the producer warpgroup makes the 8-bit operand's transposing copy" if shape.copied_8bit else ""))
+            why.append("warp-specialized: one block per SM either way")
     if arch.has_wgmma and own is None and not specialized and not shape.plain_matmul and depth > SHALLOW_STAGES:
         held = _registers(shape, threads) * 3 // 2
-        deep = blocks_per_sm(_shared(shape, depth, arch), threads, held, arch)
-        shallow = blocks_per_sm(_shared(shape, SHALLOW_STAGES, arch), threads, held, arch)
+        deep = blocks_per_sm(_shared(shape, depth), threads, held, arch)
+        shallow = blocks_per_sm(_shared(shape, SHALLOW_STAGES), threads, held, arch)
         if shallow > deep:
             values["num_stages"] = depth = SHALLOW_STAGES
             why.append(f"{SHALLOW_STAGES} stages: {shallow} blocks per SM instead of {deep}, which hide the loads "
@@ -202,11 +196,8 @@ def blocks_per_sm(shared_bytes: int, threads: int, registers: int, arch: Arch) -
     return min(by_shared, by_registers, THREADS_PER_SM // threads)
 
 
-def _shared(shape: LoopShape, stages: int, arch: Arch) -> int:
-    """The ring and the tiles kept once; on sm_90a, a K-major copy of each MN-major 8-bit operand per slot (the
-    warp-specialized form, rule 2; a plain loop's ring of 3 copies is as deep), on sm_100a a ring of 3."""
-    copies = stages if arch.has_wgmma else IN_FLIGHT_COPIES if arch.has_tcgen05 else 0
-    return shape.other_shared_bytes + stages * shape.stage_bytes + copies * shape.copied_bytes
+def _shared(shape: LoopShape, stages: int) -> int:
+    return shape.other_shared_bytes + stages * shape.stage_bytes
 
 
 def _registers(shape: LoopShape, threads: int) -> int:
@@ -266,19 +257,13 @@ def loop_shape(fn: Function) -> LoopShape | None:
         else:
             bits += gemm.result.type.numel * gemm.result.type.dtype.bits
     shape = gemms[0].result.type.shape
-    mn_major = [gemm.operands[i] for gemm in gemms for i in (0, 1)
-                if gemm.operands[i].type.dtype.itemsize == 1 and _mn_major(gemm, i, inside, before)]
-    copied = {}  # the ring's MN-major 8-bit tiles (each copied K-major once per slot)
-    for v in mn_major:
-        load, in_body = _loaded(v, inside, before)
-        if load is not None and in_body:
-            copied[id(load)] = load
     return LoopShape(
         stage_bytes=sum(_nbytes(o) for o in ring.values()), other_shared_bytes=sum(_nbytes(o) for o in once.values()),
         accumulator_bits=bits, tile=(shape[-2], shape[-1]),
         plain_matmul=fed and not once and all(_matmul_op(o, fused) for o in body.ops),
         explicit_stages=loop.attrs.stages,
-        copied_8bit=bool(mn_major), copied_bytes=sum(_nbytes(o) for o in copied.values()))
+        copied_8bit=any(_mn_major(gemm, i, inside, before) for gemm in gemms for i in (0, 1)
+                        if gemm.operands[i].type.dtype.itemsize == 1))
 
 
 def _mn_major(gemm: Op, index: int, inside: dict, before: dict) -> bool:

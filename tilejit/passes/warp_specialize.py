@@ -100,40 +100,10 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # loop is not a sum of matrix products is refused, with the reason, by the rewrite)
             stream_k(fn, loop)
             fn.attrs["stream_k"] = fn.attrs["persistent"]
-        if producer_copies(fn, loop):
-            # the producer warpgroup makes the transposing copies too: one K-major tile per ring slot
-            loop.attrs = replace(loop.attrs, producer_transposes=True)
-            for copy in producer_copies(fn, loop):
-                t = copy.result.type
-                copy.result.type = t.with_layout(replace(t.layout, stages=loop.attrs.stages or 1))
         # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
-                and not fn.attrs.get("persistent") and not loop.attrs.producer_transposes \
-                and deferred_gemm(loop.regions[0]) is not None:
+                and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
             loop.attrs = replace(loop.attrs, defer_mma=True)
-
-
-#: The producer warps that make a warp-specialized loop's transposing copies (``producer_copies``): warps 1..3 of
-#: the producer warpgroup (warp 0's first thread issues the TMA loads).
-TRANSPOSING_THREADS = 96
-
-
-def producer_copies(fn: Function, loop: Op) -> list[Op]:
-    """The transposing copies (``transpose_operands``) a warp-specialized ``loop``'s producer warpgroup makes
-    beside its TMA loads (``ForAttrs.producer_transposes``): every copy in the body, when each reads a tile the
-    ring loads by TMA in the body; none in a kernel whose programs pair in clusters, take turns in pingpong
-    groups or share K loops (stream-K), whose rings keep the copy in the math warps. Each slot of the ring then
-    holds its K-major tile, written by the producer once the MN-major one landed, and the math warps wait for it
-    on the slot's "full" mbarrier alone."""
-    body = loop.regions[0]
-    copies = [o for o in body.ops if o.kind is OpKind.TRANSPOSE_COPY]
-    piped = {o.result.id for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline
-             and o.attrs.copy == "tma_bulk_tensor"}
-    if not copies or any(c.operands[0].id not in piped for c in copies) or not loop.attrs.producer_warpgroup:
-        return []
-    if fn.attrs.get("cluster") or fn.attrs.get("groups") or fn.attrs.get("stream_k"):
-        return []
-    return copies
 
 
 #: The program count of a persistent kernel compiled with no GPU to ask (an H100 SXM's SMs).
