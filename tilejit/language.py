@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8, int16,
-                     int32, int64, uint8)
+from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16, float32, float64, int8,
+                     int16, int32, int64, uint8)
 from .errors import TilejitError
 
 bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
@@ -20,7 +20,8 @@ __all__ = [
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
     "bounded", "multiple_of", "max_contiguous", "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
     "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
-    "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
+    "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+    "float8_e8m0fnu", "int8",
     "int16", "int32", "int64", "uint8", "bool",
 ]
 
