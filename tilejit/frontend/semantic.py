@@ -468,12 +468,8 @@ class Semantic:
         """``acc + (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :]`` on float8 tiles (block-scaled fp8): the
         product is summed fresh by the tensor cores over the tile's K (with at most ``SCALED_GEMM_K`` = 128 the
         tensor cores' own accumulator, precision "fast": this is the promotion interval), then scaled and added
-        into the float32 ``acc`` with one FMA per element. A missing scale is 1. e8m0 scales are the
-        microscaled form (microscaled.py)."""
-        from .microscaled import is_microscaled, microscaled_gemm  # it builds on this module
-
-        if is_microscaled(scale_a, scale_b):
-            return microscaled_gemm(self, a, b, acc, transpose_a, transpose_b, precision, out_dtype, scale_a, scale_b)
+        into the float32 ``acc`` with one FMA per element. A missing scale is 1. (e8m0 scales are the
+        microscaled form, built by microscaled.py.)"""
         for name, t in (("a", a), ("b", b)):
             if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2 and t.dtype.is_fp8):
                 raise SemanticError(f"a scaled matrix product (scale_a=/scale_b=) takes 2-D float8 tiles; operand "
