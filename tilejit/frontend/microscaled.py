@@ -5,14 +5,16 @@ elements of K, for every row of op(a) and every column of op(b).
 (N, K / 32) float8_e8m0fnu tile is ``acc + sum_k a[m, k] 2^(sa[m, k // 32] - 127) b[k, n] 2^(sb[n, k // 32] - 127)``
 (the dtype of the scales picks this form; float32 scales give DeepSeek-V3's per-128 form in semantic.py).
 
-It is built from the language's own ops, on every arch: each operand is dequantized in registers (its scales
-expanded along K, ``x.to(float32) * 2^(e - 127)``, rounded to bfloat16) and the two are multiplied on the tensor
-cores in bfloat16 with a float32 accumulator. A power of two times an e4m3/e5m2 value (4 or 3 significant bits)
-fits bfloat16's 8 exactly, so every product is exact and only the float32 sums round, as the block-scaled tensor
-cores' own sums do; the exceptions are values whose scaled magnitude leaves bfloat16's range (above ~3.4e38, or
-below 2^-133 where bfloat16's subnormals end) and the NaN scale (0xff), which makes its block NaN. Correctness
-over speed: the expansion costs K / 32 selects per operand element. sm_100a's block-scaled tensor-core kind
-(tcgen05.mma ... kind::mxf8f6f4.block_scale) is not used yet.
+The frontend makes it one gemm op with five operands (a, b, acc, then the two scale tiles). Where a block-scaled
+tensor-core lowering fits (sm_100a: ``tcgen05.mma ... kind::mxf8f6f4.block_scale.block32``), it stays one; elsewhere
+``passes/microscaled.py`` rewrites it into :func:`dequantized_product`, built from the language's own ops: each
+operand dequantized in registers (its scales expanded along K, ``x.to(float32) * 2^(e - 127)``, rounded to
+bfloat16) and the two multiplied on the tensor cores in bfloat16 with a float32 accumulator. A power of two times
+an e4m3/e5m2 value (4 or 3 significant bits) fits bfloat16's 8 exactly, so every product is exact and only the
+float32 sums round, as the block-scaled tensor cores' own sums do; the exceptions are values whose scaled
+magnitude leaves bfloat16's range (above ~3.4e38, or below 2^-133 where bfloat16's subnormals end) and the NaN
+scale (0xff), which makes its block NaN. Correctness over speed: the expansion costs K / 32 selects per operand
+element.
 """
 from __future__ import annotations
 
@@ -20,11 +22,8 @@ from typing import Any
 
 from .. import dtypes as D
 from ..errors import docs_link
-from ..ir import BinaryOp, CompareOp, ReduceKind, Value
+from ..ir import MX_BLOCK, BinaryOp, CompareOp, GemmAttrs, OpKind, ReduceKind, TileType, Value
 from .semantic import SemanticError, describe
-
-#: Elements of K one e8m0 scale covers (the MX block size).
-MX_BLOCK = 32
 
 
 def is_microscaled(scale_a: Any, scale_b: Any) -> bool:
@@ -51,11 +50,22 @@ def microscaled_gemm(sem, a: Value, b: Value, acc: Any, transpose_a: bool, trans
                             f"{MX_BLOCK} elements of K), got K = {k}", f"load K tiles of 32, 64, 128 ... ({_HINT})")
     sa = _scale_tile(scale_a, "scale_a", m, "M", k)
     sb = _scale_tile(scale_b, "scale_b", n, "N", k)
-    a16 = _dequantize(sem, a, sa, k_axis=0 if transpose_a else 1)
-    b16 = _dequantize(sem, b, sb, k_axis=1 if transpose_b else 0)
-    if acc is not None and not (isinstance(acc, Value) and acc.is_tile and acc.dtype == D.float32):
+    if acc is None:
+        acc = sem.full((m, n), 0, D.float32)
+    elif not (isinstance(acc, Value) and acc.is_tile and acc.dtype == D.float32 and acc.type.shape == (m, n)):
         raise SemanticError(f"the accumulator of a microscaled matrix product must be a float32 {m}x{n} tile, got "
                             f"{describe(acc)}", f"create it with T.zeros(({m}, {n}), T.float32)")
+    # float8 operands carry a precision; "precise" (float32 sums) is what the block-scaled kinds do
+    return sem.b.create1(OpKind.GEMM, [a, b, acc, sa, sb], TileType((m, n), D.float32),
+                         GemmAttrs(bool(transpose_a), bool(transpose_b), "precise"))
+
+
+def dequantized_product(sem, a: Value, b: Value, acc: Value, transpose_a: bool, transpose_b: bool, sa: Value,
+                        sb: Value) -> Value:
+    """The block-scaled gemm ``acc + op(a) @ op(b)`` (scales ``sa``, ``sb``) as a bfloat16 gemm of the operands
+    dequantized in registers (see the module docstring)."""
+    a16 = _dequantize(sem, a, sa, k_axis=0 if transpose_a else 1)
+    b16 = _dequantize(sem, b, sb, k_axis=1 if transpose_b else 0)
     return sem.gemm(a16, b16, acc, transpose_a, transpose_b)
 
 
