@@ -10,6 +10,7 @@ import torch
 import tilejit
 import tilejit.language as T
 import tilejit.ops.mxfp8 as X
+from filecheck import filecheck
 
 E4M3, E5M2, E8M0 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu
 
@@ -113,17 +114,87 @@ def test_scales_follow_k_when_operands_are_transposed(interpret):
     assert _error(out, X.reference(at.T, sa, b.T, sb)) < 1e-6
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
-def test_cubins_for_every_arch(arch):
+def _compile_op(arch: str, bk: int, stop_after: str | None = None, **config):
     m, n, k = 1000, 2112, 7168
-    compiled = X.mxfp8_mm.compile(_meta(m, k, dtype=E4M3), _meta(m, k // 32, dtype=E8M0), _meta(n, k, dtype=E5M2),
-                                  _meta(n, k // 32, dtype=E8M0), _meta(m, n, dtype=torch.bfloat16), arch=arch,
-                                  BK=X.BK, **X.default_config(8192, 8192))
+    config = {**X.default_config(8192, 8192), **config}
+    return X.mxfp8_mm.compile(_meta(m, k, dtype=E4M3), _meta(m, k // 32, dtype=E8M0), _meta(n, k, dtype=E5M2),
+                              _meta(n, k // 32, dtype=E8M0), _meta(m, n, dtype=torch.bfloat16), arch=arch, BK=bk,
+                              stop_after=stop_after, **config)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
+def test_the_portable_form_compiles_for_every_arch(arch):
+    """K steps of 64 (which sm_100a's block-scaled kind does not take): the operands dequantized and multiplied
+    in bfloat16 on each arch's tensor cores."""
+    compiled = _compile_op(arch, 64)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
-    # the dequantized operands multiply in bfloat16 on each arch's tensor cores
     instruction = {"sm_80": "on mma.sync.m16n8k16", "sm_90a": "on wgmma.m64n128k16",
                    "sm_100a": "on tcgen05.mma.kind::f16"}[arch]
     assert f"// gemm 128x128x64 {instruction}" in compiled.asm["cuda"]
+    assert "block_scale" not in compiled.asm["cuda"] and "tj_to_f32(" in compiled.asm["cuda"]
+
+
+def test_sm100a_runs_the_block_scaled_tcgen05_kind():
+    """128x128 tiles, K steps of 128: four kind::mxf8f6f4.block_scale.block32 MMAs (K = 32 each), both scale
+    atoms copied into tensor memory first, each MMA naming its byte (K block) of the scale columns; in the PTX,
+    and in the SASS as UTCCP and UTCQMMA when a disassembler is installed. Compiled only: no Blackwell GPU."""
+    compiled = _compile_op("sm_100a", 128, num_warps=4)
+    text = compiled.asm["cuda"]
+    filecheck(text, """
+        CHECK: gemm 128x128x128 on tcgen05.mma.kind::mxf8f6f4.block_scale.block32 {{.*}} e8m0 scales in columns 128..135
+        CHECK: tj_fence_proxy_async();
+        CHECK: tj_tc_sync();
+        CHECK: tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(tj_tmem + 128)
+        CHECK-NEXT: tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(tj_tmem + 132)
+        CHECK: kind::mxf8f6f4.block_scale.block32 [%0], %1, %2, %3, [%4], [%5], p; {{.*}}"r"(0x8a00400u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
+        CHECK-NEXT: "r"(0x28a00410u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
+        CHECK-NEXT: "r"(0x48a00420u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
+        CHECK-NEXT: "r"(0x68a00430u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
+        CHECK-NEXT: tj_tc_commit(tj_tc_bar);
+    """)
+    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in compiled.asm["ptx"]
+    assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in compiled.asm["ptx"]
+    assert compiled.meta["spills"] in (0, None), compiled.meta
+    sass = compiled.asm.get("sass")
+    if sass:
+        assert "UTCQMMA" in sass and "UTCCP" in sass
+
+
+def test_shapes_the_block_scaled_kind_does_not_take_fall_back_on_sm100a():
+    """N = 256 (two atoms of B's scales, a layout not relied on) takes the dequantized form."""
+    text = _compile_op("sm_100a", 128, stop_after="cuda", BM=128, BN=256, num_warps=8).cuda
+    assert "block_scale" not in text and "on tcgen05.mma.kind::f16" in text
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,m,n,a_id,b_id,want", [
+    # Table 44 fields: B scale id 4-5, A type 7-9, B type 10-12, N >> 3 17-22, UE8M0 bit 23, M >> 4 24-28,
+    # A scale id 29-30 (no D type field; K = 32 leaves bit 31 clear)
+    (T.float8_e4m3fn, T.float8_e4m3fn, 128, 128, 0, 0, 16 << 17 | 1 << 23 | 8 << 24),
+    (T.float8_e4m3fn, T.float8_e5m2, 128, 128, 1, 1, 1 << 4 | 1 << 10 | 16 << 17 | 1 << 23 | 8 << 24 | 1 << 29),
+    (T.float8_e5m2, T.float8_e4m3fn, 128, 16, 3, 2, 2 << 4 | 1 << 7 | 2 << 17 | 1 << 23 | 8 << 24 | 3 << 29),
+    (T.float8_e5m2, T.float8_e5m2, 128, 256, 2, 3, 3 << 4 | 1 << 7 | 1 << 10 | 32 << 17 | 1 << 23 | 8 << 24 | 2 << 29),
+])
+def test_block_scaled_instruction_descriptor_fields(a_dtype, b_dtype, m, n, a_id, b_id, want):
+    from tilejit.backend_cuda.lower_tcgen05_mx import block_scaled_instr_desc
+    got = block_scaled_instr_desc(a_dtype, b_dtype, m, n, a_id, b_id)
+    assert got == want, f"{got:#010x} != {want:#010x}"
+    assert got < 1 << 31 and not got & (1 << 3 | 1 << 6)  # reserved bits, K size
+    with pytest.raises(ValueError, match="bytes 0..3"):
+        block_scaled_instr_desc(a_dtype, b_dtype, m, n, 4, 0)
+
+
+def test_the_staged_scales_fill_tcgen05_cp_atoms():
+    """Row r, K block c of a 256-row, 8-block tile: atom (r // 128, c // 4) of 512 bytes, byte (r % 32) * 16 +
+    (r % 128) // 32 * 4 + c % 4, so that 32x128b.warpx4 puts it in lane r % 32 (of every lane quarter), column
+    (r % 128) // 32 of the atom, byte c % 4; every byte of the 4 atoms is used once."""
+    from tilejit.backend_cuda.lower_tcgen05_mx import scale_atom_offset
+    offsets = {scale_atom_offset(r, c, 8): (r, c) for r in range(256) for c in range(8)}
+    assert sorted(offsets) == list(range(4 * 512))
+    r, c = 200, 6
+    offset = scale_atom_offset(r, c, 8)
+    atom, within = divmod(offset, 512)
+    lane, word_byte = divmod(within, 16)
+    assert (atom, lane, word_byte // 4, word_byte % 4) == (1 * 2 + 1, r % 32, (r % 128) // 32, c % 4)
 
 
 @tilejit.kernel

@@ -7,8 +7,10 @@ byte e means 2^(e - 127)). The product is ``C[m, n] = sum_k A[m, k] 2^(a_scales[
 
 Each program computes a BM x BN tile and walks K in BK steps with ``T.gemm(..., scale_a=, scale_b=)`` given
 the steps' (BM, BK / 32) and (BN, BK / 32) e8m0 scale tiles (the microscaled form, docs/language.md): on every
-arch the operands are dequantized into bfloat16 registers (exactly, but for values leaving bfloat16's range)
-and multiplied on the tensor cores with float32 sums. M, N and K are ragged (the scales index with ceil; the
+arch but sm_100a the operands are dequantized into bfloat16 registers (exactly, but for values leaving
+bfloat16's range) and multiplied on the tensor cores with float32 sums; on sm_100a (compiled, never run here)
+128x128 tiles and K steps of 128 run on ``tcgen05.mma ... kind::mxf8f6f4.block_scale.block32`` with the scales
+in tensor memory. M, N and K are ragged (the scales index with ceil; the
 missing elements of a partial K block read as 0).
 
 ``mxfp8_matmul`` runs as the PyTorch operator ``tilejit::mxfp8_mm``; ``reference`` is the float64 dequantized
@@ -24,8 +26,9 @@ from tilejit.ops.custom_ops import decode_config, encode_config, namespace
 
 #: Elements of K that one e8m0 scale covers.
 BLOCK = 32
-#: Elements of K per step of the op's loop.
-BK = 64
+#: Elements of K per step of the op's loop: 128 on sm_100a (the block-scaled tcgen05 kind takes whole 128-byte
+#: rows of K), else 64 (the dequantized form's registers).
+BK_SM100, BK = 128, 64
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -44,8 +47,8 @@ def mxfp8_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr,
 
 
 def default_config(m: int, n: int) -> dict:
-    """128x128 tiles (64 rows, then 64 columns, when that leaves most of an H100's 132 SMs idle); the K step is
-    ``BK`` = 64 (two scales per row and step) always."""
+    """128x128 tiles (64 rows, then 64 columns, when that leaves most of an H100's 132 SMs idle); the K step
+    (``BK``, not a config key) follows the arch."""
     bm, bn = 128, 128
     if tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn) < 100:
         bm = 64
@@ -74,7 +77,8 @@ def _check(a, a_scales, b, b_scales) -> None:
 
 def _run(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
     m, n = a.shape[0], b.shape[0]
-    cfg = {**default_config(m, n), **config, "BK": BK}
+    arch_major = torch.cuda.get_device_capability(a.device)[0] if a.is_cuda else 9
+    cfg = {**default_config(m, n), **config, "BK": BK_SM100 if arch_major == 10 else BK}
     mxfp8_mm[(tilejit.cdiv(m, cfg["BM"]), tilejit.cdiv(n, cfg["BN"]))](a, a_scales, b, b_scales, out, **cfg)
     return out
 
