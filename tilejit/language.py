@@ -437,6 +437,10 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
             fresh by the tensor cores over the tile's K (the tensor cores' own accumulator when K <= 128, the
             promotion interval of precision "precise"), then scaled and added into ``acc`` with one FMA per
             element; call it once per 128-wide block of K. float8 operands only.
+            With ``T.float8_e8m0fnu`` tiles instead (``scale_a`` (M, K / 32), ``scale_b`` (N, K / 32), both
+            given) it is the microscaled (OCP MX) product: each 32 elements of K of a row of ``op(a)`` and of a
+            column of ``op(b)`` scaled by 2^(e - 127) before multiplying; sm_100a runs it on tcgen05's
+            block-scaled kind, other arches on bfloat16 products of the dequantized operands.
 
     Returns:
         ``acc + op(a) @ op(b)``, a (M, N) tile of ``acc``'s dtype.

@@ -146,7 +146,8 @@ def test_sm100a_runs_the_block_scaled_tcgen05_kind():
         CHECK: tj_tc_sync();
         CHECK: tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(tj_tmem + 128)
         CHECK-NEXT: tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(tj_tmem + 132)
-        CHECK: kind::mxf8f6f4.block_scale.block32 [%0], %1, %2, %3, [%4], [%5], p; {{.*}}"r"(0x8a00400u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
+        CHECK: kind::mxf8f6f4.block_scale.block32 [%0], %1, %2, %3, [%4], [%5], p;
+        CHECK-SAME: "r"(0x8a00400u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
         CHECK-NEXT: "r"(0x28a00410u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
         CHECK-NEXT: "r"(0x48a00420u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
         CHECK-NEXT: "r"(0x68a00430u), "r"(tj_tmem + 128), "r"(tj_tmem + 132)
@@ -167,7 +168,8 @@ def test_shapes_the_block_scaled_kind_does_not_take_fall_back_on_sm100a():
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype,m,n,a_id,b_id,want", [
-    # Table 44 fields: B scale id 4-5, A type 7-9, B type 10-12, N >> 3 17-22, UE8M0 bit 23, M >> 4 24-28,
+    # PTX ISA 9.7.16.4.2, block-scaled kinds: B scale id 4-5, A type 7-9, B type 10-12, N >> 3 17-22,
+    # UE8M0 bit 23, M >> 4 24-28,
     # A scale id 29-30 (no D type field; K = 32 leaves bit 31 clear)
     (T.float8_e4m3fn, T.float8_e4m3fn, 128, 128, 0, 0, 16 << 17 | 1 << 23 | 8 << 24),
     (T.float8_e4m3fn, T.float8_e5m2, 128, 128, 1, 1, 1 << 4 | 1 << 10 | 16 << 17 | 1 << 23 | 8 << 24 | 1 << 29),

@@ -15,9 +15,10 @@ tiles read through descriptors, the accumulator moved into tensor memory and bac
   repeated in each warp's lane quarter: lane l, column j, byte c holds row 32 j + l's scale of K block c), then
   issues one MMA per 32 elements of K (K = 32 per instruction for kind::mxf8f6f4) and 128-row slab, naming the
   scale columns of its rows' atom and, in the instruction descriptor, the byte (K block) each reads.
-  ``tcgen05.cp`` and ``tcgen05.mma`` issued by one thread execute in order (PTX ISA 9.7.16.6), so no wait sits
-  between them.
-* Instruction descriptor (PTX ISA Table 44, block-scaled kinds): B scale-factor ID (byte) in bits 4-5, A/B
+  A ``tcgen05.cp`` and the ``tcgen05.mma`` after it, issued by one thread, execute in order (an implicitly
+  pipelined pair in the PTX ISA's tcgen05 memory-consistency rules), so no wait sits between them.
+* Instruction descriptor (PTX ISA 9.7.16.4.2, the table of the block-scaled kinds; CUTLASS's
+  ``UMMA::InstrDescriptorBlockScaled`` agrees): B scale-factor ID (byte) in bits 4-5, A/B
   types in 7-9 / 10-12 (E4M3 = 0, E5M2 = 1), transpose A/B in 15/16 (0: K-major), N >> 3 in 17-22, scale
   type in bit 23 (UE8M0 = 1), M >> 4 in 24-28, A scale-factor ID in 29-30, bit 31 0 (K = 32). No D type field:
   D is float32.
@@ -38,7 +39,7 @@ from .lower_gemm import _acc_f32, _mnk, _operand_dtypes
 from .lower_tcgen05 import MMA_M, TMEM_COLS, Tcgen05, _a_k_major, _resources_fit, move, scale_columns
 from .lower_wgmma import b_fields, k_step_offset
 
-# PTX ISA Table 44: the A/B type codes of kind::mxf8f6f4
+# PTX ISA 9.7.16.4.2: the A/B type codes of kind::mxf8f6f4
 _MX_TYPE = {D.float8_e4m3fn: 0, D.float8_e5m2: 1}
 SCALE_ATOM_ROWS = 128   # rows of one tcgen05.cp 32x128b.warpx4 scale atom
 SCALE_ATOM_K = 4 * MX_BLOCK  # elements of K one atom covers (4 scales per row)
@@ -51,7 +52,7 @@ _ATOM_DESC_FIXED = (128 >> 4) << 16 | (128 >> 4) << 32 | 1 << 46
 def block_scaled_instr_desc(a_dtype, b_dtype, m: int, n: int, a_scale_id: int = 0, b_scale_id: int = 0,
                             transpose_a: bool = False, transpose_b: bool = False) -> int:
     """The 32-bit instruction descriptor of ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` with e8m0 scales (PTX
-    ISA Table 44): ``a_scale_id``/``b_scale_id`` pick the byte of each scale column the instruction reads."""
+    ISA 9.7.16.4.2): ``a_scale_id``/``b_scale_id`` pick the byte of each scale column the instruction reads."""
     if not (0 <= a_scale_id < 4 and 0 <= b_scale_id < 4):
         raise ValueError(f"scale-factor IDs are bytes 0..3 of a TMEM column, got {a_scale_id}, {b_scale_id}")
     return (b_scale_id << 4 | _MX_TYPE[a_dtype] << 7 | _MX_TYPE[b_dtype] << 10 | int(transpose_a) << 15
@@ -109,8 +110,10 @@ class Tcgen05BlockScaled(Tcgen05):
         em.line("tj_fence_proxy_async();  // the scales written here are read by tcgen05.cp (the async proxy)")
         em.line("tj_tc_sync();  // accumulator and scales in place, operand tiles ready")
         em.open("if (tid == 0)")
-        for atom in range(a_atoms + groups):
-            smem = sfa_smem + atom * SCALE_ATOM_BYTES if atom < a_atoms else sfb_smem + (atom - a_atoms) * SCALE_ATOM_BYTES
+        # A's atoms then B's, in consecutive groups of 4 columns from sfa_col
+        atoms = [sfa_smem + j * SCALE_ATOM_BYTES for j in range(a_atoms)] + \
+                [sfb_smem + j * SCALE_ATOM_BYTES for j in range(groups)]
+        for atom, smem in enumerate(atoms):
             em.line(f'asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;" :: "r"(tj_tmem + '
                     f'{sfa_col + 4 * atom}), "l"((unsigned long long)(((tj_smem_u32 + {smem}) & 0x3FFFF) >> 4) | '
                     f'{_ATOM_DESC_FIXED:#x}ull) : "memory");')
