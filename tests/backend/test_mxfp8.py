@@ -248,3 +248,14 @@ def test_bad_op_operands_are_refused(change, message):
     sb = torch.ones(40, 10).to(change.get("sb_dtype", E8M0))
     with pytest.raises(ValueError, match=message):
         X.mxfp8_matmul(a, sa, b, sb)
+
+
+def test_the_op_traces_under_torch_compile_fullgraph(interpret):
+    a, sa, b, sb = _operands(70, 40, 96, seed=11)
+
+    def run(a, sa, b, sb):
+        return X.mxfp8_matmul(a, sa, b, sb, BM=64, BN=64, num_warps=4)
+
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    got, want = compiled(a, sa, b, sb), run(a, sa, b, sb)
+    assert got.dtype == torch.bfloat16 and got.shape == (70, 40) and torch.equal(got, want)

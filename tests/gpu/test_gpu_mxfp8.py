@@ -58,3 +58,17 @@ def test_mxfp8_matmul_matches_the_dequantized_float64_product(config, m, n, k, b
     assert _error(out, ref) < 1e-5
     bf16 = X.mxfp8_matmul(a, sa, b, sb, **CONFIGS[config])
     assert bf16.dtype == torch.bfloat16 and _error(bf16, ref) < 4e-3
+
+
+@tilejit.kernel
+def _widen(S, OUT, N: tilejit.language.constexpr):
+    OUT[0:N] = S[0:N].to(tilejit.language.float32)
+
+
+@needs_gpu
+def test_every_e8m0_byte_converts_to_its_power_of_two():
+    bits = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8)
+    out = torch.full((256,), -1.0, device="cuda")
+    _widen[(1,)](bits.view(torch.float8_e8m0fnu), out, N=256)
+    want = bits.view(torch.float8_e8m0fnu).float()  # torch's meaning: 2^(e - 127), 0xff NaN
+    assert torch.equal(out[:255], want[:255]) and out[255].isnan()
