@@ -33,7 +33,13 @@ class DType:
 
     @property
     def is_fp8(self) -> bool:
-        return self.kind == "float" and self.bits == 8
+        """A float8 number format a matrix product takes (e4m3fn, e5m2); not the e8m0 scale format."""
+        return self.kind == "float" and self.bits == 8 and not self.is_scale
+
+    @property
+    def is_scale(self) -> bool:
+        """The e8m0 format of microscaling block scales: an exponent only, 2^(bits - 127), 0xff = NaN."""
+        return self.name == "float8_e8m0fnu"
 
     @property
     def itemsize(self) -> int:
@@ -62,10 +68,13 @@ int16 = DType("int16", "i16", 16, "int")
 int32 = DType("int32", "i32", 32, "int")
 int64 = DType("int64", "i64", 64, "int")
 uint8 = DType("uint8", "u8", 8, "uint")
+# MX block scales (OCP Microscaling E8M0): powers of two 2^-127 .. 2^127, no sign, no zero; loaded and converted
+# to float32 (.to(T.float32)), and the scales of T.gemm's microscaled form; no arithmetic of its own
+float8_e8m0fnu = DType("float8_e8m0fnu", "f8e8m0", 8, "float")
 bool_ = DType("bool", "i1", 1, "bool")
 
 ALL_DTYPES = (float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
-              int8, int16, int32, int64, uint8, bool_)
+              int8, int16, int32, int64, uint8, bool_, float8_e8m0fnu)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 
 

@@ -42,8 +42,8 @@ import torch
 from . import dtypes as D
 from .dtypes import DType
 from .errors import TilejitError
-from .ir import (AtomicOp, BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType, TensorListType,
-                 TensorType, UnaryOp)
+from .ir import (MX_BLOCK, AtomicOp, BinaryOp, Block, CompareOp, Function, Op, OpKind, ReduceKind, ScalarType,
+                 TensorListType, TensorType, UnaryOp, is_block_scaled)
 
 
 class InterpreterError(TilejitError):
@@ -516,12 +516,16 @@ def _scan(op: Op, env: Env, ctx: _Context) -> None:
 
 @rule(OpKind.GEMM)
 def _gemm(op: Op, env: Env, ctx: _Context) -> None:
-    a, b, acc = (env[v.id] for v in op.operands)
+    a, b, acc = (env[v.id] for v in op.operands[:3])
     if op.attrs.transpose_a:
         a = a.T
     if op.attrs.transpose_b:
         b = b.T
-    if acc.dtype == torch.int32:
+    if is_block_scaled(op):
+        # e8m0 scales (2^(e - 127)) over their 32 elements of K: exact products, float32 sums
+        sa, sb = (env[v.id].float().repeat_interleave(MX_BLOCK, 1) for v in op.operands[3:])
+        out = acc + (a.float() * sa) @ (b.float() * sb.T)
+    elif acc.dtype == torch.int32:
         # int8 x int8 products summed in float64 are exact for any K below 2^39
         product = (a.double() @ b.double()).to(torch.int64)
         out = (acc.to(torch.int64) + product).to(torch.int32)

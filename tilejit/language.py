@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8, int16,
-                     int32, int64, uint8)
+from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16, float32, float64, int8,
+                     int16, int32, int64, uint8)
 from .errors import TilejitError
 
 bool = bool_  # noqa: A001 - the language's name for the 1-bit type, as in torch
@@ -20,7 +20,8 @@ __all__ = [
     "log", "sqrt", "rsqrt", "abs", "maximum", "minimum", "sum", "max", "min", "gemm", "copy", "range",
     "bounded", "multiple_of", "max_contiguous", "log2", "sin", "cos", "tanh", "erf", "sigmoid", "fma", "cumsum",
     "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas",
-    "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
+    "static_range", "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+    "float8_e8m0fnu", "int8",
     "int16", "int32", "int64", "uint8", "bool",
 ]
 
@@ -436,6 +437,10 @@ def gemm(a, b, acc, transpose_a=False, transpose_b=False, precision=None, out_dt
             fresh by the tensor cores over the tile's K (the tensor cores' own accumulator when K <= 128, the
             promotion interval of precision "precise"), then scaled and added into ``acc`` with one FMA per
             element; call it once per 128-wide block of K. float8 operands only.
+            With ``T.float8_e8m0fnu`` tiles instead (``scale_a`` (M, K / 32), ``scale_b`` (N, K / 32), both
+            given) it is the microscaled (OCP MX) product: each 32 elements of K of a row of ``op(a)`` and of a
+            column of ``op(b)`` scaled by 2^(e - 127) before multiplying; sm_100a runs it on tcgen05's
+            block-scaled kind, other arches on bfloat16 products of the dequantized operands.
 
     Returns:
         ``acc + op(a) @ op(b)``, a (M, N) tile of ``acc``'s dtype.

@@ -382,6 +382,9 @@ class GemmLowering(ABC):
     register_a: bool = False
     #: The name of the shared-A lowering whose pin (``TILEJIT_GEMM_LOWERING``) admits this register-A form too.
     register_a_of: str | None = None
+    #: Reads the e8m0 block scales of a block-scaled gemm (``ir.is_block_scaled``: five operands) itself; such a
+    #: gemm is rewritten into ordinary ops (``passes.microscaled``) where no lowering declaring this fits.
+    block_scaled: bool = False
     #: Reads an MN-major operand itself, gathering its fragment from the shared tile: ``passes.transpose_operands``
     #: copies no operand for it (a copy's code beside the gathered fragment's registers spills).
     gathers_mn_major: bool = False

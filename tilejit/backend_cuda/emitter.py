@@ -23,9 +23,10 @@ from ..target import Target
 C_TYPES = {
     D.float16: "tj_half", D.bfloat16: "tj_bf16", D.float32: "float", D.float64: "double",
     D.float8_e4m3fn: "tj_fp8e4m3", D.float8_e5m2: "tj_fp8e5m2", D.int8: "int8_t", D.int16: "int16_t",
-    D.int32: "int32_t", D.int64: "int64_t", D.uint8: "uint8_t", D.bool_: "bool",
+    D.int32: "int32_t", D.int64: "int64_t", D.uint8: "uint8_t", D.bool_: "bool", D.float8_e8m0fnu: "tj_fp8e8m0",
 }
-STORAGE = {D.float16, D.bfloat16, D.float8_e4m3fn, D.float8_e5m2}
+# e8m0 is only ever read and converted to float32 (the frontend refuses arithmetic on it and casts to it)
+STORAGE = {D.float16, D.bfloat16, D.float8_e4m3fn, D.float8_e5m2, D.float8_e8m0fnu}
 
 
 def c_type(dtype: DType) -> str:
@@ -164,6 +165,16 @@ def emits(*kinds: OpKind):
 #: each hook is called with the emitter before the body is emitted and may return a function that emits the
 #: matching tear-down after it.
 KERNEL_HOOKS: list[Callable[["Emitter"], Callable[[], None] | None]] = []
+
+
+def _require_e8m0(em: "Emitter") -> None:
+    """The e8m0 storage type and conversion, for a kernel with e8m0 tensors or values."""
+    values = [p.value for p in em.fn.params if p.value is not None] + [r for op in em.fn.walk() for r in op.results]
+    if any(getattr(v.type, "dtype", None) == D.float8_e8m0fnu for v in values):
+        em.require_header("e8m0")
+
+
+KERNEL_HOOKS.append(_require_e8m0)
 
 @dataclass
 class AsyncMma:

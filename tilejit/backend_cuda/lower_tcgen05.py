@@ -30,7 +30,7 @@ the producer waits on before refilling the slot; the registers are written once,
 from __future__ import annotations
 
 from .. import dtypes as D
-from ..ir import Op, OpKind
+from ..ir import Op, OpKind, is_block_scaled
 from ..passes.software_pipeline import in_flight_gemms
 from ..ir.layouts import TmemLayout
 from ..target import REGISTRY, GemmLowering, Target
@@ -74,9 +74,18 @@ def mma_m(op: Op) -> int:
     return 64 if _mnk(op)[0] == 64 else MMA_M
 
 
+def scale_columns(op: Op) -> int:
+    """TMEM columns of a block-scaled gemm's e8m0 scales (lower_tcgen05_mx): 4 per atom of 128 rows and 128
+    elements of K, for A's rows and B's columns (one atom of N); 0 for any other gemm."""
+    if not is_block_scaled(op):
+        return 0
+    m, _, k = _mnk(op)
+    return 4 * (m // MMA_M + 1) * (k // 128)
+
+
 def _columns(op: Op) -> int:
     m, n, _ = _mnk(op)
-    return (m // mma_m(op)) * n
+    return (m // mma_m(op)) * n + scale_columns(op)
 
 
 def _kernel_setup(em: Emitter):

@@ -18,6 +18,7 @@ from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
 from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
+from ..passes.microscaled import expand_microscaled
 from ..passes.peel_masks import peel_masks
 from ..passes.scopes import infer_scopes
 from ..passes.software_pipeline import mark_async_mma, pipeline_loops
@@ -26,8 +27,8 @@ from ..passes.transpose_operands import transpose_operands
 from ..passes.warp_specialize import specialize_warps
 from ..target import Target
 from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_mma_rs,  # noqa: F401
-               lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_transpose, lower_wgmma,
-               lower_wgmma_mn, lower_wgmma_rs)  # (register rules)
+               lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_tcgen05_mx, lower_transpose,
+               lower_wgmma, lower_wgmma_mn, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .lower_specialized import emit_specialized
 from .nvrtc import CompileResult, compile_cuda
@@ -36,6 +37,9 @@ Pass = Callable[[Function, Target], None]
 
 # One pass list for the sm_80 instruction path (mma.sync), which sm_90a and sm_100a also run for now.
 PIPELINE_SM80: list[tuple[str, Pass]] = [
+    # block-scaled (MX) gemms that no block-scaled tensor-core lowering takes on this target become ordinary ops
+    # (the operands dequantized into bfloat16), first, so that every later pass sees only forms it knows
+    ("expand-microscaled", expand_microscaled),
     # fuse `acc += a @ b` into gemm(a, b, acc) and fold .T into gemm flags before scopes are decided
     ("canonicalize", lambda fn, t: canonicalize(fn)),
     # the split_k launch option cuts the K loop over a cluster's programs (needs the fused gemm(a, b, acc) of

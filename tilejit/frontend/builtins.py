@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..ir import AtomicOp, AxisAttrs, BinaryOp, MultipleOf, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from .microscaled import is_microscaled, microscaled_gemm
 from .semantic import SemanticError, describe, is_const
 
 Handler = Callable[..., Any]
@@ -106,6 +107,9 @@ def builtin_gemm(gen, node, a, b, acc, transpose_a=False, transpose_b=False, pre
                               "(float32 operands), \"precise\" or \"fast\" (float8 operands)")
     if out_dtype is not None and not isinstance(out_dtype, D.DType):
         raise gen.error(node, f"out_dtype must be a dtype such as T.float32 or T.float16, got {describe(out_dtype)}")
+    if is_microscaled(scale_a, scale_b):  # e8m0 scales: the microscaled (MX) form
+        return microscaled_gemm(gen.sem, a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype,
+                                scale_a, scale_b)
     return gen.sem.gemm(a, b, acc, bool(transpose_a), bool(transpose_b), precision, out_dtype, scale_a, scale_b)
 
 

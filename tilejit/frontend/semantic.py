@@ -92,6 +92,12 @@ def promote(a: DType, b: DType) -> DType:
     return a if a.kind == "int" else b
 
 
+def _no_scale_arithmetic(dtype: DType) -> None:
+    if dtype.is_scale:
+        raise SemanticError(f"arithmetic on {dtype} (e8m0 scale) values is not supported",
+                            "convert them first: .to(T.float32) gives 2^(e - 127)")
+
+
 def const_dtype(c: Any) -> DType:
     if isinstance(c, bool):
         return D.bool_
@@ -203,6 +209,10 @@ class Semantic:
         x = self.as_value(x, dtype if is_const(x) else None)
         if x.dtype == dtype:
             return x
+        if dtype.is_scale:
+            raise SemanticError(f"conversion of {x.dtype} to {dtype} is not supported in a kernel",
+                                "e8m0 scales are read and converted to float32 (.to(T.float32)); quantize them on the "
+                                "host (torch's .to(torch.float8_e8m0fnu))")
         result_type = TileType(x.type.shape, dtype) if x.is_tile else ScalarType(dtype)
         return self.b.create1(OpKind.CAST, [x], result_type, CastAttrs(dtype))
 
@@ -280,6 +290,7 @@ class Semantic:
             if all(not v.dtype.is_floating for v in vals) and not any(isinstance(v, float) for v in (x, y)):
                 dtype = D.float32
         a, b = self._unify([x, y], dtype)
+        _no_scale_arithmetic(a.dtype)
         if op in _INT_ONLY and not a.dtype.is_integer:
             raise SemanticError(f"operator '{op.value}' needs integer operands, got {a.dtype}",
                                 "cast with .to(T.int32) or use '/' for float division")
@@ -300,6 +311,7 @@ class Semantic:
             except (ValueError, ZeroDivisionError) as e:
                 raise SemanticError(f"cannot fold {op.value}({x!r}): {e}") from None
         x = self.as_value(x)
+        _no_scale_arithmetic(x.dtype)
         if op in _FLOAT_RESULT and not x.dtype.is_floating:
             x = self.cast(x, D.float32)
         if op is UnaryOp.NOT and not (x.dtype.is_bool or x.dtype.is_integer):
@@ -456,7 +468,8 @@ class Semantic:
         """``acc + (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :]`` on float8 tiles (block-scaled fp8): the
         product is summed fresh by the tensor cores over the tile's K (with at most ``SCALED_GEMM_K`` = 128 the
         tensor cores' own accumulator, precision "fast": this is the promotion interval), then scaled and added
-        into the float32 ``acc`` with one FMA per element. A missing scale is 1."""
+        into the float32 ``acc`` with one FMA per element. A missing scale is 1. (e8m0 scales are the
+        microscaled form, built by microscaled.py.)"""
         for name, t in (("a", a), ("b", b)):
             if not (isinstance(t, Value) and t.is_tile and t.type.rank == 2 and t.dtype.is_fp8):
                 raise SemanticError(f"a scaled matrix product (scale_a=/scale_b=) takes 2-D float8 tiles; operand "

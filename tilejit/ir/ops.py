@@ -181,6 +181,16 @@ class GemmAttrs:
     impl: str | None = None
 
 
+#: Elements of K one e8m0 scale of a block-scaled (microscaled, OCP MX) gemm covers. Such a gemm has five
+#: operands: a, b, acc, then the e8m0 scale tiles of op(a)'s rows (M, K / 32) and op(b)'s columns (N, K / 32).
+MX_BLOCK = 32
+
+
+def is_block_scaled(op) -> bool:
+    """Whether the gemm ``op`` carries e8m0 block scales (operands 3 and 4)."""
+    return len(op.operands) == 5
+
+
 #: The ``precision=`` choices of a gemm on float32 operands; the first is the default of ``a @ b``.
 F32_PRECISIONS = ("tf32", "tf32x3", "ieee")
 #: The ``precision=`` choices of a gemm on float8 operands; the first is the default of ``a @ b``.
@@ -427,11 +437,20 @@ def _transpose_copy(op) -> str | None:
 
 
 def _gemm(op) -> str | None:
-    a, b, acc = (v.type for v in op.operands)
+    if len(op.operands) not in (3, 3 + 2):
+        return f"a gemm takes a, b, acc (and two block-scale tiles), not {len(op.operands)} operands"
+    a, b, acc = (v.type for v in op.operands[:3])
     m, k = a.shape[::-1] if op.attrs.transpose_a else a.shape
     k2, n = b.shape[::-1] if op.attrs.transpose_b else b.shape
     if k != k2 or acc.shape != (m, n) or op.result.type.shape != (m, n):
         return f"gemm shapes {a.shape} x {b.shape} -> {acc.shape} do not agree"
+    if len(op.operands) == 5:
+        sa, sb = (v.type for v in op.operands[3:])
+        if not (a.dtype.is_fp8 and b.dtype.is_fp8 and acc.dtype == D.float32 and k % MX_BLOCK == 0):
+            return f"a block-scaled gemm takes float8 operands, K a multiple of {MX_BLOCK}, a float32 accumulator"
+        if not (sa.dtype.is_scale and sb.dtype.is_scale and sa.shape == (m, k // MX_BLOCK)
+                and sb.shape == (n, k // MX_BLOCK)):
+            return f"block scales {sa} and {sb} are not e8m0 tiles of (M, K / 32) and (N, K / 32)"
     if acc.dtype != op.result.dtype:
         return f"gemm accumulator {acc.dtype} and result {op.result.dtype} differ"
     if acc.dtype == D.float16 and a.dtype != D.float16:

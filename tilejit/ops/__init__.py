@@ -25,6 +25,8 @@
 - ``fp8_blockscaled_matmul(a, a_scales, b, b_scales)`` and ``fp8_blockscaled_grouped_matmul(..., group_offsets)``:
   DeepSeek-V3's block-scaled float8 products (1x128 activation and 128x128 weight scales), dense and MoE-grouped
   (operators ``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``).
+- ``mxfp8_matmul(a, a_scales, b, b_scales)``: the microscaled (OCP MX) float8 product, e8m0 scales per 32 of K
+  (operator ``tilejit::mxfp8_mm``).
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
@@ -33,10 +35,11 @@ from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward
 from tilejit.ops.linear_ops import linear, linear_cross_entropy, swiglu_linear
+from tilejit.ops.mxfp8 import mxfp8_matmul
 from tilejit.ops.norm import rms_norm
 from tilejit.ops.rotary import rotary_embedding
 from tilejit.ops.varlen_attention import attention_varlen
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_fp8",
            "decode_attention", "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
-           "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul"]
+           "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul", "mxfp8_matmul"]

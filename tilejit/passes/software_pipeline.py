@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from .. import dtypes as D
 from ..target import Target
-from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType
+from ..ir import Family, Function, LoopKind, Op, OpKind, Scope, TileType, is_block_scaled
 from ..ir.layouts import SharedLayout
 from ..ir.rewrite import use_counts
 from .transpose_operands import IN_FLIGHT_COPIES
@@ -110,7 +110,7 @@ def in_flight_gemms(body) -> list[Op]:
     for o in body.ops[:-1]:
         if any(o is p for p in piped) or o.result.id in transposed:
             continue
-        if o.kind is OpKind.GEMM and mma_family(o) is not None:
+        if o.kind is OpKind.GEMM and mma_family(o) is not None and not is_block_scaled(o):
             a, b, acc = o.operands
             slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
             fed = all(v.id in ring or v.id in transposed and mma_family(o) == "wgmma" for v in (a, b))
