@@ -12,9 +12,9 @@
   overwritten in place by their gradient (softmax - onehot) * scale; rows whose target is ``ignore_index`` get
   loss 0 and gradient 0.
 
-On a GPU the GEMMs are autotuned over ``tilejit.configs.matmul_configs`` without split-K, persistent, pingpong or
-stream-K launches (``_plain``; swiglu's two accumulators take the subset whose registers and shared memory hold
-both, and no producer warpgroup); under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
+On a GPU the GEMMs are autotuned over ``tilejit.configs.matmul_configs`` without split-K, persistent, pingpong,
+stream-K or warp-specialized launches (``_plain``; swiglu's two accumulators take the subset whose registers and
+shared memory hold both); under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
 """
 from __future__ import annotations
 
@@ -153,24 +153,26 @@ def cross_entropy_rows(Logits, Targets, Loss, Scale, ignore_index, BV: T.constex
         Logits[r, v0:v0 + BV] = grad.to(Logits.dtype)
 
 
-#: The launch options the ops' kernels are not tuned over (``_plain``): split-K would sum partial products through an epilogue
-#: that is not linear (SwiGLU) or adds C once per split (the accumulating form), and a persistent or pingpong
-#: walk of the grid would bypass the grouped tile order of ``_tile_origin``.
+#: The launch options the ops' kernels are not tuned over (``_plain``): split-K would sum partial products through
+#: an epilogue that is not linear (SwiGLU) or add C once per split (the accumulating form); a persistent or
+#: pingpong walk of the grid would bypass the grouped tile order of ``_tile_origin``; and a warp-specialized
+#: 128x256x64 config of ``gemm`` failed to launch (CUDA_ERROR_LAUNCH_FAILED) in the example model's training on an
+#: H100, not yet explained, so no config of these kernels takes a producer warpgroup.
+
+
 def _plain(configs):
-    """``configs`` without split-K, persistent, pingpong or stream-K launches."""
-    return [c for c in configs if c.split_k == 1 and not (c.persistent or c.pingpong or c.stream_k)]
+    """``configs`` without split-K, persistent, pingpong, stream-K or warp-specialized launches."""
+    return [c for c in configs if c.split_k == 1 and not (c.persistent or c.pingpong or c.stream_k
+                                                          or c.warp_specialize)]
 
 
 def _gemm_prune(configs, named_args, **kwargs):
     """``matmul_prune`` on the logical operands op(A) (M x K) and op(B) (K x N) (transposed views, no copies).
-    The accumulating form also reads C's tile in its epilogue (held in shared memory beside the ring), so its
-    configs must fit with that tile; it, the two-product form and a transposed A take no producer warpgroup
-    (forms the warp-specialized lowering is not tested on)."""
+    Only ``_plain`` configs; the accumulating form also reads C's tile in its epilogue (held in shared memory
+    beside the ring), so its configs must fit with that tile."""
     a, b = named_args["A"], named_args["B"]
     logical = {"A": a.T if named_args.get("TRANS_A") else a, "B": b.T if named_args.get("TRANS_B") else b}
     configs = _plain(configs)
-    if named_args.get("ACC_IN") or named_args.get("TWO") or named_args.get("TRANS_A"):
-        configs = [c for c in configs if not c.warp_specialize]
     if named_args.get("ACC_IN"):
         c_bytes = named_args["C"].element_size()
         configs = [c for c in configs if matmul_shared_bytes(c, a.element_size()) +
@@ -185,7 +187,7 @@ def swiglu_configs(elem_bytes: int) -> list[Config]:
         k = c.kwargs
         two_b = matmul_shared_bytes(c, elem_bytes) + c.num_stages * k["BK"] * k["BN"] * elem_bytes
         return two_b <= SMEM_BUDGET_BYTES and 2 * k["BM"] * k["BN"] <= 128 * 32 * c.num_warps
-    return [c for c in _plain(matmul_configs(elem_bytes=elem_bytes)) if fits(c) and not c.warp_specialize]
+    return [c for c in _plain(matmul_configs(elem_bytes=elem_bytes)) if fits(c)]
 
 
 #: (BM, BN, BK, num_warps, num_stages, warp_specialize) of ``swiglu_bwd`` recomputing the products: its epilogue
