@@ -62,6 +62,22 @@ def _key_blocks(m, len_q, len_k, BM, BN, CAUSAL, LEFT, RIGHT):
 
 
 @tilejit.func
+def _start_rows(Q, h, r0, sm_scale, BM, D, SOFTCAP):
+    """A block's query rows and the online softmax's start: (q, row maxima -inf, row sums 0, accumulator 0, the
+    scale of the scores into base 2, the scale into tanh's argument with a softcap)."""
+    q = Q[0, h, r0:r0 + BM, 0:D]
+    m_i = T.full((BM,), float("-inf"), T.float32)
+    l_i = T.zeros((BM,), T.float32)
+    acc = T.zeros((BM, D), T.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    tanh_scale = sm_scale
+    if SOFTCAP > 0.0:  # the capped scores come out of the step in base-2 units
+        tanh_scale = sm_scale / SOFTCAP
+        qk_scale = 1.0
+    return q, m_i, l_i, acc, qk_scale, tanh_scale
+
+
+@tilejit.func
 def _finish(acc, m_i, l_i, O, Lse, h, r0, q_end, BM, D, STORE_LSE):
     """Stores the block's rows up to the sequence's end: a row that saw no key gives 0 (and LSE +inf). A block
     inside the sequence stores directly (on sm_90a through the TMA), the last one through a view ending there."""
@@ -97,15 +113,7 @@ def attn_varlen_fwd(Q, K, V, O, Lse, CuQ, CuK, sm_scale, H, GROUP: T.constexpr, 
     k_end = CuK[b + 1]
     len_q = q_end - q0
     r0 = q0 + m
-    q = Q[0, h, r0:r0 + BM, 0:D]
-    m_i = T.full((BM,), float("-inf"), T.float32)
-    l_i = T.zeros((BM,), T.float32)
-    acc = T.zeros((BM, D), T.float32)
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    q, m_i, l_i, acc, qk_scale, tanh_scale = _start_rows(Q, h, r0, sm_scale, BM, D, SOFTCAP)
     rows = (k_end - len_q + m) + T.arange(0, BM)  # each row's diagonal, in absolute key rows
     mid, hi = _key_blocks(m, len_q, k_end - k0, BM, BN, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
     MASK_RIGHT = WINDOW_RIGHT
@@ -167,15 +175,7 @@ def attn_varlen_paged_fwd(Q, Kc, Vc, O, Lse, CuQ, CuK, Pages, sm_scale, H, GROUP
     len_q = q_end - q0
     len_k = CuK[b + 1] - CuK[b]
     r0 = q0 + m
-    q = Q[0, h, r0:r0 + BM, 0:D]
-    m_i = T.full((BM,), float("-inf"), T.float32)
-    l_i = T.zeros((BM,), T.float32)
-    acc = T.zeros((BM, D), T.float32)
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    q, m_i, l_i, acc, qk_scale, tanh_scale = _start_rows(Q, h, r0, sm_scale, BM, D, SOFTCAP)
     rows = (len_k - len_q + m) + T.arange(0, BM)
     mid, hi = _key_blocks(m, len_q, len_k, BM, BN, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
     lo = 0
