@@ -14,9 +14,9 @@
 
 On a GPU each GEMM form is autotuned over a short curated list of plain tiles (``GEMM_TILES``,
 ``ACCUMULATE_TILES``, ``SWIGLU_TILES``, ``_SWIGLU_RECOMPUTE_TILES``; at most 8 each, then ``matmul_prune``): a
-model's first training step tunes every form and shape it meets, and the full ``matmul_configs`` space (20-33
-plain configs a form) made that step, and each GPU test of these ops, spend over a minute compiling and timing
-candidates. Where each tile comes from is written beside its list. No split-K, persistent, pingpong, stream-K or
+model's first training step tunes every form and shape it meets, and the plain part of ``matmul_configs`` (19
+configs a GEMM form at 16 bits) made that step, and each GPU test of these ops, spend over a minute compiling and
+timing candidates. Where each tile comes from is written beside its list. No split-K, persistent, pingpong, stream-K or
 warp-specialized launch (``_plain``, below). Under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
 """
 from __future__ import annotations
@@ -175,14 +175,14 @@ def _plain(configs):
 #: B stored K x N there, the MN-major layout of dY @ W) and of ``configs_{ws,persistent}_h100.json``'s plain rows
 #: (B N x K, the K-major layout of x @ W^T), NVIDIA H100 and H200:
 #:
-#: - 128x256x64 w8 s4: the plain winner of every large problem (M*N >= 2048^2; e.g. 4096x11008x4096 663.7 TFLOP/s,
-#:   2048^3 588-621, 8192x8192x1024 536-538), and first of the plain rows of ``configs_ws_h100`` at 4096^3 (652);
-#: - 256x128x64 w8 s4: the plain runner-up there, and the plain winner at 8192^3 in two sweeps (612-656);
+#: - 128x256x64 w8 s4: the plain winner of most large problems (M*N >= 2048^2; e.g. 4096x4096x11008 664 TFLOP/s,
+#:   2048^3 576-621, 8192x8192x1024 536-538), and first of the plain rows of ``configs_ws_h100`` at 4096^3 (652);
+#: - 256x128x64 w8 s4: the plain runner-up there, and the plain winner at 8192^3 in three sweeps (597-656);
 #: - 128x128x64 w4 s3: the quick set's plain winner on the H200 (4096^3 573-580, 8192x8192x1024 453), and a
 #:   middle-sized tile for the grids the 128x256 tiles leave short of SMs;
-#: - 64x256x32 w8 s3: the ragged 1000x3000x777's winner in every sweep (85-90 TFLOP/s, cuBLAS 76);
-#: - 64x128x64 w4 s3: the plain winner of M = 1 / 16 / 128 rows on the H200 sweep (``matmul_sweep_h200.json``),
-#:   the 64-row tile for 17 <= M <= 64 (decode batches);
+#: - 64x256x32 w8 s3: the ragged 1000x3000x777's winner in every sweep (70-90 TFLOP/s, cuBLAS 76);
+#: - 64x128x64 w4 s3: the winner of the M = 1 and 16 shapes of the H200 sweep (``matmul_sweep_h200.json``, before
+#:   the 16-row tiles), the 64-row tile for 17 <= M <= 64 (decode batches);
 #: - 16x64x64 w4 s16, 16x64x128 w4 s10, 16x256x64 w4 s5 (``configs._THIN_TILES``, not split): the M = 1 and 16
 #:   winners of the H100 sweeps (1x4096x4096 / 16x4096x4096; 16x8192x8192; 1 and 16 x 11008/28672 x K), within
 #:   6% of cuBLAS; ``matmul_prune`` offers them only where M <= 16.
@@ -193,17 +193,18 @@ GEMM_TILES = [(128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 4, 3), 
 
 #: (BM, BN, BK, num_warps, num_stages) of the accumulating form (dW += dLogits^T @ h with a float32 dW): its
 #: epilogue holds C's float32 tile in shared memory beside the ring, so the 128x256 / 256x128 tiles (128 KB of C)
-#: do not fit. 128x128x64 w8 s4 (192 KB with C; the plain 128x128 rows of ``configs_ws_h100``: 482-494 TFLOP/s at
-#: 4096^3) for the large vocab x dim problems (on 4 warps it spills 248 bytes here, sm_90a: the C tile's
+#: do not fit. 128x128x64 w8 s4 (192 KB with C; its plain rows in ``configs_{ws,persistent}_h100``: 482-489 TFLOP/s
+#: at 4096^3) for the large vocab x dim problems (on 4 warps it spills 248 bytes here, sm_90a: the C tile's
 #: registers beside the accumulator), and the 64x256 / 64x128 / 128x64 tiles above for smaller ones. M is the
 #: vocabulary or a weight's rows here, never a handful, so no 16-row tile.
 ACCUMULATE_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3)]
 
 #: (BM, BN, BK, num_warps, num_stages) of ``swiglu_fwd``: two float32 accumulators (at most 128 registers a
-#: thread: 2 * BM * BN <= 128 * 32 * num_warps) and a ring of one x tile and two weight tiles. The tiles of
-#: ``GEMM_TILES`` that hold both (the 128x256 / 256x128 tiles would need 256 registers a thread), 128x64 and 64x64
-#: for the grids of small F, and the 16-row tiles for decode with the deepest two-weight ring that fits the
-#: budget (11 and 5 stages: the rule ``configs._THIN_TILES`` measured for one weight).
+#: thread: 2 * BM * BN <= 128 * 32 * num_warps) and a ring of one x tile and two weight tiles. 128x128 on 8 warps
+#: (the largest tile whose two accumulators fit: 128x256 / 256x128 would need 256 registers a thread), the 64x256
+#: and 64x128 tiles of ``GEMM_TILES``, 128x64 and 64x64 for the grids of small F, and 16-row tiles for decode with
+#: the deepest two-weight ring that fits the budget (11 and 5 stages: the rule ``configs._THIN_TILES`` measured for
+#: one weight).
 SWIGLU_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
                 (64, 64, 64, 4, 4), (16, 64, 64, 4, 11), (16, 128, 64, 4, 5)]
 
