@@ -3,6 +3,8 @@ through the interpreter against float64 torch over ragged shapes, NaN-poisoned k
 torch.compile(fullgraph=True), typed errors, and the kernels compiled for sm_80, sm_90a and sm_100a."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -338,11 +340,11 @@ def test_config_spaces_fit_their_kernels():
 def test_tuning_an_accumulating_gemm_adds_once(interpret):
     """The autotuner times ``C += A @ B`` several times; C is restored after each run, so the launch adds once."""
     torch.manual_seed(8)
-    a, b, c = torch.randn(64, 40), torch.randn(40, 64), torch.randn(64, 64)
+    a, b, c = torch.randn(128, 40), torch.randn(40, 128), torch.randn(128, 128)
     expected = c.double() + a.double() @ b.double()
     tuned = kernels.tuned_gemm(4, False, False, True, False)
     assert len(kernels._gemm_prune(tuned.configs, {"A": a, "B": b})) > 1  # so it is tuned, not just launched
-    tuned[kernels._tiles_grid(64, 64)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
+    tuned[kernels._tiles_grid(128, 128)](a, b, c, a, b, TRANS_A=False, TRANS_B=False, ACC_IN=True, TWO=False)
     assert_close64(c, expected, torch.float32, "c + a @ b")
 
 
@@ -360,7 +362,68 @@ def test_tuned_configs_are_plain_and_fit(form):
                  TWO=form == "two")
     kept = kernels._gemm_prune(matmul_configs(elem_bytes=2), named)
     assert kept
+    kept += kernels._gemm_prune(kernels.gemm_configs(2, accumulate=form == "accumulate"), named)
     assert all(k.split_k == 1 and not (k.persistent or k.pingpong or k.stream_k or k.warp_specialize) for k in kept)
     if form == "accumulate":
         assert all(matmul_shared_bytes(k, 2) + k.kwargs["BM"] * k.kwargs["BN"] * 4 <= SMEM_BUDGET_BYTES for k in kept)
     assert all(k.split_k == 1 and not k.warp_specialize for k in kernels.swiglu_configs(2))
+
+
+#: Every config space the ops tune over, by form: (kernel, arguments at 16 bits, flags, its configs).
+def _tuned_spaces():
+    cases = _compile_cases()
+    m, n, k = 1000, 3000, 776
+    one = dict(ACC_IN=False, TWO=False)
+    return {"nt": (*cases["nt"], kernels.gemm_configs(2)),
+            "nn": (kernels.gemm, cases["nn-two"][1], dict(TRANS_A=False, TRANS_B=False, **one),
+                   kernels.gemm_configs(2)),
+            "nn-two": (*cases["nn-two"], kernels.gemm_configs(2)),
+            "tn": (kernels.gemm, (_meta(m, n), _meta(m, k), _meta(n, k), _meta(m, n), _meta(m, k)),
+                   dict(TRANS_A=True, TRANS_B=False, **one), kernels.gemm_configs(2)),
+            "tn-acc": (*cases["tn-acc"], kernels.gemm_configs(2, accumulate=True)),
+            "swiglu-fwd": (*cases["swiglu-fwd"], kernels.swiglu_configs(2)),
+            "swiglu-bwd": (*cases["swiglu-bwd"], kernels.swiglu_recompute_configs(2))}
+
+
+def test_tuned_spaces_are_short_plain_and_fit_their_budgets():
+    """At most 8 configs a form (a first training step tunes every form and shape), none of the excluded launch
+    options, and none that a fit rule drops on every problem: the ring (``SMEM_BUDGET_BYTES``), the accumulating
+    form's float32 C tile beside it, swiglu's two weight tiles a stage."""
+    from tilejit.configs import SMEM_BUDGET_BYTES, matmul_shared_bytes
+
+    for name, (_, _, flags, configs) in _tuned_spaces().items():
+        assert 2 <= len(configs) <= 8, (name, len(configs))
+        assert configs == kernels._plain(configs), name
+        assert len({(tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages) for c in configs}) == len(configs)
+        for config in configs:
+            if name.startswith("swiglu"):
+                assert kernels.swiglu_ring_bytes(config, 2) <= SMEM_BUDGET_BYTES, (name, config)
+            else:
+                assert matmul_shared_bytes(config, 2) <= SMEM_BUDGET_BYTES, (name, config)
+            if flags.get("ACC_IN"):
+                assert kernels._fits_beside_c(config, 2, 4), (name, config)
+    a, b, c32 = _meta(8192, 1024), _meta(32000, 1024), _meta(32000, 1024, dtype=torch.float32)
+    named = dict(A=a, B=b, C=c32, TRANS_A=True, TRANS_B=False, ACC_IN=True)  # dW += dLogits^T @ h
+    assert kernels._gemm_prune(kernels.gemm_configs(2, accumulate=True), named)
+    for m in (1, 16):  # decode: the 16-row tiles are offered
+        kept = kernels._gemm_prune(kernels.gemm_configs(2), dict(A=_meta(m, 4096), B=_meta(4096, 4096)))
+        assert any(c.kwargs["BM"] == 16 for c in kept) and all(c.kwargs["BM"] <= 64 for c in kept)
+        kept = kernels._swiglu_prune(kernels.swiglu_configs(2), dict(X=_meta(m, 4096), Wg=_meta(11008, 4096)))
+        assert any(c.kwargs["BM"] == 16 for c in kept)
+
+
+@pytest.mark.skipif("sm_90a" not in ARCHS, reason="NVRTC here cannot compile for sm_90a")
+@pytest.mark.parametrize("form", list(_tuned_spaces()))
+def test_every_tuned_config_compiles_without_spills(fresh_compile_cache, form):
+    """Each config of each form's space, bf16 on sm_90a: compiled with the stages it names, in the arch's shared
+    memory, with no register spilled (a spilling candidate costs its tuning time and loses)."""
+    kernel, args, flags, configs = _tuned_spaces()[form]
+    max_shared = tilejit.target.Arch.parse("sm_90a").max_shared_bytes
+    for config in configs:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = kernel.compile(*args, arch="sm_90a", **flags, **config.kwargs, num_warps=config.num_warps,
+                                      num_stages=config.num_stages)
+        assert not [w for w in caught if "compiled with" in str(w.message)], (form, config)  # no ring cut
+        assert compiled.meta["spills"] == 0, (form, config, compiled.meta["spills"])
+        assert 0 < compiled.shared_bytes <= max_shared, (form, config, compiled.shared_bytes)

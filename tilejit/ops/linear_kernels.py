@@ -12,9 +12,12 @@
   overwritten in place by their gradient (softmax - onehot) * scale; rows whose target is ``ignore_index`` get
   loss 0 and gradient 0.
 
-On a GPU the GEMMs are autotuned over ``tilejit.configs.matmul_configs`` without split-K, persistent, pingpong,
-stream-K or warp-specialized launches (``_plain``; swiglu's two accumulators take the subset whose registers and
-shared memory hold both); under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
+On a GPU each GEMM form is autotuned over a short curated list of plain tiles (``GEMM_TILES``,
+``ACCUMULATE_TILES``, ``SWIGLU_TILES``, ``_SWIGLU_RECOMPUTE_TILES``; at most 8 each, then ``matmul_prune``): a
+model's first training step tunes every form and shape it meets, and the plain part of ``matmul_configs`` (19
+configs a GEMM form at 16 bits) made that step, and each GPU test of these ops, spend over a minute compiling and
+timing candidates. Where each tile comes from is written beside its list. No split-K, persistent, pingpong, stream-K or
+warp-specialized launch (``_plain``, below). Under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import tilejit
 import tilejit.language as T
 from tilejit import knobs
 from tilejit.autotuner import Config
-from tilejit.configs import SMEM_BUDGET_BYTES, matmul_configs, matmul_prune, matmul_shared_bytes
+from tilejit.configs import SMEM_BUDGET_BYTES, matmul_prune, matmul_shared_bytes
 
 #: Tiles under the interpreter (speed there is not the point; every path is exercised).
 INTERPRET_TILES = {"BM": 32, "BN": 32, "BK": 32}
@@ -166,6 +169,64 @@ def _plain(configs):
                                                           or c.warp_specialize)]
 
 
+#: (BM, BN, BK, num_warps, num_stages) of ``gemm``'s forms that write C (x @ W^T, dY @ W, dY^T @ X, and the
+#: two-product dGate @ Wg + dUp @ Wu): the best plain (not warp-specialized, persistent or split) configs of the
+#: fp16/bf16 matmul sweeps (``benchmarks/results/matmul_*.json``, ``benchmarks/history/results/matmul_sweep_*``;
+#: B stored K x N there, the MN-major layout of dY @ W) and of ``configs_{ws,persistent}_h100.json``'s plain rows
+#: (B N x K, the K-major layout of x @ W^T), NVIDIA H100 and H200:
+#:
+#: - 128x256x64 w8 s4: the plain winner of most large problems (M*N >= 2048^2; e.g. 4096x4096x11008 664 TFLOP/s,
+#:   2048^3 576-621, 8192x8192x1024 536-538), and first of the plain rows of ``configs_ws_h100`` at 4096^3 (652);
+#: - 256x128x64 w8 s4: the plain runner-up there, and the plain winner at 8192^3 in three sweeps (597-656);
+#: - 128x128x64 w4 s3: the quick set's plain winner on the H200 (4096^3 573-580, 8192x8192x1024 453), and a
+#:   middle-sized tile for the grids the 128x256 tiles leave short of SMs;
+#: - 64x256x32 w8 s3: the ragged 1000x3000x777's winner in every sweep (70-90 TFLOP/s, cuBLAS 76);
+#: - 64x128x64 w4 s3: the winner of the M = 1 and 16 shapes of the H200 sweep (``matmul_sweep_h200.json``, before
+#:   the 16-row tiles), the 64-row tile for 17 <= M <= 64 (decode batches);
+#: - 16x64x64 w4 s16, 16x64x128 w4 s10, 16x256x64 w4 s5 (``configs._THIN_TILES``, not split): the M = 1 and 16
+#:   winners of the H100 sweeps (1x4096x4096 / 16x4096x4096; 16x8192x8192; 1 and 16 x 11008/28672 x K), within
+#:   6% of cuBLAS; ``matmul_prune`` offers them only where M <= 16.
+#:
+#: After ``matmul_prune`` a problem tunes over 2 to 5 of them (4 where M*N >= 4096^2, 5 where M <= 16).
+GEMM_TILES = [(128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 4, 3), (64, 256, 32, 8, 3),
+              (64, 128, 64, 4, 3), (16, 64, 64, 4, 16), (16, 64, 128, 4, 10), (16, 256, 64, 4, 5)]
+
+#: (BM, BN, BK, num_warps, num_stages) of the accumulating form (dW += dLogits^T @ h with a float32 dW): its
+#: epilogue holds C's float32 tile in shared memory beside the ring, so the 128x256 / 256x128 tiles (128 KB of C)
+#: do not fit. 128x128x64 w8 s4 (192 KB with C; its plain rows in ``configs_{ws,persistent}_h100``: 482-489 TFLOP/s
+#: at 4096^3) for the large vocab x dim problems (on 4 warps it spills 248 bytes here, sm_90a: the C tile's
+#: registers beside the accumulator), and the 64x256 / 64x128 / 128x64 tiles above for smaller ones. M is the
+#: vocabulary or a weight's rows here, never a handful, so no 16-row tile.
+ACCUMULATE_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3)]
+
+#: (BM, BN, BK, num_warps, num_stages) of ``swiglu_fwd``: two float32 accumulators (at most 128 registers a
+#: thread: 2 * BM * BN <= 128 * 32 * num_warps) and a ring of one x tile and two weight tiles. 128x128 on 8 warps
+#: (the largest tile whose two accumulators fit: 128x256 / 256x128 would need 256 registers a thread), the 64x256
+#: and 64x128 tiles of ``GEMM_TILES``, 128x64 and 64x64 for the grids of small F, and 16-row tiles for decode with
+#: the deepest two-weight ring that fits the budget (11 and 5 stages: the rule ``configs._THIN_TILES`` measured for
+#: one weight).
+SWIGLU_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
+                (64, 64, 64, 4, 4), (16, 64, 64, 4, 11), (16, 128, 64, 4, 5)]
+
+
+def _configs(tiles, elem_bytes: int) -> list[Config]:
+    """``tiles`` as plain configs for operands of ``elem_bytes`` bytes (BK keeps the bytes of K a stage: float32
+    takes half the 16-bit BK, as ``matmul_configs`` does)."""
+    return _plain([Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s)
+                   for bm, bn, bk, w, s in tiles])
+
+
+def gemm_configs(elem_bytes: int, accumulate: bool = False) -> list[Config]:
+    """The configs one form of ``gemm`` tunes over: ``ACCUMULATE_TILES`` for C += ..., else ``GEMM_TILES``."""
+    return _configs(ACCUMULATE_TILES if accumulate else GEMM_TILES, elem_bytes)
+
+
+def _fits_beside_c(config: Config, elem_bytes: int, c_bytes: int) -> bool:
+    """Whether ``config``'s ring and C's tile (of ``c_bytes`` an element) fit ``SMEM_BUDGET_BYTES`` together."""
+    c_tile = config.kwargs["BM"] * config.kwargs["BN"] * c_bytes
+    return matmul_shared_bytes(config, elem_bytes) + c_tile <= SMEM_BUDGET_BYTES
+
+
 def _gemm_prune(configs, named_args, **kwargs):
     """``matmul_prune`` on the logical operands op(A) (M x K) and op(B) (K x N) (transposed views, no copies).
     Only ``_plain`` configs; the accumulating form also reads C's tile in its epilogue (held in shared memory
@@ -175,32 +236,31 @@ def _gemm_prune(configs, named_args, **kwargs):
     configs = _plain(configs)
     if named_args.get("ACC_IN"):
         c_bytes = named_args["C"].element_size()
-        configs = [c for c in configs if matmul_shared_bytes(c, a.element_size()) +
-                   c.kwargs["BM"] * c.kwargs["BN"] * c_bytes <= SMEM_BUDGET_BYTES]
+        configs = [c for c in configs if _fits_beside_c(c, a.element_size(), c_bytes)]
     return matmul_prune(configs, {**named_args, **logical}, **kwargs)
 
 
 def swiglu_configs(elem_bytes: int) -> list[Config]:
-    """``matmul_configs`` whose ring holds two B tiles (``SMEM_BUDGET_BYTES``) and whose two float32 accumulators
-    take at most 128 registers a thread (BM * BN * 2 / (32 * num_warps))."""
-    def fits(c: Config) -> bool:
-        k = c.kwargs
-        two_b = matmul_shared_bytes(c, elem_bytes) + c.num_stages * k["BK"] * k["BN"] * elem_bytes
-        return two_b <= SMEM_BUDGET_BYTES and 2 * k["BM"] * k["BN"] <= 128 * 32 * c.num_warps
-    return [c for c in _plain(matmul_configs(elem_bytes=elem_bytes)) if fits(c)]
+    """The configs ``swiglu_fwd`` tunes over (``SWIGLU_TILES``)."""
+    return _configs(SWIGLU_TILES, elem_bytes)
 
 
-#: (BM, BN, BK, num_warps, num_stages, warp_specialize) of ``swiglu_bwd`` recomputing the products: its epilogue
-#: holds dOut and both products too, so the accumulators get 64 registers a thread (at 128 they spill: 1.7 KB at
-#: 128x128 on 8 warps, sm_90a).
-_SWIGLU_RECOMPUTE_TILES = [(64, 64, 64, 4, 3, False), (64, 64, 64, 4, 4, False), (128, 64, 64, 8, 3, False),
-                           (128, 64, 64, 8, 4, False), (64, 128, 64, 8, 3, False), (64, 128, 64, 8, 4, False)]
+def swiglu_ring_bytes(config: Config, elem_bytes: int) -> int:
+    """Shared memory of the swiglu kernels' ring: a tile of x and one of each weight a stage."""
+    k = config.kwargs
+    return matmul_shared_bytes(config, elem_bytes) + config.num_stages * k["BK"] * k["BN"] * elem_bytes
+
+
+#: (BM, BN, BK, num_warps, num_stages) of ``swiglu_bwd`` recomputing the products: its epilogue holds dOut and
+#: both products too, so the accumulators get 64 registers a thread (at 128 they spill: 1.7 KB at 128x128 on 8
+#: warps, sm_90a); the 16-row tile of ``SWIGLU_TILES`` for decode-sized batches.
+_SWIGLU_RECOMPUTE_TILES = [(64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 8, 3), (128, 64, 64, 8, 4),
+                           (64, 128, 64, 8, 3), (64, 128, 64, 8, 4), (16, 64, 64, 4, 11)]
 
 
 def swiglu_recompute_configs(elem_bytes: int) -> list[Config]:
-    """The configs ``swiglu_bwd`` with ``RECOMPUTE`` tunes over (``_SWIGLU_RECOMPUTE_TILES``, BK in bytes of K)."""
-    return [Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
-                   **({"warp_specialize": True} if ws else {})) for bm, bn, bk, w, s, ws in _SWIGLU_RECOMPUTE_TILES]
+    """The configs ``swiglu_bwd`` with ``RECOMPUTE`` tunes over (``_SWIGLU_RECOMPUTE_TILES``)."""
+    return _configs(_SWIGLU_RECOMPUTE_TILES, elem_bytes)
 
 
 def _swiglu_prune(configs, named_args, **kwargs):
@@ -221,7 +281,7 @@ def tuned_gemm(elem_bytes: int, trans_a: bool, trans_b: bool, accumulate: bool, 
     """The autotuned ``gemm`` of one operand size (2: fp16/bf16; 4: float32 on tf32) and one form, a kernel object
     of its own (a model's few forms and shapes stay under the respecialization warning of one kernel). An
     accumulating form (C += ...) restores C after every timed run, so tuning adds nothing twice."""
-    return _tuned(gemm, matmul_configs(elem_bytes=elem_bytes), _GEMM_KEY, _gemm_prune,
+    return _tuned(gemm, gemm_configs(elem_bytes, accumulate), _GEMM_KEY, _gemm_prune,
                   restore=["C"] if accumulate else ())
 
 
