@@ -34,7 +34,7 @@ import tilejit
 import tilejit.language as T
 from tilejit import knobs
 from tilejit.ops.custom_ops import decode_config, encode_config, namespace
-from tilejit.ops.fused_attention import _window
+from tilejit.ops.fused_attention import _score_scales, _window
 
 MAX_SPLITS = 64
 #: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
@@ -118,11 +118,7 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
         k_scale = KScale[0]
     if V_SCALE_TENSOR:
         v_scale = VScale[0]
-    qk_scale = sm_scale * k_scale * 1.4426950408889634
-    tanh_scale = sm_scale * k_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale * k_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale * k_scale, SOFTCAP)
     # this split's run of whole blocks of [start, L)
     first = start // BN
     per_split = T.cdiv(T.cdiv(L, BN) - first, T.num_programs(2))

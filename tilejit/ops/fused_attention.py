@@ -46,6 +46,19 @@ LOG2E = 1.4426950408889634
 
 
 @tilejit.func
+def _score_scales(sm_scale, SOFTCAP):
+    """(qk_scale, tanh_scale): what the scores are multiplied by to enter exp2 (exp(x) = exp2(x * log2 e)), and,
+    with a softcap, by what they enter tanh; the capped scores come out of a step already in base-2 units, so
+    their qk_scale is 1."""
+    qk_scale = sm_scale * 1.4426950408889634
+    tanh_scale = sm_scale
+    if SOFTCAP > 0.0:
+        tanh_scale = sm_scale / SOFTCAP
+        qk_scale = 1.0
+    return qk_scale, tanh_scale
+
+
+@tilejit.func
 def _visible(rows, cols, S, CAUSAL, LEFT, RIGHT):
     """Which scores of a query-row x key block count (row-major: rows x cols): keys before ``S``; ``CAUSAL``: keys
     up to the row; ``LEFT``/``RIGHT`` >= 0: keys row - LEFT .. row + RIGHT."""
@@ -106,11 +119,7 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     m_i = T.full((BM,), float("-inf"), T.float32)
     l_i = T.zeros((BM,), T.float32)
     acc = T.zeros((BM, D), T.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:  # the capped scores come out of the step in base-2 units
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     rows = m0 + T.arange(0, BM)
     # Blocks wholly before the end of the keys (and, causal, left of the diagonal) run unmasked; the rest (the
     # last partial block; the diagonal blocks) run masked.
@@ -219,11 +228,7 @@ def attn_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, Lens, sm_scale, HKV, GROUP: T
     k = K[b, kv, n0:n0 + BN, 0:D]
     v = V[b, kv, n0:n0 + BN, 0:D]
     cols = n0 + T.arange(0, BN)
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     dk = T.zeros((BN, D), T.float32)
     dv = T.zeros((BN, D), T.float32)
     for g in range(GROUP):
@@ -299,11 +304,7 @@ def attn_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, Lens, sm_scale, H, GROUP: T.constex
     lse = Lse[b, h, m0:m0 + BM]
     delta = Delta[b, h, m0:m0 + BM]
     rows = m0 + T.arange(0, BM)
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     dq = T.zeros((BM, D), T.float32)
     hi = S
     if CAUSAL:

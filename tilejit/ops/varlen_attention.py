@@ -35,8 +35,8 @@ import tilejit
 import tilejit.language as T
 from tilejit.ops.custom_ops import namespace
 from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hopper, _masking, _online_softmax_step,
-                                         _sm80, _visible, _window, attn_bwd_preprocess, default_bwd_config,
-                                         default_config)
+                                         _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
+                                         default_bwd_config, default_config)
 
 @tilejit.func
 def _key_blocks(m, len_q, len_k, BM, BN, CAUSAL, LEFT, RIGHT):
@@ -69,11 +69,7 @@ def _start_rows(Q, h, r0, sm_scale, BM, D, SOFTCAP):
     m_i = T.full((BM,), float("-inf"), T.float32)
     l_i = T.zeros((BM,), T.float32)
     acc = T.zeros((BM, D), T.float32)
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:  # the capped scores come out of the step in base-2 units
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     return q, m_i, l_i, acc, qk_scale, tanh_scale
 
 
@@ -211,11 +207,7 @@ def attn_varlen_bwd_dq(Q, K, V, dO, Lse, Delta, dQ, CuQ, CuK, sm_scale, H, GROUP
     do = dO[0, h, r0:r0 + BM, 0:D]
     lse = Lse[0, h, r0:r0 + BM]
     delta = Delta[0, h, r0:r0 + BM]
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     rows = (k_end - len_q + m) + T.arange(0, BM)
     mid, hi = _key_blocks(m, len_q, k_end - k0, BM, BN, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
     MASK_RIGHT = WINDOW_RIGHT
@@ -289,11 +281,7 @@ def attn_varlen_bwd_dkdv(Q, K, V, dO, Lse, Delta, dK, dV, CuQ, CuK, sm_scale, HK
     dOv = T.bounded(dO, (1, dO.shape[1], q_end, D))
     Lsev = T.bounded(Lse, (1, Lse.shape[1], q_end))
     Deltav = T.bounded(Delta, (1, Delta.shape[1], q_end))
-    qk_scale = sm_scale * 1.4426950408889634
-    tanh_scale = sm_scale
-    if SOFTCAP > 0.0:
-        tanh_scale = sm_scale / SOFTCAP
-        qk_scale = 1.0
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
     lo, mid, hi = _query_blocks(n, len_q, len_k, BN, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
     mid = lo + ((mid - lo + BM - 1) // BM) * BM  # the masked blocks cover lo .. mid whole
     full = mid + (T.maximum(hi - mid, 0) // BM) * BM
