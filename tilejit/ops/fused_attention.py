@@ -604,6 +604,11 @@ def _reference_masked(q, k, v, causal, sm_scale, lens, window, softcap):
     return (weights / torch.where(total > 0, total, 1.0)) @ v
 
 
+def _grads_like(do, q, k, v, *_):
+    """The fake (torch.compile's shape-only) kernel of a backward operator: dq, dk, dv shaped as q, k, v."""
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 class _Operators:
     """The PyTorch operators of this module, in ``namespace``: ``attention_fwd`` (functional: (out, lse), lse
     empty unless ``store_lse``; differentiable), ``attention_fwd_out`` (writes ``out`` in place) and
@@ -615,8 +620,7 @@ class _Operators:
         self.forward_into = lib.custom_op(f"{namespace}::attention_fwd_out", mutates_args=("out",))(_fwd_out_op)
         self.backward = lib.custom_op(f"{namespace}::attention_bwd", mutates_args=())(_bwd_op)
         self.forward.register_fake(_fwd_fake)
-        self.backward.register_fake(lambda do, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
-                                                              torch.empty_like(v)))
+        self.backward.register_fake(_grads_like)
         self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
 
     def _backward(self, ctx, grad_out, grad_lse):

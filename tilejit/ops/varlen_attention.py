@@ -35,7 +35,7 @@ import tilejit
 import tilejit.language as T
 from tilejit.ops.custom_ops import namespace
 from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hopper, _masking, _online_softmax_step,
-                                         _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
+                                         _grads_like, _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
                                          default_bwd_config, default_config)
 
 @tilejit.func
@@ -482,8 +482,7 @@ class _Operators:
         self.forward = lib.custom_op(f"{namespace}::attention_varlen_fwd", mutates_args=())(_fwd_op)
         self.backward = lib.custom_op(f"{namespace}::attention_varlen_bwd", mutates_args=())(_bwd_op)
         self.forward.register_fake(_fwd_fake)
-        self.backward.register_fake(lambda do, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
-                                                              torch.empty_like(v)))
+        self.backward.register_fake(_grads_like)
         self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
 
     def _backward(self, ctx, grad_out, grad_lse):
