@@ -216,12 +216,14 @@ def main(argv=None) -> int:
     train_rows, decode_rows = [], []
     if not args.skip_train:
         corpus = load_corpus()
+        # Cheapest first, so that a run cut short still has tilejit next to eager and torch.compile; max-autotune's
+        # tuning takes minutes and comes last.
         variants = [("eager torch", "torch", None, None), ("torch.compile", "torch", "default", None),
-                    ("torch.compile max-autotune", "torch", "max-autotune", None)]
+                    ("tilejit", "tilejit", None, None), ("tilejit + torch.compile", "tilejit", "default", None)]
         liger = liger_ops()
         if liger is not None:
             variants.append(("Liger Kernel", "torch", None, liger))
-        variants += [("tilejit", "tilejit", None, None), ("tilejit + torch.compile", "tilejit", "default", None)]
+        variants.append(("torch.compile max-autotune", "torch", "max-autotune", None))
         for name, backend, mode, ops in variants:
             train_rows.append(measured(time_training, name, backend, mode, args, corpus, ops))
         _with_ratios(train_rows, "torch.compile max-autotune")
