@@ -231,6 +231,20 @@ def test_launch_from_a_second_python_thread(first_launch_in):
     torch.testing.assert_close(y_main, x * 5.0 + 1.0)
 
 
+def test_tensor_map_kernel_launched_first_from_a_thread_without_a_context():
+    """A thread that never called the CUDA runtime has no context current (torch's autograd threads run a custom
+    op's backward so): encoding the kernel's tensor maps and launching it must adopt the kernel's context."""
+    dev = device_or_skip(0)
+    kernel = tilejit.kernel(matmul.fn)
+    a = torch.randn(300, 520, device=dev, dtype=torch.float16)
+    b = torch.randn(520, 200, device=dev, dtype=torch.float16)
+    c = torch.full((300, 200), NAN, device=dev, dtype=torch.float32)
+    torch.cuda.synchronize(dev)
+    _in_thread(lambda: launch_matmul(kernel, a, b, c))
+    torch.cuda.synchronize(dev)
+    assert_matmul_close(c, a, b)
+
+
 def test_concurrent_launches_from_two_threads_keep_their_arguments():
     """Many launches of one kernel from two threads at once: each launch must use its own arguments (a
     parameter buffer shared between threads would let one thread's values reach another's launch)."""

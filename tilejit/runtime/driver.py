@@ -378,8 +378,12 @@ class Launcher:
 
     def _recover(self, err: int, grid: tuple[int, int, int], stream: int, params: int) -> None:
         """A failed launch: retry once with the kernel's own context current (the caller's thread may have
-        another device's context current), else raise LaunchError naming the error."""
-        if libcuda.current_context() != self.loaded.context:
+        another device's context current, or none), else raise LaunchError naming the error."""
+        if libcuda.adopt_if_none(self.loaded.context):
+            err = self._raw_launch(*grid, stream, params)
+            if not err:
+                return
+        elif libcuda.current_context() != self.loaded.context:
             with _ContextPushed(self.loaded.context):
                 err = self._raw_launch(*grid, stream, params)
             if not err:

@@ -53,7 +53,7 @@ def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]) 
     from .tma import TensorMapPacker
 
     return TensorMapLauncher(launcher, TensorMapPacker(maps, {name: (start, rank) for name, (start, rank) in
-                                                              layout.items()}))
+                                                              layout.items()}, context=launcher.loaded.context))
 
 
 class TensorMapLauncher:

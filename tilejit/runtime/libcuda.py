@@ -38,6 +38,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuGetErrorName": [_i, _P(ctypes.c_char_p)],
     "cuGetErrorString": [_i, _P(ctypes.c_char_p)],
     "cuCtxGetCurrent": [_P(_p)],
+    "cuCtxSetCurrent": [_p],
     "cuCtxPushCurrent_v2": [_p],
     "cuCtxPopCurrent_v2": [_P(_p)],
     "cuCtxGetDevice": [_P(_i)],
@@ -133,6 +134,16 @@ def current_context() -> int | None:
     ctx = ctypes.c_void_p()
     check(function("cuCtxGetCurrent")(ctypes.byref(ctx)), "cuCtxGetCurrent")
     return ctx.value
+
+
+def adopt_if_none(ctx: int) -> bool:
+    """Make ``ctx`` current on a thread that has no context current, as the CUDA runtime does on a thread's first
+    call (torch's autograd threads may run a custom op's backward before any runtime call: the driver calls of a
+    launch then see no context). Returns whether it did; a thread with any context current is left alone."""
+    if current_context():
+        return False
+    check(function("cuCtxSetCurrent")(ctx), "cuCtxSetCurrent")
+    return True
 
 
 class ContextPushed:

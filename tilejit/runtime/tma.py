@@ -58,7 +58,8 @@ class TensorMapPacker:
     gives, for each tensor parameter name, where its pointer, sizes and strides sit in the packed values.
     """
 
-    def __init__(self, maps: Sequence[dict], layout: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, maps: Sequence[dict], layout: dict[str, tuple[int, int]], context: int | None = None) -> None:
+        self.context = context  # the kernel's (primary) context: made current where a thread has none
         self.plan = []
         for m in maps:
             start, rank = layout[m["tensor"]]
@@ -69,6 +70,16 @@ class TensorMapPacker:
 
     def maps(self, values: Sequence[Any]) -> list[bytes]:
         """The 128-byte CUtensorMaps for the packed ``values``, in the kernel's parameter order."""
+        try:
+            return self._encode_all(values)
+        except LaunchError:
+            from . import libcuda
+
+            if self.context is None or not libcuda.adopt_if_none(self.context):
+                raise
+            return self._encode_all(values)  # the thread had no context current: encoding needs one
+
+    def _encode_all(self, values: Sequence[Any]) -> list[bytes]:
         out = []
         for start, rank, elem_bytes, box in self.plan:
             ptr = values[start]
