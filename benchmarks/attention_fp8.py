@@ -136,7 +136,7 @@ def table_row(row):
     bf16, cudnn = row["bf16 attention()"], row["SDPA cuDNN bf16"]
     return [row["dim"], row["seq"], row["batch"], row["scales"], "yes" if row["causal"] else "no", row["fp8"],
             row["config"], row["fp8 + transpose"], bf16, cudnn, row["SDPA flash bf16"],
-            row["fp8"] / bf16 if bf16 else None, row["fp8"] / cudnn if cudnn else None,
+            f"{row['fp8'] / bf16:.2f}" if bf16 else None, f"{row['fp8'] / cudnn:.2f}" if cudnn else None,
             row["fp8 err"], row["fp8 err deq"], row["bf16 attention() err"], row["SDPA cuDNN bf16 err"]]
 
 

@@ -157,11 +157,12 @@ def matmul_tflops(m: int, n: int, k: int, ms: float) -> float:
 
 
 def fmt(value: Any, digits: int = 1) -> str:
-    """A table cell: numbers rounded, None as "n/a", strings as they are."""
+    """A table cell: numbers rounded (to ``digits`` decimals; below 0.1, to 3 significant digits, so that errors
+    and small ratios keep their figures), None as "n/a", strings as they are."""
     if value is None:
         return "n/a"
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
+        return f"{value:.3g}" if 0 < abs(value) < 0.1 else f"{value:.{digits}f}"
     return str(value)
 
 

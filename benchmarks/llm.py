@@ -112,6 +112,8 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None)
         step(tokens, targets)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    if args.profile:
+        _print_profile(name, step, batches[-1])
     row = {"workload": f"train B={args.batch} S={args.seq}", "implementation": name,
            "tokens_per_s": args.batch * args.seq * args.steps / elapsed,
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "first_loss": first_loss,
@@ -119,6 +121,17 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None)
     print(f"{name}: {row['tokens_per_s']:.0f} tokens/s, peak {row['peak_gib']:.2f} GiB, first loss "
           f"{first_loss:.4f} on {row['device']}", flush=True)
     return row
+
+
+def _print_profile(name: str, step, batch) -> None:
+    """The GPU time of one more training step by kernel (torch.profiler), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(*batch)
+        torch.cuda.synchronize()
+    print(f"GPU time of one {name} step by kernel:")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
 
 
 def time_decode(name: str, backend: str, how: str, batch: int, args) -> dict:
@@ -207,8 +220,13 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--only", help="comma-separated implementations to run (default: all), e.g. "
+                        "'eager torch,tilejit'")
+    parser.add_argument("--profile", action="store_true",
+                        help="after timing, print one training step's GPU time by kernel (torch.profiler)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    only = None if args.only is None else {name.strip() for name in args.only.split(",")}
     if not torch.cuda.is_available():
         parser.error("benchmarks.llm times CUDA: no GPU is visible")
     args.warmup = max(args.warmup, 1)
@@ -225,18 +243,21 @@ def main(argv=None) -> int:
             variants.append(("Liger Kernel", "torch", None, liger))
         variants.append(("torch.compile max-autotune", "torch", "max-autotune", None))
         for name, backend, mode, ops in variants:
+            if only is not None and name not in only:
+                continue
             train_rows.append(measured(time_training, name, backend, mode, args, corpus, ops))
         _with_ratios(train_rows, "torch.compile max-autotune")
-        eager_peak = train_rows[0]["peak_gib"]
+        eager_peak = next((r["peak_gib"] for r in train_rows if r["implementation"] == "eager torch"), None)
         for r in train_rows:
             if eager_peak and r["peak_gib"]:
                 r["vs_reference"] = f"{r['vs_reference'] or 'n/a'}, {r['peak_gib'] / eager_peak:.2f}x eager's memory"
     if not args.skip_decode:
         for batch in (int(b) for b in args.decode_batches.split(",")):
-            rows = [measured(time_decode, "torch eager", "torch", "eager", batch, args),
-                    measured(time_decode, "torch.compile reduce-overhead", "torch", "reduce-overhead", batch, args),
-                    measured(time_decode, "tilejit eager", "tilejit", "eager", batch, args),
-                    measured(time_decode, "tilejit CUDA graph", "tilejit", "graph", batch, args)]
+            decoders = [("torch eager", "torch", "eager"),
+                        ("torch.compile reduce-overhead", "torch", "reduce-overhead"),
+                        ("tilejit eager", "tilejit", "eager"), ("tilejit CUDA graph", "tilejit", "graph")]
+            rows = [measured(time_decode, name, backend, how, batch, args) for name, backend, how in decoders
+                    if only is None or name in only]
             _with_ratios(rows, "torch.compile reduce-overhead")
             decode_rows += rows
     rows = train_rows + decode_rows
