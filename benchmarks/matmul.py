@@ -411,8 +411,9 @@ TABLE_HEADERS = ["shape (MxNxK)", "dtype", "tilejit TFLOP/s", "cuBLAS TFLOP/s", 
 def launch_host_times(launches: int = 1000, reps: int = 15) -> dict[str, dict[str, float]]:
     """Host microseconds per launch of ``kernels.matmul`` on a 256^3 fp16 problem (small, so the GPU keeps up and
     the host's time is what is measured), once tuned: launched plainly with the chosen config's meta arguments and
-    its grid, and through the autotuner (the compiled launcher's tuned dispatch), with that grid and with
-    ``kernels.matmul_grid``; the launchers take turns (``benchmarks.launch.host_overheads``)."""
+    its grid and with ``kernels.matmul_grid``, and through the autotuner (the compiled launcher's tuned dispatch)
+    with the same two; the launchers take turns (``benchmarks.launch.host_overheads``). A grid function costs
+    its Python call on either path: compare a tuned launch with the plain one of the same grid form."""
     import torch
 
     from benchmarks import kernels
@@ -428,6 +429,8 @@ def launch_host_times(launches: int = 1000, reps: int = 15) -> dict[str, dict[st
     launchers = {
         "plain launch (the chosen config, grid tuple)": lambda: tuner.kernel[grid](a, b, c, **meta),
         "tuned launch (grid tuple)": lambda: tuner[grid](a, b, c),
+        "plain launch (the chosen config, grid function)": lambda: tuner.kernel[kernels.matmul_grid](a, b, c,
+                                                                                                     **meta),
         "tuned launch (grid function)": lambda: tuner[kernels.matmul_grid](a, b, c),
     }
     for launch in launchers.values():  # each path's first launches compile, make and fill its tables
@@ -437,10 +440,19 @@ def launch_host_times(launches: int = 1000, reps: int = 15) -> dict[str, dict[st
 
 
 def launch_rows(times: dict[str, dict[str, float]]) -> list[list[Any]]:
-    """Rows of the launch host-time table: each launcher's median and its difference from the plain launch."""
-    plain = next(iter(times.values()))["us_per_launch"]
-    return [[name, f"{r['us_per_launch']:.2f} us", f"{r['us_per_launch'] - plain:+.2f} us",
+    """Rows of the launch host-time table: each launcher's median and its difference from the first launcher of
+    the same grid form (the text from "grid" on, e.g. "grid function)"; the first launcher where none names one)."""
+    first = next(iter(times.values()))["us_per_launch"]
+    by_form: dict[str, float] = {}
+    for name, r in times.items():
+        by_form.setdefault(_grid_form(name), r["us_per_launch"])
+    return [[name, f"{r['us_per_launch']:.2f} us",
+             f"{r['us_per_launch'] - (by_form[_grid_form(name)] if _grid_form(name) else first):+.2f} us",
              f"{r['min_us_per_launch']:.2f} us"] for name, r in times.items()]
+
+
+def _grid_form(name: str) -> str:
+    return name[name.index("grid"):] if "grid" in name else ""
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
@@ -636,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     elif launch_times:
         table += ("\n\nHost time per launch of the autotuned matmul, 256^3 fp16, same run (median of 15 x 1000 "
                   "back-to-back launches, launchers taking turns):\n\n"
-                  + markdown_table(["launch", "host time", "vs plain", "min"], launch_rows(launch_times)))
+                  + markdown_table(["launch", "host time", "vs plain (same grid form)", "min"], launch_rows(launch_times)))
     if args.sm80_path and sm80_rows(rows):
         table += ("\n\nThe sm_80 path (mma.sync and cp.async pinned, `kernels.SM80_PINS`; autotuned over an sm_80 GPU's "
                   "config space) in the same run:\n\n" + markdown_table(SM80_HEADERS, sm80_rows(rows)))

@@ -503,3 +503,8 @@ def test_launch_rows_give_each_launchers_difference_from_the_plain_launch():
              "tuned": {"us_per_launch": 8.4, "min_us_per_launch": 8.0}}
     rows = bench_matmul.launch_rows(times)
     assert rows == [["plain", "7.90 us", "+0.00 us", "7.50 us"], ["tuned", "8.40 us", "+0.50 us", "8.00 us"]]
+    times = {"plain (grid tuple)": {"us_per_launch": 7.9, "min_us_per_launch": 7.5},
+             "plain (grid function)": {"us_per_launch": 11.0, "min_us_per_launch": 10.5},
+             "tuned (grid tuple)": {"us_per_launch": 8.0, "min_us_per_launch": 7.6},
+             "tuned (grid function)": {"us_per_launch": 11.7, "min_us_per_launch": 11.1}}
+    assert [row[2] for row in bench_matmul.launch_rows(times)] == ["+0.00 us", "+0.00 us", "+0.10 us", "+0.70 us"]
