@@ -45,7 +45,8 @@ def _norm_reference_grads(x, w, r, dy, ds, eps):
 
 
 NORM_CASES = [((7, 37), torch.float32, False), ((3, 5, 37), torch.float32, True), ((2, 19, 100), torch.bfloat16, True),
-              ((70, 40), torch.float16, True), ((300,), torch.float32, False), ((9, 1030), torch.bfloat16, False)]
+              ((70, 40), torch.float16, True), ((300,), torch.float32, False), ((9, 1030), torch.bfloat16, False),
+              ((5, 1024), torch.bfloat16, True), ((11, 256), torch.float16, False)]
 
 
 @pytest.mark.parametrize("shape, dtype, residual", NORM_CASES, ids=[f"{s}-{str(d)[6:]}-{r}" for s, d, r in NORM_CASES])
@@ -296,18 +297,28 @@ def _meta(*shape, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dim", [100, 4096, 8192])
+@pytest.mark.parametrize("dim", [100, 1024, 4096, 8192])
 def test_rms_norm_kernels_compile(fresh_compile_cache, arch, dim):
-    x, w, rstd = _meta(1000, dim), _meta(dim, dtype=torch.float32), _meta(1000, dtype=torch.float32)
-    partial = _meta(264, dim, dtype=torch.float32)
-    _check_compiled(norm.rms_norm_fwd.compile(x, x, w, x, x, rstd, 1e-6, RESIDUAL=True, arch=arch,
-                                              **norm.launch_config(dim)), arch)
-    # 8192-long rows: 16 warps of at most 128 registers a thread hold the backward's tiles with a small spill
-    _check_compiled(norm.rms_norm_bwd.compile(x, x, x, w, rstd, x, partial, HAS_DS=True, arch=arch,
-                                              **norm.launch_config(dim, backward=True)), arch,
-                    spill_bytes=256 if dim > 4096 else 0)
-    _check_compiled(norm.column_sums.compile(partial, _meta(dim, dtype=torch.float32), BM=16, BN=128, num_warps=4,
-                                             arch=arch), arch)
+    config = norm.launch_config(dim)
+    chunks, bc = dim // config["BC"], config["BC"]
+    x, rstd = _meta(1000, chunks, bc), _meta(1000, dtype=torch.float32)
+    partial = _meta(528, chunks, bc, dtype=torch.float32)
+    weight = _meta(1, chunks, bc).expand(1000, chunks, bc)
+    forward = norm.rms_norm_fwd.compile(x, x, weight, x, x, rstd, 1e-6, RESIDUAL=True, arch=arch, **config)
+    _check_compiled(forward, arch)
+    backward = norm.rms_norm_bwd.compile(x, x, x, weight[:config["BM"]], rstd, x, partial, HAS_DS=True, arch=arch,
+                                         **config)
+    _check_compiled(backward, arch)
+    if arch == "sm_90a":
+        # every access is a whole vector (the views' last extent is promised), and each thread reads the rstd of
+        # its own rows: the only trips through shared memory are the two passes of each row sum (and dweight's)
+        for compiled in (forward, backward):
+            assert "no element-wise variant" in compiled.asm["cuda"]
+            assert "broadcast through shared memory" not in compiled.asm["cuda"]
+        assert backward.asm["cuda"].count("through shared memory") == 3
+    sums = norm.column_sums_config(dim)
+    _check_compiled(norm.column_sums.compile(partial[:, :, 0], _meta(dim, dtype=torch.float32), arch=arch, **sums),
+                    arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -323,9 +334,13 @@ def test_rotary_kernel_compiles(fresh_compile_cache, arch, dim, q_heads, k_heads
 
 
 def test_launch_configs():
-    assert norm.launch_config(4096) == dict(BM=1, BD=4096, num_warps=8)
-    assert norm.launch_config(8192, backward=True) == dict(BM=1, BD=8192, num_warps=16)
-    assert norm.launch_config(40, backward=True) == dict(BM=16, BD=64, num_warps=4)
-    assert norm.launch_config(100) == dict(BM=16, BD=128, num_warps=4)
+    assert norm.launch_config(1024) == dict(BM=2, BR=32, BC=32, num_warps=4)
+    assert norm.launch_config(4096) == dict(BM=1, BR=64, BC=64, num_warps=8)
+    assert norm.launch_config(8192) == dict(BM=1, BR=128, BC=64, num_warps=16)
+    assert norm.launch_config(40) == dict(BM=16, BR=8, BC=8, num_warps=2)
+    assert norm.launch_config(100) == dict(BM=16, BR=32, BC=4, num_warps=4)
+    assert norm.launch_config(37) == dict(BM=16, BR=64, BC=1, num_warps=2)
+    assert norm.launch_config(2050) == dict(BM=1, BR=2048, BC=2, num_warps=8)
+    assert norm.column_sums_config(1024) == dict(BM=128, BN=8, num_warps=4)
     assert rotary.launch_config(128, 32, 8) == dict(BHQ=16, BHK=8, BHALF=64, num_warps=4)
     assert rotary.launch_config(300, 6, 3) == dict(BHQ=4, BHK=4, BHALF=256, num_warps=4)
