@@ -115,7 +115,8 @@ def _rotary_inputs(batch, seq, q_heads, k_heads, dim, dtype, positions_dtype=Non
 
 
 ROPE_CASES = [(2, 3, 5, 2, 20, torch.float32, None), (3, 1, 4, 4, 16, torch.bfloat16, torch.int64),
-              (2, 4, 6, 3, 300, torch.float16, torch.int32), (1, 5, 2, 1, 2, torch.float32, torch.int64)]
+              (2, 4, 6, 3, 300, torch.float16, torch.int32), (1, 5, 2, 1, 2, torch.float32, torch.int64),
+              (2, 70, 2, 1, 8, torch.float32, torch.int32), (2, 70, 3, 1, 8, torch.bfloat16, torch.int64)]
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=[f"{c[:5]}-{str(c[5])[6:]}-{c[6]}" for c in ROPE_CASES])
@@ -327,10 +328,13 @@ def test_rotary_kernel_compiles(fresh_compile_cache, arch, dim, q_heads, k_heads
     q, k = _meta(2, 7, q_heads, 2, dim // 2), _meta(2, 7, k_heads, 2, dim // 2)
     table, positions = _meta(100, dim // 2, dtype=torch.float32), _meta(2, 7, dtype=torch.int64)
     compiled = rotary.rotary_kernel.compile(q, k, q, k, table, table, positions, POSITIONS=True, INVERSE=False,
-                                            arch=arch, **rotary.launch_config(dim, q_heads, k_heads))
+                                            arch=arch, **rotary.launch_config(dim, q_heads, k_heads, 7))
     _check_compiled(compiled, arch)
-    # cos and sin are spread over the heads once per operand (outside the head loops), not at each use
-    assert compiled.asm["cuda"].count("broadcast through shared memory") <= 4
+    # cos and sin are spread over the heads once per operand (outside the head loops), not at each use; on sm_80
+    # the positions reach the gathers' rows through shared memory too (once each)
+    assert compiled.asm["cuda"].count("broadcast through shared memory") <= (6 if arch == "sm_80" else 4)
+    # head dims whose half is a multiple of 8: only the vector accesses of q and k are generated
+    assert compiled.asm["cuda"].count("no element-wise variant") == 8
 
 
 def test_launch_configs():
@@ -342,5 +346,8 @@ def test_launch_configs():
     assert norm.launch_config(37) == dict(BM=16, BR=64, BC=1, num_warps=2)
     assert norm.launch_config(2050) == dict(BM=1, BR=2048, BC=2, num_warps=8)
     assert norm.column_sums_config(1024) == dict(BM=128, BN=8, num_warps=4)
-    assert rotary.launch_config(128, 32, 8) == dict(BHQ=16, BHK=8, BHALF=64, num_warps=4)
-    assert rotary.launch_config(300, 6, 3) == dict(BHQ=4, BHK=4, BHALF=256, num_warps=4)
+    assert rotary.launch_config(64, 16, 4, 1024) == dict(BT=4, BHQ=16, BHK=4, BHALF=32, HALF_DIVISOR=8, num_warps=4)
+    assert rotary.launch_config(128, 32, 8, 1000) == dict(BT=1, BHQ=32, BHK=8, BHALF=64, HALF_DIVISOR=8,
+                                                          num_warps=4)
+    assert rotary.launch_config(300, 6, 3, 9) == dict(BT=1, BHQ=8, BHK=4, BHALF=256, HALF_DIVISOR=2, num_warps=4)
+    assert rotary.launch_config(16, 2, 1, 3) == dict(BT=4, BHQ=2, BHK=1, BHALF=8, HALF_DIVISOR=8, num_warps=4)

@@ -71,7 +71,8 @@ def test_rms_norm_float32_weight_and_many_rows_per_program(requires_sm):
     _close(dweight, w64.grad, torch.float32, "dweight", w64.grad.abs().max().item())
 
 
-ROPE_CASES = [(2, 1000, 32, 8, 128), (3, 77, 12, 4, 64), (1, 5, 3, 1, 96), (4, 33, 40, 40, 80), (2, 9, 6, 3, 300)]
+ROPE_CASES = [(2, 1000, 32, 8, 128), (3, 77, 12, 4, 64), (1, 5, 3, 1, 96), (4, 33, 40, 40, 80), (2, 9, 6, 3, 300),
+              (8, 1024, 16, 4, 64), (2, 1001, 16, 4, 64), (3, 130, 2, 1, 16)]
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=str)
