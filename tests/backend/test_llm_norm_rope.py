@@ -351,3 +351,25 @@ def test_launch_configs():
                                                           num_warps=4)
     assert rotary.launch_config(300, 6, 3, 9) == dict(BT=1, BHQ=8, BHK=4, BHALF=256, HALF_DIVISOR=2, num_warps=4)
     assert rotary.launch_config(16, 2, 1, 3) == dict(BT=4, BHQ=2, BHK=1, BHALF=8, HALF_DIVISOR=8, num_warps=4)
+
+
+def test_rms_norm_backward_programs_fit_the_sms_at_once(fresh_compile_cache, monkeypatch):
+    """The backward launches as many programs as the SMs hold at once, from the compiled kernel's registers: at
+    the example LLM's D = 1024 (2 rows a step, 4 warps) that is BACKWARD_PROGRAMS_PER_SM (4) per SM, one wave."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("TILEJIT_ARCH", "sm_90a")
+    hopper = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=228 * 1024,
+                             max_threads_per_multi_processor=2048, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: hopper)
+    monkeypatch.setattr(norm, "_RESIDENT", {})
+    config = norm.launch_config(1024)
+    x = _meta(8192, 1024 // config["BC"], config["BC"])
+    weight = _meta(1, 1024 // config["BC"], config["BC"]).expand(config["BM"], -1, -1)
+    args = (x, x, x, weight, _meta(8192, dtype=torch.float32), x, _meta(528, 32, 32, dtype=torch.float32))
+    cuda = torch.device("cuda", 0)
+    resident = norm._resident_per_sm(args, config, True, cuda)
+    assert resident >= norm.BACKWARD_PROGRAMS_PER_SM == 4
+    assert norm._programs_for_backward(8192, 2, cuda, resident) == 528
+    assert norm._programs_for_backward(8192, 2, cuda, 3) == 396  # fewer fit: fewer programs, still one wave
+    assert norm._programs_for_backward(100, 2, cuda, resident) == 50

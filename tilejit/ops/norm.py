@@ -119,17 +119,38 @@ def launch_config(dim: int) -> dict:
     return dict(BM=bm, BR=br, BC=bc, num_warps=max(1, min(16, bm * bd // (32 * 16))))
 
 
-#: Programs per SM of the backward: each keeps BM rows of loads in flight, and its dweight partial in registers
-#: (written once: more programs, more partial rows for ``column_sums`` to read).
+#: Programs per SM of the backward, at most: each keeps BM rows of loads in flight, and its dweight partial in
+#: registers (written once: more programs, more partial rows for ``column_sums`` to read). Fewer where fewer fit
+#: an SM at once (a second wave of programs would double the time).
 BACKWARD_PROGRAMS_PER_SM = 4
+_RESIDENT: dict[tuple, int] = {}  # (dim, dtypes, HAS_DS, device index) -> backward programs an SM holds at once
 
 
-def _programs_for_backward(rows: int, bm: int, device: torch.device) -> int:
-    """Enough programs to keep every SM's memory traffic going; fewer rows, fewer."""
+def _resident_per_sm(args: tuple, config: dict, has_ds: bool, device: torch.device) -> int:
+    """Backward programs one SM holds at once, from the compiled kernel's registers, shared memory and threads
+    (found once per dim, dtypes and device)."""
+    key = (args[2].shape[1:], args[2].dtype, args[3].dtype, has_ds, device.index)
+    if key not in _RESIDENT:
+        meta = rms_norm_bwd.compile(*args, HAS_DS=has_ds, **config).meta
+        props = torch.cuda.get_device_properties(device)
+        threads = int(meta["threads"])
+        registers = -(-max(int(meta["registers"]), 1) // 8) * 8  # allocated per warp, 8 per thread at a time
+        warps_per_quarter = props.regs_per_multiprocessor // 4 // (32 * registers)  # each scheduler's register file
+        by_registers = 4 * warps_per_quarter // (threads // 32)
+        shared = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)  # Hopper's, where torch lacks it
+        by_shared = shared // (int(meta["shared_bytes"]) + 1024)  # 1 KB reserved per block
+        by_threads = props.max_threads_per_multi_processor // threads
+        _RESIDENT[key] = max(1, min(by_registers, by_shared, by_threads))
+    return _RESIDENT[key]
+
+
+def _programs_for_backward(rows: int, bm: int, device: torch.device, resident: int) -> int:
+    """As many programs as the SMs hold at once (at most ``BACKWARD_PROGRAMS_PER_SM`` each); fewer rows, fewer."""
     blocks = tilejit.cdiv(rows, bm)
     if device.type != "cuda":
         return min(blocks, 4)
-    return min(blocks, BACKWARD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(blocks, min(BACKWARD_PROGRAMS_PER_SM, resident) * sms)
 
 
 def column_sums_config(dim: int) -> dict:
@@ -217,13 +238,17 @@ def rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, x: torch.Tensor
         return dx, dweight.zero_()
     config = launch_config(dim)
     bm, bc = config["BM"], config["BC"]
-    programs = _programs_for_backward(rows, bm, x.device)
-    partial = torch.empty(programs, dim, dtype=torch.float32, device=x.device)
     dy3 = _rows3(_rows(dy), bc)
     ds3 = _rows3(_rows(ds), bc) if ds is not None else dy3
     w3 = weight.view(1, dim // bc, bc).expand(bm, dim // bc, bc)
-    rms_norm_bwd[(programs,)](dy3, ds3, _rows3(x2, bc), w3, rstd, dx.view(rows, dim // bc, bc),
-                              _rows3(partial, bc), HAS_DS=ds is not None, **config)
+    programs = _programs_for_backward(rows, bm, x.device, BACKWARD_PROGRAMS_PER_SM)
+    partial = torch.empty(programs, dim, dtype=torch.float32, device=x.device)
+    args = (dy3, ds3, _rows3(x2, bc), w3, rstd, dx.view(rows, dim // bc, bc), _rows3(partial, bc))
+    if x.device.type == "cuda":
+        programs = _programs_for_backward(rows, bm, x.device, _resident_per_sm(args, config, ds is not None, x.device))
+        partial = partial[:programs]
+        args = args[:6] + (_rows3(partial, bc),)
+    rms_norm_bwd[(programs,)](*args, HAS_DS=ds is not None, **config)
     sums = column_sums_config(dim)
     column_sums[(tilejit.cdiv(dim, sums["BN"]),)](partial, dweight, **sums)
     return dx, dweight
