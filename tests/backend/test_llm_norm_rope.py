@@ -330,8 +330,8 @@ def test_rotary_kernel_compiles(fresh_compile_cache, arch, dim, q_heads, k_heads
     compiled = rotary.rotary_kernel.compile(q, k, q, k, table, table, positions, POSITIONS=True, INVERSE=False,
                                             arch=arch, **rotary.launch_config(dim, q_heads, k_heads, 7))
     _check_compiled(compiled, arch)
-    # cos and sin are spread over the heads once per operand (outside the head loops), not at each use; on sm_80
-    # the positions reach the gathers' rows through shared memory too (once each)
+    # cos and sin are spread over the heads once per head step (text: once in q's loop, once in k's), not at each
+    # use; on sm_80 the positions reach the gathers' rows through shared memory too (once each)
     assert compiled.asm["cuda"].count("broadcast through shared memory") <= (6 if arch == "sm_80" else 4)
     # head dims whose half is a multiple of 8: only the vector accesses of q and k are generated
     assert compiled.asm["cuda"].count("no element-wise variant") == 8

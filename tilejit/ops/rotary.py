@@ -3,8 +3,9 @@ tilejit's language.
 
 ``rotary_kernel``: a program rotates BT consecutive tokens of one batch entry, of q (``program_id(1)`` = 0) or
 of k (1). It reads the tokens' positions (``Positions[b, s0:s0 + BT]``, or s), gathers their rows of cos and sin
-(float32, D/2 each) once and spreads them over BH heads, then rotates the heads BH at a time (all of them in one
-step for Llama-like shapes, so each program issues all its loads before any store): with ``x1 = x[..., :D/2]``
+(float32, D/2 each) once, then rotates the heads BH at a time (all of them in one step for Llama-like shapes, so
+each program issues all its loads before any store); a step issues its loads, then spreads cos and sin over its
+heads (through shared memory, while the loads are in flight): with ``x1 = x[..., :D/2]``
 and ``x2 = x[..., D/2:]``, ``out = (x1 cos - x2 sin, x2 cos + x1 sin)`` in float32, stored in the input's dtype.
 The kernel sees a head as (2, D/2) (a view of the last dim), so the two halves are two loads whose columns past
 D/2 are masked, whatever D/2 is. It reads and writes each element once; the outputs may be the inputs (in
@@ -33,15 +34,17 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @tilejit.func
 def _rotate_heads(X, Out, b, s0, c, sn, BT, BH, BHALF):
     """Rotate every head of tokens (b, s0 .. s0 + BT) of X (B, S, H, 2, D/2) into Out, BH heads at a time."""
-    # cos and sin (BT, BHALF) spread over the heads once (a broadcast goes through shared memory), not at every use
     zero = T.zeros((BT, BH, BHALF), T.float32)
-    c = zero + c[:, None, :]
-    sn = zero + sn[:, None, :]
     for h0 in range(0, X.shape[2], BH):
         x1 = X[b, s0:s0 + BT, h0:h0 + BH, 0, 0:BHALF].to(T.float32)
         x2 = X[b, s0:s0 + BT, h0:h0 + BH, 1, 0:BHALF].to(T.float32)
-        Out[b, s0:s0 + BT, h0:h0 + BH, 0, 0:BHALF] = x1 * c - x2 * sn
-        Out[b, s0:s0 + BT, h0:h0 + BH, 1, 0:BHALF] = x2 * c + x1 * sn
+        # cos and sin (BT, BHALF) spread over the heads (a broadcast goes through shared memory) after the loads
+        # are issued, so that the heads' loads and the gathers of cos and sin are in flight together (one step for
+        # Llama-like shapes: one broadcast each)
+        cb = zero + c[:, None, :]
+        sb = zero + sn[:, None, :]
+        Out[b, s0:s0 + BT, h0:h0 + BH, 0, 0:BHALF] = x1 * cb - x2 * sb
+        Out[b, s0:s0 + BT, h0:h0 + BH, 1, 0:BHALF] = x2 * cb + x1 * sb
 
 
 @tilejit.kernel
