@@ -373,3 +373,12 @@ def test_rms_norm_backward_programs_fit_the_sms_at_once(fresh_compile_cache, mon
     assert norm._programs_for_backward(8192, 2, cuda, resident) == 528
     assert norm._programs_for_backward(8192, 2, cuda, 3) == 396  # fewer fit: fewer programs, still one wave
     assert norm._programs_for_backward(100, 2, cuda, resident) == 50
+
+
+def test_column_sums_over_many_steps(interpret):
+    """Partial rows past several 4 x BM steps, neither rows nor columns a multiple of the tile."""
+    torch.manual_seed(8)
+    partial = torch.randn(1000, 37)
+    out = torch.full((37,), float("nan"))
+    norm.column_sums[(tilejit.cdiv(37, 8),)](partial, out, BM=16, BN=8, num_warps=4)
+    torch.testing.assert_close(out.double(), partial.double().sum(0), rtol=1e-5, atol=1e-4)
