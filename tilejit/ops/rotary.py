@@ -78,9 +78,9 @@ def rotary_kernel(Q, K, QOut, KOut, Cos, Sin, Positions, BT: T.constexpr, BHQ: T
 def launch_config(head_dim: int, q_heads: int, k_heads: int, seq: int) -> dict:
     """BHALF: half a head rounded up to a power of 2; BH heads per step, at most 2048 elements per half (all of q's
     heads for Llama-like shapes: one step); BT tokens per program such that q's step holds about 2048 elements
-    per half, at most ``seq`` rounded up to a power of 2 (and 64): at 4 warps a thread holds 16 elements of each half (two
-    16-byte loads of a 16-bit type), so each program keeps 8 KB (q) of loads in flight, issued together before
-    any store."""
+    per half, at most ``seq`` rounded up to a power of 2 (and 64): at 4 warps a thread holds 16 elements of each
+    half (two 16-byte loads of a 16-bit type), so each program keeps 8 KB (q) of loads in flight, issued together
+    before any store."""
     bhalf = 1 << max(2, (head_dim // 2 - 1).bit_length())
     limit = max(1, 2048 // bhalf)
 
