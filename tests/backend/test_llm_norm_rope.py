@@ -45,7 +45,8 @@ def _norm_reference_grads(x, w, r, dy, ds, eps):
 
 
 NORM_CASES = [((7, 37), torch.float32, False), ((3, 5, 37), torch.float32, True), ((2, 19, 100), torch.bfloat16, True),
-              ((70, 40), torch.float16, True), ((300,), torch.float32, False), ((9, 1030), torch.bfloat16, False)]
+              ((70, 40), torch.float16, True), ((300,), torch.float32, False), ((9, 1030), torch.bfloat16, False),
+              ((5, 1024), torch.bfloat16, True), ((11, 256), torch.float16, False)]
 
 
 @pytest.mark.parametrize("shape, dtype, residual", NORM_CASES, ids=[f"{s}-{str(d)[6:]}-{r}" for s, d, r in NORM_CASES])
@@ -114,7 +115,8 @@ def _rotary_inputs(batch, seq, q_heads, k_heads, dim, dtype, positions_dtype=Non
 
 
 ROPE_CASES = [(2, 3, 5, 2, 20, torch.float32, None), (3, 1, 4, 4, 16, torch.bfloat16, torch.int64),
-              (2, 4, 6, 3, 300, torch.float16, torch.int32), (1, 5, 2, 1, 2, torch.float32, torch.int64)]
+              (2, 4, 6, 3, 300, torch.float16, torch.int32), (1, 5, 2, 1, 2, torch.float32, torch.int64),
+              (2, 70, 2, 1, 8, torch.float32, torch.int32), (2, 70, 3, 1, 8, torch.bfloat16, torch.int64)]
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=[f"{c[:5]}-{str(c[5])[6:]}-{c[6]}" for c in ROPE_CASES])
@@ -296,18 +298,28 @@ def _meta(*shape, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dim", [100, 4096, 8192])
+@pytest.mark.parametrize("dim", [100, 1024, 4096, 8192])
 def test_rms_norm_kernels_compile(fresh_compile_cache, arch, dim):
-    x, w, rstd = _meta(1000, dim), _meta(dim, dtype=torch.float32), _meta(1000, dtype=torch.float32)
-    partial = _meta(264, dim, dtype=torch.float32)
-    _check_compiled(norm.rms_norm_fwd.compile(x, x, w, x, x, rstd, 1e-6, RESIDUAL=True, arch=arch,
-                                              **norm.launch_config(dim)), arch)
-    # 8192-long rows: 16 warps of at most 128 registers a thread hold the backward's tiles with a small spill
-    _check_compiled(norm.rms_norm_bwd.compile(x, x, x, w, rstd, x, partial, HAS_DS=True, arch=arch,
-                                              **norm.launch_config(dim, backward=True)), arch,
-                    spill_bytes=256 if dim > 4096 else 0)
-    _check_compiled(norm.column_sums.compile(partial, _meta(dim, dtype=torch.float32), BM=16, BN=128, num_warps=4,
-                                             arch=arch), arch)
+    config = norm.launch_config(dim)
+    chunks, bc = dim // config["BC"], config["BC"]
+    x, rstd = _meta(1000, chunks, bc), _meta(1000, dtype=torch.float32)
+    partial = _meta(528, chunks, bc, dtype=torch.float32)
+    weight = _meta(1, chunks, bc).expand(1000, chunks, bc)
+    forward = norm.rms_norm_fwd.compile(x, x, weight, x, x, rstd, 1e-6, RESIDUAL=True, arch=arch, **config)
+    _check_compiled(forward, arch)
+    backward = norm.rms_norm_bwd.compile(x, x, x, weight[:config["BM"]], rstd, x, partial, HAS_DS=True, arch=arch,
+                                         **config)
+    _check_compiled(backward, arch)
+    if arch == "sm_90a":
+        # every access is a whole vector (the views' last extent is promised), and each thread reads the rstd of
+        # its own rows: the only trips through shared memory are the two passes of each row sum (and dweight's)
+        for compiled in (forward, backward):
+            assert "no element-wise variant" in compiled.asm["cuda"]
+            assert "broadcast through shared memory" not in compiled.asm["cuda"]
+        assert backward.asm["cuda"].count("through shared memory") == 3
+    sums = norm.column_sums_config(dim)
+    _check_compiled(norm.column_sums.compile(partial[:, :, 0], _meta(dim, dtype=torch.float32), arch=arch, **sums),
+                    arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -316,16 +328,57 @@ def test_rotary_kernel_compiles(fresh_compile_cache, arch, dim, q_heads, k_heads
     q, k = _meta(2, 7, q_heads, 2, dim // 2), _meta(2, 7, k_heads, 2, dim // 2)
     table, positions = _meta(100, dim // 2, dtype=torch.float32), _meta(2, 7, dtype=torch.int64)
     compiled = rotary.rotary_kernel.compile(q, k, q, k, table, table, positions, POSITIONS=True, INVERSE=False,
-                                            arch=arch, **rotary.launch_config(dim, q_heads, k_heads))
+                                            arch=arch, **rotary.launch_config(dim, q_heads, k_heads, 7))
     _check_compiled(compiled, arch)
-    # cos and sin are spread over the heads once per operand (outside the head loops), not at each use
-    assert compiled.asm["cuda"].count("broadcast through shared memory") <= 4
+    # cos and sin are spread over the heads once per head step (text: once in q's loop, once in k's), not at each
+    # use; on sm_80 the positions reach the gathers' rows through shared memory too (once each)
+    assert compiled.asm["cuda"].count("broadcast through shared memory") <= (6 if arch == "sm_80" else 4)
+    # head dims whose half is a multiple of 8: only the vector accesses of q and k are generated
+    assert compiled.asm["cuda"].count("no element-wise variant") == 8
 
 
 def test_launch_configs():
-    assert norm.launch_config(4096) == dict(BM=1, BD=4096, num_warps=8)
-    assert norm.launch_config(8192, backward=True) == dict(BM=1, BD=8192, num_warps=16)
-    assert norm.launch_config(40, backward=True) == dict(BM=16, BD=64, num_warps=4)
-    assert norm.launch_config(100) == dict(BM=16, BD=128, num_warps=4)
-    assert rotary.launch_config(128, 32, 8) == dict(BHQ=16, BHK=8, BHALF=64, num_warps=4)
-    assert rotary.launch_config(300, 6, 3) == dict(BHQ=4, BHK=4, BHALF=256, num_warps=4)
+    assert norm.launch_config(1024) == dict(BM=2, BR=32, BC=32, num_warps=4)
+    assert norm.launch_config(4096) == dict(BM=1, BR=64, BC=64, num_warps=8)
+    assert norm.launch_config(8192) == dict(BM=1, BR=128, BC=64, num_warps=16)
+    assert norm.launch_config(40) == dict(BM=16, BR=8, BC=8, num_warps=2)
+    assert norm.launch_config(100) == dict(BM=16, BR=32, BC=4, num_warps=4)
+    assert norm.launch_config(37) == dict(BM=16, BR=64, BC=1, num_warps=2)
+    assert norm.launch_config(2050) == dict(BM=1, BR=2048, BC=2, num_warps=8)
+    assert norm.column_sums_config(1024) == dict(BM=128, BN=8, num_warps=4)
+    assert rotary.launch_config(64, 16, 4, 1024) == dict(BT=4, BHQ=16, BHK=4, BHALF=32, HALF_DIVISOR=8, num_warps=4)
+    assert rotary.launch_config(128, 32, 8, 1000) == dict(BT=1, BHQ=32, BHK=8, BHALF=64, HALF_DIVISOR=8,
+                                                          num_warps=4)
+    assert rotary.launch_config(300, 6, 3, 9) == dict(BT=1, BHQ=8, BHK=4, BHALF=256, HALF_DIVISOR=2, num_warps=4)
+    assert rotary.launch_config(16, 2, 1, 3) == dict(BT=4, BHQ=2, BHK=1, BHALF=8, HALF_DIVISOR=8, num_warps=4)
+
+
+def test_rms_norm_backward_programs_fit_the_sms_at_once(fresh_compile_cache, monkeypatch):
+    """The backward launches as many programs as the SMs hold at once, from the compiled kernel's registers: at
+    the example LLM's D = 1024 (2 rows a step, 4 warps) that is BACKWARD_PROGRAMS_PER_SM (4) per SM, one wave."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("TILEJIT_ARCH", "sm_90a")
+    hopper = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=228 * 1024,
+                             max_threads_per_multi_processor=2048, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: hopper)
+    monkeypatch.setattr(norm, "_RESIDENT", {})
+    config = norm.launch_config(1024)
+    x = _meta(8192, 1024 // config["BC"], config["BC"])
+    weight = _meta(1, 1024 // config["BC"], config["BC"]).expand(config["BM"], -1, -1)
+    args = (x, x, x, weight, _meta(8192, dtype=torch.float32), x, _meta(528, 32, 32, dtype=torch.float32))
+    cuda = torch.device("cuda", 0)
+    resident = norm._resident_per_sm(args, config, True, cuda)
+    assert resident >= norm.BACKWARD_PROGRAMS_PER_SM == 4
+    assert norm._programs_for_backward(8192, 2, cuda, resident) == 528
+    assert norm._programs_for_backward(8192, 2, cuda, 3) == 396  # fewer fit: fewer programs, still one wave
+    assert norm._programs_for_backward(100, 2, cuda, resident) == 50
+
+
+def test_column_sums_over_many_steps(interpret):
+    """Partial rows past several 4 x BM steps, neither rows nor columns a multiple of the tile."""
+    torch.manual_seed(8)
+    partial = torch.randn(1000, 37)
+    out = torch.full((37,), float("nan"))
+    norm.column_sums[(tilejit.cdiv(37, 8),)](partial, out, BM=16, BN=8, num_warps=4)
+    torch.testing.assert_close(out.double(), partial.double().sum(0), rtol=1e-5, atol=1e-4)

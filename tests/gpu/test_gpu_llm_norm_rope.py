@@ -20,7 +20,8 @@ def _close(got, want, dtype, name, scale=1.0):
     torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * scale, msg=lambda m: f"{name}: {m}")
 
 
-NORM_SHAPES = [(4, 1000, 4096), (3, 77, 1000), (1, 5, 8192), (257, 64), (33, 8191), (2, 3, 2050)]
+NORM_SHAPES = [(4, 1000, 4096), (3, 77, 1000), (1, 5, 8192), (257, 64), (33, 8191), (2, 3, 2050), (3, 333, 1024),
+               (8, 1024, 1024), (1, 1024)]
 
 
 @pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
@@ -50,7 +51,28 @@ def test_rms_norm_forward_backward(requires_sm, shape, dtype, residual):
     _close(dweight, w64.grad, dtype, "dweight", w64.grad.abs().max().item())
 
 
-ROPE_CASES = [(2, 1000, 32, 8, 128), (3, 77, 12, 4, 64), (1, 5, 3, 1, 96), (4, 33, 40, 40, 80), (2, 9, 6, 3, 300)]
+def test_rms_norm_float32_weight_and_many_rows_per_program(requires_sm):
+    """bfloat16 rows with a float32 weight (loaded in another layout than x) and more rows than the backward's
+    programs times BM, an odd number (ragged last step): every row's dx and every row's share of dweight."""
+    requires_sm(80)
+    torch.manual_seed(13)
+    rows, dim = 20001, 1024
+    x, dy = (torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(dim, device="cuda", dtype=torch.float32)
+    y, _, rstd = norm.rms_norm_forward(x, w, 1e-5)
+    dx = torch.full_like(x, float("nan"))
+    dweight = torch.full_like(w, float("nan"))
+    norm.rms_norm_backward(dy, None, x, w, rstd, dx=dx, dweight=dweight)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    want = norm.reference(x64, w64, 1e-5)
+    (want * dy.double()).sum().backward()
+    _close(y, want.detach(), torch.bfloat16, "y")
+    _close(dx, x64.grad, torch.bfloat16, "dx", x64.grad.abs().max().item())
+    _close(dweight, w64.grad, torch.float32, "dweight", w64.grad.abs().max().item())
+
+
+ROPE_CASES = [(2, 1000, 32, 8, 128), (3, 77, 12, 4, 64), (1, 5, 3, 1, 96), (4, 33, 40, 40, 80), (2, 9, 6, 3, 300),
+              (8, 1024, 16, 4, 64), (2, 1001, 16, 4, 64), (3, 130, 2, 1, 16)]
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=str)

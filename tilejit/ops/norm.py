@@ -1,17 +1,19 @@
 """RMSNorm, optionally fused with the residual add before it, forward and backward, written in tilejit's language.
 
 Forward (``rms_norm_fwd``): one program normalizes BM whole rows held in registers (the row, up to
-``MAX_DIM`` = 8192 elements, rounded up to a power of 2 ``BD``; columns past D read as 0 and add nothing to the sum
-of squares), so every element is read once and written once: ``y = s * rsqrt(mean(s^2) + eps) * w`` in float32,
-stored in x's dtype. With a residual, ``s = x + residual`` is rounded to x's dtype and stored (the updated
-residual stream), and the normalization reads that rounded ``s``, which is what the backward sees. The row's
-``rstd`` (float32) is saved for the backward.
+``MAX_DIM`` = 8192 elements, seen as BR chunks of BC through a (rows, D / BC, BC) view, BR rounded up to a power
+of 2; chunks past D read as 0 and add nothing to the sum of squares), so every element is read once and written
+once: ``y = s * rsqrt(mean(s^2) + eps) * w`` in float32, stored in x's dtype. With a residual, ``s = x +
+residual`` is rounded to x's dtype and stored (the updated residual stream), and the normalization reads that
+rounded ``s``, which is what the backward sees. The row's ``rstd`` (float32) is saved for the backward. The
+weight is passed as a view whose rows all have stride 0, loaded in the tile's own layout (no broadcast through
+shared memory).
 
 Backward (``rms_norm_bwd``): with ``xhat = s * rstd`` and ``g = dy * w``, ``ds = rstd * (g - xhat * mean(g *
 xhat)) [+ the gradient of the returned s]``, which is the gradient of x and of the residual both. A fixed number
-of programs (a couple per SM) walks the rows with a stride and keeps its partial ``sum(dy * xhat)`` over its rows
-in registers; each writes it to its own row of a float32 (programs x D) buffer, which ``column_sums`` reduces to
-``dweight``. No atomics: dweight is the same at every run.
+of programs (``BACKWARD_PROGRAMS_PER_SM`` per SM) walks the rows with a stride, BM rows a step, and keeps its
+partial ``sum(dy * xhat)`` over its rows in registers; each writes it to its own row of a float32 (programs x D)
+buffer, which ``column_sums`` reduces to ``dweight``. No atomics: dweight is the same at every run.
 
 ``rms_norm(x, weight, eps=..., residual=...)`` is the PyTorch operator ``tilejit::rms_norm_fwd`` (backward
 ``tilejit::rms_norm_bwd``), differentiable in x, residual and weight, usable under ``torch.compile(fullgraph=True)``;
@@ -31,70 +33,139 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @tilejit.kernel
-def rms_norm_fwd(X, R, W, Y, S, Rstd, eps, BM: T.constexpr, BD: T.constexpr, RESIDUAL: T.constexpr):
-    """Y (and, ``RESIDUAL``, S = X + R) of rows m0 .. m0 + BM; their rstd into Rstd."""
-    D = X.shape[1]
+def rms_norm_fwd(X, R, W, Y, S, Rstd, eps, BM: T.constexpr, BR: T.constexpr, BC: T.constexpr,
+                 RESIDUAL: T.constexpr):
+    """Y (and, ``RESIDUAL``, S = X + R) of rows m0 .. m0 + BM; their rstd into Rstd. X, R, W, Y and S are
+    (rows, D / BC, BC) views (W's rows of stride 0)."""
+    # the views' last extent is BC: only the vector accesses are generated
+    T.multiple_of(X.shape[2], BC)
+    T.multiple_of(R.shape[2], BC)
+    T.multiple_of(Y.shape[2], BC)
+    T.multiple_of(S.shape[2], BC)
+    T.multiple_of(W.shape[2], BC)
+    T.multiple_of(W.stride(0), 16)  # 0: one row for all
+    T.multiple_of(W.stride(1), BC)
+    D = X.shape[1] * BC
     m0 = T.program_id(0) * BM
-    x = X[m0:m0 + BM, 0:BD].to(T.float32)
+    x = X[m0:m0 + BM, 0:BR, 0:BC].to(T.float32)
+    w = W[m0:m0 + BM, 0:BR, 0:BC]  # read with x, before the row sums' barriers
     if RESIDUAL:
-        s = (x + R[m0:m0 + BM, 0:BD].to(T.float32)).to(S.dtype)  # rounded as stored: the backward reads it
-        S[m0:m0 + BM, 0:BD] = s
+        s = (x + R[m0:m0 + BM, 0:BR, 0:BC].to(T.float32)).to(S.dtype)  # rounded as stored: the backward reads it
+        S[m0:m0 + BM, 0:BR, 0:BC] = s
         x = s.to(T.float32)
-    rstd = T.rsqrt(T.sum(x * x, 1) / D + eps)
+    rstd = T.rsqrt(T.sum(T.sum(x * x, 1), 1) / D + eps)
     Rstd[m0:m0 + BM] = rstd
-    Y[m0:m0 + BM, 0:BD] = x * rstd[:, None] * W[0:BD].to(T.float32)[None, :]
+    Y[m0:m0 + BM, 0:BR, 0:BC] = x * rstd[:, None, None] * w.to(T.float32)
 
 
 @tilejit.kernel
-def rms_norm_bwd(DY, DS, X, W, Rstd, DX, DWp, BM: T.constexpr, BD: T.constexpr, HAS_DS: T.constexpr):
+def rms_norm_bwd(DY, DS, X, W, Rstd, DX, DWp, BM: T.constexpr, BR: T.constexpr, BC: T.constexpr,
+                 HAS_DS: T.constexpr):
     """DX of rows p * BM, (p + P) * BM, ... (P programs); this program's sum of dY * xhat over them into DWp[p].
+    DY, DS, X, DX are (rows, D / BC, BC) views, W a (BM, D / BC, BC) one of stride-0 rows, DWp (P, D / BC, BC).
     Padding rows and columns read dY = 0: they add nothing."""
+    # the views' last extent is BC: only the vector accesses are generated
+    T.multiple_of(DY.shape[2], BC)
+    T.multiple_of(DS.shape[2], BC)
+    T.multiple_of(X.shape[2], BC)
+    T.multiple_of(W.shape[2], BC)
+    T.multiple_of(DX.shape[2], BC)
+    T.multiple_of(DWp.shape[2], BC)
+    T.multiple_of(W.stride(0), 16)  # 0: one row for all
+    T.multiple_of(W.stride(1), BC)
     M = X.shape[0]
-    D = X.shape[1]
+    D = X.shape[1] * BC
     p = T.program_id(0)
-    dw = T.zeros((BM, BD), T.float32)
-    w = dw + W[0:BD].to(T.float32)[None, :]  # spread over the rows once (a broadcast goes through shared memory)
+    w = W[0:BM, 0:BR, 0:BC].to(T.float32)
+    dw = T.zeros((BM, BR, BC), T.float32)
     for m0 in range(p * BM, M, T.num_programs(0) * BM):
-        rstd = Rstd[m0:m0 + BM][:, None]
-        xhat = X[m0:m0 + BM, 0:BD].to(T.float32) * rstd
-        dy = DY[m0:m0 + BM, 0:BD].to(T.float32)
+        # widened one axis at a time, so that each thread loads the rstd of its own rows (no shared memory)
+        rstd = (Rstd[m0:m0 + BM][:, None] + T.zeros((BM, BR), T.float32))[:, :, None]
+        xhat = X[m0:m0 + BM, 0:BR, 0:BC].to(T.float32) * rstd
+        dy = DY[m0:m0 + BM, 0:BR, 0:BC].to(T.float32)
+        if HAS_DS:  # loaded with the others, before the row sums' barriers: one memory round trip a step
+            ds = DS[m0:m0 + BM, 0:BR, 0:BC]
         g = dy * w
-        dx = (g - xhat * (T.sum(g * xhat, 1) / D)[:, None]) * rstd
+        dx = (g - xhat * (T.sum(T.sum(g * xhat, 1), 1) / D)[:, None, None]) * rstd
         if HAS_DS:
-            dx = dx + DS[m0:m0 + BM, 0:BD].to(T.float32)
-        DX[m0:m0 + BM, 0:BD] = dx
+            dx = dx + ds.to(T.float32)
+        DX[m0:m0 + BM, 0:BR, 0:BC] = dx
         dw += dy * xhat
-    DWp[p, 0:BD] = T.sum(dw, 0)
+    DWp[p, 0:BR, 0:BC] = T.sum(dw, 0)
 
 
 @tilejit.kernel
 def column_sums(P, Out, BM: T.constexpr, BN: T.constexpr):
-    """Out[n] = the sum of P[:, n] (float32), for BN columns per program."""
+    """Out[n] = the sum of P[:, n] (float32), for BN columns per program; 4 * BM rows a step (four loads in
+    flight)."""
     n0 = T.program_id(0) * BN
     total = T.zeros((BM, BN), T.float32)
-    for m0 in range(0, P.shape[0], BM):
-        total += P[m0:m0 + BM, n0:n0 + BN]
+    for m0 in range(0, P.shape[0], 4 * BM):
+        pair = P[m0:m0 + BM, n0:n0 + BN] + P[m0 + BM:m0 + 2 * BM, n0:n0 + BN]
+        total += pair + (P[m0 + 2 * BM:m0 + 3 * BM, n0:n0 + BN] + P[m0 + 3 * BM:m0 + 4 * BM, n0:n0 + BN])
     Out[n0:n0 + BN] = T.sum(total, 0)
 
 
-def launch_config(dim: int, backward: bool = False) -> dict:
-    """BM rows of BD columns per program: BD the row rounded up to a power of 2; short rows packed so that a
-    program moves at least 2048 elements (1024 in the backward); warps so that a thread holds 16 of a tile's
-    elements (two 16-byte loads of a 16-bit type), 8 in the backward, which keeps more tiles live (x, dy, dweight's
-    partial, the weight); at most 16 warps: an 8192-long row is 16 values a thread, in the backward too (whose
-    tiles then take more than the 128 registers a thread of 16 warps has: it spills up to about 200 bytes a thread)."""
-    per_program, per_thread = (1024, 8) if backward else (2048, 16)
+def launch_config(dim: int) -> dict:
+    """The tile of a program, forward and backward: BM rows, each seen as (BR, BC) through a (rows, D / BC, BC)
+    view of the tensors. BC is the largest power of 2 that divides D, capped near the square root of D rounded
+    up to a power of 2 (32 at D = 1024); BR is D / BC rounded up to a power of 2. A row's sum then takes two
+    short passes through shared memory (BR values per (row, column) output, consecutive threads reading
+    consecutive words, then BC per row) instead of one thread summing the whole row. Short rows are packed so
+    that a program holds at least 2048 elements, with warps such that a thread holds 16 of them (two 16-byte loads
+    of a 16-bit type per tensor) and at most 16 warps (an 8192-long row)."""
     bd = 1 << max(4, (dim - 1).bit_length())
-    bm = max(1, min(16, per_program // bd))
-    return dict(BM=bm, BD=bd, num_warps=max(1, min(16, bm * bd // (32 * per_thread))))
+    bc = min(dim & -dim, 1 << ((bd.bit_length() - 1) // 2))
+    br = 1 << max(0, (dim // bc - 1).bit_length())
+    bm = max(1, min(16, 2048 // bd))
+    return dict(BM=bm, BR=br, BC=bc, num_warps=max(1, min(16, bm * bd // (32 * 16))))
 
 
-def _programs_for_backward(rows: int, bm: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU twice (each keeps its dweight partial in registers); fewer rows, fewer."""
+#: Programs per SM of the backward, at most: each keeps BM rows of loads in flight, and its dweight partial in
+#: registers (written once: more programs, more partial rows for ``column_sums`` to read). Fewer where fewer fit
+#: an SM at once (a second wave of programs would double the time).
+BACKWARD_PROGRAMS_PER_SM = 4
+_RESIDENT: dict[tuple, int] = {}  # (dim, dtypes, HAS_DS, device index) -> backward programs an SM holds at once
+
+
+def _resident_per_sm(args: tuple, config: dict, has_ds: bool, device: torch.device) -> int:
+    """Backward programs one SM holds at once, from the compiled kernel's registers, shared memory and threads
+    (found once per dim, dtypes and device)."""
+    key = (args[2].shape[1:], args[2].dtype, args[3].dtype, has_ds, device.index)
+    if key not in _RESIDENT:
+        meta = rms_norm_bwd.compile(*args, HAS_DS=has_ds, **config).meta
+        props = torch.cuda.get_device_properties(device)
+        threads = int(meta["threads"])
+        registers = -(-max(int(meta["registers"]), 1) // 8) * 8  # allocated per warp, 8 per thread at a time
+        warps_per_quarter = props.regs_per_multiprocessor // 4 // (32 * registers)  # each scheduler's register file
+        by_registers = 4 * warps_per_quarter // (threads // 32)
+        shared = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)  # Hopper's, where torch lacks it
+        by_shared = shared // (int(meta["shared_bytes"]) + 1024)  # 1 KB reserved per block
+        by_threads = props.max_threads_per_multi_processor // threads
+        _RESIDENT[key] = max(1, min(by_registers, by_shared, by_threads))
+    return _RESIDENT[key]
+
+
+def _programs_for_backward(rows: int, bm: int, device: torch.device, resident: int) -> int:
+    """As many programs as the SMs hold at once (at most ``BACKWARD_PROGRAMS_PER_SM`` each); fewer rows, fewer."""
     blocks = tilejit.cdiv(rows, bm)
     if device.type != "cuda":
         return min(blocks, 4)
-    return min(blocks, 2 * torch.cuda.get_device_properties(device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(blocks, min(BACKWARD_PROGRAMS_PER_SM, resident) * sms)
+
+
+def column_sums_config(dim: int) -> dict:
+    """``column_sums`` of a (programs, dim) float32 buffer: narrow column strips, so that there are many programs
+    (128 at D = 1024): 8 columns (32 bytes a row, 4 x 128 rows a step: the backward's 528 partial rows on 132 SMs
+    in 2 steps) up to D = 2048, 32 (4 x 32 rows a step) past it."""
+    bn = 8 if dim <= 2048 else 32
+    return dict(BM=1024 // bn, BN=bn, num_warps=4)
+
+
+def _rows3(t: torch.Tensor, bc: int) -> torch.Tensor:
+    """(rows, D) with unit-stride rows as (rows, D / bc, bc): a view."""
+    return t.view(t.shape[0], t.shape[1] // bc, bc)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float) -> None:
@@ -146,10 +217,13 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     if rows == 0:
         return y, s, rstd
     config = launch_config(dim)
-    y2 = y.view(rows, dim)
-    rmsnorm_args = (x2, _rows(residual) if s is not None else x2, weight, y2, s.view(rows, dim) if s is not None
-                    else y2, rstd, float(eps))
-    rms_norm_fwd[(tilejit.cdiv(rows, config["BM"]),)](*rmsnorm_args, RESIDUAL=s is not None, **config)
+    bc = config["BC"]
+    x3, y3 = _rows3(x2, bc), y.view(rows, dim // bc, bc)
+    r3 = _rows3(_rows(residual), bc) if s is not None else x3
+    s3 = s.view(rows, dim // bc, bc) if s is not None else y3
+    w3 = weight.view(1, dim // bc, bc).expand(rows, dim // bc, bc)  # the weight's row for every row: no broadcast
+    rms_norm_fwd[(tilejit.cdiv(rows, config["BM"]),)](x3, r3, w3, y3, s3, rstd, float(eps), RESIDUAL=s is not None,
+                                                      **config)
     return y, s, rstd
 
 
@@ -165,13 +239,21 @@ def rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, x: torch.Tensor
     dweight = torch.empty_like(weight) if dweight is None else dweight
     if rows == 0:
         return dx, dweight.zero_()
-    config = launch_config(dim, backward=True)
-    programs = _programs_for_backward(rows, config["BM"], x.device)
+    config = launch_config(dim)
+    bm, bc = config["BM"], config["BC"]
+    dy3 = _rows3(_rows(dy), bc)
+    ds3 = _rows3(_rows(ds), bc) if ds is not None else dy3
+    w3 = weight.view(1, dim // bc, bc).expand(bm, dim // bc, bc)
+    programs = _programs_for_backward(rows, bm, x.device, BACKWARD_PROGRAMS_PER_SM)
     partial = torch.empty(programs, dim, dtype=torch.float32, device=x.device)
-    dy2 = _rows(dy)
-    rms_norm_bwd[(programs,)](dy2, _rows(ds) if ds is not None else dy2, x2, weight, rstd, dx.view(rows, dim),
-                              partial, HAS_DS=ds is not None, **config)
-    column_sums[(tilejit.cdiv(dim, 128),)](partial, dweight, BM=16, BN=128, num_warps=4)
+    args = (dy3, ds3, _rows3(x2, bc), w3, rstd, dx.view(rows, dim // bc, bc), _rows3(partial, bc))
+    if x.device.type == "cuda":
+        programs = _programs_for_backward(rows, bm, x.device, _resident_per_sm(args, config, ds is not None, x.device))
+        partial = partial[:programs]
+        args = args[:6] + (_rows3(partial, bc),)
+    rms_norm_bwd[(programs,)](*args, HAS_DS=ds is not None, **config)
+    sums = column_sums_config(dim)
+    column_sums[(tilejit.cdiv(dim, sums["BN"]),)](partial, dweight, **sums)
     return dx, dweight
 
 

@@ -1,13 +1,16 @@
 """Rotary position embedding (half-split, as Llama and Hugging Face's ``rotate_half``) of q and k, written in
 tilejit's language.
 
-``rotary_kernel``: one program per token (b, s). It reads the token's position (``Positions[b, s]``, or s), the
-position's row of cos and sin (float32, D/2 each) once, and rotates every head of q and then of k, BH heads at a
-time: with ``x1 = x[..., :D/2]`` and ``x2 = x[..., D/2:]``, ``out = (x1 cos - x2 sin, x2 cos + x1 sin)`` in
-float32, stored in the input's dtype. The kernel sees a head as (2, D/2) (a view of the last dim), so the two
-halves are two loads whose columns past D/2 are masked, whatever D/2 is. It reads and writes each element once;
-the outputs may be the inputs (in place). ``INVERSE`` rotates by -angle: the backward, since the rotation is
-orthogonal (the gradient of x is the transposed rotation of the output's gradient).
+``rotary_kernel``: a program rotates BT consecutive tokens of one batch entry, of q (``program_id(1)`` = 0) or
+of k (1). It reads the tokens' positions (``Positions[b, s0:s0 + BT]``, or s), gathers their rows of cos and sin
+(float32, D/2 each) once, then rotates the heads BH at a time (all of them in one step for Llama-like shapes, so
+each program issues all its loads before any store); a step issues its loads, then spreads cos and sin over its
+heads (through shared memory, while the loads are in flight): with ``x1 = x[..., :D/2]``
+and ``x2 = x[..., D/2:]``, ``out = (x1 cos - x2 sin, x2 cos + x1 sin)`` in float32, stored in the input's dtype.
+The kernel sees a head as (2, D/2) (a view of the last dim), so the two halves are two loads whose columns past
+D/2 are masked, whatever D/2 is. It reads and writes each element once; the outputs may be the inputs (in
+place). ``INVERSE`` rotates by -angle: the backward, since the rotation is orthogonal (the gradient of x is the
+transposed rotation of the output's gradient).
 
 ``rotary_embedding(q, k, cos, sin, positions=...)`` rotates q and k in place (the operator
 ``tilejit::rotary_embedding_``, which declares both as mutated) when no gradient is recorded, and otherwise
@@ -29,49 +32,65 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @tilejit.func
-def _rotate_heads(X, Out, b, s, c, sn, BH, BHALF):
-    """Rotate every head of token (b, s) of X (B, S, H, 2, D/2) into Out, BH heads at a time."""
-    # cos and sin spread over the heads once (a broadcast goes through shared memory), not at every use
-    zero = T.zeros((BH, BHALF), T.float32)
-    c = zero + c[None, :]
-    sn = zero + sn[None, :]
+def _rotate_heads(X, Out, b, s0, c, sn, BT, BH, BHALF):
+    """Rotate every head of tokens (b, s0 .. s0 + BT) of X (B, S, H, 2, D/2) into Out, BH heads at a time."""
+    zero = T.zeros((BT, BH, BHALF), T.float32)
     for h0 in range(0, X.shape[2], BH):
-        x1 = X[b, s, h0:h0 + BH, 0, 0:BHALF].to(T.float32)
-        x2 = X[b, s, h0:h0 + BH, 1, 0:BHALF].to(T.float32)
-        Out[b, s, h0:h0 + BH, 0, 0:BHALF] = x1 * c - x2 * sn
-        Out[b, s, h0:h0 + BH, 1, 0:BHALF] = x2 * c + x1 * sn
+        x1 = X[b, s0:s0 + BT, h0:h0 + BH, 0, 0:BHALF].to(T.float32)
+        x2 = X[b, s0:s0 + BT, h0:h0 + BH, 1, 0:BHALF].to(T.float32)
+        # cos and sin (BT, BHALF) spread over the heads (a broadcast goes through shared memory) after the loads
+        # are issued, so that the heads' loads and the gathers of cos and sin are in flight together (one step for
+        # Llama-like shapes: one broadcast each)
+        cb = zero + c[:, None, :]
+        sb = zero + sn[:, None, :]
+        Out[b, s0:s0 + BT, h0:h0 + BH, 0, 0:BHALF] = x1 * cb - x2 * sb
+        Out[b, s0:s0 + BT, h0:h0 + BH, 1, 0:BHALF] = x2 * cb + x1 * sb
 
 
 @tilejit.kernel
-def rotary_kernel(Q, K, QOut, KOut, Cos, Sin, Positions, BHQ: T.constexpr, BHK: T.constexpr,
-                  BHALF: T.constexpr, POSITIONS: T.constexpr, INVERSE: T.constexpr):
-    """Rotate token ``program_id(0)`` = b * S + s of Q and K (each (B, S, H, 2, D/2)) into QOut and KOut."""
+def rotary_kernel(Q, K, QOut, KOut, Cos, Sin, Positions, BT: T.constexpr, BHQ: T.constexpr, BHK: T.constexpr,
+                  BHALF: T.constexpr, HALF_DIVISOR: T.constexpr, POSITIONS: T.constexpr, INVERSE: T.constexpr):
+    """Rotate tokens s0 .. s0 + BT of batch entry b (``program_id(0)`` = b * cdiv(S, BT) + s0 / BT) of Q
+    (``program_id(1)`` = 0) or of K (1), each (B, S, H, 2, D/2), into QOut or KOut. HALF_DIVISOR: a power of 2
+    that divides D/2 (at most 8), so that the vector accesses need no run-time test and no element-wise variant."""
+    T.multiple_of(Q.shape[4], HALF_DIVISOR)
+    T.multiple_of(K.shape[4], HALF_DIVISOR)
+    T.multiple_of(QOut.shape[4], HALF_DIVISOR)
+    T.multiple_of(KOut.shape[4], HALF_DIVISOR)
     S = Q.shape[1]
-    token = T.program_id(0)
-    b = token // S
-    s = token % S
-    pos = s
+    blocks = T.cdiv(S, BT)
+    b = T.program_id(0) // blocks
+    s0 = T.program_id(0) % blocks * BT
     if POSITIONS:
-        pos = Positions[b, s]
-    c = Cos[pos, 0:BHALF]
+        pos = Positions[b, s0:s0 + BT]
+    else:
+        pos = s0 + T.arange(0, BT)
+    c = Cos[pos, 0:BHALF]  # tokens past the sequence's end (never stored) gather row 0 or zeros
     sn = Sin[pos, 0:BHALF]
     if INVERSE:
         sn = -sn
-    _rotate_heads(Q, QOut, b, s, c, sn, BHQ, BHALF)
-    _rotate_heads(K, KOut, b, s, c, sn, BHK, BHALF)
+    if T.program_id(1) == 0:
+        _rotate_heads(Q, QOut, b, s0, c, sn, BT, BHQ, BHALF)
+    else:
+        _rotate_heads(K, KOut, b, s0, c, sn, BT, BHK, BHALF)
 
 
-def launch_config(head_dim: int, q_heads: int, k_heads: int) -> dict:
-    """BHALF: half a head rounded up to a power of 2; BH heads per step such that a step holds at most 1024
-    elements per half: 8 float32 values per thread and half at 4 warps (two 16-byte loads of a 16-bit type), so
-    x1, x2 and the two results take few registers and many programs fit an SM."""
+def launch_config(head_dim: int, q_heads: int, k_heads: int, seq: int) -> dict:
+    """BHALF: half a head rounded up to a power of 2; BH heads per step, at most 2048 elements per half (all of q's
+    heads for Llama-like shapes: one step); BT tokens per program such that q's step holds about 2048 elements
+    per half, at most ``seq`` rounded up to a power of 2 (and 64): at 4 warps a thread holds 16 elements of each
+    half (two 16-byte loads of a 16-bit type), so each program keeps 8 KB (q) of loads in flight, issued together
+    before any store."""
     bhalf = 1 << max(2, (head_dim // 2 - 1).bit_length())
-    limit = max(1, 1024 // bhalf)
+    limit = max(1, 2048 // bhalf)
 
     def heads(n):
         return min(limit, 1 << max(0, (n - 1).bit_length()))
 
-    return dict(BHQ=heads(q_heads), BHK=heads(k_heads), BHALF=bhalf, num_warps=4)
+    bhq = heads(q_heads)
+    bt = max(1, min(2048 // (bhq * bhalf), 1 << max(0, (seq - 1).bit_length()), 64))
+    half = head_dim // 2
+    return dict(BT=bt, BHQ=bhq, BHK=heads(k_heads), BHALF=bhalf, HALF_DIVISOR=min(8, half & -half), num_warps=4)
 
 
 def _check(q, k, cos, sin, positions) -> None:
@@ -127,10 +146,11 @@ def rotary_forward(q, k, cos, sin, positions=None, *, q_out=None, k_out=None, in
     batch, seq, q_heads, dim = q.shape
     if batch * seq == 0:
         return q_out, k_out
-    config = launch_config(dim, q_heads, k.shape[2])
+    config = launch_config(dim, q_heads, k.shape[2], seq)
     positions_arg = cos if positions is None else positions  # a placeholder the kernel does not read
-    rotary_kernel[(batch * seq,)](_halves(q), _halves(k), _halves(q_out), _halves(k_out), cos, sin, positions_arg,
-                                  POSITIONS=positions is not None, INVERSE=bool(inverse), **config)
+    grid = (batch * tilejit.cdiv(seq, config["BT"]), 2)  # q's programs, then k's
+    rotary_kernel[grid](_halves(q), _halves(k), _halves(q_out), _halves(k_out), cos, sin, positions_arg,
+                        POSITIONS=positions is not None, INVERSE=bool(inverse), **config)
     return q_out, k_out
 
 
