@@ -193,8 +193,8 @@ def default_config(head_dim: int, fp8: bool = False, page_size: int | None = Non
     Decode reads each key once, so the aim is bytes in flight: 3 stages of 64 keys x D=128 x 2 bytes x (K, V)
     keep 64 KB of loads outstanding per program while it computes on the third, in 100 KB of shared memory (two
     programs per H100 SM); the tensor-core products are a few percent of the time at any BN. Where the page caps
-    the block below 64 keys the ring is 4 deep (its blocks are small). ``fp32``: a float32 cache, half the keys
-    per block (the same bytes)."""
+    the block below 64 keys the ring is 4 deep (its blocks are small); the warps are ``block_warps`` of the
+    block the page leaves. ``fp32``: a float32 cache, half the keys per block (the same bytes)."""
     bn = 64 if head_dim <= 128 else 32
     if fp8:
         bn *= 2  # half the bytes per key
@@ -210,8 +210,9 @@ def block_warps(size: int, head_dim: int) -> int:
     """Warps of a program whose blocks hold ``size`` keys. The (16 x size) score tile is cut into m16n8
     tensor-core atoms along the keys, one column of atoms per warp: 4 warps need 32 keys or more; a 16-key block
     (two atoms) gets one warp (two for D > 128: the (16 x D) float32 accumulator in one warp's registers would
-    be 128 a thread), whose scores then feed the value product from registers. More warps than atoms leave the
-    product to scalar multiply-adds from shared memory, many times slower than the loads it waits on."""
+    be 128 a thread), whose scores then feed the value product from registers. More warps than the tile has
+    columns of atoms leave the product to scalar multiply-adds from shared memory, many times slower than the
+    loads it waits on."""
     if size >= 32:
         return 4
     return 1 if head_dim <= 128 else 2
