@@ -43,7 +43,7 @@ def block_variants(page):
                 [(2, 1), (3, 1), (6, 1), (8, 1), (4, 2), (8, 2), (4, 4)]]
     return [dict(BN=bn, STAGES=stages, num_warps=warps) for bn, stages, warps in
             [(16, 4, 1), (16, 8, 1), (32, 4, 2), (32, 6, 2), (32, 4, 4), (32, 6, 4), (64, 2, 4), (64, 4, 4),
-             (128, 2, 4), (128, 3, 8)]]
+             (128, 3, 8)]]
 
 
 def main() -> None:
