@@ -3,8 +3,10 @@ warp counts and split counts, as achieved GB/s of the cache it reads (a probe, n
 
     python scripts/probes/decode_variants.py [--batch 32] [--context 32768] [--quick]
 
-Rows: the default plan first for each page size (None: a contiguous cache), then the variants. Every launch is
-checked against the float64 reference of one sequence before it is timed.
+Rows: the default plan first for each page size (None: a contiguous cache), then the variants: block size, ring
+depth and warps (a page of 16 keys caps the block at 16: there the warps are the variants, 4 warps being the
+scalar-FMA score product the default avoids), then split counts. Every launch is checked against the float64
+reference of one sequence before it is timed; the config column is what the launch ran with (``plan``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,18 @@ def cache(batch, context, heads, kv_heads, dim, page, dtype):
     return q, k, torch.randn_like(k), lens, table
 
 
+def block_variants(page):
+    """(BN, STAGES, num_warps) configs to try for a page size: where the page caps the block at 16 keys, ring
+    depths and warps of that block (4 warps: the scalar score product); else block sizes in 1, 2 and 4 warps (none
+    of these spill on sm_90a)."""
+    if page is not None and page % 32:
+        return [dict(BN=16, STAGES=stages, num_warps=warps) for stages, warps in
+                [(2, 1), (3, 1), (6, 1), (8, 1), (4, 2), (8, 2), (4, 4)]]
+    return [dict(BN=bn, STAGES=stages, num_warps=warps) for bn, stages, warps in
+            [(16, 4, 1), (16, 8, 1), (32, 4, 2), (32, 6, 2), (32, 4, 4), (32, 6, 4), (64, 2, 4), (64, 4, 4),
+             (128, 3, 8)]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
@@ -47,29 +61,27 @@ def main() -> None:
         q, k, v, lens, table = cache(ns.batch, ns.context, heads, kv_heads, dim, page, dtype)
         nbytes = 2 * ns.batch * ns.context * kv_heads * dim * dtype.itemsize
         want = decode.reference(q[:1], k, v, lens[:1], None if table is None else table[:1])
-        planned, gather, splits = decode.plan(q, k, table)
+        splits = decode.plan(q, k, table)[2]
         variants = [({}, None)]
         if not ns.quick:
-            for bn, stages, warps in [(32, 4, 4), (64, 2, 4), (64, 4, 4), (64, 3, 8), (128, 2, 4), (128, 3, 4),
-                                      (128, 3, 8)]:
-                variants.append((dict(BN=bn, STAGES=stages, num_warps=warps), None))
-            for s in (1, 4, 16):
-                if s != splits:
-                    variants.append(({}, s))
+            variants += [(config, None) for config in block_variants(page)]
+            variants += [({}, s) for s in (1, 2, 4, 8, 16) if s != splits]
         for config, split in variants:
-            label = ", ".join(f"{key}={val}" for key, val in config.items()) or f"default {planned}"
+            ran, shown = decode.plan(q, k, table, config=config)[0], split or splits
+            label = ("default " if not config else "") + ", ".join(
+                f"{key}={ran[key]}" for key in ("BN", "STAGES", "num_warps"))
             try:
                 out = decode.decode_attention_forward(q, k, v, lens, table, num_splits=split, **config)
-                err = (out[:1].double() - want).abs().max().item()
+                err = (out[:1].double() - want.to(out.device)).abs().max().item()
                 if not err < 2e-2:
-                    print(f"| {page} | {label} | {split} | wrong: max err {err:.3g} | | {name} |")
+                    print(f"| {page} | {label} | {shown} | wrong: max err {err:.3g} | | {name} |")
                     continue
                 ms = do_bench(lambda: decode.decode_attention_forward(q, k, v, lens, table, num_splits=split,
                                                                       **config))
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch is a row too
-                print(f"| {page} | {label} | {split} | {type(exc).__name__}: {str(exc)[:80]} | | {name} |")
+                print(f"| {page} | {label} | {shown} | {type(exc).__name__}: {str(exc)[:80]} | | {name} |")
                 continue
-            print(f"| {page} | {label} | {split if split else splits} | {ms * 1e3:.1f} | {nbytes / ms / 1e6:.0f} "
+            print(f"| {page} | {label} | {shown} | {ms * 1e3:.1f} | {nbytes / ms / 1e6:.0f} "
                   f"| {name} |", flush=True)
 
 

@@ -343,3 +343,49 @@ def test_float32_default_config_fits_without_a_cut(fresh_compile_cache, page):
             q, k, k, ints[:, 0], ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0, 1.0, GROUP=8, BM=16, BN=bn,
             D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, SPLIT=True, arch="sm_90a", **config)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
+
+
+# (page size, head dim, cache dtype): pages that cap the block at 16 keys, and blocks of 32 and more
+TENSOR_CORE_FORMS = [(16, 128, torch.bfloat16), (48, 128, torch.bfloat16), (16, 256, torch.bfloat16),
+                     (16, 128, torch.float8_e4m3fn), (16, 128, torch.float32), (64, 128, torch.bfloat16),
+                     (None, 128, torch.bfloat16), (None, 256, torch.float16)]
+
+
+@pytest.mark.parametrize("page, dim, dtype", TENSOR_CORE_FORMS,
+                         ids=[f"p{p}-d{d}-{str(t)[6:]}" for p, d, t in TENSOR_CORE_FORMS])
+def test_default_plan_puts_both_products_on_tensor_cores(page, dim, dtype):
+    """The planned warps split the (16 x BN) score tile into m16n8 atoms, so neither product of the pipelined loop
+    falls back to scalar multiply-adds from shared memory (what 4 warps on a 16-key block did)."""
+    batch, heads, kv_heads = 4, 32, 4
+    q_dtype = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+    q = _meta(batch, heads, dim, dtype=q_dtype)
+    if page is None:
+        k, table = _meta(batch, 4096, kv_heads, dim, dtype=dtype), None
+    else:
+        k, table = _meta(batch * 4096 // page, page, kv_heads, dim, dtype=dtype), _meta(batch, 4096 // page,
+                                                                                      dtype=torch.int32)
+    config, gather, splits = decode.plan(q, k, table)
+    config = dict(config)
+    bn = config.pop("BN")
+    assert not gather and (bn >= 32) == (config["num_warps"] == 4)
+    ints = _meta(batch, 64, dtype=torch.int32)
+    part = _meta(batch, heads, splits, dim, dtype=torch.float32)
+    lse = _meta(batch, heads, splits, dtype=torch.float32)
+    source = decode.decode_fwd.compile(
+        q, k, k, ints[:, 0], table if table is not None else ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0,
+        1.0, GROUP=8, BM=16, BN=bn, D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=False, SPLIT=splits > 1,
+        WIDEN=dtype == torch.float8_e4m3fn, arch="sm_90a", stop_after="cuda", **config).cuda
+    # (an fp8 cache is loaded into registers to be widened: only shared-memory loads are prefetched)
+    assert ("software pipeline" in source) == (dtype != torch.float8_e4m3fn)
+    assert "scalar FMAs" not in source
+    assert source.count("gemm 16x") >= 6  # q k^T and p v of the head, pipelined and tail loops
+
+
+def test_warps_follow_a_given_block_size():
+    """A BN given without num_warps gets the warps its block fits; given warps are kept (the probe's variants)."""
+    q = _meta(2, 16, 128, dtype=torch.bfloat16)
+    cache = _meta(8, 4096, 2, 128, dtype=torch.bfloat16)
+    assert decode.plan(q, cache)[0]["num_warps"] == 4
+    assert decode.plan(q, cache, config=dict(BN=16))[0]["num_warps"] == 1
+    assert decode.plan(q, cache, config=dict(BN=16, num_warps=4))[0]["num_warps"] == 4
+    assert decode.block_warps(16, 256) == 2 and decode.block_warps(32, 128) == 4

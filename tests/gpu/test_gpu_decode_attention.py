@@ -131,3 +131,24 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(step, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v, lens, table), step(q, k, v, lens, table))
+
+
+# 16-key blocks (pages of 16 and 48) in the warps they plan (1; 2 at D=256) and the probe's other warp counts
+SIXTEEN_KEY_CASES = [(16, 128, None), (48, 128, None), (16, 256, None), (16, 128, 2), (16, 128, 4), (48, 64, 2),
+                     (None, 128, 1)]
+
+
+@pytest.mark.parametrize("page, dim, warps", SIXTEEN_KEY_CASES,
+                         ids=[f"p{p}-d{d}-w{w}" for p, d, w in SIXTEEN_KEY_CASES])
+def test_sixteen_key_blocks_in_every_warp_count(page, dim, warps):
+    """A block of 16 keys (the page caps it, or BN=16 on a contiguous cache) split and unsplit, against float64:
+    one warp holds the whole score tile, two share it, four fall back to scalar products; all must agree."""
+    q, k, v, lens, table = _inputs(LENS, 32, 4, dim, page, seed=dim + (warps or 0))
+    want = decode.reference(q, k, v, lens, table, softcap=20.0)
+    config = dict(BN=16) if page is None else {}
+    if warps is not None:
+        config["num_warps"] = warps
+    for splits in (None, 1, 8):
+        out = torch.full_like(q, NAN)
+        decode.decode_attention_forward(q, k, v, lens, table, softcap=20.0, out=out, num_splits=splits, **config)
+        _check(out, want)

@@ -193,8 +193,8 @@ def default_config(head_dim: int, fp8: bool = False, page_size: int | None = Non
     Decode reads each key once, so the aim is bytes in flight: 3 stages of 64 keys x D=128 x 2 bytes x (K, V)
     keep 64 KB of loads outstanding per program while it computes on the third, in 100 KB of shared memory (two
     programs per H100 SM); the tensor-core products are a few percent of the time at any BN. Where the page caps
-    the block below 64 keys the ring is 4 deep (its blocks are small). ``fp32``: a float32 cache, half the keys
-    per block (the same bytes)."""
+    the block below 64 keys the ring is 4 deep (its blocks are small); the warps are ``block_warps`` of the
+    block the page leaves. ``fp32``: a float32 cache, half the keys per block (the same bytes)."""
     bn = 64 if head_dim <= 128 else 32
     if fp8:
         bn *= 2  # half the bytes per key
@@ -202,7 +202,20 @@ def default_config(head_dim: int, fp8: bool = False, page_size: int | None = Non
         bn //= 2
     size, gather = block_size(page_size, bn)
     # the masked blocks (at most one before and one after the unmasked run) are split off by hand: no peeling
-    return dict(BN=bn, STAGES=4 if size < bn and not gather else 3, num_warps=4, peel_masks=False)
+    return dict(BN=bn, STAGES=4 if size < bn and not gather else 3, num_warps=block_warps(size, head_dim),
+                peel_masks=False)
+
+
+def block_warps(size: int, head_dim: int) -> int:
+    """Warps of a program whose blocks hold ``size`` keys. The (16 x size) score tile is cut into m16n8
+    tensor-core atoms along the keys, one column of atoms per warp: 4 warps need 32 keys or more; a 16-key block
+    (two atoms) gets one warp (two for D > 128: the (16 x D) float32 accumulator in one warp's registers would
+    be 128 a thread), whose scores then feed the value product from registers. More warps than the tile has
+    columns of atoms leave the product to scalar multiply-adds from shared memory, many times slower than the
+    loads it waits on."""
+    if size >= 32:
+        return 4
+    return 1 if head_dim <= 128 else 2
 
 
 def block_size(page_size: int | None, bn: int) -> tuple[int, bool]:
@@ -355,13 +368,16 @@ def _masking(window, softcap) -> tuple[int, float]:
 
 def plan(q, k_cache, block_table=None, window_left: int = -1, config: dict | None = None):
     """(config with BN fitted to the page, gather, split count) of a call: from shapes, the device's SM count and
-    the given config over ``default_config``; never from the lengths (no host sync)."""
+    the given config over ``default_config`` (without num_warps: ``block_warps`` of the fitted BN); never from
+    the lengths (no host sync)."""
     batch, _, dim = q.shape
+    given = config or {}
     kv_heads = k_cache.shape[2]
     page_size = k_cache.shape[1] if block_table is not None else None
-    config = {**default_config(dim, k_cache.dtype == _FP8, page_size, k_cache.dtype == torch.float32),
-              **(config or {})}
+    config = {**default_config(dim, k_cache.dtype == _FP8, page_size, k_cache.dtype == torch.float32), **given}
     bn, gather = block_size(page_size, config["BN"])
+    if "num_warps" not in given:  # a BN given without warps: the warps its blocks fit
+        config["num_warps"] = block_warps(bn, dim)
     capacity = block_table.shape[1] * page_size if page_size is not None else k_cache.shape[1]
     max_keys = min(capacity, window_left + 1) if window_left >= 0 else capacity
     splits = num_splits(batch, kv_heads, max_keys, bn, _sm_count(q.device), programs_per_sm(page_size, bn, gather))
