@@ -4,10 +4,9 @@ One module, two sets of operators: ``LlamaModel(config, backend="tilejit")`` run
 lookup with an atomic scatter-add backward, fused RMSNorm with the residual add, in-place rotary embedding, fused
 attention, SwiGLU, fused linear + cross-entropy that never builds the logits, paged decode attention);
 ``backend="torch"`` runs the same math in torch operators (``F.scaled_dot_product_attention``, RMSNorm written out
-in float32, ...). Both read the same parameters, so
-``model.backend = "torch"`` (or a copy made from the same state dict) is the twin the tests and the benchmark
-compare against. A third set of operators can be plugged in with ``model.ops = ...`` (benchmarks/llm.py does so
-for Liger Kernel).
+in float32, ...). Both read the same parameters, so ``model.backend = "torch"`` (or a copy made from the same
+state dict) is the twin the tests and the benchmark compare against. A third set of operators can be plugged in
+with ``model.ops = ...`` (benchmarks/llm.py does so for Liger Kernel).
 
 Architecture: byte-level vocabulary of 256 (no special tokens: the corpus is bytes), grouped-query attention with
 rotary embeddings (half-split, theta 10000), pre-norm RMSNorm blocks, SwiGLU MLP, untied input embedding and
@@ -114,8 +113,8 @@ def tilejit_ops() -> SimpleNamespace:
     from tilejit import ops
 
     return SimpleNamespace(embedding=ops.embedding, rms_norm=ops.rms_norm,
-                           rotary_embedding=ops.rotary_embedding, linear=ops.linear, attention=ops.attention, swiglu_linear=ops.swiglu_linear,
-                           linear_cross_entropy=ops.linear_cross_entropy,
+                           rotary_embedding=ops.rotary_embedding, linear=ops.linear, attention=ops.attention,
+                           swiglu_linear=ops.swiglu_linear, linear_cross_entropy=ops.linear_cross_entropy,
                            decode_attention=ops.decode_attention)
 
 

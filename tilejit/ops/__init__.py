@@ -46,4 +46,5 @@ from tilejit.ops.varlen_attention import attention_varlen
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_fp8",
            "decode_attention", "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
-           "linear_cross_entropy", "embedding", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul", "mxfp8_matmul"]
+           "linear_cross_entropy", "embedding", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul",
+           "mxfp8_matmul"]
