@@ -1,12 +1,12 @@
 """A small Llama-style language model built from tilejit's PyTorch operators, and its plain-torch twin.
 
-One module, two sets of operators: ``LlamaModel(config, backend="tilejit")`` runs ``tilejit.ops`` (fused RMSNorm
-with the residual add, in-place rotary embedding, fused attention, SwiGLU, fused linear + cross-entropy that never
-builds the logits, paged decode attention); ``backend="torch"`` runs the same math in torch operators
-(``F.scaled_dot_product_attention``, RMSNorm written out in float32, ...). Both read the same parameters, so
-``model.backend = "torch"`` (or a copy made from the same state dict) is the twin the tests and the benchmark
-compare against. A third set of operators can be plugged in with ``model.ops = ...`` (benchmarks/llm.py does so
-for Liger Kernel).
+One module, two sets of operators: ``LlamaModel(config, backend="tilejit")`` runs ``tilejit.ops`` (embedding
+lookup with an atomic scatter-add backward, fused RMSNorm with the residual add, in-place rotary embedding, fused
+attention, SwiGLU, fused linear + cross-entropy that never builds the logits, paged decode attention);
+``backend="torch"`` runs the same math in torch operators (``F.scaled_dot_product_attention``, RMSNorm written out
+in float32, ...). Both read the same parameters, so ``model.backend = "torch"`` (or a copy made from the same
+state dict) is the twin the tests and the benchmark compare against. A third set of operators can be plugged in
+with ``model.ops = ...`` (benchmarks/llm.py does so for Liger Kernel).
 
 Architecture: byte-level vocabulary of 256 (no special tokens: the corpus is bytes), grouped-query attention with
 rotary embeddings (half-split, theta 10000), pre-norm RMSNorm blocks, SwiGLU MLP, untied input embedding and
@@ -101,7 +101,8 @@ def paged_decode_attention_torch(q, k_cache, v_cache, cache_seqlens, block_table
 
 
 #: The plain-torch operators, with the signatures of tilejit.ops.
-TORCH_OPS = SimpleNamespace(rms_norm=_torch_rms_norm, rotary_embedding=_torch_rotary_embedding, linear=F.linear,
+TORCH_OPS = SimpleNamespace(embedding=F.embedding, rms_norm=_torch_rms_norm,
+                            rotary_embedding=_torch_rotary_embedding, linear=F.linear,
                             attention=_torch_attention, swiglu_linear=_torch_swiglu_linear,
                             linear_cross_entropy=_torch_linear_cross_entropy,
                             decode_attention=paged_decode_attention_torch)
@@ -111,9 +112,9 @@ def tilejit_ops() -> SimpleNamespace:
     """tilejit's operators (imported when first asked for, so the torch twin runs without them)."""
     from tilejit import ops
 
-    return SimpleNamespace(rms_norm=ops.rms_norm, rotary_embedding=ops.rotary_embedding, linear=ops.linear,
-                           attention=ops.attention, swiglu_linear=ops.swiglu_linear,
-                           linear_cross_entropy=ops.linear_cross_entropy,
+    return SimpleNamespace(embedding=ops.embedding, rms_norm=ops.rms_norm,
+                           rotary_embedding=ops.rotary_embedding, linear=ops.linear, attention=ops.attention,
+                           swiglu_linear=ops.swiglu_linear, linear_cross_entropy=ops.linear_cross_entropy,
                            decode_attention=ops.decode_attention)
 
 
@@ -211,7 +212,7 @@ class LlamaModel(nn.Module):
         ``attend(layer, q, k, v)`` is the attention of each layer."""
         ops = self.ops
         rope = (self.rope_cos, self.rope_sin, positions)
-        stream, branch = self.embed[tokens], None
+        stream, branch = ops.embedding(tokens, self.embed), None
         for layer, block in enumerate(self.blocks):
             stream, branch = block(ops, stream, branch, rope, lambda q, k, v: attend(layer, q, k, v))
         y, _ = ops.rms_norm(branch, self.final_norm, eps=self.config.norm_eps, residual=stream)

@@ -318,10 +318,11 @@ def test_elementwise_kernels_compile(fresh_compile_cache, arch):
     _, args, _ = _compile_cases()["swiglu-bwd"]
     compiled = kernels.swiglu_bwd.compile(*args, arch=arch, RECOMPUTE=False, **kernels.SWIGLU_BWD_LOADED)
     assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0
-    compiled = kernels.cross_entropy_rows.compile(_meta(64, 50000), _meta(64, dtype=torch.int64),
-                                                  _meta(64, dtype=torch.float32), _meta(1, dtype=torch.float32), -100,
-                                                  arch=arch, BV=kernels.CE_BLOCK_V, num_warps=kernels.CE_WARPS)
-    assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0
+    for vocab in (256, 50000):
+        compiled = kernels.cross_entropy_rows.compile(_meta(64, vocab), _meta(64, dtype=torch.int64),
+                                                      _meta(64, dtype=torch.float32), _meta(1, dtype=torch.float32),
+                                                      -100, arch=arch, **kernels.cross_entropy_config(vocab))
+        assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0, (vocab, compiled.meta)
 
 
 def test_config_spaces_fit_their_kernels():
@@ -427,3 +428,30 @@ def test_every_tuned_config_compiles_without_spills(fresh_compile_cache, form):
         assert not [w for w in caught if "compiled with" in str(w.message)], (form, config)  # no ring cut
         assert compiled.meta["spills"] == 0, (form, config, compiled.meta["spills"])
         assert 0 < compiled.shared_bytes <= max_shared, (form, config, compiled.shared_bytes)
+
+
+@pytest.mark.parametrize("rows, vocab, bm, bv", [(37, 100, 8, 32), (5, 70, 4, 128), (9, 256, 16, 256)])
+def test_cross_entropy_blocks_of_rows(interpret, rows, vocab, bm, bv):
+    """Several rows a program, ragged in rows and columns, one block or several: every row's loss and gradient."""
+    torch.manual_seed(9)
+    logits = torch.randn(rows, vocab, dtype=torch.bfloat16) * 4
+    targets = torch.randint(0, vocab, (rows,))
+    targets[1::4] = -100
+    targets[0], targets[2] = vocab - 1, 0
+    loss_rows = torch.full((rows,), float("nan"))
+    ref = logits.double()
+    expected = F.cross_entropy(ref, targets, reduction="none")
+    grad = torch.softmax(ref, 1) - F.one_hot(targets.clamp(min=0), vocab)
+    grad[targets == -100] = 0
+    kernels.cross_entropy_rows[(tilejit.cdiv(rows, bm),)](logits, targets, loss_rows, torch.tensor([0.25]), -100,
+                                                           BM=bm, BV=bv, num_warps=4)
+    assert_close64(loss_rows, expected, torch.float32, "loss")
+    assert_close64(logits, grad * 0.25, torch.bfloat16, "grad")
+
+
+def test_cross_entropy_config_fits_the_row():
+    assert kernels.cross_entropy_config(256) == dict(BM=8, BV=256, num_warps=8)
+    assert kernels.cross_entropy_config(32000) == dict(BM=1, BV=1024, num_warps=4)
+    assert kernels.cross_entropy_config(50) == dict(BM=32, BV=64, num_warps=8)
+    assert kernels.cross_entropy_config(3) == dict(BM=32, BV=16, num_warps=2)
+    assert kernels.cross_entropy_config(1000) == dict(BM=2, BV=1024, num_warps=8)

@@ -191,3 +191,23 @@ def test_linear_in_a_cuda_graph():
         torch.cuda.synchronize()
     check(out, x.double() @ w.double().T, torch.bfloat16, "replayed")
     assert not torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("rows, vocab", [(8192, 256), (1000, 130), (77, 1000), (256, 32000), (33, 128256)],
+                         ids=lambda v: str(v))
+def test_cross_entropy_chunk_rows_and_gradient(rows, vocab):
+    """The chunk kernel alone, at each block shape ``cross_entropy_config`` picks (rows packed by 8 at vocab 256,
+    one row a program past 1024 columns): NaN-poisoned losses, ignored rows, the first and last class."""
+    logits = (torch.randn(rows, vocab, device="cuda") * 3).to(torch.bfloat16)
+    ref = logits.double()
+    targets = torch.randint(0, vocab, (rows,), device="cuda")
+    targets[1::7] = -100
+    targets[0], targets[-1] = 0, vocab - 1
+    loss_rows = torch.full((rows,), float("nan"), device="cuda")
+    kernels.cross_entropy_chunk(logits, targets, loss_rows, torch.tensor([0.5], device="cuda"), -100)
+    expected = F.cross_entropy(ref, targets, reduction="none")
+    grad = (torch.softmax(ref, 1) - F.one_hot(targets.clamp(min=0), vocab)) * 0.5
+    grad[targets == -100] = 0
+    assert torch.isfinite(loss_rows).all()
+    assert (loss_rows.double() - expected).abs().max().item() <= 1e-4 * (expected.abs().max().item() + 1)
+    check(logits, grad, torch.bfloat16, "grad")

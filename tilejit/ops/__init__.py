@@ -22,6 +22,9 @@
   place) and ``tilejit::rotary_embedding``.
 - ``linear(x, weight)``, ``swiglu_linear(x, w_gate, w_up)`` and ``linear_cross_entropy(h, weight, targets)``:
   the GEMM ops of a transformer, forward and backward (``linear_ops``; kernels in ``linear_kernels``).
+- ``embedding(tokens, weight)``: the rows of ``weight`` that int32/int64 ``tokens`` name, differentiable in
+  weight (the backward adds repeated tokens' rows with float32 atomics); operators ``tilejit::embedding_fwd`` /
+  ``tilejit::embedding_bwd``.
 - ``fp8_blockscaled_matmul(a, a_scales, b, b_scales)`` and ``fp8_blockscaled_grouped_matmul(..., group_offsets)``:
   DeepSeek-V3's block-scaled float8 products (1x128 activation and 128x128 weight scales), dense and MoE-grouped
   (operators ``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``).
@@ -30,6 +33,7 @@
 
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
+from tilejit.ops.embedding_lookup import embedding
 from tilejit.ops.decode_attention import decode_attention, decode_attention_forward
 from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
@@ -42,4 +46,5 @@ from tilejit.ops.varlen_attention import attention_varlen
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_fp8",
            "decode_attention", "decode_attention_forward", "rms_norm", "rotary_embedding", "linear", "swiglu_linear",
-           "linear_cross_entropy", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul", "mxfp8_matmul"]
+           "linear_cross_entropy", "embedding", "fp8_blockscaled_matmul", "fp8_blockscaled_grouped_matmul",
+           "mxfp8_matmul"]

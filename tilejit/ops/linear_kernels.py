@@ -8,9 +8,9 @@
   silu(gate) * up in the epilogue; ``STORE_GU`` also stores the two products (what the backward reads).
 - ``swiglu_bwd``: dGate and dUp of a tile from dOut and the two products, recomputed (``RECOMPUTE``, the same
   K loop) or loaded.
-- ``cross_entropy_rows``: per row of a logits chunk, the float32 log-sum-exp and the loss, then the logits
-  overwritten in place by their gradient (softmax - onehot) * scale; rows whose target is ``ignore_index`` get
-  loss 0 and gradient 0.
+- ``cross_entropy_rows``: per block of rows of a logits chunk, the float32 log-sum-exp and the loss, then the
+  logits overwritten in place by their gradient (softmax - onehot) * scale; rows whose target is ``ignore_index``
+  get loss 0 and gradient 0.
 
 On a GPU each GEMM form is autotuned over a short curated list of plain tiles (``GEMM_TILES``,
 ``ACCUMULATE_TILES``, ``SWIGLU_TILES``, ``_SWIGLU_RECOMPUTE_TILES``; at most 8 each, then ``matmul_prune``): a
@@ -31,8 +31,9 @@ from tilejit.configs import SMEM_BUDGET_BYTES, matmul_prune, matmul_shared_bytes
 
 #: Tiles under the interpreter (speed there is not the point; every path is exercised).
 INTERPRET_TILES = {"BM": 32, "BN": 32, "BK": 32}
-#: Columns per step and warps of ``cross_entropy_rows`` on a GPU (one program per row).
-CE_BLOCK_V, CE_WARPS = 4096, 8
+#: ``cross_entropy_rows``' blocks: at most CE_MAX_BLOCK_V columns, and rows packed into a block of about CE_TILE
+#: elements while a row fits one block (a longer row gets a program of its own: a chunk of long rows has few rows).
+CE_MAX_BLOCK_V, CE_TILE = 1024, 2048
 
 
 @tilejit.func
@@ -128,32 +129,42 @@ def swiglu_bwd(X, Wg, Wu, G, U, dOut, dG, dU, RECOMPUTE: T.constexpr, BM: T.cons
     dG[m0:m0 + BM, n0:n0 + BN] = (do * u * s * (1.0 + g * (1.0 - s))).to(dG.dtype)
 
 
+@tilejit.func
+def _logits_block(Logits, m0, v0, BM, BV):
+    """Rows m0 .. m0 + BM, columns v0 .. v0 + BV of the logits in float32 (-inf past the vocabulary), and the
+    column indices."""
+    cols = v0 + T.arange(0, BV)
+    x = T.where(cols[None, :] < Logits.shape[1], Logits[m0:m0 + BM, v0:v0 + BV].to(T.float32), float("-inf"))
+    return x, cols
+
+
 @tilejit.kernel
-def cross_entropy_rows(Logits, Targets, Loss, Scale, ignore_index, BV: T.constexpr):
-    """One program per row r of a (R, V) logits chunk: Loss[r] = lse - logit[target] (float32; 0 when the target
-    is ``ignore_index``), then Logits[r] = (softmax - onehot) * Scale[0] in place (0 for an ignored row)."""
-    r = T.program_id(0)
+def cross_entropy_rows(Logits, Targets, Loss, Scale, ignore_index, BM: T.constexpr, BV: T.constexpr):
+    """Rows m0 .. m0 + BM of a (R, V) logits chunk, walked in blocks of BV columns: Loss[r] = lse - logit[target]
+    (float32; 0 where the target is ``ignore_index``), then Logits[r] = (softmax - onehot) * Scale[0] in place (0
+    for an ignored row). The walk keeps a running maximum, sum of exponentials and picked logit per element of
+    the block (no reduction inside the loop); the rows are reduced once, after it."""
+    m0 = T.program_id(0) * BM
     V = Logits.shape[1]
-    target = Targets[r].to(T.int32)
-    m = float("-inf")
-    total = 0.0
-    picked = 0.0
+    target = Targets[m0:m0 + BM]
+    m = T.full((BM, BV), -1e30, T.float32)  # finite: exp(m - m_new) of a column never seen is exp(0), not NaN
+    total = T.zeros((BM, BV), T.float32)
+    picked = T.zeros((BM, BV), T.float32)
     for v0 in range(0, V, BV):
-        cols = v0 + T.arange(0, BV)
-        x = T.where(cols < V, Logits[r, v0:v0 + BV].to(T.float32), float("-inf"))
-        m_new = T.maximum(m, T.max(x, 0))
-        total = total * T.exp(m - m_new) + T.sum(T.exp(x - m_new), 0)
-        picked = picked + T.sum(T.where(cols == target, x, 0.0), 0)
+        x, cols = _logits_block(Logits, m0, v0, BM, BV)
+        m_new = T.maximum(m, x)
+        total = total * T.exp(m - m_new) + T.exp(x - m_new)
+        picked = picked + T.where(cols[None, :] == target[:, None], x, 0.0)
         m = m_new
-    lse = m + T.log(total)
-    valid = Targets[r] != ignore_index
-    Loss[r] = T.where(valid, lse - picked, 0.0)
+    row_max = T.max(m, 1)
+    lse = row_max + T.log(T.sum(total * T.exp(m - row_max[:, None]), 1))
+    valid = target != ignore_index
+    Loss[m0:m0 + BM] = T.where(valid, lse - T.sum(picked, 1), 0.0)
     scale = T.where(valid, Scale[0], 0.0)
     for v0 in range(0, V, BV):
-        cols = v0 + T.arange(0, BV)
-        x = Logits[r, v0:v0 + BV].to(T.float32)
-        grad = (T.exp(x - lse) - T.where(cols == target, 1.0, 0.0)) * scale
-        Logits[r, v0:v0 + BV] = grad.to(Logits.dtype)
+        x, cols = _logits_block(Logits, m0, v0, BM, BV)
+        grad = (T.exp(x - lse[:, None]) - T.where(cols[None, :] == target[:, None], 1.0, 0.0)) * scale[:, None]
+        Logits[m0:m0 + BM, v0:v0 + BV] = grad.to(Logits.dtype)
 
 
 #: The launch options the ops' kernels are not tuned over (``_plain``): split-K would sum partial products through
@@ -337,9 +348,19 @@ def swiglu_backward_gates(x, w_gate, w_up, gate, up, d_out, d_gate, d_up) -> Non
     _launch(lambda: TUNED_SWIGLU_BWD[x.element_size()], swiglu_bwd, rows, cols, args, {"RECOMPUTE": True})
 
 
+def cross_entropy_config(vocab: int, max_block_v: int = CE_MAX_BLOCK_V, tile: int = CE_TILE) -> dict:
+    """BM rows by BV columns of ``cross_entropy_rows`` and its warps: BV the row rounded up to a power of 2, at
+    most ``max_block_v``; rows packed to about ``tile`` elements (at most 32) when a row fits one block, else one
+    row a program; warps so that a thread holds 8 elements of a block (each keeps five block-sized float32 tiles
+    live). Its reductions go through shared memory once per program, after the walk over the vocabulary."""
+    block_v = min(max_block_v, 1 << max(4, (vocab - 1).bit_length()))
+    rows = max(1, min(32, tile // block_v)) if vocab <= block_v else 1
+    return dict(BM=rows, BV=block_v, num_warps=max(1, min(8, rows * block_v // (32 * 8))))
+
+
 def cross_entropy_chunk(logits, targets, loss_rows, scale, ignore_index: int) -> None:
     """``cross_entropy_rows`` over every row of ``logits`` (gradient written in place)."""
-    block = 64 if knobs.interpret() else CE_BLOCK_V
-    warps = 4 if knobs.interpret() else CE_WARPS
-    cross_entropy_rows[(logits.shape[0],)](logits, targets, loss_rows, scale, int(ignore_index), BV=block,
-                                           num_warps=warps)
+    config = cross_entropy_config(logits.shape[1], max_block_v=64, tile=256) if knobs.interpret() else \
+        cross_entropy_config(logits.shape[1])
+    grid = (tilejit.cdiv(logits.shape[0], config["BM"]),)
+    cross_entropy_rows[grid](logits, targets, loss_rows, scale, int(ignore_index), **config)
