@@ -124,15 +124,21 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None)
 
 
 def _print_profile(name: str, step, batch, steps: int = 1) -> None:
-    """The GPU time of ``steps`` more steps by kernel (torch.profiler), the largest first."""
+    """The GPU time of ``steps`` more steps by kernel and their host time by operator (torch.profiler), the
+    largest first: a step whose host time exceeds its GPU time leaves the GPU waiting."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         for _ in range(steps):
             step(*batch)
+        host_ms = (time.perf_counter() - start) * 1e3
         torch.cuda.synchronize()
+    averages = prof.key_averages()
     print(f"GPU time of {steps} {name} step(s) by kernel:")
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
+    print(f"host time of {steps} {name} step(s) by operator ({host_ms:.1f} ms to issue them, profiled):")
+    print(averages.table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=90))
 
 
 def time_decode(name: str, backend: str, how: str, batch: int, args) -> dict:
