@@ -455,3 +455,23 @@ def test_cross_entropy_config_fits_the_row():
     assert kernels.cross_entropy_config(50) == dict(BM=32, BV=64, num_warps=8)
     assert kernels.cross_entropy_config(3) == dict(BM=32, BV=16, num_warps=2)
     assert kernels.cross_entropy_config(1000) == dict(BM=2, BV=1024, num_warps=8)
+
+
+@pytest.mark.skipif("sm_90a" not in ARCHS, reason="NVRTC here cannot compile for sm_90a")
+@pytest.mark.parametrize("form", ["tn", "tn-acc"])
+def test_float32_weight_gradient_configs_compile_uncut(fresh_compile_cache, form):
+    """float32 (tf32) dW = dY^T @ X (A stored K x M), plain and accumulating: every config the prune keeps for a
+    ragged problem compiles on sm_90a with the stages it names (no "compiled with N stages" warning), and the
+    prune drops the 4-stage 128x256 / 128x128 rings that the compiler would cut."""
+    kernel, args, flags, _ = _tuned_spaces()[form]
+    args32 = tuple(torch.empty(a.shape, dtype=torch.float32, device="meta") for a in args)
+    configs = kernels.gemm_configs(4, accumulate=flags["ACC_IN"])
+    named = dict(zip(("A", "B", "C", "A2", "B2"), args32), **flags)
+    kept = kernels._gemm_prune(configs, named)
+    assert kept and not any(c.kwargs["BM"] * c.kwargs["BN"] >= 128 * 128 and c.num_stages >= 4 for c in kept)
+    for config in kept:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kernel.compile(*args32, arch="sm_90a", **flags, **config.kwargs, num_warps=config.num_warps,
+                           num_stages=config.num_stages)
+        assert not [w for w in caught if "compiled with" in str(w.message)], (form, config)

@@ -232,22 +232,29 @@ def gemm_configs(elem_bytes: int, accumulate: bool = False) -> list[Config]:
     return _configs(ACCUMULATE_TILES if accumulate else GEMM_TILES, elem_bytes)
 
 
-def _fits_beside_c(config: Config, elem_bytes: int, c_bytes: int) -> bool:
-    """Whether ``config``'s ring and C's tile (of ``c_bytes`` an element) fit ``SMEM_BUDGET_BYTES`` together."""
+def _fits_beside_c(config: Config, elem_bytes: int, c_bytes: int, tiles: int = 1) -> bool:
+    """Whether ``config``'s ring and ``tiles`` of C's tile (of ``c_bytes`` an element) fit ``SMEM_BUDGET_BYTES``
+    together."""
     c_tile = config.kwargs["BM"] * config.kwargs["BN"] * c_bytes
-    return matmul_shared_bytes(config, elem_bytes) + c_tile <= SMEM_BUDGET_BYTES
+    return matmul_shared_bytes(config, elem_bytes) + tiles * c_tile <= SMEM_BUDGET_BYTES
 
 
 def _gemm_prune(configs, named_args, **kwargs):
     """``matmul_prune`` on the logical operands op(A) (M x K) and op(B) (K x N) (transposed views, no copies).
-    Only ``_plain`` configs; the accumulating form also reads C's tile in its epilogue (held in shared memory
-    beside the ring), so its configs must fit with that tile."""
+    Only ``_plain`` configs that fit shared memory as the compiler lays them out, so that none is cut to fewer
+    stages (with a warning) at compile time:
+    - the accumulating form also reads C's tile in its epilogue, held in shared memory beside the ring;
+    - float32 (tf32) operands with A stored K x M (``TRANS_A``: dW = dY^T @ X) hold C's tile beside the ring too,
+      and twice when accumulating: on sm_90a a 128x256x32 4-stage ring then needs 345,088 bytes (cut to one
+      stage), a 128x128x32 4-stage accumulating one 295,936 (the compiled sizes ``test_linear_ops`` checks)."""
     a, b = named_args["A"], named_args["B"]
     logical = {"A": a.T if named_args.get("TRANS_A") else a, "B": b.T if named_args.get("TRANS_B") else b}
     configs = _plain(configs)
-    if named_args.get("ACC_IN"):
+    elem = a.element_size()
+    tiles = int(bool(named_args.get("ACC_IN"))) + int(elem == 4 and bool(named_args.get("TRANS_A")))
+    if tiles:
         c_bytes = named_args["C"].element_size()
-        configs = [c for c in configs if _fits_beside_c(c, a.element_size(), c_bytes)]
+        configs = [c for c in configs if _fits_beside_c(c, elem, c_bytes, tiles)]
     return matmul_prune(configs, {**named_args, **logical}, **kwargs)
 
 
