@@ -179,3 +179,24 @@ def fresh_compile_cache(tmp_path_factory):
         for knob in _COMPILE_KNOBS:
             mp.delenv(knob, raising=False)
         yield
+
+
+_LLM_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llm"
+_LLM_MODULES = ("model", "data", "plot_loss", "train", "generate")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    """The modules of examples/llm by name, imported from there (they import each other by file name) and removed
+    from sys.modules and sys.path afterwards, so no other test sees a module called ``model`` or ``data``."""
+    import importlib
+    import sys
+
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(_LLM_EXAMPLE))
+    try:
+        yield {name: importlib.import_module(name) for name in _LLM_MODULES}
+    finally:
+        for name in _LLM_MODULES:
+            sys.modules.pop(name, None)
+        sys.path[:] = saved_path

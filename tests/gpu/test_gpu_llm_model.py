@@ -3,31 +3,12 @@ tilejit's operators against the plain-torch twin from the same weights and batch
 cache against the twin's full forward; generation under a CUDA graph equal to generation without one."""
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
-LLM = Path(__file__).resolve().parents[2] / "examples" / "llm"
-_MODULES = ("model", "data", "plot_loss", "train", "generate")
 STEPS, BATCH, SEQ = 200, 8, 512
-
-
-@pytest.fixture(scope="module")
-def llm():
-    """The example's modules, imported from examples/llm and removed from sys.modules and sys.path afterwards."""
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(LLM))
-    try:
-        yield {name: importlib.import_module(name) for name in _MODULES}
-    finally:
-        for name in _MODULES:
-            sys.modules.pop(name, None)
-        sys.path[:] = saved_path
 
 
 def _train(llm, backend: str, dtype: torch.dtype) -> list[float]:

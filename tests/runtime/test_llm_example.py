@@ -3,31 +3,12 @@
 the paged cache give the full forward's logits, and generation runs."""
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-LLM = Path(__file__).resolve().parents[2] / "examples" / "llm"
-_MODULES = ("model", "data", "plot_loss", "train", "generate")
-
-
-@pytest.fixture(scope="module")
-def llm():
-    """The example's modules, imported from examples/llm (they import each other by file name) and removed
-    from sys.modules and sys.path afterwards, so no other test sees a module called ``model`` or ``data``."""
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(LLM))
-    try:
-        yield {name: importlib.import_module(name) for name in _MODULES}
-    finally:
-        for name in _MODULES:
-            sys.modules.pop(name, None)
-        sys.path[:] = saved_path
 
 
 @pytest.fixture(autouse=True)
