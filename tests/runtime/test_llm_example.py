@@ -10,7 +10,6 @@ import pytest
 import torch
 
 
-
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch):
     monkeypatch.setenv("TILEJIT_INTERPRET", "1")
