@@ -37,7 +37,7 @@ sys.path.insert(0, str(EXAMPLE))
 from data import BatchSampler, load_corpus  # noqa: E402
 from generate import Decoder  # noqa: E402
 from model import TORCH_OPS, LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
-from train import make_optimizer  # noqa: E402
+from train import make_optimizer, train_step  # noqa: E402
 
 HEADERS = ["workload", "implementation", "tokens/s", "peak GiB", "vs reference", "device"]
 
@@ -95,12 +95,7 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None)
     batches = [sampler.next("cuda") for _ in range(args.warmup + args.steps)]
 
     def step(tokens, targets):
-        loss = forward(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(model, optimizer, tokens, targets, forward)
 
     first_loss = step(*batches[0]).item()
     for tokens, targets in batches[1:args.warmup]:

@@ -53,6 +53,18 @@ def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
                              lr=lr, betas=(0.9, 0.95))
 
 
+def train_step(model: LlamaModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor,
+               forward=None) -> torch.Tensor:
+    """One step: loss, backward, gradients clipped to norm 1, the optimizer's update; returns the loss (detached,
+    not waited for). ``forward(tokens, targets)`` replaces ``model(tokens, targets)`` (e.g. a compiled model)."""
+    loss = (model if forward is None else forward)(tokens, targets)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def train_steps(model: LlamaModel, sampler: BatchSampler, steps: int, lr: float, device: str,
                 warmup: int | None = None, step_fn=None) -> tuple[list[float], list[float]]:
     """Runs ``steps`` AdamW steps (linear warm-up over ``warmup`` steps, default a tenth, then constant ``lr``;
@@ -60,18 +72,13 @@ def train_steps(model: LlamaModel, sampler: BatchSampler, steps: int, lr: float,
     ``step_fn(tokens, targets)`` replaces ``model(tokens, targets)`` (e.g. a compiled model)."""
     optimizer = make_optimizer(model, lr)
     warmup = max(1, steps // 10) if warmup is None else max(1, warmup)
-    forward = model if step_fn is None else step_fn
     losses, seconds = [], []
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup)
         tokens, targets = sampler.next(device)
         start = time.perf_counter()
-        loss = forward(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = train_step(model, optimizer, tokens, targets, step_fn)
         losses.append(loss.item())  # waits for the step: the time below is the step's own
         seconds.append(time.perf_counter() - start)
     return losses, seconds

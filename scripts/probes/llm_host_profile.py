@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from benchmarks.llm import BatchSampler, _fresh_model, load_corpus, make_optimizer
+from benchmarks.llm import BatchSampler, _fresh_model, load_corpus, make_optimizer, train_step
 
 model = _fresh_model("tilejit")
 optimizer = make_optimizer(model, lr=1e-3)
@@ -17,11 +17,7 @@ batches = [sampler.next("cuda") for _ in range(8)]
 
 
 def step(tokens, targets):
-    loss = model(tokens, targets)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    train_step(model, optimizer, tokens, targets)
 
 
 for b in batches[:4]:
