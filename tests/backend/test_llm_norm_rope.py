@@ -240,11 +240,11 @@ def test_opcheck(interpret):
     """torch.library.opcheck: schemas, fake kernels against the real ones, autograd registration."""
     x, r = torch.randn(4, 24), torch.randn(4, 24)
     w = torch.randn(24, requires_grad=True)
-    torch.library.opcheck(norm._OPS.forward, (x, w, r, 1e-6))
-    torch.library.opcheck(norm._OPS.forward, (x, w, None, 1e-6))
+    torch.library.opcheck(norm._OPS.forward.op, (x, w, r, 1e-6))
+    torch.library.opcheck(norm._OPS.forward.op, (x, w, None, 1e-6))
     q, k, cos, sin, positions = _rotary_inputs(2, 3, 2, 1, 8, torch.float32, torch.int64)
-    torch.library.opcheck(rotary._OPS.rotate, (q.requires_grad_(), k, cos, sin, positions, False))
-    torch.library.opcheck(rotary._OPS.rotate_, (q.detach().clone(), k, cos, sin, None))
+    torch.library.opcheck(rotary._OPS.rotate.op, (q.requires_grad_(), k, cos, sin, positions, False))
+    torch.library.opcheck(rotary._OPS.rotate_.op, (q.detach().clone(), k, cos, sin, None))
 
 
 def test_rms_norm_errors():

@@ -33,7 +33,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit import knobs
-from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 from tilejit.ops.fused_attention import _score_scales, _window
 
 MAX_SPLITS = 64
@@ -484,9 +484,8 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                    softcap, (k_scale, k_scale_tensor, v_scale, v_scale_tensor), decode_config(config), None)
 
 
-_OP = torch.library.custom_op(f"{namespace(__name__, 'tilejit.ops.decode_attention')}::decode_attention",
-                              mutates_args=())(_decode_op)
-_OP.register_fake(lambda q, *_: torch.empty_like(q))
+_OP = Operator(f"{namespace(__name__, 'tilejit.ops.decode_attention')}::decode_attention", _decode_op,
+               fake=lambda q, *_: torch.empty_like(q))
 
 
 # ----------------------------------------------------------------------------------------------- reference

@@ -20,7 +20,7 @@ import tilejit
 import tilejit.language as T
 from tilejit import knobs
 from tilejit.errors import UsageTypeError, UsageValueError
-from tilejit.ops.custom_ops import namespace
+from tilejit.ops.custom_ops import Operator, namespace
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TOKEN_DTYPES = (torch.int32, torch.int64)
@@ -113,12 +113,10 @@ class _Operators:
     ``embedding_bwd`` (dweight)."""
 
     def __init__(self, ns: str):
-        op = torch.library.custom_op
-        self.forward = op(f"{ns}::embedding_fwd", mutates_args=())(_forward)
-        self.backward = op(f"{ns}::embedding_bwd", mutates_args=())(_backward)
-        self.forward.register_fake(lambda tokens, weight: weight.new_empty(*tokens.shape, weight.shape[1]))
-        self.backward.register_fake(lambda d_out, tokens, weight: torch.empty_like(weight))
-        self.forward.register_autograd(self._grad, setup_context=_setup_context)
+        self.forward = Operator(f"{ns}::embedding_fwd", _forward, fake=lambda tokens, weight: weight.new_empty(
+            *tokens.shape, weight.shape[1]), backward=self._grad, setup_context=_setup_context)
+        self.backward = Operator(f"{ns}::embedding_bwd", _backward,
+                                 fake=lambda d_out, tokens, weight: torch.empty_like(weight))
 
     def _grad(self, ctx, d_out):
         tokens, weight = ctx.saved_tensors

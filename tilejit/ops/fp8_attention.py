@@ -49,7 +49,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 from tilejit.ops.fused_attention import _hopper, _visible
 
 #: Rows (queries) or keys per per-block scale.
@@ -309,10 +309,9 @@ class _Operators:
     """``attention_fp8`` (functional) and ``attention_fp8_out`` (writes ``out``), in ``namespace``."""
 
     def __init__(self, namespace: str):
-        lib = torch.library
-        self.forward = lib.custom_op(f"{namespace}::attention_fp8", mutates_args=())(_fp8_op)
-        self.forward_into = lib.custom_op(f"{namespace}::attention_fp8_out", mutates_args=("out",))(_fp8_out_op)
-        self.forward.register_fake(lambda q, *args: torch.empty(q.shape, dtype=args[-2], device=q.device))
+        self.forward = Operator(f"{namespace}::attention_fp8", _fp8_op,
+                                fake=lambda q, *args: torch.empty(q.shape, dtype=args[-2], device=q.device))
+        self.forward_into = Operator(f"{namespace}::attention_fp8_out", _fp8_out_op, mutates_args=("out",))
 
 
 def _fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,

@@ -29,7 +29,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 #: Elements of K (and of N, for the weights) that one scale covers.
 BLOCK = 128
@@ -229,16 +229,14 @@ class _Operators:
     ``fp8_blockscaled_grouped_mm`` (functional, not differentiable), and their ``_out`` forms (writing ``out``)."""
 
     def __init__(self, namespace: str):
-        lib = torch.library
-        self.dense = lib.custom_op(f"{namespace}::fp8_blockscaled_mm", mutates_args=())(_dense_op)
-        self.grouped = lib.custom_op(f"{namespace}::fp8_blockscaled_grouped_mm", mutates_args=())(_grouped_op)
-        self.dense_into = lib.custom_op(f"{namespace}::fp8_blockscaled_mm_out", mutates_args=("out",))(_dense_out_op)
-        self.grouped_into = lib.custom_op(f"{namespace}::fp8_blockscaled_grouped_mm_out",
-                                          mutates_args=("out",))(_grouped_out_op)
-        self.dense.register_fake(lambda a, sa, b, sb, out_dtype, config:
-                                 a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype))
-        self.grouped.register_fake(lambda a, sa, b, sb, offsets, out_dtype, config:
-                                   a.new_empty(a.shape[0], b.shape[1], dtype=out_dtype))
+        self.dense = Operator(f"{namespace}::fp8_blockscaled_mm", _dense_op, fake=lambda a, sa, b, sb, out_dtype,
+                              config: a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype))
+        self.grouped = Operator(f"{namespace}::fp8_blockscaled_grouped_mm", _grouped_op,
+                                fake=lambda a, sa, b, sb, offsets, out_dtype, config:
+                                a.new_empty(a.shape[0], b.shape[1], dtype=out_dtype))
+        self.dense_into = Operator(f"{namespace}::fp8_blockscaled_mm_out", _dense_out_op, mutates_args=("out",))
+        self.grouped_into = Operator(f"{namespace}::fp8_blockscaled_grouped_mm_out", _grouped_out_op,
+                                     mutates_args=("out",))
 
 
 _OPS = _Operators(namespace(__name__, "tilejit.ops.fp8_blockscaled"))

@@ -40,7 +40,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 LOG2E = 1.4426950408889634
 
@@ -615,15 +615,14 @@ class _Operators:
     ``attention_bwd`` ((dq, dk, dv))."""
 
     def __init__(self, namespace: str):
-        lib = torch.library
-        self.forward = lib.custom_op(f"{namespace}::attention_fwd", mutates_args=())(_fwd_op)
-        self.forward_into = lib.custom_op(f"{namespace}::attention_fwd_out", mutates_args=("out",))(_fwd_out_op)
-        self.backward = lib.custom_op(f"{namespace}::attention_bwd", mutates_args=())(_bwd_op)
-        self.forward.register_fake(_fwd_fake)
-        self.backward.register_fake(_grads_like)
-        self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
+        self.forward = Operator(f"{namespace}::attention_fwd", _fwd_op, fake=_fwd_fake, backward=self._backward,
+                                setup_context=_fwd_setup_context, materialize_grads=False)
+        self.forward_into = Operator(f"{namespace}::attention_fwd_out", _fwd_out_op, mutates_args=("out",))
+        self.backward = Operator(f"{namespace}::attention_bwd", _bwd_op, fake=_grads_like)
 
     def _backward(self, ctx, grad_out, grad_lse):
+        if grad_out is None:  # only the log-sum-exp was used (its gradient is not taken)
+            return (None,) * 13
         if not ctx.store_lse:
             raise RuntimeError("attention_fwd was called with store_lse=False, so it has no backward: "
                                "tilejit.ops.attention stores the log-sum-exp when an input requires grad")

@@ -27,7 +27,7 @@ import torch
 
 from tilejit.errors import UsageTypeError, UsageValueError
 import tilejit.ops.linear_kernels as kernels
-from tilejit.ops.custom_ops import namespace
+from tilejit.ops.custom_ops import Operator, namespace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -212,23 +212,18 @@ class _Operators:
     """This module's PyTorch operators in ``namespace``, each with its fake (shape) function and autograd."""
 
     def __init__(self, ns: str):
-        op = torch.library.custom_op
-        self.linear = op(f"{ns}::linear_fwd", mutates_args=())(_linear_fwd)
-        self.linear_bwd = op(f"{ns}::linear_bwd", mutates_args=())(_linear_bwd)
-        self.swiglu = op(f"{ns}::swiglu_fwd", mutates_args=())(_swiglu_fwd)
-        self.swiglu_bwd = op(f"{ns}::swiglu_bwd", mutates_args=())(_swiglu_bwd)
-        self.cross_entropy = op(f"{ns}::linear_cross_entropy", mutates_args=())(_lce_fwd)
-        self.linear.register_fake(lambda x, w: x.new_empty(x.shape[0], w.shape[0]))
-        self.linear_bwd.register_fake(lambda dy, x, w, need_dx, need_dw: (
+        self.linear = Operator(f"{ns}::linear_fwd", _linear_fwd, fake=lambda x, w: x.new_empty(x.shape[0], w.shape[0]),
+                               backward=self._linear_grad, setup_context=_save_inputs)
+        self.linear_bwd = Operator(f"{ns}::linear_bwd", _linear_bwd, fake=lambda dy, x, w, need_dx, need_dw: (
             torch.empty_like(x) if need_dx else x.new_empty(0), torch.empty_like(w) if need_dw else w.new_empty(0)))
-        self.swiglu.register_fake(_swiglu_fake)
-        self.swiglu_bwd.register_fake(lambda d_out, x, wg, wu, g, u, need_dx, need_dw: (
-            torch.empty_like(x) if need_dx else x.new_empty(0), torch.empty_like(wg) if need_dw else wg.new_empty(0),
-            torch.empty_like(wu) if need_dw else wu.new_empty(0)))
-        self.cross_entropy.register_fake(_lce_fake)
-        self.linear.register_autograd(self._linear_grad, setup_context=_save_inputs)
-        self.swiglu.register_autograd(self._swiglu_grad, setup_context=_swiglu_setup)
-        self.cross_entropy.register_autograd(_lce_grad, setup_context=_lce_setup)
+        self.swiglu = Operator(f"{ns}::swiglu_fwd", _swiglu_fwd, fake=_swiglu_fake, backward=self._swiglu_grad,
+                               setup_context=_swiglu_setup, materialize_grads=False)
+        self.swiglu_bwd = Operator(f"{ns}::swiglu_bwd", _swiglu_bwd, fake=lambda d_out, x, wg, wu, g, u, need_dx,
+                                   need_dw: (torch.empty_like(x) if need_dx else x.new_empty(0),
+                                             torch.empty_like(wg) if need_dw else wg.new_empty(0),
+                                             torch.empty_like(wu) if need_dw else wu.new_empty(0)))
+        self.cross_entropy = Operator(f"{ns}::linear_cross_entropy", _lce_fwd, fake=_lce_fake, backward=_lce_grad,
+                                      setup_context=_lce_setup, materialize_grads=False)
 
     def _linear_grad(self, ctx, d_out):
         x, weight = ctx.saved_tensors
@@ -237,6 +232,8 @@ class _Operators:
         return (dx if need_dx else None), (dw if need_dw else None)
 
     def _swiglu_grad(self, ctx, d_out, _d_gate, _d_up):
+        if d_out is None:  # only the saved products were used (their gradients are not taken)
+            return None, None, None, None
         x, w_gate, w_up, gate, up = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         need_dw = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
@@ -276,6 +273,8 @@ def _lce_grad(ctx, d_loss, _d_dh, _d_dw):
     if not ctx.with_grad:
         raise RuntimeError("linear_cross_entropy ran without gradients (with_grad=False), so it has no backward: "
                            "call tilejit.ops.linear_cross_entropy with h or weight requiring grad")
+    if d_loss is None:  # the loss was not used (the gradients it holds are not taken)
+        return (None,) * 7
     dh, dw = ctx.saved_tensors
     need_dh, need_dw = ctx.needs_input_grad[:2]
     return ((dh * d_loss).to(dh.dtype) if need_dh else None), ((dw * d_loss).to(dw.dtype) if need_dw else None), \

@@ -22,7 +22,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 #: Elements of K that one e8m0 scale covers.
 BLOCK = 32
@@ -109,9 +109,8 @@ class _Operators:
     """The PyTorch operator of this module, in ``namespace``: ``mxfp8_mm`` (functional, not differentiable)."""
 
     def __init__(self, namespace: str):
-        self.mm = torch.library.custom_op(f"{namespace}::mxfp8_mm", mutates_args=())(_mm_op)
-        self.mm.register_fake(lambda a, sa, b, sb, out_dtype, config:
-                              a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype))
+        self.mm = Operator(f"{namespace}::mxfp8_mm", _mm_op, fake=lambda a, sa, b, sb, out_dtype, config:
+                           a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype))
 
 
 _OPS = _Operators(namespace(__name__, "tilejit.ops.mxfp8"))

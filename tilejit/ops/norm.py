@@ -25,7 +25,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import namespace
+from tilejit.ops.custom_ops import Operator, namespace
 
 #: The longest row the kernels take: one row lives in registers (8192 float32 over 16 warps: 16 per thread).
 MAX_DIM = 8192
@@ -304,11 +304,10 @@ class _Operators:
     residual; differentiable) and ``rms_norm_bwd`` ((dx, dweight))."""
 
     def __init__(self, namespace: str):
-        self.forward = torch.library.custom_op(f"{namespace}::rms_norm_fwd", mutates_args=())(_fwd_op)
-        self.backward = torch.library.custom_op(f"{namespace}::rms_norm_bwd", mutates_args=())(_bwd_op)
-        self.forward.register_fake(_fwd_fake)
-        self.backward.register_fake(lambda dy, ds, x, weight, rstd: (torch.empty_like(x), torch.empty_like(weight)))
-        self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
+        self.backward = Operator(f"{namespace}::rms_norm_bwd", _bwd_op, fake=lambda dy, ds, x, weight, rstd: (
+            torch.empty_like(x), torch.empty_like(weight)))
+        self.forward = Operator(f"{namespace}::rms_norm_fwd", _fwd_op, fake=_fwd_fake, backward=self._backward,
+                                setup_context=_fwd_setup_context, materialize_grads=False)
 
     def _backward(self, ctx, grad_y, grad_s, grad_rstd):
         x, weight, rstd = ctx.saved_tensors

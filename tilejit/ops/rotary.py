@@ -24,7 +24,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import namespace
+from tilejit.ops.custom_ops import Operator, namespace
 
 #: The largest head dim the kernel takes (a head's two halves live in registers, a few heads at a time).
 MAX_HEAD_DIM = 1024
@@ -204,12 +204,10 @@ class _Operators:
     k)."""
 
     def __init__(self, namespace: str):
-        lib = torch.library
-        self.rotate = lib.custom_op(f"{namespace}::rotary_embedding", mutates_args=())(_rotate_op)
-        self.rotate_ = lib.custom_op(f"{namespace}::rotary_embedding_", mutates_args=("q", "k"))(_rotate_in_place_op)
-        self.rotate.register_fake(lambda q, k, cos, sin, positions, inverse: (torch.empty_like(q),
-                                                                               torch.empty_like(k)))
-        self.rotate.register_autograd(self._backward, setup_context=_setup_context)
+        self.rotate = Operator(f"{namespace}::rotary_embedding", _rotate_op, fake=lambda q, k, cos, sin, positions,
+                               inverse: (torch.empty_like(q), torch.empty_like(k)), backward=self._backward,
+                               setup_context=_setup_context)
+        self.rotate_ = Operator(f"{namespace}::rotary_embedding_", _rotate_in_place_op, mutates_args=("q", "k"))
 
     def _backward(self, ctx, grad_q, grad_k):
         cos, sin, positions = ctx.saved_tensors

@@ -33,7 +33,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import namespace
+from tilejit.ops.custom_ops import Operator, namespace
 from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hopper, _masking, _online_softmax_step,
                                          _grads_like, _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
                                          default_bwd_config, default_config)
@@ -478,14 +478,13 @@ class _Operators:
     ``attention_varlen_bwd`` ((dq, dk, dv)), in ``namespace``."""
 
     def __init__(self, namespace: str):
-        lib = torch.library
-        self.forward = lib.custom_op(f"{namespace}::attention_varlen_fwd", mutates_args=())(_fwd_op)
-        self.backward = lib.custom_op(f"{namespace}::attention_varlen_bwd", mutates_args=())(_bwd_op)
-        self.forward.register_fake(_fwd_fake)
-        self.backward.register_fake(_grads_like)
-        self.forward.register_autograd(self._backward, setup_context=_fwd_setup_context)
+        self.forward = Operator(f"{namespace}::attention_varlen_fwd", _fwd_op, fake=_fwd_fake, backward=self._backward,
+                                setup_context=_fwd_setup_context, materialize_grads=False)
+        self.backward = Operator(f"{namespace}::attention_varlen_bwd", _bwd_op, fake=_grads_like)
 
     def _backward(self, ctx, grad_out, grad_lse):
+        if grad_out is None:  # only the log-sum-exp was used (its gradient is not taken)
+            return (None,) * 14
         if not ctx.store_lse:
             raise RuntimeError("attention_varlen_fwd was called with store_lse=False, so it has no backward: "
                                "tilejit.ops.attention_varlen stores the log-sum-exp when an input requires grad")
