@@ -10,8 +10,10 @@ recording happen there) and the peak of ``torch.cuda.max_memory_allocated`` over
 optimizer state included). Implementations: the torch twin eager, under ``torch.compile`` (default and
 ``mode="max-autotune"``), with Liger Kernel's RMSNorm, RoPE, SwiGLU and fused linear cross-entropy (attention
 stays SDPA, as Liger leaves it; skipped, saying so, when ``import liger_kernel`` fails), and tilejit's operators
-eager and under ``torch.compile`` (the glue between the custom operators compiled). Every variant starts from the
-same weights and batches; its first loss is printed next to its numbers.
+eager and under ``torch.compile`` (the glue between the custom operators compiled). max-autotune replays CUDA
+graphs; its like are the "+ CUDA graph" rows, tilejit's and the eager torch twin's whole step (forward, backward,
+clipping, a capturable AdamW) replayed from one graph (``examples/llm/train.GraphedTrainStep``). Every variant
+starts from the same weights and batches; its first loss is printed next to its numbers.
 
 Decode (bf16): prefill of ``--prompt`` random tokens, then ``--new-tokens`` greedy decode steps over a paged KV
 cache; tokens per second over the decode steps at each batch of ``--decode-batches``. tilejit's step
@@ -37,7 +39,7 @@ sys.path.insert(0, str(EXAMPLE))
 from data import BatchSampler, load_corpus  # noqa: E402
 from generate import Decoder  # noqa: E402
 from model import TORCH_OPS, LlamaConfig, LlamaModel, PagedKVCache  # noqa: E402
-from train import make_optimizer, train_step  # noqa: E402
+from train import GraphedTrainStep, make_optimizer, train_step  # noqa: E402
 
 HEADERS = ["workload", "implementation", "tokens/s", "peak GiB", "vs reference", "device"]
 
@@ -84,18 +86,22 @@ def _fresh_model(backend: str, ops=None) -> LlamaModel:
     return model
 
 
-def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None) -> dict:
-    """Tokens/s and peak memory of ``args.steps`` training steps of one implementation."""
+def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None, graph: bool = False) -> dict:
+    """Tokens/s and peak memory of ``args.steps`` training steps of one implementation; ``graph``: each step
+    replayed from one CUDA graph (``GraphedTrainStep``, after its eager warm-up steps)."""
     torch._dynamo.reset()
     model = _fresh_model(backend, ops)
-    optimizer = make_optimizer(model, lr=1e-3)
+    optimizer = make_optimizer(model, lr=1e-3, capturable=graph)
     forward = model if compile_mode is None else torch.compile(
         model, **({} if compile_mode == "default" else {"mode": compile_mode}))
     sampler = BatchSampler(corpus, args.batch, args.seq, seed=0)
+    graphed = GraphedTrainStep(model, optimizer, forward) if graph else None
+    if graph:
+        args = argparse.Namespace(**{**vars(args), "warmup": max(args.warmup, graphed.warmup + 1)})
     batches = [sampler.next("cuda") for _ in range(args.warmup + args.steps)]
 
     def step(tokens, targets):
-        return train_step(model, optimizer, tokens, targets, forward)
+        return graphed(tokens, targets) if graph else train_step(model, optimizer, tokens, targets, forward)
 
     first_loss = step(*batches[0]).item()
     for tokens, targets in batches[1:args.warmup]:
@@ -241,16 +247,19 @@ def main(argv=None) -> int:
         corpus = load_corpus()
         # Cheapest first, so that a run cut short still has tilejit next to eager and torch.compile; max-autotune's
         # tuning takes minutes and comes last.
-        variants = [("eager torch", "torch", None, None), ("torch.compile", "torch", "default", None),
-                    ("tilejit", "tilejit", None, None), ("tilejit + torch.compile", "tilejit", "default", None)]
+        # max-autotune replays CUDA graphs: the "+ CUDA graph" rows are its like (the whole step in one graph).
+        variants = [("eager torch", "torch", None, None, False), ("torch.compile", "torch", "default", None, False),
+                    ("tilejit", "tilejit", None, None, False), ("tilejit + CUDA graph", "tilejit", None, None, True),
+                    ("eager torch + CUDA graph", "torch", None, None, True),
+                    ("tilejit + torch.compile", "tilejit", "default", None, False)]
         liger = liger_ops()
         if liger is not None:
-            variants.append(("Liger Kernel", "torch", None, liger))
-        variants.append(("torch.compile max-autotune", "torch", "max-autotune", None))
-        for name, backend, mode, ops in variants:
+            variants.append(("Liger Kernel", "torch", None, liger, False))
+        variants.append(("torch.compile max-autotune", "torch", "max-autotune", None, False))
+        for name, backend, mode, ops, graph in variants:
             if only is not None and name not in only:
                 continue
-            train_rows.append(measured(time_training, name, backend, mode, args, corpus, ops))
+            train_rows.append(measured(time_training, name, backend, mode, args, corpus, ops, graph))
         _with_ratios(train_rows, "torch.compile max-autotune")
         eager_peak = next((r["peak_gib"] for r in train_rows if r["implementation"] == "eager torch"), None)
         for r in train_rows:

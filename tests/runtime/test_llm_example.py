@@ -91,3 +91,26 @@ def test_generation_runs_on_cpu(llm, capsys):
     assert tokens.shape == (2, 3) and tokens.dtype == torch.int64
     assert torch.equal(tokens[0], tokens[1])  # one prompt repeated, greedy: the same continuation
     assert "eager decode on CPU" in capsys.readouterr().out
+
+
+def test_set_lr_writes_a_capturable_optimizers_tensor_and_replaces_a_float(llm):
+    """A captured step reads the learning rate from the tensor it captured: set_lr must write into that tensor
+    (a replaced object would leave the graph on the old rate); a plain optimizer gets the float."""
+    train = llm["train"]
+    model = llm["model"].LlamaModel(llm["model"].LlamaConfig.toy(), backend="torch")
+    plain = train.make_optimizer(model, lr=1e-3)
+    train.set_lr(plain, 5e-4)
+    assert all(group["lr"] == 5e-4 for group in plain.param_groups)
+    capturable = train.make_optimizer(model, lr=1e-3, capturable=True)
+    rates = [group["lr"] for group in capturable.param_groups]
+    assert all(isinstance(rate, torch.Tensor) for rate in rates)
+    train.set_lr(capturable, 5e-4)
+    assert [group["lr"] for group in capturable.param_groups] == rates  # the same tensors ...
+    assert all(abs(rate.item() - 5e-4) < 1e-9 for rate in rates)       # ... holding the new rate
+
+
+def test_graphed_train_step_refuses_an_optimizer_it_cannot_capture(llm):
+    train = llm["train"]
+    model = llm["model"].LlamaModel(llm["model"].LlamaConfig.toy(), backend="torch")
+    with pytest.raises(ValueError, match="capturable=True"):
+        train.GraphedTrainStep(model, train.make_optimizer(model, lr=1e-3))
