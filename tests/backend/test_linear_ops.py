@@ -386,16 +386,19 @@ def _tuned_spaces():
             "swiglu-bwd": (*cases["swiglu-bwd"], kernels.swiglu_recompute_configs(2))}
 
 
-def test_tuned_spaces_are_short_plain_and_fit_their_budgets():
-    """At most 8 configs a form (a first training step tunes every form and shape), none of the excluded launch
-    options, and none that a fit rule drops on every problem: the ring (``SMEM_BUDGET_BYTES``), the accumulating
-    form's float32 C tile beside it, swiglu's two weight tiles a stage."""
+def test_tuned_spaces_are_short_plain_and_fit_their_budgets(monkeypatch):
+    """At most 8 unsplit configs a form and the 2 split ones of ``GEMM_SPLIT_TILES`` (a first training step tunes
+    every form and shape), none of the excluded launch options, and none that a fit rule drops on every problem: the
+    ring (``SMEM_BUDGET_BYTES``), the accumulating form's float32 C tile beside it, swiglu's two weight tiles a
+    stage."""
     from tilejit.configs import SMEM_BUDGET_BYTES, matmul_shared_bytes
 
     for name, (_, _, flags, configs) in _tuned_spaces().items():
-        assert 2 <= len(configs) <= 8, (name, len(configs))
-        assert configs == kernels._plain(configs), name
-        assert len({(tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages) for c in configs}) == len(configs)
+        whole = [c for c in configs if c.split_k == 1]
+        assert 2 <= len(whole) <= 8 and len(configs) - len(whole) <= 2, (name, len(configs))
+        assert configs == kernels._plain(configs, split=True), name
+        assert len({(tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages, c.split_k) for c in configs}) \
+            == len(configs)
         for config in configs:
             if name.startswith("swiglu"):
                 assert kernels.swiglu_ring_bytes(config, 2) <= SMEM_BUDGET_BYTES, (name, config)
@@ -406,6 +409,18 @@ def test_tuned_spaces_are_short_plain_and_fit_their_budgets():
     a, b, c32 = _meta(8192, 1024), _meta(32000, 1024), _meta(32000, 1024, dtype=torch.float32)
     named = dict(A=a, B=b, C=c32, TRANS_A=True, TRANS_B=False, ACC_IN=True)  # dW += dLogits^T @ h
     assert kernels._gemm_prune(kernels.gemm_configs(2, accumulate=True), named)
+    # split-K: offered to a weight's gradient with few output tiles (1024 x 1024 over 8192 tokens: 64 tiles of
+    # 128 x 128), never to a large output, a short K or the two-product form (two K loops); on an H100's 132 SMs
+    import tilejit.configs as cfg
+
+    monkeypatch.setattr(cfg, "cluster_sm_count", lambda tensor: 132)
+    dw = dict(A=_meta(8192, 1024), B=_meta(8192, 1024), C=_meta(1024, 1024), TRANS_A=True, TRANS_B=False)
+    assert any(c.split_k > 1 for c in kernels._gemm_prune(kernels.gemm_configs(2), dw))
+    assert not any(c.split_k > 1 for c in kernels._gemm_prune(kernels.gemm_configs(2), {**dw, "TWO": True}))
+    assert not any(c.split_k > 1 for c in kernels._gemm_prune(kernels.gemm_configs(2), dict(
+        A=_meta(8192, 1024), B=_meta(1024, 4096), C=_meta(8192, 4096))))
+    assert not any(c.split_k > 1 for c in kernels._gemm_prune(kernels.gemm_configs(2), dict(
+        A=_meta(1024, 256), B=_meta(256, 1024), C=_meta(1024, 1024))))
     for m in (1, 16):  # decode: the 16-row tiles are offered
         kept = kernels._gemm_prune(kernels.gemm_configs(2), dict(A=_meta(m, 4096), B=_meta(4096, 4096)))
         assert any(c.kwargs["BM"] == 16 for c in kept) and all(c.kwargs["BM"] <= 64 for c in kept)

@@ -16,8 +16,9 @@ On a GPU each GEMM form is autotuned over a short curated list of plain tiles (`
 ``ACCUMULATE_TILES``, ``SWIGLU_TILES``, ``_SWIGLU_RECOMPUTE_TILES``; at most 8 each, then ``matmul_prune``): a
 model's first training step tunes every form and shape it meets, and the plain part of ``matmul_configs`` (19
 configs a GEMM form at 16 bits) made that step, and each GPU test of these ops, spend over a minute compiling and
-timing candidates. Where each tile comes from is written beside its list. No split-K, persistent, pingpong, stream-K or
-warp-specialized launch (``_plain``, below). Under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
+timing candidates. Where each tile comes from is written beside its list. No persistent, pingpong, stream-K or
+warp-specialized launch (``_plain``, below); split-K only for ``gemm``'s one-loop forms (``GEMM_SPLIT_TILES``).
+Under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
 """
 from __future__ import annotations
 
@@ -167,17 +168,19 @@ def cross_entropy_rows(Logits, Targets, Loss, Scale, ignore_index, BM: T.constex
         Logits[m0:m0 + BM, v0:v0 + BV] = grad.to(Logits.dtype)
 
 
-#: The launch options the ops' kernels are not tuned over (``_plain``): split-K would sum partial products through
-#: an epilogue that is not linear (SwiGLU) or add C once per split (the accumulating form); a persistent or
-#: pingpong walk of the grid would bypass the grouped tile order of ``_tile_origin``; and a warp-specialized
-#: 128x256x64 config of ``gemm`` failed to launch (CUDA_ERROR_LAUNCH_FAILED) in the example model's training on an
-#: H100, not yet explained, so no config of these kernels takes a producer warpgroup.
+#: The launch options the ops' kernels are not tuned over (``_plain``): a persistent or pingpong walk of the grid
+#: would bypass the grouped tile order of ``_tile_origin``; and a warp-specialized 128x256x64 config of ``gemm``
+#: failed to launch (CUDA_ERROR_LAUNCH_FAILED) in the example model's training on an H100, not yet explained, so no
+#: config of these kernels takes a producer warpgroup. Split-K (a cluster's programs share the K loop and sum in
+#: registers before the epilogue, which program 0 alone runs: ``passes/split_k.py``) needs one K loop: ``gemm``
+#: takes it except in its two-product form (``TWO``), from ``GEMM_SPLIT_TILES``.
 
 
-def _plain(configs):
-    """``configs`` without split-K, persistent, pingpong, stream-K or warp-specialized launches."""
-    return [c for c in configs if c.split_k == 1 and not (c.persistent or c.pingpong or c.stream_k
-                                                          or c.warp_specialize)]
+def _plain(configs, split: bool = False):
+    """``configs`` without persistent, pingpong, stream-K or warp-specialized launches, and without split-K unless
+    ``split``."""
+    return [c for c in configs if (split or c.split_k == 1) and not (c.persistent or c.pingpong or c.stream_k
+                                                                      or c.warp_specialize)]
 
 
 #: (BM, BN, BK, num_warps, num_stages) of ``gemm``'s forms that write C (x @ W^T, dY @ W, dY^T @ X, and the
@@ -202,6 +205,12 @@ def _plain(configs):
 GEMM_TILES = [(128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 4, 3), (64, 256, 32, 8, 3),
               (64, 128, 64, 4, 3), (16, 64, 64, 4, 16), (16, 64, 128, 4, 10), (16, 256, 64, 4, 5)]
 
+#: (BM, BN, BK, num_warps, num_stages, split_k) of ``gemm``'s one-loop forms where its output has fewer tiles than
+#: the GPU has SMs and K is long (``matmul_prune`` offers split configs only there): a weight's gradient dW = dY^T @ X
+#: of a 1024 x 1024 or 1536 x 1024 weight over 8192 tokens makes 64 to 96 tiles of 128 x 128 for 132 SMs. The
+#: 128x128x64 w8 s4 tile cut in 2 or 4 is ``configs._SPLIT_K_TILES``' largest.
+GEMM_SPLIT_TILES = [(128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 4)]
+
 #: (BM, BN, BK, num_warps, num_stages) of the accumulating form (dW += dLogits^T @ h with a float32 dW): its
 #: epilogue holds C's float32 tile in shared memory beside the ring, so the 128x256 / 256x128 tiles (128 KB of C)
 #: do not fit. 128x128x64 w8 s4 (192 KB with C; its plain rows in ``configs_{ws,persistent}_h100``: 482-489 TFLOP/s
@@ -221,15 +230,17 @@ SWIGLU_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), 
 
 
 def _configs(tiles, elem_bytes: int) -> list[Config]:
-    """``tiles`` as plain configs for operands of ``elem_bytes`` bytes (BK keeps the bytes of K a stage: float32
-    takes half the 16-bit BK, as ``matmul_configs`` does)."""
-    return _plain([Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s)
-                   for bm, bn, bk, w, s in tiles])
+    """``tiles`` ((BM, BN, BK, warps, stages[, split_k])) as configs for operands of ``elem_bytes`` bytes (BK keeps
+    the bytes of K a stage: float32 takes half the 16-bit BK, as ``matmul_configs`` does)."""
+    return _plain([Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
+                          split_k=split[0] if split else 1)
+                   for bm, bn, bk, w, s, *split in tiles], split=True)
 
 
 def gemm_configs(elem_bytes: int, accumulate: bool = False) -> list[Config]:
-    """The configs one form of ``gemm`` tunes over: ``ACCUMULATE_TILES`` for C += ..., else ``GEMM_TILES``."""
-    return _configs(ACCUMULATE_TILES if accumulate else GEMM_TILES, elem_bytes)
+    """The configs one form of ``gemm`` tunes over: ``ACCUMULATE_TILES`` for C += ..., else ``GEMM_TILES``; both
+    with ``GEMM_SPLIT_TILES`` (``_gemm_prune`` drops them for the two-product form)."""
+    return _configs((ACCUMULATE_TILES if accumulate else GEMM_TILES) + GEMM_SPLIT_TILES, elem_bytes)
 
 
 def _fits_beside_c(config: Config, elem_bytes: int, c_bytes: int, tiles: int = 1) -> bool:
@@ -249,7 +260,7 @@ def _gemm_prune(configs, named_args, **kwargs):
       stage), a 128x128x32 4-stage accumulating one 295,936 (the compiled sizes ``test_linear_ops`` checks)."""
     a, b = named_args["A"], named_args["B"]
     logical = {"A": a.T if named_args.get("TRANS_A") else a, "B": b.T if named_args.get("TRANS_B") else b}
-    configs = _plain(configs)
+    configs = _plain(configs, split=not named_args.get("TWO"))
     elem = a.element_size()
     tiles = int(bool(named_args.get("ACC_IN"))) + int(elem == 4 and bool(named_args.get("TRANS_A")))
     if tiles:
