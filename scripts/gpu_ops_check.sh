@@ -4,7 +4,8 @@
 #
 #   OUT=/tmp/out T=480 bash scripts/gpu_ops_check.sh
 #
-# Jobs: "kernels" times the memory-bound ops and decode (probes under scripts/probes, benchmarks.decode_attention);
+# Jobs: "kernels" times the model's GEMMs against cuBLAS, the ops' host time a call, the memory-bound ops and
+# decode (probes under scripts/probes, benchmarks.decode_attention);
 # "tests" runs the ops' GPU tests; "train" runs benchmarks.llm's training rows of eager torch, torch.compile and
 # tilejit, eager and under a CUDA graph (with one step's profile each); "serve" its decode rows (profiled), then
 # the training rows of Liger Kernel and torch.compile's max-autotune (with eager and tilejit's CUDA graph again,
@@ -19,7 +20,8 @@ tests="gpu/test_gpu_llm_norm_rope.py gpu/test_gpu_decode_attention.py gpu/test_g
 tests="$tests gpu/test_gpu_embedding.py gpu/test_gpu_llm_model.py gpu/test_runtime_gpu.py"
 tests="$tests gpu/test_gpu_attention.py gpu/test_gpu_attention_window.py gpu/test_gpu_attention_varlen.py"
 tests="$tests gpu/test_gpu_attention_fp8.py gpu/test_gpu_fp8_blockscaled.py gpu/test_gpu_mxfp8.py"
-kernels="python3 scripts/probes/norm_rope_speed.py; python3 scripts/probes/ce_embed_speed.py;"
+kernels="python3 scripts/probes/llm_gemm_shapes.py; python3 scripts/probes/op_host_layers.py;"
+kernels="$kernels python3 scripts/probes/norm_rope_speed.py; python3 scripts/probes/ce_embed_speed.py;"
 kernels="$kernels python3 scripts/probes/decode_variants.py --batch 32 --context 32768 --pages none,16,64;"
 kernels="$kernels python3 -m benchmarks.decode_attention --batches 1,32,128 --contexts 4096,32768 --out \$OUT/decode"
 check="cd tests && python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 --timeout 300 -rfE $tests"

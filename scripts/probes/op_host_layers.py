@@ -103,7 +103,7 @@ rows_ = [
 ]
 print(torch.cuda.get_device_name(), "native launcher:", plain._dispatcher is not None,
       "tuned native:", gemm._native is not None)
-print(f"| call | host us | GPU us |\n| --- | --- | --- |")
+print("| call | host us | GPU us |\n| --- | --- | --- |")
 for name, fn in rows_:
     h, g = per_call(fn)
     print(f"| {name} | {h:.1f} | {g:.1f} |")
