@@ -9,7 +9,10 @@ Rows of the table, per vocabulary (bf16, ``tilejit.testing.do_bench``: median of
 - ``linear_cross_entropy``: the chunked op forward and backward (GEMMs included), against ``F.linear`` then
   ``F.cross_entropy``, forward and backward;
 - ``embedding fwd`` / ``embedding fwd+bwd``: ``tilejit.ops.embedding`` of ``rows`` tokens, against
-  ``F.embedding``.
+  ``F.embedding`` (the op's backward takes the one-hot GEMM for V <= 1024, else the atomic kernel);
+- ``embedding bwd one-hot GEMM`` / ``embedding bwd atomic``: each backward kernel alone at every vocabulary,
+  whichever the op would take (the atomic one with its zero fill and float32-to-bf16 cast), against
+  ``aten.embedding_dense_backward``.
 
 Every tilejit result is checked against torch before it is timed.
 """
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import tilejit
+from tilejit.ops import embedding_lookup as emb
 from tilejit.ops import linear_kernels as kernels
 from tilejit.testing import do_bench
 
@@ -86,6 +90,36 @@ def _embedding(rows, dim, vocab):
     return forward, (do_bench(both(tilejit.ops.embedding)), do_bench(both(F.embedding)))
 
 
+def _embedding_backward_kernels(rows, dim, vocab):
+    """(one-hot GEMM, torch), (atomic, torch): each backward kernel alone, checked against torch first."""
+    tokens = torch.randint(0, vocab, (rows,), device="cuda")
+    d_out = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16)
+    onehot_config = emb.onehot_launch_config(vocab, dim)
+    onehot_grid = (tilejit.cdiv(vocab, onehot_config["BV"]), tilejit.cdiv(dim, onehot_config["BD"]))
+    atomic_config = emb.launch_config(dim)
+    atomic_grid = emb._grid(rows, dim, atomic_config)
+    d_weight = torch.empty(vocab, dim, device="cuda", dtype=torch.bfloat16)
+
+    def onehot():
+        emb.embedding_bwd_onehot[onehot_grid](tokens, d_out, d_weight, **onehot_config)
+        return d_weight
+
+    def atomic():
+        summed = torch.zeros(vocab, dim, device="cuda")
+        emb.embedding_bwd[atomic_grid](tokens, d_out, summed, **atomic_config)
+        return summed.to(torch.bfloat16)
+
+    def torch_bwd():
+        return torch.ops.aten.embedding_dense_backward(d_out, tokens, vocab, -1, False)
+
+    expected = torch_bwd().float()
+    for name, fn in (("one-hot GEMM", onehot), ("atomic", atomic)):
+        err = (fn().float() - expected).abs().max().item()
+        assert err <= 1e-2 * expected.abs().max().item(), f"embedding bwd {name}: dW off by {err}"
+    theirs = do_bench(torch_bwd)
+    return (do_bench(onehot), theirs), (do_bench(atomic), theirs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=8192)
@@ -102,6 +136,9 @@ def main() -> None:
         rows = [("ce chunk kernel (loss + dlogits) vs F.cross_entropy fwd+bwd", _ce_chunk(args.rows, vocab)),
                 ("linear_cross_entropy fwd+bwd vs F.linear + F.cross_entropy", _linear_ce(args.rows, args.dim, vocab)),
                 ("embedding fwd", forward), ("embedding fwd+bwd", both)]
+        onehot, atomic = _embedding_backward_kernels(args.rows, args.dim, vocab)
+        rows += [("embedding bwd one-hot GEMM kernel vs aten.embedding_dense_backward", onehot),
+                 ("embedding bwd atomic kernel (+ zero fill, cast) vs aten.embedding_dense_backward", atomic)]
         for what, (ours, theirs) in rows:
             print(f"| {what} | {vocab} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f} |")
 

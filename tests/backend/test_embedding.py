@@ -1,7 +1,11 @@
 """tilejit.ops.embedding (tilejit/ops/embedding_lookup.py): forward and backward through the interpreter against torch
 (repeated tokens, ragged token counts and dims, int32 and int64 ids), NaN-poisoned outputs, ids out of range,
-torch.compile(fullgraph=True), typed errors, and the kernels compiled for sm_80, sm_90a and sm_100a."""
+torch.compile(fullgraph=True), typed errors, and the kernels compiled for sm_80, sm_90a and sm_100a; the one-hot
+GEMM backward against float64 (ragged N, V and D, repeated and out-of-range ids, float16 and bfloat16), the rule
+that picks it, and its tensor-core instructions."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -132,3 +136,85 @@ def test_kernels_compile(fresh_compile_cache, arch, id_dtype):
     for compiled in (forward, backward):
         assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0, compiled.meta
     assert "red." in backward.asm["ptx"] or "atom." in backward.asm["ptx"]
+
+
+def _onehot_reference(tokens, d_out, vocab):
+    """float64 dW of the first len(tokens) rows of d_out, ids outside [0, vocab) skipped."""
+    rows = d_out[:tokens.shape[0]].double()
+    valid = (tokens >= 0) & (tokens < vocab)
+    return torch.zeros(vocab, d_out.shape[1], dtype=torch.float64).index_add_(0, tokens[valid].long(), rows[valid])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_onehot_gemm_matches_float64(interpret, dtype, id_dtype):
+    torch.manual_seed(3)
+    vocab, dim, n = 37, 50, 103   # 16x16 tiles of dW, 8 tokens a k step: every extent ragged
+    tokens = torch.randint(0, vocab, (n,), dtype=id_dtype)
+    tokens[:20] = 33                                       # repeated, and in the last row tile
+    tokens[20:26] = torch.tensor([-1, -7, vocab, vocab + 3, 47, 2 ** 30], dtype=id_dtype)  # add nothing
+    if id_dtype == torch.int64:   # ids that a cast to int32 would wrap onto rows 33 and 2
+        tokens[26:28] = torch.tensor([2 ** 32 + 33, 2 - 2 ** 32])
+    d_out = torch.randn(n + 5, dim, dtype=dtype)  # rows past n are real numbers: tokens past n must not add them
+    config = emb.onehot_launch_config(vocab, dim)
+    d_weight = torch.full((vocab, dim), float("nan"))
+    grid = (tilejit.cdiv(vocab, config["BV"]), tilejit.cdiv(dim, config["BD"]))
+    emb.embedding_bwd_onehot[grid](tokens, d_out, d_weight, **config)
+    ref = _onehot_reference(tokens, d_out, vocab)
+    assert torch.isfinite(d_weight).all()
+    torch.testing.assert_close(d_weight.double(), ref, rtol=1e-6, atol=1e-5)
+    assert torch.all(d_weight[0] == ref[0].float()) and torch.all(d_weight[33] != 0)
+    got = emb._backward(d_out[:n], tokens, torch.empty(vocab, dim, dtype=dtype))  # the op's path: weight's dtype
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_onehot_gemm_rule():
+    assert emb.uses_onehot_gemm(256, torch.bfloat16) and emb.uses_onehot_gemm(1024, torch.float16)
+    assert not emb.uses_onehot_gemm(1025, torch.bfloat16)
+    assert not emb.uses_onehot_gemm(256, torch.float32)   # tf32 products would round float32 dOut
+
+
+class _Recorder:
+    """Stands in for a kernel: records that it was launched, then launches it."""
+
+    def __init__(self, kernel, launched: list, name: str):
+        self.kernel, self.launched, self.name = kernel, launched, name
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("vocab, dtype, path", [(300, torch.bfloat16, "onehot"), (1024, torch.float16, "onehot"),
+                                                (1025, torch.bfloat16, "atomic"), (300, torch.float32, "atomic")])
+def test_backward_takes_the_path_the_rule_names(interpret, monkeypatch, vocab, dtype, path):
+    launched = []
+    monkeypatch.setattr(emb, "embedding_bwd_onehot", _Recorder(emb.embedding_bwd_onehot, launched, "onehot"))
+    monkeypatch.setattr(emb, "embedding_bwd", _Recorder(emb.embedding_bwd, launched, "atomic"))
+    torch.manual_seed(4)
+    tokens = torch.randint(0, vocab, (2, 9))
+    weight = torch.randn(vocab, 12, dtype=dtype, requires_grad=True)
+    d_out = torch.randn(2, 9, 12, dtype=dtype)
+    tilejit.ops.embedding(tokens, weight).backward(d_out)
+    assert launched == [path]
+    ref = _onehot_reference(tokens.view(-1), d_out.view(-1, 12), vocab)
+    torch.testing.assert_close(weight.grad.double(), ref, rtol=1e-2 if dtype != torch.float32 else 1e-6,
+                               atol=1e-2 if dtype != torch.float32 else 1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_onehot_gemm_compiles_to_tensor_cores(fresh_compile_cache, arch, dtype):
+    config = emb.onehot_launch_config(256, 1024)
+    assert (config["BV"], config["BD"], config["BK"]) == (64, 32, 64)   # 4 x 32 = 128 programs for the example
+    compiled = emb.embedding_bwd_onehot.compile(_meta(8192 + 37, dtype=torch.int64), _meta(8192 + 37, 1024, dtype=dtype),
+                                                _meta(256, 1024, dtype=dtype), arch=arch, **config)
+    assert compiled.asm["cubin"][:4] == b"\x7fELF" and compiled.meta["spills"] == 0, compiled.meta
+    ptx = compiled.asm["ptx"]
+    assert not re.search(r"^\s*(red|atom)\.", ptx, re.M)   # written once: no atomics
+    expected = {"sm_80": "mma.sync.aligned.m16n8k16", "sm_90a": "wgmma.mma_async", "sm_100a": None}[arch]
+    if expected is None:
+        assert "tcgen05.mma" in ptx or "mma.sync.aligned" in ptx
+    else:
+        assert expected in ptx
