@@ -238,9 +238,10 @@ class LlamaModel(nn.Module):
         """Runs the prompts ``tokens`` (B, S) with causal attention, writes their keys and values into ``cache``
         at positions 0..S-1 and returns the logits (B, vocab) of the last position, in float32."""
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape)
+        slots = cache.slots(positions)
 
         def attend(layer, q, k, v):
-            cache.write(layer, positions, k, v)
+            cache.write(layer, slots, k, v)
             return self._causal_attention(q, k, v)
 
         y = self._layers(tokens, None, attend)
@@ -252,9 +253,10 @@ class LlamaModel(nn.Module):
         No host sync and no shape that depends on values: capturable in a CUDA graph."""
         seqlens = (positions + 1).to(torch.int32)
         pos = positions.unsqueeze(1)
+        slots = cache.slots(pos)
 
         def attend(layer, q, k, v):
-            cache.write(layer, pos, k, v)
+            cache.write(layer, slots, k, v)
             out = self.ops.decode_attention(q[:, 0], cache.keys[layer], cache.values[layer], seqlens,
                                             cache.block_table)
             return out.flatten(1).unsqueeze(1)
@@ -282,9 +284,14 @@ class PagedKVCache:
         order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
         self.block_table = order.view(batch, pages_per_seq).to(device=device, dtype=torch.int32)
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Stores k, v (B, S, Hkv, D) of positions (B, S) by torch indexing (no host sync)."""
+    def slots(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, slot in the page) of positions (B, S): where ``write`` stores them, the same in every layer, so
+        a step finds them once (no host sync)."""
         page = torch.gather(self.block_table, 1, (positions // self.page_size).to(torch.int64)).long()
-        slot = positions % self.page_size
+        return page, positions % self.page_size
+
+    def write(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
+        """Stores k, v (B, S, Hkv, D) at ``slots`` (``slots(positions)``) by torch indexing (no host sync)."""
+        page, slot = slots
         self.keys[layer][page, slot] = k
         self.values[layer][page, slot] = v

@@ -411,8 +411,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left
         sm_scale, k_scale, v_scale, GROUP=group, BM=max(16, 1 << (group - 1).bit_length()), BN=bn, D=dim,
         PAGE=page_size or 1, PAGED=paged, GATHER=gather, SPLIT=splits > 1, WIDEN=fp8,
         K_SCALE_TENSOR=k_tensor is not None, V_SCALE_TENSOR=v_tensor is not None, **masking, **config)
-    if splits > 1:
-        per_program = 4
+    if splits > 1:  # a head a program while that leaves programs per SM to spare (a short grid: one pass each)
+        per_program = 1 if batch * heads <= 4 * _sm_count(q.device) else 4
         decode_combine[(tilejit.cdiv(heads, per_program), batch)](part, lse, out, BH=per_program, NSPLIT=splits,
                                                                   D=dim, num_warps=4)
     return out
