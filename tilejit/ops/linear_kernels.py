@@ -16,8 +16,9 @@ On a GPU each GEMM form is autotuned over a short curated list of plain tiles (`
 ``ACCUMULATE_TILES``, ``SWIGLU_TILES``, ``_SWIGLU_RECOMPUTE_TILES``; at most 8 each, then ``matmul_prune``): a
 model's first training step tunes every form and shape it meets, and the plain part of ``matmul_configs`` (19
 configs a GEMM form at 16 bits) made that step, and each GPU test of these ops, spend over a minute compiling and
-timing candidates. Where each tile comes from is written beside its list. No persistent, pingpong, stream-K or
-warp-specialized launch (``_plain``, below); split-K only for ``gemm``'s one-loop forms (``GEMM_SPLIT_TILES``).
+timing candidates. Where each tile comes from is written beside its list. No persistent, pingpong or stream-K
+launch (``_plain``, below); split-K only for ``gemm``'s one-loop forms (``GEMM_SPLIT_TILES``); a few
+warp-specialized tiles (``GEMM_WS_TILES``, ``SWIGLU_WS_TILES``).
 Under ``TILEJIT_INTERPRET=1`` they run fixed small tiles.
 """
 from __future__ import annotations
@@ -169,18 +170,15 @@ def cross_entropy_rows(Logits, Targets, Loss, Scale, ignore_index, BM: T.constex
 
 
 #: The launch options the ops' kernels are not tuned over (``_plain``): a persistent or pingpong walk of the grid
-#: would bypass the grouped tile order of ``_tile_origin``; and a warp-specialized 128x256x64 config of ``gemm``
-#: failed to launch (CUDA_ERROR_LAUNCH_FAILED) in the example model's training on an H100, not yet explained, so no
-#: config of these kernels takes a producer warpgroup. Split-K (a cluster's programs share the K loop and sum in
-#: registers before the epilogue, which program 0 alone runs: ``passes/split_k.py``) needs one K loop: ``gemm``
-#: takes it except in its two-product form (``TWO``), from ``GEMM_SPLIT_TILES``.
+#: would bypass the grouped tile order of ``_tile_origin``. Split-K (a cluster's programs share the K loop and sum
+#: in registers before the epilogue, which program 0 alone runs: ``passes/split_k.py``) needs one K loop: ``gemm``
+#: takes it except in its two-product form (``TWO``), from ``GEMM_SPLIT_TILES``. Warp specialization (a producer
+#: warpgroup filling the TMA ring, sm_90a) from ``GEMM_WS_TILES`` and ``SWIGLU_WS_TILES``.
 
 
 def _plain(configs, split: bool = False):
-    """``configs`` without persistent, pingpong, stream-K or warp-specialized launches, and without split-K unless
-    ``split``."""
-    return [c for c in configs if (split or c.split_k == 1) and not (c.persistent or c.pingpong or c.stream_k
-                                                                      or c.warp_specialize)]
+    """``configs`` without persistent, pingpong or stream-K launches, and without split-K unless ``split``."""
+    return [c for c in configs if (split or c.split_k == 1) and not (c.persistent or c.pingpong or c.stream_k)]
 
 
 #: (BM, BN, BK, num_warps, num_stages) of ``gemm``'s forms that write C (x @ W^T, dY @ W, dY^T @ X, and the
@@ -211,6 +209,12 @@ GEMM_TILES = [(128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 4, 3), 
 #: 128x128x64 w8 s4 tile cut in 2 or 4 is ``configs._SPLIT_K_TILES``' largest.
 GEMM_SPLIT_TILES = [(128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 4)]
 
+#: (BM, BN, BK, num_warps, num_stages) of ``gemm`` run warp-specialized (sm_90a; elsewhere ``matmul_prune`` drops
+#: them). ``scripts/probes/gemm_ws_forms.py`` on an H200, every form correct (8192x1024x1024 and a ragged
+#: 1000x904x520), TFLOP/s plain -> warp-specialized: 128x256 x @ W^T 502 -> 530, the other forms within 1%; 128x128
+#: w8 428 -> 457 (x @ W^T), 412 -> 456 (dY @ W), 394 -> 455 (dY^T @ X), 472 -> 506 (two products).
+GEMM_WS_TILES = [(128, 256, 64, 8, 4), (128, 128, 64, 8, 4)]
+
 #: (BM, BN, BK, num_warps, num_stages) of the accumulating form (dW += dLogits^T @ h with a float32 dW): its
 #: epilogue holds C's float32 tile in shared memory beside the ring, so the 128x256 / 256x128 tiles (128 KB of C)
 #: do not fit. 128x128x64 w8 s4 (192 KB with C; its plain rows in ``configs_{ws,persistent}_h100``: 482-489 TFLOP/s
@@ -229,18 +233,21 @@ SWIGLU_TILES = [(128, 128, 64, 8, 4), (64, 256, 32, 8, 3), (64, 128, 64, 4, 3), 
                 (64, 64, 64, 4, 4), (16, 64, 64, 4, 11), (16, 128, 64, 4, 5)]
 
 
-def _configs(tiles, elem_bytes: int) -> list[Config]:
+def _configs(tiles, elem_bytes: int, warp_specialize: bool = False) -> list[Config]:
     """``tiles`` ((BM, BN, BK, warps, stages[, split_k])) as configs for operands of ``elem_bytes`` bytes (BK keeps
     the bytes of K a stage: float32 takes half the 16-bit BK, as ``matmul_configs`` does)."""
     return _plain([Config({"BM": bm, "BN": bn, "BK": bk * 2 // elem_bytes}, num_warps=w, num_stages=s,
-                          split_k=split[0] if split else 1)
+                          split_k=split[0] if split else 1, warp_specialize=warp_specialize)
                    for bm, bn, bk, w, s, *split in tiles], split=True)
 
 
 def gemm_configs(elem_bytes: int, accumulate: bool = False) -> list[Config]:
     """The configs one form of ``gemm`` tunes over: ``ACCUMULATE_TILES`` for C += ..., else ``GEMM_TILES``; both
-    with ``GEMM_SPLIT_TILES`` (``_gemm_prune`` drops them for the two-product form)."""
-    return _configs((ACCUMULATE_TILES if accumulate else GEMM_TILES) + GEMM_SPLIT_TILES, elem_bytes)
+    with ``GEMM_SPLIT_TILES`` (``_gemm_prune`` drops them for the two-product form) and ``GEMM_WS_TILES`` (the
+    accumulating form: those that fit beside its C tile)."""
+    specialized = [c for c in _configs(GEMM_WS_TILES, elem_bytes, warp_specialize=True)
+                   if not accumulate or _fits_beside_c(c, elem_bytes, 4)]
+    return _configs((ACCUMULATE_TILES if accumulate else GEMM_TILES) + GEMM_SPLIT_TILES, elem_bytes) + specialized
 
 
 def _fits_beside_c(config: Config, elem_bytes: int, c_bytes: int, tiles: int = 1) -> bool:
@@ -269,9 +276,14 @@ def _gemm_prune(configs, named_args, **kwargs):
     return matmul_prune(configs, {**named_args, **logical}, **kwargs)
 
 
+#: ``swiglu_fwd``'s 128x128 tile warp-specialized (sm_90a): the two accumulators then take 168 registers a
+#: thread on its two math warpgroups, against 254 on eight plain warps; no spill either way.
+SWIGLU_WS_TILES = [(128, 128, 64, 8, 4)]
+
+
 def swiglu_configs(elem_bytes: int) -> list[Config]:
-    """The configs ``swiglu_fwd`` tunes over (``SWIGLU_TILES``)."""
-    return _configs(SWIGLU_TILES, elem_bytes)
+    """The configs ``swiglu_fwd`` tunes over (``SWIGLU_TILES``, ``SWIGLU_WS_TILES``)."""
+    return _configs(SWIGLU_TILES, elem_bytes) + _configs(SWIGLU_WS_TILES, elem_bytes, warp_specialize=True)
 
 
 def swiglu_ring_bytes(config: Config, elem_bytes: int) -> int:
