@@ -47,12 +47,6 @@ def _counting(op, counts):
     return call
 
 
-@pytest.fixture
-def op_road(monkeypatch):
-    """Every call goes through the registered operator, as a call that is not plain eager PyTorch does."""
-    monkeypatch.setattr(custom_ops, "_plain_eager", lambda args: False)
-
-
 def _grad_fn_names(t: torch.Tensor) -> set[str]:
     """The names of every node of t's autograd graph."""
     names, todo, seen = set(), [t.grad_fn], set()
@@ -335,3 +329,22 @@ def test_double_backward_raises_on_both_roads(interpret, monkeypatch, road, name
     with pytest.raises(RuntimeError, match=f"backward through tilejit.{backward_op}.default but no autograd "
                                            "formula was registered"):
         torch.autograd.grad(sum(g.sum() for g in grads), leaves)
+
+
+def test_operand_errors_name_the_first_faulty_operand():
+    """linear_ops' checks report x's fault before the weights', and a weight's type before its dtype and its dtype
+    before its device."""
+    x, w = torch.randn(4, 8), torch.randn(6, 8)
+    with pytest.raises(TypeError, match="linear: x must be a torch.Tensor, got list"):
+        linear_ops.linear([[1.0]], w)
+    with pytest.raises(TypeError, match=r"swiglu_linear: x is torch.int64; the kernels take"):
+        linear_ops.swiglu_linear(x.long(), w.long(), 3)
+    with pytest.raises(TypeError, match="swiglu_linear: w_up must be a torch.Tensor, got int"):
+        linear_ops.swiglu_linear(x, w, 3)
+    with pytest.raises(TypeError, match="w_gate is torch.float16 but x is torch.float32"):
+        linear_ops.swiglu_linear(x, w.half(), w.to("meta"))
+    with pytest.raises(ValueError, match="linear_cross_entropy: weight is on meta but x is on cpu"):
+        linear_ops.linear_cross_entropy(x, w.to("meta"), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="x must have at least one dim"):
+        linear_ops.linear(torch.tensor(1.0), w)
+
