@@ -363,6 +363,7 @@ def test_rms_norm_backward_programs_fit_the_sms_at_once(fresh_compile_cache, mon
                              max_threads_per_multi_processor=2048, multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: hopper)
     monkeypatch.setattr(norm, "_RESIDENT", {})
+    monkeypatch.setattr(norm, "_SM_COUNTS", {})
     config = norm.launch_config(1024)
     x = _meta(8192, 1024 // config["BC"], config["BC"])
     weight = _meta(1, 1024 // config["BC"], config["BC"]).expand(config["BM"], -1, -1)
@@ -382,3 +383,17 @@ def test_column_sums_over_many_steps(interpret):
     out = torch.full((37,), float("nan"))
     norm.column_sums[(tilejit.cdiv(37, 8),)](partial, out, BM=16, BN=8, num_warps=4)
     torch.testing.assert_close(out.double(), partial.double().sum(0), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 64])
+@pytest.mark.parametrize("dim, step", [(1024, 1), (1024, 2), (32, 1), (37, 3), (8192, 1)])
+def test_weight_rows_are_the_view_the_kernels_took(rows, dim, step):
+    """``_weight_rows`` (one as_strided) has the shape, strides and offset of the view + expand it replaced, so
+    the kernels' arguments and specializations are unchanged (rows == 1 keeps the viewed stride, not 0)."""
+    bc = norm.launch_config(dim)["BC"]
+    weight = torch.randn(dim * step + 5)[5::step]
+    got = norm._weight_rows(weight, rows, bc)
+    want = weight.view(1, dim // bc, bc).expand(rows, dim // bc, bc)
+    assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+    assert torch.equal(got, want)
+

@@ -21,6 +21,8 @@ buffer, which ``column_sums`` reduces to ``dweight``. No atomics: dweight is the
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import tilejit
@@ -121,17 +123,28 @@ def launch_config(dim: int) -> dict:
     return dict(BM=bm, BR=br, BC=bc, num_warps=max(1, min(16, bm * bd // (32 * 16))))
 
 
+@functools.lru_cache(maxsize=256)
+def _launch_config(dim: int) -> dict:
+    """``launch_config``, made once per shape: the ops' launches read it (never change it) on every call."""
+    return launch_config(dim)
+
+
 #: Programs per SM of the backward, at most: each keeps BM rows of loads in flight, and its dweight partial in
 #: registers (written once: more programs, more partial rows for ``column_sums`` to read). Fewer where fewer fit
 #: an SM at once (a second wave of programs would double the time).
 BACKWARD_PROGRAMS_PER_SM = 4
 _RESIDENT: dict[tuple, int] = {}  # (dim, dtypes, HAS_DS, device index) -> backward programs an SM holds at once
+_SM_COUNTS: dict[int | None, int] = {}  # device index -> SMs (a device property read costs microseconds a call)
+
+
+def _resident_key(args: tuple, has_ds: bool, device: torch.device) -> tuple:
+    return (args[2].shape[1:], args[2].dtype, args[3].dtype, has_ds, device.index)
 
 
 def _resident_per_sm(args: tuple, config: dict, has_ds: bool, device: torch.device) -> int:
     """Backward programs one SM holds at once, from the compiled kernel's registers, shared memory and threads
     (found once per dim, dtypes and device)."""
-    key = (args[2].shape[1:], args[2].dtype, args[3].dtype, has_ds, device.index)
+    key = _resident_key(args, has_ds, device)
     if key not in _RESIDENT:
         meta = rms_norm_bwd.compile(*args, HAS_DS=has_ds, **config).meta
         props = torch.cuda.get_device_properties(device)
@@ -151,7 +164,9 @@ def _programs_for_backward(rows: int, bm: int, device: torch.device, resident: i
     blocks = tilejit.cdiv(rows, bm)
     if device.type != "cuda":
         return min(blocks, 4)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _SM_COUNTS.get(device.index)
+    if sms is None:
+        sms = _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return min(blocks, min(BACKWARD_PROGRAMS_PER_SM, resident) * sms)
 
 
@@ -200,28 +215,42 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _weight_rows(weight: torch.Tensor, rows: int, bc: int) -> torch.Tensor:
+    """The weight (D,) as (rows, D / bc, bc), every row the weight's (stride 0 where rows > 1): the strides of
+    ``weight.view(1, D / bc, bc).expand(rows, D / bc, bc)`` in one call instead of two."""
+    step = weight.stride(0)
+    dim = weight.shape[0]
+    return weight.as_strided((rows, dim // bc, bc), (dim * step if rows == 1 else 0, bc * step, step))
+
+
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                      residual: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                      residual_out: torch.Tensor | None = None, rstd: torch.Tensor | None = None):
     """(y, s, rstd) as tensors of x's shape (s: x + residual, or None without one) and float32 rows: the forward
     launch. ``out``, ``residual_out`` and ``rstd`` (float32, one per row) may be preallocated, contiguous."""
     _check(x, weight, residual, eps)
+    return _forward(x, weight, eps, residual, out, residual_out, rstd)
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+             out: torch.Tensor | None, residual_out: torch.Tensor | None, rstd: torch.Tensor | None):
+    """``rms_norm_forward`` of arguments ``_check`` passed."""
     dim = x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    y = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
     s = None
     if residual is not None:
-        s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual_out is None else residual_out
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if rstd is None else rstd
+        s = torch.empty_like(x, memory_format=torch.contiguous_format) if residual_out is None else residual_out
+    rstd = x2.new_empty(rows, dtype=torch.float32) if rstd is None else rstd
     if rows == 0:
         return y, s, rstd
-    config = launch_config(dim)
+    config = _launch_config(dim)
     bc = config["BC"]
     x3, y3 = _rows3(x2, bc), y.view(rows, dim // bc, bc)
     r3 = _rows3(_rows(residual), bc) if s is not None else x3
     s3 = s.view(rows, dim // bc, bc) if s is not None else y3
-    w3 = weight.view(1, dim // bc, bc).expand(rows, dim // bc, bc)  # the weight's row for every row: no broadcast
+    w3 = _weight_rows(weight, rows, bc)  # the weight's row for every row: no broadcast
     rms_norm_fwd[(tilejit.cdiv(rows, config["BM"]),)](x3, r3, w3, y3, s3, rstd, float(eps), RESIDUAL=s is not None,
                                                       **config)
     return y, s, rstd
@@ -235,23 +264,27 @@ def rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, x: torch.Tensor
     dim = x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if dx is None else dx
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if dx is None else dx
     dweight = torch.empty_like(weight) if dweight is None else dweight
     if rows == 0:
         return dx, dweight.zero_()
-    config = launch_config(dim)
+    config = _launch_config(dim)
     bm, bc = config["BM"], config["BC"]
+    has_ds = ds is not None
     dy3 = _rows3(_rows(dy), bc)
-    ds3 = _rows3(_rows(ds), bc) if ds is not None else dy3
-    w3 = weight.view(1, dim // bc, bc).expand(bm, dim // bc, bc)
-    programs = _programs_for_backward(rows, bm, x.device, BACKWARD_PROGRAMS_PER_SM)
-    partial = torch.empty(programs, dim, dtype=torch.float32, device=x.device)
-    args = (dy3, ds3, _rows3(x2, bc), w3, rstd, dx.view(rows, dim // bc, bc), _rows3(partial, bc))
-    if x.device.type == "cuda":
-        programs = _programs_for_backward(rows, bm, x.device, _resident_per_sm(args, config, ds is not None, x.device))
-        partial = partial[:programs]
-        args = args[:6] + (_rows3(partial, bc),)
-    rms_norm_bwd[(programs,)](*args, HAS_DS=ds is not None, **config)
+    ds3 = _rows3(_rows(ds), bc) if has_ds else dy3
+    args = (dy3, ds3, _rows3(x2, bc), _weight_rows(weight, bm, bc), rstd, dx.view(rows, dim // bc, bc))
+    device = x2.device
+    resident = BACKWARD_PROGRAMS_PER_SM
+    if x2.is_cuda:
+        resident = _RESIDENT.get(_resident_key(args, has_ds, device))
+        if resident is None:  # the kernel compiled once per dim, dtypes and device, for its registers
+            programs = _programs_for_backward(rows, bm, device, BACKWARD_PROGRAMS_PER_SM)
+            partial = torch.empty(programs, dim, dtype=torch.float32, device=device)
+            resident = _resident_per_sm(args + (_rows3(partial, bc),), config, has_ds, device)
+    programs = _programs_for_backward(rows, bm, device, resident)
+    partial = x2.new_empty(programs, dim, dtype=torch.float32)
+    rms_norm_bwd[(programs,)](*args, _rows3(partial, bc), HAS_DS=has_ds, **config)
     sums = column_sums_config(dim)
     column_sums[(tilejit.cdiv(dim, sums["BN"]),)](partial, dweight, **sums)
     return dx, dweight
@@ -277,7 +310,7 @@ def reference(x, weight, eps=1e-6, residual=None):
 
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, s, rstd = rms_norm_forward(x, weight, eps, residual)
+    y, s, rstd = _forward(x, weight, eps, residual, None, None, None)  # checked by rms_norm
     return y, (s if s is not None else x.new_empty(0)), rstd
 
 

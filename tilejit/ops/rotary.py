@@ -20,6 +20,8 @@ float64 definition the tests check against.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import tilejit
@@ -93,6 +95,12 @@ def launch_config(head_dim: int, q_heads: int, k_heads: int, seq: int) -> dict:
     return dict(BT=bt, BHQ=bhq, BHK=heads(k_heads), BHALF=bhalf, HALF_DIVISOR=min(8, half & -half), num_warps=4)
 
 
+@functools.lru_cache(maxsize=256)
+def _launch_config(head_dim: int, q_heads: int, k_heads: int, seq: int) -> dict:
+    """``launch_config``, made once per shape: the ops' launches read it (never change it) on every call."""
+    return launch_config(head_dim, q_heads, k_heads, seq)
+
+
 def _check(q, k, cos, sin, positions) -> None:
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
@@ -126,6 +134,10 @@ def _check(q, k, cos, sin, positions) -> None:
         what = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else \
             type(positions).__name__
         raise ValueError(f"rotary_embedding: positions must be an int32 or int64 tensor ({batch}, {seq}), got {what}")
+    device = q.device
+    if k.device == device and cos.device == device and sin.device == device and \
+            (positions is None or positions.device == device):
+        return
     devices = {t.device for t in (q, k, cos, sin) + (() if positions is None else (positions,))}
     if len(devices) > 1:
         raise ValueError(f"rotary_embedding: all tensors must be on one device, got {sorted(map(str, devices))}")
@@ -133,7 +145,8 @@ def _check(q, k, cos, sin, positions) -> None:
 
 def _halves(t: torch.Tensor) -> torch.Tensor:
     """(B, S, H, D) as (B, S, H, 2, D/2): a view, the two halves of a head on their own axis."""
-    return t.unflatten(-1, (2, t.shape[-1] // 2))
+    batch, seq, heads, dim = t.shape
+    return t.view(batch, seq, heads, 2, dim // 2)
 
 
 def rotary_forward(q, k, cos, sin, positions=None, *, q_out=None, k_out=None, inverse: bool = False):
@@ -141,12 +154,17 @@ def rotary_forward(q, k, cos, sin, positions=None, *, q_out=None, k_out=None, in
     place; any strides with a last stride of 1). ``inverse``: by -angle (the backward). Positions must lie in
     [0, max_positions): they are not checked on the host, which would synchronize."""
     _check(q, k, cos, sin, positions)
+    return _rotate(q, k, cos, sin, positions, q_out, k_out, inverse)
+
+
+def _rotate(q, k, cos, sin, positions, q_out, k_out, inverse: bool):
+    """``rotary_forward`` of arguments ``_check`` passed."""
     q_out = torch.empty_like(q) if q_out is None else q_out
     k_out = torch.empty_like(k) if k_out is None else k_out
     batch, seq, q_heads, dim = q.shape
     if batch * seq == 0:
         return q_out, k_out
-    config = launch_config(dim, q_heads, k.shape[2], seq)
+    config = _launch_config(dim, q_heads, k.shape[2], seq)
     positions_arg = cos if positions is None else positions  # a placeholder the kernel does not read
     grid = (batch * tilejit.cdiv(seq, config["BT"]), 2)  # q's programs, then k's
     rotary_kernel[grid](_halves(q), _halves(k), _halves(q_out), _halves(k_out), cos, sin, positions_arg,
@@ -184,12 +202,12 @@ def reference(q, k, cos, sin, positions=None):
 
 def _rotate_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor | None, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return rotary_forward(q, k, cos, sin, positions, inverse=inverse)
+    return _rotate(q, k, cos, sin, positions, None, None, inverse)  # checked by rotary_embedding
 
 
 def _rotate_in_place_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         positions: torch.Tensor | None) -> None:
-    rotary_forward(q, k, cos, sin, positions, q_out=q, k_out=k)
+    _rotate(q, k, cos, sin, positions, q, k, False)  # checked by rotary_embedding
 
 
 def _setup_context(ctx, inputs, output):
