@@ -348,3 +348,20 @@ def test_operand_errors_name_the_first_faulty_operand():
     with pytest.raises(ValueError, match="x must have at least one dim"):
         linear_ops.linear(torch.tensor(1.0), w)
 
+
+
+def test_operators_called_directly_check_their_arguments(interpret):
+    """``torch.ops.tilejit.*`` is public too: a wrong call gets the public function's typed error, not an internal
+    one from inside the launch."""
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        norm._OPS.forward(x, torch.ones(32), None, 1e-6)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        norm._OPS.forward.op(x, torch.ones(32), None, 1e-6)
+    q, k = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    cos, sin = torch.randn(8, 8), torch.randn(8, 8)
+    for call in (rotary._OPS.rotate.op, rotary._OPS.rotate):
+        with pytest.raises((TypeError, ValueError), match="cos"):
+            call(q, k, cos.double(), sin, None, False)
+    with pytest.raises((TypeError, ValueError), match="cos"):
+        rotary._OPS.rotate_.op(q, k, cos.double(), sin, None)
