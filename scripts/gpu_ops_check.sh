@@ -8,10 +8,10 @@
 # (probes under scripts/probes; DECODE=1 adds decode's variants and benchmarks.decode_attention), then runs the
 # attention, decode and fp8 ops' GPU tests; "tests" runs the model ops' and the model's GPU tests; "train" runs
 # benchmarks.llm's training rows of eager torch, torch.compile and tilejit, eager and under a CUDA graph (with one
-# step's profile each); "serve" its decode rows (profiled), then the training rows of Liger Kernel and
+# step's profile each), then its decode rows (profiled); "autotune" the training rows of Liger Kernel and
 # torch.compile's max-autotune (with eager and tilejit's CUDA graph again, the references of their memory and speed
-# in the same run), whose tuning takes minutes. On a 2-GPU machine: kernels then every test on one GPU, train then
-# serve on the other, no autotune rows.
+# in the same run), whose tuning takes minutes. On a 2-GPU machine: kernels then every test on one GPU, the
+# training and decode rows on the other, no autotune rows.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/tilejit-gpu-ops}"
@@ -39,7 +39,7 @@ if [ "${DECODE:-0}" = 1 ]; then
 fi
 if [ "$gpus" -ge 4 ]; then
     bash scripts/gpu_parallel.sh "kernels::$kernels; $pytest $attention_tests" "tests::$pytest $model_tests" \
-        "train::$train" "serve::$serve; $autotune"
+        "llm::$train; $serve" "autotune::$autotune"
 else
     bash scripts/gpu_parallel.sh "kernels::$kernels; $pytest $attention_tests $model_tests" "llm::$train; $serve"
 fi
