@@ -200,3 +200,16 @@ def llm():
         for name in _LLM_MODULES:
             sys.modules.pop(name, None)
         sys.path[:] = saved_path
+
+
+@pytest.fixture
+def interpret_torch(monkeypatch, tmp_path):
+    """tilejit.ops on CPU tensors through the IR interpreter, a kernel cache of the test's own, and torch.compile's
+    state reset before and after (no graph compiled by another test is reused)."""
+    import torch
+
+    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
+    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

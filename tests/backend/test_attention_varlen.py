@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import tilejit
+from attention_tiles import SMALL_ATTENTION_BWD, SMALL_ATTENTION_FWD
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
 from tilejit.ops import fused_attention
 from tilejit.ops import varlen_attention as varlen
 
-SMALL_FWD = dict(BM=32, BN=16, num_warps=4)
-SMALL_BWD = {"dkdv": dict(BM=16, BN=32, num_warps=4), "dq": dict(BM=32, BN=16, num_warps=4)}
+SMALL_FWD, SMALL_BWD = SMALL_ATTENTION_FWD, SMALL_ATTENTION_BWD
 
 
 @pytest.fixture

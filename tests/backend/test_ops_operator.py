@@ -13,20 +13,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attention_tiles import SMALL_ATTENTION_BWD, SMALL_ATTENTION_FWD
 from tilejit.ops import custom_ops, embedding_lookup, fused_attention, linear_ops, norm, rotary
 
 MODULES = (norm, rotary, linear_ops, embedding_lookup, fused_attention)
-SMALL_FWD = dict(BM=32, BN=16, num_warps=4)
-SMALL_BWD = {"dkdv": dict(BM=16, BN=32, num_warps=4), "dq": dict(BM=32, BN=16, num_warps=4)}
+SMALL_FWD, SMALL_BWD = SMALL_ATTENTION_FWD, SMALL_ATTENTION_BWD
 
 
 @pytest.fixture
-def interpret(monkeypatch, tmp_path):
-    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
-    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def interpret(interpret_torch):
+    """The interpreter (``interpret_torch``)."""
 
 
 @pytest.fixture

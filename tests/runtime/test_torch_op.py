@@ -16,12 +16,8 @@ BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
 
 
 @pytest.fixture
-def interpret(monkeypatch, tmp_path):
-    monkeypatch.setenv("TILEJIT_INTERPRET", "1")
-    monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def interpret(interpret_torch):
+    """The interpreter (``interpret_torch``)."""
 
 
 def test_torch_op_runs_eagerly(interpret):
