@@ -96,34 +96,33 @@ def time_training(name: str, backend: str, compile_mode, args, corpus, ops=None,
         model, **({} if compile_mode == "default" else {"mode": compile_mode}))
     sampler = BatchSampler(corpus, args.batch, args.seq, seed=0)
     graphed = GraphedTrainStep(model, optimizer, forward) if graph else None
-    if graph:
-        args = argparse.Namespace(**{**vars(args), "warmup": max(args.warmup, graphed.warmup + 1)})
-    batches = [sampler.next("cuda") for _ in range(args.warmup + args.steps)]
+    warmup = max(args.warmup, graphed.warmup + 1) if graph else args.warmup  # a graph's steps: eager, then capture
+    batches = [sampler.next("cuda") for _ in range(warmup + args.steps)]
 
     def step(tokens, targets):
         return graphed(tokens, targets) if graph else train_step(model, optimizer, tokens, targets, forward)
 
     first_loss = step(*batches[0]).item()
-    eager_peak = None
-    for index, (tokens, targets) in enumerate(batches[1:args.warmup], start=1):
-        if graph and index == graphed.warmup - 1:  # the last eager step: what the graph's pool holds
+    eager_peak = 0
+    for index, (tokens, targets) in enumerate(batches[1:warmup], start=1):
+        last_eager = graph and index == graphed.warmup - 1  # the last eager step: what the graph's pool holds
+        if last_eager:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         step(tokens, targets)
-        if graph and index == graphed.warmup - 1:
+        if last_eager:
             torch.cuda.synchronize()
             eager_peak = torch.cuda.max_memory_allocated()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    for tokens, targets in batches[args.warmup:]:
+    for tokens, targets in batches[warmup:]:
         step(tokens, targets)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     # A replay allocates nothing: its activations live in the graph's private pool, which the allocator counts
     # as reserved, not allocated. The peak of the same step run eagerly is the graph row's memory.
-    peak = torch.cuda.max_memory_allocated() if eager_peak is None else max(eager_peak,
-                                                                              torch.cuda.max_memory_allocated())
+    peak = max(eager_peak, torch.cuda.max_memory_allocated())
     if args.profile:
         _print_profile(name, step, batches[-1])
     row = {"workload": f"train B={args.batch} S={args.seq}", "implementation": name,

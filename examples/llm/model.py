@@ -1,12 +1,12 @@
 """A small Llama-style language model built from tilejit's PyTorch operators, and its plain-torch twin.
 
 One module, two sets of operators: ``LlamaModel(config, backend="tilejit")`` runs ``tilejit.ops`` (embedding
-lookup with an atomic scatter-add backward, fused RMSNorm with the residual add, in-place rotary embedding, fused
-attention, SwiGLU, fused linear + cross-entropy that never builds the logits, paged decode attention);
-``backend="torch"`` runs the same math in torch operators (``F.scaled_dot_product_attention``, RMSNorm written out
-in float32, ...). Both read the same parameters, so ``model.backend = "torch"`` (or a copy made from the same
-state dict) is the twin the tests and the benchmark compare against. A third set of operators can be plugged in
-with ``model.ops = ...`` (benchmarks/llm.py does so for Liger Kernel).
+lookup, its backward a one-hot GEMM over the 256 bytes, fused RMSNorm with the residual add, in-place rotary
+embedding, fused attention, SwiGLU, fused linear + cross-entropy that never builds the logits, paged decode
+attention); ``backend="torch"`` runs the same math in torch operators (``F.scaled_dot_product_attention``,
+RMSNorm written out in float32, ...). Both read the same parameters, so ``model.backend = "torch"`` (or a copy
+made from the same state dict) is the twin the tests and the benchmark compare against. A third set of operators
+can be plugged in with ``model.ops = ...`` (benchmarks/llm.py does so for Liger Kernel).
 
 Architecture: byte-level vocabulary of 256 (no special tokens: the corpus is bytes), grouped-query attention with
 rotary embeddings (half-split, theta 10000), pre-norm RMSNorm blocks, SwiGLU MLP, untied input embedding and

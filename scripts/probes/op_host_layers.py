@@ -1,8 +1,9 @@
 """Host time per call of the model's ops at each layer of their stack, on the GPU: the bare kernel launch, the
 op's implementation (allocation + launches), the registered operator without autograd, the public function with
-autograd (the eager road of ``custom_ops.Operator`` and the registered operator), and torch's own op for scale. Each row issues N calls without waiting and divides (the GPU time per
-call, from events, is printed beside it: a row whose GPU time is larger measures the GPU, not the host). Then
-cProfile over the implementations, by own time, to say where the Python goes."""
+autograd (the eager road of ``custom_ops.Operator`` and the registered operator), and torch's own op for scale.
+Each row issues N calls without waiting and divides (the GPU time per call, from events, is printed beside it: a
+row whose GPU time is larger measures the GPU, not the host). Then cProfile over the implementations, by own
+time, to say where the Python goes."""
 import cProfile
 import pstats
 import sys

@@ -23,8 +23,8 @@
 - ``linear(x, weight)``, ``swiglu_linear(x, w_gate, w_up)`` and ``linear_cross_entropy(h, weight, targets)``:
   the GEMM ops of a transformer, forward and backward (``linear_ops``; kernels in ``linear_kernels``).
 - ``embedding(tokens, weight)``: the rows of ``weight`` that int32/int64 ``tokens`` name, differentiable in
-  weight (the backward adds repeated tokens' rows with float32 atomics); operators ``tilejit::embedding_fwd`` /
-  ``tilejit::embedding_bwd``.
+  weight (the backward is a one-hot GEMM for small 16-bit vocabularies, else adds repeated tokens' rows with
+  float32 atomics); operators ``tilejit::embedding_fwd`` / ``tilejit::embedding_bwd``.
 - ``fp8_blockscaled_matmul(a, a_scales, b, b_scales)`` and ``fp8_blockscaled_grouped_matmul(..., group_offsets)``:
   DeepSeek-V3's block-scaled float8 products (1x128 activation and 128x128 weight scales), dense and MoE-grouped
   (operators ``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``).

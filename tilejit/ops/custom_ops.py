@@ -22,6 +22,7 @@ _ABSENT = -1
 _FLAGS = frozenset(name for name, value in LaunchOptions().as_dict().items() if type(value) is bool)
 
 _copies = itertools.count(1)
+_SM_COUNTS: dict[int, int] = {}  # CUDA device index -> SMs (a device property read costs microseconds a call)
 
 
 def namespace(module_name: str, installed_name: str) -> str:
@@ -29,6 +30,15 @@ def namespace(module_name: str, installed_name: str) -> str:
     (``module_name == installed_name``); a fresh one for a copy loaded from its file under another name (the tests
     load copies so that their kernels' launch caches are their own), whose operators must not collide."""
     return "tilejit" if module_name == installed_name else f"tilejit_copy{next(_copies)}"
+
+
+def sm_count(device: torch.device) -> int:
+    """The SM count of a CUDA ``device``, read once per device (the ops' launches ask on every call)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SM_COUNTS.get(index)
+    if count is None:
+        count = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
 
 
 def encode_config(config: dict[str, Any], what: str) -> list[int]:

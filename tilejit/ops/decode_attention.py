@@ -33,7 +33,7 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit import knobs
-from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace, sm_count
 from tilejit.ops.fused_attention import _score_scales, _window
 
 MAX_SPLITS = 64
@@ -253,18 +253,12 @@ def programs_per_sm(page_size: int | None, bn: int, gather: bool) -> int:
     return 2 if page_size is None or bn >= 64 else 4
 
 
-_SM_COUNTS: dict[int, int] = {}
 #: the SM count the interpreter plans for (CPU tensors), so that CPU runs take the split path too
 INTERPRETER_SM_COUNT = 8
 
 
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+    return sm_count(device) if device.type == "cuda" else INTERPRETER_SM_COUNT
 
 
 _WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

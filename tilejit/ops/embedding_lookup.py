@@ -15,7 +15,8 @@ Backward, two kernels:
   registers (1.0 where the id is the row's, else 0.0, in dOut's dtype), multiplies it with the (BK, BD) tile of
   dOut and sums in float32; the tile is written once (no atomics, no zero fill), so dW is deterministic. Each
   product 1.0 x a 16-bit value is exact; the sums are float32, k step after k step in token order (within a
-  step in the tensor cores' own order), where the atomic path sums float32 in arrival order: the two agree to float32 rounding, not bit for bit.
+  step in the tensor cores' own order), where the atomic path sums float32 in arrival order: the two agree to
+  float32 rounding, not bit for bit.
 
 Which backward runs (``uses_onehot_gemm``): the GEMM for float16/bfloat16 dOut and V <= ``ONEHOT_MAX_VOCAB``
 (1024), the atomic kernel otherwise. float32 dOut keeps the atomic path (the tensor cores would round it to

@@ -32,33 +32,9 @@ from tilejit.ops.custom_ops import Operator, namespace
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_operands(op: str, x: torch.Tensor, *named: str | torch.Tensor) -> None:
-    """Typed errors for what the kernels cannot take: non-tensors, dtypes, ranks, devices, mismatched K.
-    ``named``: the weights' names and tensors, alternating (``"weight", weight``). The common case (tensors of one
-    kernel dtype on one device) is decided by one comparison per weight; the errors come from ``_operand_error``."""
-    weights = named[1::2]
-    if not isinstance(x, torch.Tensor) or x.dtype not in _DTYPES:
-        _operand_error(op, x, named)
-    dtype, device = x.dtype, x.device
-    for w in weights:
-        if not isinstance(w, torch.Tensor) or w.dtype != dtype or w.device != device:
-            _operand_error(op, x, named)
-    if x.dim() < 1:
-        raise UsageValueError(f"{op}: x must have at least one dim (..., K), got a 0-d tensor")
-    k = x.shape[-1]
-    first = weights[0]
-    for name, w in zip(named[::2], weights):
-        if w.dim() != 2 or w.shape[1] != k:
-            raise UsageValueError(f"{op}: {name} must be 2-D (N, K) with K = x.shape[-1] = {k}, got "
-                                  f"shape {tuple(w.shape)}")
-        if w is not first and w.shape != first.shape:
-            raise UsageValueError(f"{op}: {name} {tuple(w.shape)} must have {named[0]}'s shape {tuple(first.shape)}")
-
-
-def _operand_error(op: str, x, named: tuple) -> None:
-    """Raises the error of the first operand (x, then the weights in order) that is not a tensor, not of a kernel
-    dtype, not of x's dtype or not on x's device."""
-    for name, t in (("x", x),) + tuple(zip(named[::2], named[1::2])):
+def _check_operands(op: str, x: torch.Tensor, weights: dict[str, torch.Tensor]) -> None:
+    """Typed errors for what the kernels cannot take: non-tensors, dtypes, ranks, devices, mismatched K."""
+    for name, t in {"x": x, **weights}.items():
         if not isinstance(t, torch.Tensor):
             raise UsageTypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _DTYPES:
@@ -67,6 +43,15 @@ def _operand_error(op: str, x, named: tuple) -> None:
             raise UsageTypeError(f"{op}: {name} is {t.dtype} but x is {x.dtype}; cast them to one dtype")
         if t.device != x.device:
             raise UsageValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
+    if x.dim() < 1:
+        raise UsageValueError(f"{op}: x must have at least one dim (..., K), got a 0-d tensor")
+    first_name, first = next(iter(weights.items()))
+    for name, w in weights.items():
+        if w.dim() != 2 or w.shape[1] != x.shape[-1]:
+            raise UsageValueError(f"{op}: {name} must be 2-D (N, K) with K = x.shape[-1] = {x.shape[-1]}, got "
+                                  f"shape {tuple(w.shape)}")
+        if w.shape != first.shape:
+            raise UsageValueError(f"{op}: {name} {tuple(w.shape)} must have {first_name}'s shape {tuple(first.shape)}")
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -106,7 +91,7 @@ def _linear_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_dx
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.T for x (..., K) and weight (N, K): the operator ``tilejit::linear_fwd``, differentiable."""
-    _check_operands("linear", x, "weight", weight)
+    _check_operands("linear", x, {"weight": weight})
     out = _OPS.linear(_rows(x), _unit_last(weight))
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -152,7 +137,7 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *,
     """silu(x @ w_gate.T) * (x @ w_up.T) for x (..., D) and weights (F, D), one fused kernel: the operator
     ``tilejit::swiglu_fwd``, differentiable in x, w_gate and w_up. ``recompute=True``: the backward recomputes
     the two (M, F) products instead of the forward storing them (less memory, 2 more GEMMs)."""
-    _check_operands("swiglu_linear", x, "w_gate", w_gate, "w_up", w_up)
+    _check_operands("swiglu_linear", x, {"w_gate": w_gate, "w_up": w_up})
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or w_gate.requires_grad or w_up.requires_grad)
     out = _OPS.swiglu(_rows(x), _unit_last(w_gate), _unit_last(w_up), wants_grad and not recompute)[0]
     return out.reshape(*x.shape[:-1], w_gate.shape[0])
@@ -199,7 +184,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     torch) or their sum (``"sum"``). h (N, D), weight (V, D), targets int64 (N,) in [0, V) or ``ignore_index``
     (not checked: that would cost a host sync). The operator ``tilejit::linear_cross_entropy``, differentiable in
     h and weight: the gradients are computed in the forward (``chunk_rows`` rows of logits at a time)."""
-    _check_operands("linear_cross_entropy", h, "weight", weight)
+    _check_operands("linear_cross_entropy", h, {"weight": weight})
     if h.dim() != 2:
         raise UsageValueError(f"linear_cross_entropy: h must be (N, D), got shape {tuple(h.shape)}")
     if not isinstance(targets, torch.Tensor) or targets.dtype != torch.int64 or targets.shape != h.shape[:1]:

@@ -27,7 +27,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import Operator, namespace
+from tilejit.ops.custom_ops import Operator, namespace, sm_count
 
 #: The longest row the kernels take: one row lives in registers (8192 float32 over 16 warps: 16 per thread).
 MAX_DIM = 8192
@@ -134,7 +134,6 @@ def _launch_config(dim: int) -> dict:
 #: an SM at once (a second wave of programs would double the time).
 BACKWARD_PROGRAMS_PER_SM = 4
 _RESIDENT: dict[tuple, int] = {}  # (dim, dtypes, HAS_DS, device index) -> backward programs an SM holds at once
-_SM_COUNTS: dict[int | None, int] = {}  # device index -> SMs (a device property read costs microseconds a call)
 
 
 def _resident_key(args: tuple, has_ds: bool, device: torch.device) -> tuple:
@@ -164,10 +163,7 @@ def _programs_for_backward(rows: int, bm: int, device: torch.device, resident: i
     blocks = tilejit.cdiv(rows, bm)
     if device.type != "cuda":
         return min(blocks, 4)
-    sms = _SM_COUNTS.get(device.index)
-    if sms is None:
-        sms = _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(blocks, min(BACKWARD_PROGRAMS_PER_SM, resident) * sms)
+    return min(blocks, min(BACKWARD_PROGRAMS_PER_SM, resident) * sm_count(device))
 
 
 def column_sums_config(dim: int) -> dict:
@@ -229,12 +225,6 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     """(y, s, rstd) as tensors of x's shape (s: x + residual, or None without one) and float32 rows: the forward
     launch. ``out``, ``residual_out`` and ``rstd`` (float32, one per row) may be preallocated, contiguous."""
     _check(x, weight, residual, eps)
-    return _forward(x, weight, eps, residual, out, residual_out, rstd)
-
-
-def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-             out: torch.Tensor | None, residual_out: torch.Tensor | None, rstd: torch.Tensor | None):
-    """``rms_norm_forward`` of arguments ``_check`` passed."""
     dim = x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]

@@ -134,10 +134,6 @@ def _check(q, k, cos, sin, positions) -> None:
         what = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else \
             type(positions).__name__
         raise ValueError(f"rotary_embedding: positions must be an int32 or int64 tensor ({batch}, {seq}), got {what}")
-    device = q.device
-    if k.device == device and cos.device == device and sin.device == device and \
-            (positions is None or positions.device == device):
-        return
     devices = {t.device for t in (q, k, cos, sin) + (() if positions is None else (positions,))}
     if len(devices) > 1:
         raise ValueError(f"rotary_embedding: all tensors must be on one device, got {sorted(map(str, devices))}")
@@ -154,11 +150,6 @@ def rotary_forward(q, k, cos, sin, positions=None, *, q_out=None, k_out=None, in
     place; any strides with a last stride of 1). ``inverse``: by -angle (the backward). Positions must lie in
     [0, max_positions): they are not checked on the host, which would synchronize."""
     _check(q, k, cos, sin, positions)
-    return _rotate(q, k, cos, sin, positions, q_out, k_out, inverse)
-
-
-def _rotate(q, k, cos, sin, positions, q_out, k_out, inverse: bool):
-    """``rotary_forward`` of arguments ``_check`` passed."""
     q_out = torch.empty_like(q) if q_out is None else q_out
     k_out = torch.empty_like(k) if k_out is None else k_out
     batch, seq, q_heads, dim = q.shape
