@@ -138,8 +138,9 @@ def test_split_count_comes_from_shapes():
     assert decode.block_size(16, 64) == (16, False) and decode.block_size(48, 64) == (16, False)
     assert decode.block_size(256, 64) == (64, False)
     assert decode.block_size(1, 64) == (64, True) and decode.block_size(24, 64) == (64, True)
-    assert decode.programs_per_sm(None, 64, False) == 2 and decode.programs_per_sm(16, 16, False) == 4
-    assert decode.programs_per_sm(1, 64, True) == 8
+    assert decode.programs_per_sm(gather=False) == 2 and decode.programs_per_sm(gather=True) == 8
+    # batch 32, 8 KV heads, pages of 16 keys (blocks of 16): 2 splits, 512 programs on 132 SMs
+    assert decode.num_splits(32, 8, 4096, 16, 132, decode.programs_per_sm(gather=False)) == 2
     assert decode.default_config(128, page_size=16)["STAGES"] == 4 and decode.default_config(128)["STAGES"] == 3
 
 

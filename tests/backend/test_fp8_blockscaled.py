@@ -115,8 +115,9 @@ def _dense_compile(arch: str, config: dict, stop_after: str | None = "cuda"):
 
 
 @pytest.mark.parametrize("config", [F.default_config(8192, 8192), F.default_config(128, 2112),
-                                    dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True)],
-                         ids=["128x128-ws", "64x64-ws", "128x128-persistent"])
+                                    dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True),
+                                    dict(BM=64, BN=64, STAGES=4, num_warps=4, warp_specialize=True)],
+                         ids=["128x128-persistent", "64x64", "128x128-ws", "64x64-ws"])
 def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
     """Each 128-block: a fresh wgmma sum (no promotion inside it: precision "fast" over one block; its first k
     step writes the registers with scale-d = 0, no zeros copied in), waited for,
@@ -225,3 +226,43 @@ def test_the_ops_trace_under_torch_compile_fullgraph(interpret):
     compiled = torch.compile(both, fullgraph=True, backend="eager")
     for got, want in zip(compiled(a, sa, b, sb, offsets), both(a, sa, b, sb, offsets)):
         assert got.dtype == torch.bfloat16 and got.shape == want.shape and torch.equal(got, want)
+
+
+@tilejit.kernel
+def prefetched_scales(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr):
+    """blockscaled_mm with each iteration loading the next one's scales (carried by the loop)."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    sa_next = SA[m0:m0 + BM, 0]
+    sb_next = SB[n0 // 128, 0]
+    for k0 in T.range(0, K, 128, stages=3):
+        kb = k0 // 128
+        sa = sa_next
+        sb = sb_next
+        sa_next = SA[m0:m0 + BM, kb + 1]
+        sb_next = SB[n0 // 128, kb + 1]
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                     scale_a=sa, scale_b=sb)
+    C[m0:m0 + BM, n0:n0 + BN] = acc
+
+
+def test_a_carried_row_scale_is_loaded_by_the_threads_holding_its_rows():
+    """A per-row scale vector carried by the loop (loaded one iteration ahead) is built in the accumulator's row
+    slice, as a scale loaded in the iteration is: each thread loads its own rows before the loop and in it, and
+    no vector crosses shared memory."""
+    m, n, k = 1000, 2112, 7168
+    text = prefetched_scales.compile(_meta(m, k, dtype=E4M3), _meta(m, 56), _meta(n, k, dtype=E4M3), _meta(17, 56),
+                                     _meta(m, n, dtype=torch.bfloat16), BM=128, BN=128, num_warps=8,
+                                     arch="sm_90a", stop_after="cuda").cuda
+    assert "broadcast through shared memory" not in text
+    loads = [line for line in text.splitlines() if "_sa_next[0] = (tj_dropped_ok" in line]
+    assert len(loads) == 2 and all("(tid & 31) >> 2" in line for line in loads)  # the accumulator's row of a lane
+
+
+def test_a_carried_row_scale_gives_the_product(interpret):
+    a, sa, b, sb = _operands(70, 136, 300, seed=5)
+    c = torch.full((70, 136), float("nan"), dtype=torch.bfloat16)
+    prefetched_scales[(2, 3)](a, sa, b, sb, c, BM=64, BN=64, num_warps=4)
+    assert _error(c, F.reference(a, sa, b, sb)) < 1e-2

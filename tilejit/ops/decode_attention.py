@@ -244,13 +244,13 @@ def num_splits(batch: int, kv_heads: int, max_keys: int, bn: int, sm_count: int,
     return splits
 
 
-def programs_per_sm(page_size: int | None, bn: int, gather: bool) -> int:
-    """Programs per SM the split count aims for: 2 where a program keeps 2 blocks of 64 keys in flight; more where
-    the page caps the block (smaller programs, fewer bytes each) and most where rows are gathered (loads go
-    element by element, unpipelined)."""
-    if gather:
-        return 8
-    return 2 if page_size is None or bn >= 64 else 4
+def programs_per_sm(gather: bool) -> int:
+    """Programs per SM the split count aims for: 2 where blocks are slices of the cache (also where a page of 16
+    keys caps the block: its 4-deep ring keeps as many bytes in flight, and at batch 32, 8 KV heads, an H200 read
+    3.5 TB/s with 2 splits against 3.1 with 4 at context 4k, 4.1 against 3.6 at 32k:
+    ``scripts/probes/decode_variants.py``); 8 where rows are gathered (loads go element by element,
+    unpipelined)."""
+    return 8 if gather else 2
 
 
 #: the SM count the interpreter plans for (CPU tensors), so that CPU runs take the split path too
@@ -374,7 +374,7 @@ def plan(q, k_cache, block_table=None, window_left: int = -1, config: dict | Non
         config["num_warps"] = block_warps(bn, dim)
     capacity = block_table.shape[1] * page_size if page_size is not None else k_cache.shape[1]
     max_keys = min(capacity, window_left + 1) if window_left >= 0 else capacity
-    splits = num_splits(batch, kv_heads, max_keys, bn, _sm_count(q.device), programs_per_sm(page_size, bn, gather))
+    splits = num_splits(batch, kv_heads, max_keys, bn, _sm_count(q.device), programs_per_sm(gather))
     return {**config, "BN": bn}, gather, splits
 
 
