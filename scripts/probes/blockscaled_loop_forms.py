@@ -7,7 +7,8 @@ only the "scaled" forms compute the block-scaled product, the others are timing 
 Forms: "scaled" (the op's kernel), "scales hoisted" (one scale pair loaded before the loop: no per-iteration
 global loads), "no scales, precise" (the plain fp8 product promoted every 128 of K), "no scales, fast", "scales
 prefetched" (each iteration loads the next one's scales, carried in the loop), "two halves" (a 128x256 tile as two
-128-column scaled gemms sharing the A tile).
+128-column scaled gemms sharing the A tile); the unscaled product in 128x256 tiles; and 128x256 tiles whose column scales are picked per column half
+("wide").
 """
 import argparse
 import sys
@@ -87,6 +88,20 @@ def halves(A, SA, B, SB, C, BM: T.constexpr, STAGES: T.constexpr):
     C[m0:m0 + BM, n0 + 128:n0 + 256] = hi
 
 
+@tilejit.kernel
+def wide(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
+    M, K = A.shape
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, 128, stages=STAGES):
+        kb = k0 // 128
+        sb = T.where(T.arange(0, BN) < 128, SB[n0 // 128, kb], SB[n0 // 128 + 1, kb])
+        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                     scale_a=SA[m0:m0 + BM, kb], scale_b=sb)
+    C[m0:m0 + BM, n0:n0 + BN] = acc
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="4096x4096x7168")
@@ -112,6 +127,18 @@ def main():
             (f"two halves {tag}", True, lambda opts=opts: halves[grid256](a, sa, b, sb, out, BM=128, STAGES=3,
                                                                           num_warps=8, **opts)),
         ]
+    grid_wide = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 256))
+    for opts in (dict(persistent=True), dict(warp_specialize=True)):
+        tag = "persistent" if opts.get("persistent") else "ws"
+        for precision in ("precise", "fast"):
+            forms.append((f"no scales, {precision} 128x256 {tag}", False,
+                          lambda opts=opts, precision=precision: unscaled[grid_wide](
+                              a, b, out, BM=128, BN=256, STAGES=4, num_warps=8, PRECISION=precision, **opts)))
+    for opts in (dict(persistent=True), dict(warp_specialize=True)):
+        tag = "persistent" if opts.get("persistent") else "ws"
+        forms.append((f"wide 128x256 (column scales by T.where) {tag}", True,
+                      lambda opts=opts: wide[grid_wide](a, sa, b, sb, out, BM=128, BN=256, STAGES=4, num_warps=8,
+                                                        **opts)))
     print(torch.cuda.get_device_name(), f"{m}x{n}x{k}")
     for label, exact, run in forms:
         try:

@@ -119,30 +119,32 @@ def _dense_compile(arch: str, config: dict, stop_after: str | None = "cuda"):
                                     dict(BM=64, BN=64, STAGES=4, num_warps=4, warp_specialize=True)],
                          ids=["128x128-persistent", "64x64", "128x128-ws", "64x64-ws"])
 def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
-    """Each 128-block: a fresh wgmma sum (no promotion inside it: precision "fast" over one block; its first k
-    step writes the registers with scale-d = 0, no zeros copied in), waited for,
-    then one FMA per accumulator element with the row's scale times the tile's weight scale, a product computed
-    once for each of the thread's two rows (registers 0 and 2; the others are copies); the per-row scales are
-    loaded by the threads that hold the rows (no shared-memory broadcast)."""
+    """Each 128-block: the scale (the row's scale times the tile's weight scale) computed once for each of the
+    thread's two rows (registers 0 and 2; the others are copies), the per-row scales loaded by the threads that
+    hold the rows (no shared-memory broadcast); then one promoted gemm (passes/scaled_promotion.py): a fresh
+    wgmma sum into a temporary (its first k step writes it with scale-d = 0), waited for, and one FMA by the
+    scale per accumulator element, into the accumulator in place."""
     text = _dense_compile("sm_90a", config).cuda
     filecheck(text, """
         CHECK: load v{{[0-9]+}}_SA window into registers
-        CHECK: gemm {{[0-9]+}}x{{[0-9]+}}x128 on wgmma.m64n{{[0-9]+}}k32
-        CHECK-NOT: = v{{[0-9]+}}[i];
-        CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
-        CHECK-NEXT: "=f"(
-        CHECK-NEXT: "r"(0));
-        CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
-        CHECK-NEXT: "+f"(
-        CHECK-NEXT: "r"(1));
-        CHECK: tj_wgmma_commit();
-        CHECK: wgmma.wait_group.sync.aligned 0;
         CHECK: v{{[0-9]+}}[0] = (v{{[0-9]+}}[0] * v{{[0-9]+}}[0]);
         CHECK-NEXT: v{{[0-9]+}}[2] = (v{{[0-9]+}}[2] * v{{[0-9]+}}[2]);
         CHECK-NEXT: v{{[0-9]+}}[1] = v{{[0-9]+}}[0];
-        CHECK: _acc[i] = fmaf(v{{[0-9]+}}[i], v{{[0-9]+}}[i], v{{[0-9]+}}_acc[i]);
+        CHECK: auto& [[SCALE:v[0-9]+]] = v{{[0-9]+}};  // broadcast: same registers
+        CHECK: gemm {{[0-9]+}}x{{[0-9]+}}x128 on wgmma.m64n{{[0-9]+}}k32
+        CHECK-NOT: _acc[i] = v{{[0-9]+}}_acc[i];
+        CHECK: promoted every 128 products of K
+        CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
+        CHECK-NEXT: "=f"(tj_p0[0])
+        CHECK-NEXT: "r"(0));
+        CHECK: wgmma.mma_async.sync.aligned.m64n{{[0-9]+}}k32.f32.e4m3.e4m3
+        CHECK-NEXT: "+f"(tj_p0[0])
+        CHECK-NEXT: "r"(1));
+        CHECK: tj_wgmma_commit();
+        CHECK: wgmma.wait_group.sync.aligned 0;
+        CHECK: for (int i = 0; i < {{[0-9]+}}; ++i) [[ACC:v[0-9]+_acc]][0 + i] = fmaf(tj_p0[i], [[SCALE]][0 + i], [[ACC]][0 + i]);
     """)
-    assert "promoted every" not in text and ", left in flight" not in text
+    assert ", left in flight" not in text
     assert "broadcast through shared memory" not in text
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from .. import dtypes as D
 from ..ir import Op, OpKind
-from ..ir.rewrite import defining_op
+from ..ir.rewrite import defining_op, use_counts
 from ..ir.layouts import SharedLayout, WgmmaLayout
 from .emitter import Emitter
 from .lower_gemm import PTX_TYPES, _acc_f16, _acc_f32, _acc_i32, _mnk, _operand_dtypes, _precision
@@ -113,14 +113,19 @@ def promoted(op: Op) -> bool:
     return op.operands[0].dtype.is_fp8 and op.attrs.precision == "precise"
 
 
-def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
+#: Of ``PROMOTION_REGISTERS``, what a scaled gemm (``passes/scaled_promotion.py``) leaves to the scales and the
+#: loads that make them: a 128 x 256 tile's chunks of 128 columns spilled 688 bytes a thread beside them.
+SCALED_PROMOTION_RESERVE = 16
+
+
+def promotion_chunks(acc_regs: int, n: int, budget: int = PROMOTION_REGISTERS) -> tuple[int, int]:
     """(columns, temporaries) of a promoted gemm's chunks: the widest of N, N/2, N/4, ... (multiples of 8) whose
-    temporary fits beside an accumulator of ``acc_regs`` registers in ``PROMOTION_REGISTERS``, and two of them
-    (alternating, so that the next chunk runs while one is added) when two fit."""
+    temporary fits beside an accumulator of ``acc_regs`` registers in ``budget``, and two of them (alternating,
+    so that the next chunk runs while one is added) when two fit."""
     width = n
-    while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
+    while acc_regs + width // 2 > budget and width % 16 == 0:
         width //= 2
-    return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
+    return width, 2 if acc_regs + width <= budget else 1
 
 
 def _fresh_float8_product(op: Op) -> bool:
@@ -198,7 +203,7 @@ class Wgmma(GemmLowering):
         return WgmmaLayout((m, n), target.num_warps // 4)
 
     def emit(self, em: Emitter, op: Op) -> None:
-        a, b, acc = op.operands
+        a, b, acc = op.operands[:3]
         out = op.result
         # the instruction's operands: A (whatever setup_a makes of it), B's tile (a descriptor), and the
         # accumulator's layout as the instruction writes it (M x N of the instruction)
@@ -213,7 +218,8 @@ class Wgmma(GemmLowering):
         em.require_header("wgmma")
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
         assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.software_pipeline.mma_family)"
-        if ring is not None:  # accumulate into the loop-carried registers in place
+        if ring is not None or (len(op.operands) == 4 and use_counts(em.fn).get(acc.id) == 1):
+            # accumulate into the loop-carried registers in place (a scaled gemm's accumulator read by it alone, too)
             name = em.name(acc)
             em.alias(out, name)
         else:
@@ -222,7 +228,7 @@ class Wgmma(GemmLowering):
                        f"{layout.slabs} slab(s) of 64 rows each)" + self.a_note
                    + (", left in flight" if ring and not promoted(op) else ""))
         fresh = ring is None and _fresh_float8_product(op)
-        if ring is None and not fresh:
+        if ring is None and not fresh and name != em.name(acc):
             src = em.name(acc)
             em.reg_loop(layout, lambda i: em.line(f"{name}[{i}] = {src}[{i}];"))
         em.open("")
@@ -301,14 +307,19 @@ class Wgmma(GemmLowering):
     def emit_promoted(self, em: Emitter, op: Op, main: str, ring) -> None:
         """The k steps of a precise float8 gemm, promoted (module docstring, "Promotion"): each chunk (a k group
         of up to ``PROMOTION_K`` products, one 64-row slab, ``chunk_n`` columns) runs into a fresh temporary,
-        which FADDs then add into the float32 accumulator ``main``; with two temporaries, chunk ``c + 1`` is
-        issued before chunk ``c`` is waited for and added."""
+        which FADDs then add into the float32 accumulator ``main`` (FMAs by the scale tile, for a scaled gemm:
+        ``passes/scaled_promotion.py``); with two temporaries, chunk ``c + 1`` is issued before chunk ``c`` is
+        waited for and added."""
         a, b = op.operands[:2]
         layout: WgmmaLayout = op.result.type.layout
         m, n, k = _mnk(op)
         k_atom = 32 // a.dtype.itemsize
         sb = em.shared[b.id]
-        width, buffers = promotion_chunks(layout.regs, n)
+        # a scaled gemm (passes/scaled_promotion.py): each chunk is added by an FMA with the scale tile, whose
+        # registers line up with the accumulator's (one layout)
+        scale = em.name(op.operands[3]) if len(op.operands) == 4 else None
+        width, buffers = promotion_chunks(layout.regs, n, PROMOTION_REGISTERS - (SCALED_PROMOTION_RESERVE
+                                                                                if scale else 0))
         per_group = PROMOTION_K // k_atom
         chunks = [(g, s, n0) for g in range(0, k // k_atom, per_group) for s in range(layout.slabs)
                   for n0 in range(0, n, width)]
@@ -324,8 +335,10 @@ class Wgmma(GemmLowering):
             _, s, n0 = chunks[c]
             t = temps[c % buffers]
             wait_group(em, 1 if buffers > 1 and c + 1 < len(chunks) else 0, t, width // 2, False)
+            at = f"{s * half + n0 // 2} + i"
             em.line("#pragma unroll")
-            em.line(f"for (int i = 0; i < {width // 2}; ++i) {main}[{s * half + n0 // 2} + i] += {t}[i];")
+            em.line(f"for (int i = 0; i < {width // 2}; ++i) " + (
+                f"{main}[{at}] = fmaf({t}[i], {scale}[{at}], {main}[{at}]);" if scale else f"{main}[{at}] += {t}[i];"))
 
         for c, (g, s, n0) in enumerate(chunks):
             if c:

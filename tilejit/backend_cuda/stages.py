@@ -20,6 +20,7 @@ from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
 from ..passes.microscaled import expand_microscaled
 from ..passes.peel_masks import peel_masks
+from ..passes.scaled_promotion import fold_scaled_products
 from ..passes.scopes import infer_scopes
 from ..passes.software_pipeline import mark_async_mma, pipeline_loops
 from ..passes.split_k import split_k
@@ -56,6 +57,9 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     ("transpose-operands", transpose_operands),
     # the dispatch registry picks each gemm's lowering, which fixes the accumulator's fragment layout
     ("infer-layouts", infer_layouts),
+    # a block-scaled float8 product on wgmma (a fresh gemm and the FMA that scales it into the accumulator) becomes
+    # one promoted gemm that scales each chunk as it adds it (needs the lowerings and layouts from the step before)
+    ("fold-scaled-products", fold_scaled_products),
     # multi-buffer the shared loads of T.range loops (needs the shared layouts from the step before)
     ("software-pipeline", pipeline_loops),
     # pick each shared load's copy lowering (TMA only for pipelined loads, so after the step before)

@@ -174,6 +174,9 @@ class GemmAttrs:
     ``"precise"`` sums in float32 (where the tensor cores accumulate float8 products with fewer bits, sm_90a's
     wgmma, the partial sums are promoted into float32 registers every 128 products of K), ``"fast"`` keeps the
     tensor cores' own accumulator for the whole loop. Other operand dtypes have one way to multiply (None).
+    A fourth operand, an M x N float32 tile ``scale``, makes the gemm ``acc + (op(a) @ op(b)) * scale`` over at most
+    128 products of K (a block-scaled float8 product folded into a wgmma gemm's promotion by
+    ``passes/scaled_promotion.py``).
     """
     transpose_a: bool = False
     transpose_b: bool = False
@@ -437,8 +440,9 @@ def _transpose_copy(op) -> str | None:
 
 
 def _gemm(op) -> str | None:
-    if len(op.operands) not in (3, 3 + 2):
-        return f"a gemm takes a, b, acc (and two block-scale tiles), not {len(op.operands)} operands"
+    if len(op.operands) not in (3, 3 + 1, 3 + 2):
+        return (f"a gemm takes a, b, acc (and a scale tile, or two block-scale tiles), not {len(op.operands)} "
+                "operands")
     a, b, acc = (v.type for v in op.operands[:3])
     m, k = a.shape[::-1] if op.attrs.transpose_a else a.shape
     k2, n = b.shape[::-1] if op.attrs.transpose_b else b.shape
@@ -451,6 +455,14 @@ def _gemm(op) -> str | None:
         if not (sa.dtype.is_scale and sb.dtype.is_scale and sa.shape == (m, k // MX_BLOCK)
                 and sb.shape == (n, k // MX_BLOCK)):
             return f"block scales {sa} and {sb} are not e8m0 tiles of (M, K / 32) and (N, K / 32)"
+    if len(op.operands) == 4:
+        scale = op.operands[3].type
+        if not (a.dtype.is_fp8 and b.dtype.is_fp8 and acc.dtype == D.float32 and k <= 128
+                and isinstance(scale, TileType) and scale.shape == (m, n) and scale.dtype == D.float32
+                and op.attrs.precision == "precise"):
+            return (f"a scaled gemm (acc + (a @ b) * scale, passes/scaled_promotion.py) takes float8 operands over "
+                    f"at most 128 of K, a float32 accumulator and an M x N float32 scale, precision 'precise'; "
+                    f"got {a} x {b}, scale {scale}")
     if acc.dtype != op.result.dtype:
         return f"gemm accumulator {acc.dtype} and result {op.result.dtype} differ"
     if acc.dtype == D.float16 and a.dtype != D.float16:

@@ -111,7 +111,7 @@ def in_flight_gemms(body) -> list[Op]:
         if any(o is p for p in piped) or o.result.id in transposed:
             continue
         if o.kind is OpKind.GEMM and mma_family(o) is not None and not is_block_scaled(o):
-            a, b, acc = o.operands
+            a, b, acc = o.operands[:3]
             slots = [j for j, y in enumerate(yields) if y is o.result and carried[j] is acc]
             fed = all(v.id in ring or v.id in transposed and mma_family(o) == "wgmma" for v in (a, b))
             if fed and slots and uses.get(acc.id) == 1 and uses.get(o.result.id) == 1:

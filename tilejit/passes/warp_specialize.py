@@ -288,13 +288,15 @@ def deferred_gemm(body) -> Op | None:
     if len(gemms) < 2 or any(mma_family(g) != "wgmma" for g in gemms):
         return None
     first, last = gemms[0], gemms[-1]
+    if len(last.operands) != 3:
+        return None  # a scaled gemm (passes/scaled_promotion.py): its scale tile is this iteration's
     ops = body.ops
     if not any(o is first for o in ops) or not any(o is last for o in ops):
         return None  # both in the body's own block (not under an if)
     at = {id(o): i for i, o in enumerate(ops)}
     owners = {r.id: o for o in ops for r in o.results}
     uses = use_counts(body)
-    a, b, acc = last.operands
+    a, b, acc = last.operands[:3]
     carried, yields = body.args[1:], body.terminator.operands
     slots = [j for j, y in enumerate(yields) if y is last.result]
     if len(slots) != 1 or uses.get(last.result.id) != 1:
