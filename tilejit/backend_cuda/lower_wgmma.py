@@ -113,19 +113,14 @@ def promoted(op: Op) -> bool:
     return op.operands[0].dtype.is_fp8 and op.attrs.precision == "precise"
 
 
-#: Of ``PROMOTION_REGISTERS``, what a scaled gemm (``passes/scaled_promotion.py``) leaves to the scales and the
-#: loads that make them: a 128 x 256 tile's chunks of 128 columns spilled 688 bytes a thread beside them.
-SCALED_PROMOTION_RESERVE = 16
-
-
-def promotion_chunks(acc_regs: int, n: int, budget: int = PROMOTION_REGISTERS) -> tuple[int, int]:
+def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
     """(columns, temporaries) of a promoted gemm's chunks: the widest of N, N/2, N/4, ... (multiples of 8) whose
-    temporary fits beside an accumulator of ``acc_regs`` registers in ``budget``, and two of them (alternating,
-    so that the next chunk runs while one is added) when two fit."""
+    temporary fits beside an accumulator of ``acc_regs`` registers in ``PROMOTION_REGISTERS``, and two of them
+    (alternating, so that the next chunk runs while one is added) when two fit."""
     width = n
-    while acc_regs + width // 2 > budget and width % 16 == 0:
+    while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
         width //= 2
-    return width, 2 if acc_regs + width <= budget else 1
+    return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
 
 
 def _fresh_float8_product(op: Op) -> bool:
@@ -318,8 +313,7 @@ class Wgmma(GemmLowering):
         # a scaled gemm (passes/scaled_promotion.py): each chunk is added by an FMA with the scale tile, whose
         # registers line up with the accumulator's (one layout)
         scale = em.name(op.operands[3]) if len(op.operands) == 4 else None
-        width, buffers = promotion_chunks(layout.regs, n, PROMOTION_REGISTERS - (SCALED_PROMOTION_RESERVE
-                                                                                if scale else 0))
+        width, buffers = promotion_chunks(layout.regs, n)
         per_group = PROMOTION_K // k_atom
         chunks = [(g, s, n0) for g in range(0, k // k_atom, per_group) for s in range(layout.slabs)
                   for n0 in range(0, n, width)]
