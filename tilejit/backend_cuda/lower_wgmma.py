@@ -247,7 +247,7 @@ class Wgmma(GemmLowering):
         for kk in range(k // k_atom):
             b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, b_k_major)[0])
             for s in range(layout.slabs):
-                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major)
+                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major, index=kk * layout.slabs + s)
                 operands = [f"{d_name}[{s * half + r}]" for r in range(half)]
                 self.issue(em, a, b, n, operands, con, a_ins, b_desc, scale_d=int(kk > 0 or not fresh),
                            f16_acc=f16_acc, integer=integer, b_k_major=b_k_major, a_mn_major=a_mn_major)
@@ -303,9 +303,9 @@ class Wgmma(GemmLowering):
         of up to ``PROMOTION_K`` products, one 64-row slab, ``chunk_n`` columns) runs into a fresh temporary,
         which FADDs then add into the float32 accumulator ``main``; with two temporaries, chunk ``c + 1`` is
         issued before chunk ``c`` is waited for and added."""
-        a, b = op.operands[:2]
-        layout: WgmmaLayout = op.result.type.layout
-        m, n, k = _mnk(op)
+        a, b, _ = self.instruction_operands(op)
+        layout: WgmmaLayout = self.instruction_layout(op.result.type.layout)
+        n, k = layout.shape[1], _mnk(op)[2]
         k_atom = 32 // a.dtype.itemsize
         sb = em.shared[b.id]
         width, buffers = promotion_chunks(layout.regs, n)
@@ -319,11 +319,17 @@ class Wgmma(GemmLowering):
         for t in temps:
             em.line(f"float {t}[{width // 2}];")
         half = n // 2
+        issued = 0  # instructions issued so far
+
+        def steps(g: int) -> range:
+            return range(g, min(g + per_group, k // k_atom))
 
         def add(c: int) -> None:
             _, s, n0 = chunks[c]
             t = temps[c % buffers]
-            wait_group(em, 1 if buffers > 1 and c + 1 < len(chunks) else 0, t, width // 2, False)
+            # the groups committed after chunk c's (chunk c + 1's) may stay pending
+            after = self.chunk_groups(len(steps(chunks[c + 1][0]))) if buffers > 1 and c + 1 < len(chunks) else 0
+            wait_group(em, after, t, width // 2, False)
             em.line("#pragma unroll")
             em.line(f"for (int i = 0; i < {width // 2}; ++i) {main}[{s * half + n0 // 2} + i] += {t}[i];")
 
@@ -331,11 +337,13 @@ class Wgmma(GemmLowering):
             if c:
                 em.line("tj_wgmma_fence();  // the temporary was read by the additions")
             t = temps[c % buffers]
-            for kk in range(g, min(g + per_group, k // k_atom)):
+            for i, kk in enumerate(steps(g)):
                 offset, _ = b_fields(sb.layout, kk, True)
                 b_desc = desc_plus("tj_bdesc", offset + n0 * sb.layout.row_pitch)
                 self.issue(em, a, b, width, [f"{t}[{r}]" for r in range(width // 2)], "f",
-                           self.a_operands(em, op, a, kk, s, layout), b_desc, scale_d=int(kk > g))
+                           self.a_operands(em, op, a, kk, s, layout, index=issued), b_desc, scale_d=int(kk > g))
+                self.after_instruction(em, op, i, len(steps(g)))
+                issued += 1
             em.line("tj_wgmma_commit();")
             if c == 0 and ring is None:
                 em.run_overlap_hook()  # e.g. the next tiles' cp.async while the tensor cores work
@@ -350,8 +358,12 @@ class Wgmma(GemmLowering):
         em.close()
 
     def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
-        """After instruction ``index`` of the gemm's ``count`` (one commit group for them all, after the last,
-        here)."""
+        """After instruction ``index`` of the gemm's (or a promoted chunk's) ``count``: one commit group for them
+        all, after the last, here."""
+
+    def chunk_groups(self, instructions: int) -> int:
+        """Commit groups of a promoted chunk of ``instructions`` instructions (``after_instruction``): one here."""
+        return 1
 
     def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
         """The last gemm of a loop left in flight: wait until only this iteration's groups are pending (one per
@@ -388,9 +400,9 @@ class Wgmma(GemmLowering):
         return lay.panel_bytes if mn_major else 64 * lay.row_pitch
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
-                   mn_major: bool = False) -> list[tuple[str, str]]:
+                   mn_major: bool = False, index: int = 0) -> list[tuple[str, str]]:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
-        K x M, each 64-row slab one 64-column panel)."""
+        K x M, each 64-row slab one 64-column panel); ``index`` counts the gemm's instructions issued before."""
         sa = em.shared[a.id]
         off = b_fields(sa.layout, kk, k_major=False)[0] if mn_major else k_step_offset(sa.layout, kk)
         return [("l", desc_plus("tj_adesc", off + s * layout.groups * self._slab_bytes(sa.layout, mn_major)))]
