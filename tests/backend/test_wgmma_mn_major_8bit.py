@@ -23,6 +23,7 @@ from filecheck import filecheck
 from kernels import matmul, matmul_any
 
 from tilejit.backend_cuda.lower_wgmma import PROMOTION_K, promotion_chunks
+from tilejit.backend_cuda.lower_wgmma_mn import GATHER_REGISTERS
 from tilejit.backend_cuda.lower_wgmma_mn8 import ROUND_A_SELECT, ROUND_B_SELECT
 from tilejit.configs import matmul_configs, promotion_fits
 from tilejit.ir.layouts import PermutedLayout, WgmmaLayout
@@ -154,7 +155,7 @@ def _order(gemm, inst: WgmmaLayout, precise: bool) -> list[tuple[int, int]]:
     steps = gemm.operands[0].type.shape[0 if gemm.attrs.transpose_a else 1] // 32
     if not precise:
         return [(kk, s) for kk in range(steps) for s in range(inst.slabs)]
-    width, _ = promotion_chunks(inst.regs, inst.shape[1])
+    width, _ = promotion_chunks(inst.regs, inst.shape[1], GATHER_REGISTERS)
     per = PROMOTION_K // 32
     return [(kk, s) for g in range(0, steps, per) for s in range(inst.slabs) for _ in range(inst.shape[1] // width)
             for kk in range(g, min(g + per, steps))]
@@ -279,8 +280,8 @@ def test_precise_gemm_in_a_loop_completes_in_its_iteration():
     fn, cuda = _any(False, False, 128, 256, 128, 8, num_stages=3, warp_specialize=True)
     block = _gemm_block(cuda)
     filecheck(block, r"""
-        CHECK: promoted every 128 products of K: 2 chunk(s) of 64x128 into 1 temporary
-        CHECK: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+        CHECK: promoted every 128 products of K: 4 chunk(s) of 64x64 into 1 temporary
+        CHECK: wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3
         CHECK: tj_wgmma_commit();  // one group per instruction
         CHECK: wgmma.wait_group.sync.aligned 0;
         CHECK: += tj_p0[i];

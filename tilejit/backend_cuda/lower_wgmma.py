@@ -113,14 +113,15 @@ def promoted(op: Op) -> bool:
     return op.operands[0].dtype.is_fp8 and op.attrs.precision == "precise"
 
 
-def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
+def promotion_chunks(acc_regs: int, n: int, beside: int = 0) -> tuple[int, int]:
     """(columns, temporaries) of a promoted gemm's chunks: the widest of N, N/2, N/4, ... (multiples of 8) whose
-    temporary fits beside an accumulator of ``acc_regs`` registers in ``PROMOTION_REGISTERS``, and two of them
-    (alternating, so that the next chunk runs while one is added) when two fit."""
+    temporary fits beside an accumulator of ``acc_regs`` registers (and ``beside`` more: an A fragment gathered
+    into registers, ``lower_wgmma_mn8``) in ``PROMOTION_REGISTERS``, and two of them (alternating, so that the
+    next chunk runs while one is added) when two fit."""
     width = n
-    while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
+    while acc_regs + beside + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
         width //= 2
-    return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
+    return width, 2 if acc_regs + beside + width <= PROMOTION_REGISTERS else 1
 
 
 def _fresh_float8_product(op: Op) -> bool:
@@ -308,7 +309,7 @@ class Wgmma(GemmLowering):
         n, k = layout.shape[1], _mnk(op)[2]
         k_atom = 32 // a.dtype.itemsize
         sb = em.shared[b.id]
-        width, buffers = promotion_chunks(layout.regs, n)
+        width, buffers = promotion_chunks(layout.regs, n, self.promotion_beside)
         per_group = PROMOTION_K // k_atom
         chunks = [(g, s, n0) for g in range(0, k // k_atom, per_group) for s in range(layout.slabs)
                   for n0 in range(0, n, width)]
@@ -374,6 +375,8 @@ class Wgmma(GemmLowering):
 
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""
+    #: Registers a promoted gemm's operand A holds beside its accumulator and temporaries (``promotion_chunks``).
+    promotion_beside = 0
 
     def instruction_operands(self, op: Op):
         """(operand A, operand B's shared tile, whether B is K-major) as the instruction reads them."""

@@ -46,8 +46,12 @@ from .emitter import Emitter
 from .lower_gemm import _mnk, _operand_dtypes, _precision
 from .lower_wgmma import Wgmma, promoted, promotion_chunks, swizzled_rows, wait_group
 
-#: 32-bit elements per fragment register and k8 step of the tf32 instruction's A (a0..a3).
+#: Fragment registers of one instruction's A (a0..a3: 32-bit elements of tf32, four bytes of fp8 / int8).
 _FRAGMENT_REGS = 4
+#: Registers the 8-bit gather holds beside a promoted gemm's accumulator and temporaries: two fragments and the
+#: words being transposed (``lower_wgmma_mn8``; with them, a 64x128 band's 64-register temporary beside a
+#: 128-register accumulator spilled, 456-1360 bytes, where 64-column bands spill nothing).
+GATHER_REGISTERS = 3 * _FRAGMENT_REGS
 
 
 def _swapped(op: Op) -> bool:
@@ -141,7 +145,9 @@ def _steps(op: Op) -> int:
 
 def _instructions(op: Op, layout: WgmmaLayout) -> int:
     """Instructions the gemm issues: one per k step and slab, and per column band of a promoted gemm."""
-    bands = layout.shape[1] // promotion_chunks(layout.regs, layout.shape[1])[0] if promoted(op) else 1
+    # (only float8 gemms are promoted: the 8-bit gather's registers sit beside the temporaries)
+    width = promotion_chunks(layout.regs, layout.shape[1], GATHER_REGISTERS)[0] if promoted(op) else layout.shape[1]
+    bands = layout.shape[1] // width
     return _steps(op) * layout.slabs * bands
 
 

@@ -39,7 +39,8 @@ from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _acc_f32, _acc_i32, _operand_dtypes
-from .lower_wgmma_mn import _FRAGMENT_REGS, WgmmaRegisterMN, _instruction_mn, one_operand_mn_major, shapes_fit
+from .lower_wgmma import promoted
+from .lower_wgmma_mn import _FRAGMENT_REGS, GATHER_REGISTERS, WgmmaRegisterMN, _instruction_mn, one_operand_mn_major, shapes_fit
 
 #: ``__byte_perm`` selectors of the first butterfly round (partner lane ^ 8), for i >> 1 = 0 and 1: keep the
 #: columns 2 (i >> 1), 2 (i >> 1) + 1 of the lower row of {i, i ^ 2} then of the higher.
@@ -69,6 +70,7 @@ class WgmmaRegisterMN8(WgmmaRegisterMN):
     MN-major shared tile by a 4 x 4 byte transpose across lanes (module docstring)."""
 
     fragment_type = "unsigned"
+    promotion_beside = GATHER_REGISTERS
 
     def load_fragment(self, em: Emitter, op: Op, lay: SharedLayout, kk: int, s: int, layout: WgmmaLayout,
                       first: int, wait: bool) -> None:
@@ -80,17 +82,23 @@ class WgmmaRegisterMN8(WgmmaRegisterMN):
                          key="wgmma_mn8_round_a")
         sel_b = em.hoist("unsigned", f"((tid >> 2) & 1) ? {ROUND_B_SELECT[1]:#x}u : {ROUND_B_SELECT[0]:#x}u",
                          key="wgmma_mn8_round_b")
+        early = not promoted(op)  # (a promoted gemm's temporaries leave no room for a third fragment)
+        if wait and not early:
+            self.wait_for_buffer(em, op, layout)
         em.open("")
         em.line(f"unsigned tj_w[{_FRAGMENT_REGS}];  // words of 4 MN-consecutive bytes of one k row, transposed "
                 "4 x 4 across the lanes ^ 4, ^ 8")
+        # one offset a lane: register r is 8 bytes further in the same 16-byte chunk (r & 1), 16 rows further
+        # (r >> 1), which the swizzle (8-row period) leaves in the same chunk position
+        off = em.hoist("unsigned", c_text(gather_offset(lay, 0, half)), key=("wgmma_mn8_a", lay, half))
         for r in range(_FRAGMENT_REGS):
-            off = em.hoist("unsigned", c_text(gather_offset(lay, r, half)), key=("wgmma_mn8_a", lay, r, half))
-            em.line(f"tj_w[{r}] = *reinterpret_cast<const unsigned*>(tj_fsrc + {off}{f' + {at}' if at else ''});")
+            plus = at + 8 * (r & 1) + 16 * (r >> 1) * lay.row_pitch
+            em.line(f"tj_w[{r}] = *reinterpret_cast<const unsigned*>(tj_fsrc + {off}{f' + {plus}' if plus else ''});")
         for partner, sel in ((8, sel_a), (4, sel_b)):
             em.line("#pragma unroll")
             em.line(f"for (int r = 0; r < {_FRAGMENT_REGS}; ++r) "
                     f"tj_w[r] = __byte_perm(tj_w[r], __shfl_xor_sync(0xffffffffu, tj_w[r], {partner}), {sel});")
-        if wait:
+        if wait and early:
             self.wait_for_buffer(em, op, layout)
         for r in range(_FRAGMENT_REGS):
             em.line(f"tj_fa[{first + r}] = tj_w[{r}];")
