@@ -58,6 +58,10 @@ def _gemm(fn):
     return next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
 
 
+def _copies(fn) -> int:
+    return sum(op.kind.mnemonic == "transpose_copy" for op in fn.walk())
+
+
 def _py(expr: str) -> str:
     """A hoisted C expression (non-negative integer arithmetic, fully parenthesised, or a selector's ternary) as
     Python."""
@@ -165,7 +169,7 @@ def _gemm_block(cuda: str) -> str:
     """The gemm's own block of generated code (its comment and braces)."""
     body = kernel_body(cuda)
     start = body.index("// gemm ")
-    block = braced_block(body, start)
+    block = braced_block(body, re.compile(r"\n\s*\{\n").search(body, start).start())  # (after the accumulator's copy)
     return body[start:body.index(block, start) + len(block)]
 
 
@@ -288,3 +292,113 @@ def test_precise_gemm_in_a_loop_completes_in_its_iteration():
     """)
     assert "left in flight" not in block
     _check(fn, cuda, 8, precise=True, iterations=3)
+
+
+@pytest.mark.parametrize("dtype,impl", [(F8, "wgmma_mn_m64nNk32_fp8"), (torch.float8_e5m2, "wgmma_mn_m64nNk32_fp8"),
+                                        (I8, "wgmma_mn_m64nNk32_int8")], ids=["e4m3", "e5m2", "int8"])
+def test_dispatch_takes_the_register_form_for_one_mn_major_operand(dtype, impl):
+    """B given K x N (the DESIGN matmul) and A given K x M: the gathered form, no copy; K-major operands keep the
+    descriptor lowering; both MN-major: both copied K-major for the descriptor lowering (no copy beside a
+    gathered fragment)."""
+    precision = None if dtype == I8 else "fast"
+    for ta, tb in ((False, False), (True, True)):
+        fn, cuda = _any(ta, tb, 128, 256, 128, 8, dtype=dtype, precision=precision)
+        assert _gemm(fn).attrs.impl == impl and not _copies(fn), (ta, tb)
+        assert re.search(r'"r"\(tj_fa\[0\]\), "r"\(tj_fa\[1\]\), "r"\(tj_fa\[2\]\), "r"\(tj_fa\[3\]\), "l"\(', cuda)
+    fn, cuda = _any(False, True, 128, 256, 128, 8, dtype=dtype, precision=precision)
+    assert _gemm(fn).attrs.impl == impl.replace("_mn", "") and "tj_fa" not in cuda
+    fn, _ = _any(True, False, 128, 256, 128, 8, dtype=dtype, precision=precision)
+    assert _gemm(fn).attrs.impl == impl.replace("_mn", "") and _copies(fn) == 2
+
+
+def test_pinned_descriptor_lowering_keeps_the_transposing_copy(monkeypatch):
+    for dtype, pin in ((F8, "wgmma_m64nNk32_fp8"), (I8, "wgmma_m64nNk32_int8")):
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", pin)
+        fn, cuda = _design(128, 256, 128, 8, dtype=dtype)
+        assert _gemm(fn).attrs.impl == pin and "// transposing copy" in cuda and "tj_fa" not in cuda
+
+
+def test_other_arches_and_shapes_are_unchanged():
+    """sm_100a's tcgen05 keeps the transposing copy; sm_89 reads 8-bit fragments with mma.sync; a 192-byte MN row
+    (not swizzled) and a pingpong group owning two slabs of M keep the copy."""
+    fn, _ = _design(128, 256, 128, 8, arch="sm_100a")
+    assert _gemm(fn).attrs.impl.startswith("tcgen05") and _copies(fn) == 1
+    fn, _ = _design(128, 128, 64, 4, arch="sm_89")
+    assert _gemm(fn).attrs.impl.startswith("mma_sync")
+    fn, _ = _design(64, 192, 128, 4, dtype=I8)
+    assert _gemm(fn).attrs.impl == "wgmma_m64nNk32_int8" and _copies(fn) == 1
+    fn, _ = _design(128, 128, 128, 4, dtype=I8, pingpong=True)
+    assert _gemm(fn).attrs.impl == "wgmma_m64nNk32_int8"
+    fn, _ = _design(64, 256, 128, 4, dtype=I8, pingpong=True)
+    assert _gemm(fn).attrs.impl == "wgmma_mn_m64nNk32_int8"
+
+
+@pytest.mark.parametrize("dtype", [F8, I8], ids=["fp8", "int8"])
+def test_default_8bit_space_takes_the_register_form_without_shrinking(dtype):
+    """Every config of the 8-bit autotune space that ``matmul_prune`` keeps for B stored K x N (``promotion_fits``)
+    compiles with no warning (no ring shrunk below what it names); all but the 192-wide tile (a row the
+    swizzle cannot take) gather B into registers."""
+    impls = {}
+    for config in matmul_configs(elem_bytes=1):
+        if not promotion_fits(config):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fn, _ = lower(matmul, _meta(4096, 4096, dtype=dtype), _meta(4096, 4096, dtype=dtype),
+                          _meta(4096, 4096, dtype=_acc(dtype)), arch="sm_90a", **config.all_kwargs())
+        impls[str(config)] = _gemm(fn).attrs.impl
+    copied = sorted(c for c, impl in impls.items() if "_mn_" not in impl)
+    assert copied and all("BN=192" in c for c in copied), copied
+
+
+def test_prune_drops_pingpong_groups_of_two_slabs_for_b_stored_k_by_n(monkeypatch):
+    import tilejit.configs as configs
+    monkeypatch.setattr(configs, "is_sm90", lambda tensor: True)
+    space = matmul_configs(elem_bytes=1)
+    a = torch.empty(4096, 4096, dtype=I8)
+    b_kn = torch.empty(4096, 4096, dtype=I8)
+    b_nk_view = torch.empty(4096, 4096, dtype=I8).T  # stored N x K: K-major
+    kept_kn = configs.matmul_prune(space, {"A": a, "B": b_kn})
+    kept_nk = configs.matmul_prune(space, {"A": a, "B": b_nk_view})
+    assert any(c.pingpong and not promotion_fits(c) for c in kept_nk)
+    assert not any(c.pingpong and not promotion_fits(c) for c in kept_kn)
+    assert any(c.pingpong for c in kept_kn)
+
+
+CUBINS = [("precise", F8, None, (128, 256, 128, 8), {}), ("fast", F8, "fast", (128, 256, 128, 8), {}),
+          ("int8", I8, None, (128, 256, 128, 8), {}),
+          ("precise-ws", F8, None, (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("fast-ws", F8, "fast", (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("int8-ws", I8, None, (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("precise-ws-256", F8, None, (128, 256, 128, 8), dict(warp_specialize=True)),
+          ("int8-persistent", I8, None, (128, 256, 128, 8), dict(persistent=True)),
+          ("precise-64x256", F8, None, (64, 256, 128, 4), {}), ("fast-128x64", F8, "fast", (128, 64, 128, 4), {}),
+          ("int8-64x64", I8, None, (64, 64, 128, 4), {})]
+
+
+@pytest.mark.parametrize("ta", [False, True], ids=["b-kn", "a-km"])
+@pytest.mark.parametrize("name,dtype,precision,tile,options", CUBINS, ids=[c[0] for c in CUBINS])
+def test_compiles_without_spills_or_serialized_wgmma(name, dtype, precision, tile, options, ta):
+    import tilejit.language as T
+    bm, bn, bk, warps = tile
+    a = _meta(1024, 1024, dtype=dtype)
+    compiled = matmul_any.compile(a, _meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=_acc(dtype)), BM=bm,
+                                  BN=bn, BK=bk, TA=ta, TB=ta, ACC=T.int32 if dtype == I8 else T.float32,
+                                  PRECISION=precision, num_warps=warps, arch="sm_90a", **options)
+    assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"]
+    assert "transpose_copy" not in compiled.asm["ir"] and "wgmma_mn_m64nNk32" in compiled.asm["ir"]
+
+
+@pytest.mark.parametrize("dtype", [F8, I8], ids=["fp8", "int8"])
+@pytest.mark.parametrize("tile", [(128, 256, 128, 8), (128, 128, 128, 8)], ids=["128x256", "128x128"])
+def test_launch_model_defaults_compile_without_spills(dtype, tile):
+    """Only tiles and warps given (int8 with its int32 accumulator, as ``benchmarks/matmul.py`` runs it): what the
+    launch model picks (warp specialization, ring depth) fits the gathered form's registers."""
+    import tilejit.language as T
+    bm, bn, bk, warps = tile
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = matmul_any.compile(_meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=dtype),
+                                      _meta(1024, 1024, dtype=_acc(dtype)), BM=bm, BN=bn, BK=bk, TA=False, TB=False,
+                                      ACC=T.int32 if dtype == I8 else T.float32, num_warps=warps, arch="sm_90a")
+    assert compiled.meta["spills"] == 0 and "wgmma_mn_m64nNk32" in compiled.asm["ir"]

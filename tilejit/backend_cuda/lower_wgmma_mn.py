@@ -183,8 +183,8 @@ def fragment_offset(lay: SharedLayout, r: int):
 def shapes_fit(op: Op, target: Target) -> bool:
     """Shapes: the instruction's M (the MN-major operand's extent) in 64-row slabs per warpgroup, its N <= 256
     and a multiple of 8, K in whole instructions (32 bytes of K each), <= 128 accumulator registers; the MN-major
-    tile's rows whole 128-byte panels or one 64-byte row (a slab moves by whole or half panels); the K-major
-    tile's rows in a wgmma swizzle mode."""
+    tile's rows whole 128-byte panels or one 64-byte row (a slab moves by whole or, 8-bit, half panels; a
+    192-byte row is not swizzled); the K-major tile's rows in a wgmma swizzle mode."""
     if target.num_warps % 4 or any(v.type.scope is not Scope.SHARED for v in op.operands[:2]):
         return False
     groups = target.num_warps // 4

@@ -38,7 +38,7 @@ from ..ir import Op
 from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..target import REGISTRY, Target
 from .emitter import Emitter
-from .lower_gemm import _acc_f32, _acc_i32, _operand_dtypes
+from .lower_gemm import _acc_f32, _acc_i32, _mnk, _operand_dtypes
 from .lower_wgmma import promoted
 from .lower_wgmma_mn import _FRAGMENT_REGS, GATHER_REGISTERS, WgmmaRegisterMN, _instruction_mn, one_operand_mn_major, shapes_fit
 
@@ -105,11 +105,19 @@ class WgmmaRegisterMN8(WgmmaRegisterMN):
         em.close()
 
 
+def _not_pingpong_beyond_a_slab(op: Op, target: Target) -> bool:
+    """Not a pingpong kernel whose group owns more than one 64-row slab of the tile's M: there the gather's
+    registers spilled (1,832 bytes at 128x128 on 4 warps, under the 168 registers a pingpong thread gets; 64x256
+    on 4 warps spilled nothing); the copy takes it (``configs.promotion_fits``, the same rule)."""
+    return not (target.pingpong and _mnk(op)[0] > 64 * (target.num_warps // 4))
+
+
 def _int8_n(op: Op, target: Target) -> bool:
     n = _instruction_mn(op)[1]
     return n % 16 == 0 or n in (8, 24)
 
 
+_PINGPONG = "not a pingpong kernel whose group owns more than one 64-row slab of M"
 _ONE_MN = "exactly one operand is MN-major (A given K x M, or B given K x N)"
 _SHAPES = ("the MN-major operand's extent in 64-row slabs per warpgroup and whole 128-byte panels or one 64-byte "
            "row, the other's <= 256 and a multiple of 8, K in whole k32 steps, accumulator <= 128 registers, the "
@@ -120,6 +128,7 @@ REGISTRY.register("gemm", "wgmma_mn_m64nNk32_fp8", min_sm=90, max_sm=90, priorit
     "accumulator is f32": _acc_f32,
     _ONE_MN: one_operand_mn_major,
     _SHAPES: shapes_fit,
+    _PINGPONG: _not_pingpong_beyond_a_slab,
 })(WgmmaRegisterMN8())
 
 REGISTRY.register("gemm", "wgmma_mn_m64nNk32_int8", min_sm=90, max_sm=90, priority=20, predicates={
@@ -127,5 +136,6 @@ REGISTRY.register("gemm", "wgmma_mn_m64nNk32_int8", min_sm=90, max_sm=90, priori
     "accumulator is i32": _acc_i32,
     _ONE_MN: one_operand_mn_major,
     _SHAPES: shapes_fit,
+    _PINGPONG: _not_pingpong_beyond_a_slab,
     "the instruction's N % 16 == 0 or N in (8, 24)": _int8_n,
 })(WgmmaRegisterMN8())
