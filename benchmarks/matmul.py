@@ -179,7 +179,8 @@ def _tuned(row: dict[str, Any], tuner: Any, impl: str = "tilejit") -> None:
 def _time_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, bt, out_dtype, ref, m: int, n: int,
              k: int) -> None:
     """``tilejit_nn``: the same product through the DESIGN matmul with B given K x N (MN-major; fp8 without the
-    scales), which reaches wgmma through a transposing copy of B; timed in the rounds of the shape's other runs."""
+    scales), which on sm_90a gathers B into registers (``backend_cuda/lower_wgmma_mn8.py``); timed in the rounds
+    of the shape's other runs."""
     import torch
 
     import tilejit.language as T
