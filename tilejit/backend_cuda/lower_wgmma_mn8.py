@@ -40,7 +40,8 @@ from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _acc_f32, _acc_i32, _mnk, _operand_dtypes
 from .lower_wgmma import promoted
-from .lower_wgmma_mn import _FRAGMENT_REGS, GATHER_REGISTERS, WgmmaRegisterMN, _instruction_mn, one_operand_mn_major, shapes_fit
+from .lower_wgmma_mn import (_FRAGMENT_REGS, GATHER_REGISTERS, WgmmaRegisterMN, _instruction_mn, one_operand_mn_major,
+                             shapes_fit)
 
 #: ``__byte_perm`` selectors of the first butterfly round (partner lane ^ 8), for i >> 1 = 0 and 1: keep the
 #: columns 2 (i >> 1), 2 (i >> 1) + 1 of the lower row of {i, i ^ 2} then of the higher.
