@@ -24,9 +24,11 @@ tf32 gather's). ``tests/backend/test_wgmma_mn_major_8bit.py`` replays the loads,
 against the real layout and counts the banks.
 
 The loads and shuffles of an instruction's fragment are issued before the wait that frees its buffer (into
-``tj_w``, then moved into the buffer after the wait), so their latency overlaps the instructions in flight.
-A slab of 64 MN bytes is half a 128-byte panel: each lane's offsets are hoisted per register and half-panel
-(``Emitter.hoist``); a k step adds 32 rows, whole panels a constant.
+``tj_w``, then moved into the buffer after the wait), so their latency overlaps the instructions in flight; a
+promoted gemm (precision "precise") waits first, keeping a third fragment's registers out of its temporaries'
+room (its bands beside a 128-register accumulator are 64 columns: ``GATHER_REGISTERS``). A slab of 64 MN bytes
+is half a 128-byte panel: one offset a lane is hoisted per half-panel (``Emitter.hoist``); the four registers, a
+k step (32 rows) and whole panels add constants to it.
 
 Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk32_fp8`` (or ``wgmma_m64nNk32_int8``) keeps the transposing
 shared-memory copy (``passes/transpose_operands.py``) instead, for comparison.
@@ -83,7 +85,7 @@ class WgmmaRegisterMN8(WgmmaRegisterMN):
                          key="wgmma_mn8_round_a")
         sel_b = em.hoist("unsigned", f"((tid >> 2) & 1) ? {ROUND_B_SELECT[1]:#x}u : {ROUND_B_SELECT[0]:#x}u",
                          key="wgmma_mn8_round_b")
-        early = not promoted(op)  # (a promoted gemm's temporaries leave no room for a third fragment)
+        early = not promoted(op)  # (module docstring: a promoted gemm waits first)
         if wait and not early:
             self.wait_for_buffer(em, op, layout)
         em.open("")
