@@ -134,8 +134,17 @@ TF32_COPY_PINS = {"TILEJIT_GEMM_LOWERING": "wgmma_m64nNk8_tf32"}
 
 lowp_mm_nn = tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "B"],
                               prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
-"""The DESIGN matmul on fp8 or int8 operands (``ACC=T.int32`` for int8), B given K x N: on wgmma through a
-transposing copy of B."""
+"""The DESIGN matmul on fp8 or int8 operands (``ACC=T.int32`` for int8), B given K x N: on sm_90a B is gathered
+into registers as the transposed product's A (``backend_cuda/lower_wgmma_mn8.py``)."""
+
+lowp_mm_nn_copy = tilejit.autotune(configs=matmul_configs(elem_bytes=1), key=["A", "B"],
+                                   prune_configs_by={"early_config_prune": matmul_prune})(tilejit.kernel(matmul.fn))
+"""``lowp_mm_nn`` for launches made with ``LOWP_COPY_PINS`` set (sm_90a): B through a transposing shared-memory copy
+to the descriptor lowering, the form the register one replaced, for comparison."""
+
+LOWP_COPY_PINS = {"fp8": {"TILEJIT_GEMM_LOWERING": "wgmma_m64nNk32_fp8"},
+                  "int8": {"TILEJIT_GEMM_LOWERING": "wgmma_m64nNk32_int8"}}
+"""The knobs that keep an MN-major fp8 or int8 operand on the transposing copy (sm_90a)."""
 
 
 SM80_PINS = {"TILEJIT_GEMM_LOWERING": "mma_sync_m16n8k16", "TILEJIT_COPY_LOWERING": "cp_async"}

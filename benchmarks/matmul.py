@@ -179,7 +179,9 @@ def _tuned(row: dict[str, Any], tuner: Any, impl: str = "tilejit") -> None:
 def _time_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, bt, out_dtype, ref, m: int, n: int,
              k: int) -> None:
     """``tilejit_nn``: the same product through the DESIGN matmul with B given K x N (MN-major; fp8 without the
-    scales), which reaches wgmma through a transposing copy of B; timed in the rounds of the shape's other runs."""
+    scales), which on sm_90a gathers B into registers (``backend_cuda/lower_wgmma_mn8.py``), and on sm_90a
+    ``tilejit_nn_copy``: the same with the transposing copy pinned (``kernels.LOWP_COPY_PINS``); both tuned and
+    timed in the rounds of the shape's other runs."""
     import torch
 
     import tilejit.language as T
@@ -190,6 +192,17 @@ def _time_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, bt, out
     runs["tilejit_nn"] = lambda: kernels.lowp_mm_nn[kernels.matmul_grid](a, b, c, ACC=acc)
     row["tilejit_nn"] = measure(runs["tilejit_nn"], c, ref, m, n, k)
     _tuned(row, kernels.lowp_mm_nn, "tilejit_nn")
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+        return
+    c_copy = torch.empty(m, n, device=a.device, dtype=out_dtype)
+    pins = kernels.LOWP_COPY_PINS["int8" if out_dtype == torch.int32 else "fp8"]
+
+    def copy_run() -> None:
+        with kernels.pinned(pins):
+            kernels.lowp_mm_nn_copy[kernels.matmul_grid](a, b, c_copy, ACC=acc)
+    runs["tilejit_nn_copy"] = copy_run
+    row["tilejit_nn_copy"] = measure(copy_run, c_copy, ref, m, n, k)
+    _tuned(row, kernels.lowp_mm_nn_copy, "tilejit_nn_copy")
 
 
 def _time_tf32_nn(row: dict[str, Any], runs: dict[str, Callable[[], Any]], a, b, ref, m: int, n: int,
@@ -267,7 +280,8 @@ def bench_lowp_shape(m: int, n: int, k: int, dtype_name: str, triton_mod: Any, d
       the same scales and the like accumulation (``use_fast_accum`` for the fast mode); Triton in the precise
       row only (one kernel, its own accumulation). Both carry their error against float64.
     - int8: A (M x K), B given N x K, int32 out; baseline ``torch._int_mm``.
-    - fp8 and int8 rows also time the DESIGN matmul with B given K x N (``tilejit_nn``, fp8 without scales).
+    - fp8 and int8 rows also time the DESIGN matmul with B given K x N (``tilejit_nn``, fp8 without scales), and
+      on sm_90a that with the transposing copy pinned under ``tilejit_nn_copy``.
     - tf32: float32 A and B given N x K (K-major, as wgmma reads tf32 from shared memory; the row also times the
       DESIGN matmul with B given K x N under ``tilejit_nn``, and on sm_90a that with the transposing copy pinned
       under ``tilejit_nn_copy``); baseline ``torch.matmul`` with tf32 allowed.
@@ -473,7 +487,7 @@ MN_MAJOR_HEADERS = ["shape (MxNxK)", "dtype", "B K x N TFLOP/s", "against", "its
 
 def mn_major_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     """The MN-major table: the DESIGN matmul with B given K x N (``tilejit_nn``) against cuBLAS tf32 (tf32) or
-    tilejit's K-major form (fp8, int8, B given N x K), and for tf32 on sm_90a the transposing copy it replaced."""
+    tilejit's K-major form (fp8, int8, B given N x K), and on sm_90a the transposing copy it replaced."""
     out = []
     for r in rows:
         if "tilejit_nn" not in r:

@@ -197,7 +197,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
       (``shared_memory_per_block``) is dropped: the compiler would run it with fewer stages than it names (e.g. the 192 KB rings on an A100's 163 KB), a
       duplicate of another config under a wrong name;
     - fp8 products at precision "precise" (``PRECISION`` absent or not "fast") drop the configs
-      ``promotion_fits`` refuses.
+      ``promotion_fits`` refuses, and so do 8-bit products with B stored K x N (N contiguous: sm_90a gathers it
+      into registers, ``backend_cuda/lower_wgmma_mn8.py``, which leaves such pingpong groups no room either).
     Never returns an empty list: if nothing survives, the config with the smallest tile (not split) is kept.
     """
     m, n, k = matmul_problem(named_args)
@@ -207,6 +208,8 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
     elem = named_args["A"].element_size()
     promoted = (elem == 1 and named_args["A"].dtype.is_floating_point
                 and named_args.get("PRECISION", "precise") != "fast")
+    b = named_args["B"]
+    gathered = elem == 1 and b.dim() == 2 and b.stride(1) == 1 and b.shape[1] > 1  # B stored K x N
 
     def fits(c: Config) -> bool:
         bm, bn, bk = c.kwargs["BM"], c.kwargs["BN"], c.kwargs["BK"]
@@ -214,7 +217,7 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
             return False
         if smem and matmul_shared_bytes(c, elem) > smem:
             return False
-        if promoted and not promotion_fits(c):
+        if (promoted or gathered) and not promotion_fits(c):
             return False
         if bm > max(64, _next_pow2(m)) or bn > max(64, _next_pow2(n)) or bk > max(32, _next_pow2(k)):
             return False
@@ -236,9 +239,11 @@ def matmul_prune(configs: Sequence[Config], named_args: dict[str, Any], **kwargs
 
 
 def promotion_fits(c: Config) -> bool:
-    """Whether a precise fp8 product (sm_90a wgmma sums promoted into float32 through temporary registers) fits
-    ``c``'s registers: not a pingpong config whose warpgroup owns more than one 64-row slab (its accumulator and
-    the epilogue state a pingpong group keeps leave no room for a temporary: ptxas spills even a 16-register one)."""
+    """Whether a precise fp8 product (sm_90a wgmma sums promoted into float32 through temporary registers), or an
+    8-bit one with an operand gathered into registers from its MN-major tile, fits ``c``'s registers: not a
+    pingpong config whose warpgroup owns more than one 64-row slab (its accumulator and the epilogue state a
+    pingpong group keeps leave no room for a temporary: ptxas spills even a 16-register one; the gather spilled
+    1,832 bytes at 128x128 on 4 warps)."""
     return not (c.pingpong and c.kwargs["BM"] > 64 * (c.num_warps // 4))
 
 

@@ -38,8 +38,9 @@ def _impl(stages) -> str:
 DISPATCH = [
     ((E4M3, E4M3), T.float32, None, "nt", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
     ((E4M3, E5M2), T.float32, None, "nt", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2"),
-    # MN-major 8-bit operands reach wgmma / tcgen05 through a transposing copy (transpose_operands)
-    ((E5M2, E5M2), T.float32, None, "nn", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2"),
+    # one MN-major 8-bit operand: gathered into registers on sm_90a (lower_wgmma_mn8); both MN-major, and tcgen05:
+    # a transposing copy (transpose_operands)
+    ((E5M2, E5M2), T.float32, None, "nn", "sm_90a", "wgmma_mn_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2"),
     ((E4M3, E4M3), T.float32, None, "tn", "sm_90a", "wgmma_m64nNk32_fp8", "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
     ((E4M3, E4M3), T.float32, None, "tn", "sm_89", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ((E4M3, E4M3), T.float32, None, "nt", "sm_100a", "tcgen05_mma_f8f6f4", "tcgen05.mma.cta_group::1.kind::f8f6f4"),
@@ -47,7 +48,7 @@ DISPATCH = [
     ((E4M3, E4M3), T.float32, None, "nn", "sm_89", "mma_sync_m16n8k32_fp8", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ((E4M3, E4M3), T.float32, None, "nt", "sm_80", "fma_fallback", None),  # no fp8 tensor cores before sm_89
     ((torch.int8, torch.int8), T.int32, None, "nt", "sm_90a", "wgmma_m64nNk32_int8", "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"),
-    ((torch.int8, torch.int8), T.int32, None, "nn", "sm_90a", "wgmma_m64nNk32_int8", "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"),
+    ((torch.int8, torch.int8), T.int32, None, "nn", "sm_90a", "wgmma_mn_m64nNk32_int8", "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"),
     ((torch.int8, torch.int8), T.int32, None, "tn", "sm_90a", "wgmma_m64nNk32_int8", "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"),
     ((torch.int8, torch.int8), T.int32, None, "nt", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ((torch.int8, torch.int8), T.int32, None, "tn", "sm_80", "mma_sync_m16n8k32_int8", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),

@@ -1,5 +1,6 @@
 """The transposing shared-memory copy (``transpose_copy``) that puts MN-major fp8 / int8 / tf32 operands on wgmma
-(tf32 only with the descriptor lowering pinned: ``TF32_COPIED``).
+(with one operand MN-major only with the descriptor lowering pinned: ``COPIED``; by default sm_90a gathers it into
+registers, ``lower_wgmma_mn`` and ``lower_wgmma_mn8``).
 
 The generated C of each copy is replayed here in Python, thread by thread: every byte of the source tile must land
 exactly once at the destination's place of the transposed element (both tiles in their swizzled SharedLayout),
@@ -9,6 +10,7 @@ K-major descriptor) is checked on the generated source, and the kernels compile 
 """
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -22,8 +24,9 @@ from tilejit.ir.layouts import SharedLayout
 
 E4M3 = torch.float8_e4m3fn
 #: tf32 takes the copy with the descriptor lowering pinned (by default its MN-major operand is read into registers:
-#: lower_wgmma_mn)
+#: lower_wgmma_mn); so do fp8 and int8 (lower_wgmma_mn8)
 TF32_COPIED = "wgmma_m64nNk8_tf32"
+COPIED = {torch.float32: TF32_COPIED, E4M3: "wgmma_m64nNk32_fp8", torch.int8: "wgmma_m64nNk32_int8"}
 
 
 def _meta(*shape, dtype):
@@ -37,8 +40,8 @@ def _lower(dtype, ta, tb, bm, bn, bk, warps, m=1024, n=1024, k=1024, stages=3, *
     out = _meta(m, n, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
     extra = dict(PRECISION="tf32") if dtype == torch.float32 else {}
     with pytest.MonkeyPatch.context() as patch:
-        if dtype == torch.float32:
-            patch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
+        if dtype in COPIED and "TILEJIT_GEMM_LOWERING" not in os.environ:  # (a test's own pin stays)
+            patch.setenv("TILEJIT_GEMM_LOWERING", COPIED[dtype])
         return lower(matmul_any, a, b, out, BM=bm, BN=bn, BK=bk, TA=ta, TB=tb, ACC=acc, num_warps=warps,
                      num_stages=stages, arch="sm_90a", **extra, **options)
 
@@ -190,7 +193,8 @@ def test_in_flight_loop_keeps_a_ring_of_three_copies_and_one_barrier_per_iterati
     assert "tj_bdesc = tj_wgmma_desc(tj_b, 16, 1024);" in block
 
 
-def test_copy_outside_an_in_flight_loop_waits_for_the_previous_readers():
+def test_copy_outside_an_in_flight_loop_waits_for_the_previous_readers(monkeypatch):
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED[E4M3])
     a, b, c = _meta(1024, 1024, dtype=E4M3), _meta(1024, 1024, dtype=E4M3), _meta(1024, 1024, dtype=torch.float32)
     fn, cuda = lower(matmul_staged, a, b, c, BM=128, BN=128, BK=128, num_warps=8, num_stages=1, arch="sm_90a")
     copy = _copies(fn)[0]
@@ -223,8 +227,7 @@ def test_pinned_lowering_is_honoured(monkeypatch):
                          ids=["fp8", "int8", "tf32"])
 @pytest.mark.parametrize("warp_specialize", [False, True], ids=["plain", "ws"])
 def test_nn_compiles_to_wgmma_without_spills(dtype, bk, warp_specialize, monkeypatch):
-    if dtype == torch.float32:
-        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED[dtype])
     a, b = _meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=dtype)
     acc = T.int32 if dtype == torch.int8 else T.float32
     out = _meta(1024, 1024, dtype=torch.int32 if dtype == torch.int8 else torch.float32)
@@ -238,8 +241,9 @@ def test_nn_compiles_to_wgmma_without_spills(dtype, bk, warp_specialize, monkeyp
     assert "mma.sync.aligned" not in kernel_body(compiled.asm["cuda"])
 
 
-def test_a_tile_loaded_before_a_loop_is_transposed_once_there():
+def test_a_tile_loaded_before_a_loop_is_transposed_once_there(monkeypatch):
     """The copy goes right after the load, not before each gemm: outside the loop, one copy for both gemms."""
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED[E4M3])
     a = _meta(1024, 128, dtype=E4M3)
     fn, _ = lower(fixed_b, a, _meta(128, 128, dtype=E4M3), _meta(128, 128, dtype=torch.float32), a, BM=128, BN=128,
                   BK=128, num_warps=8, arch="sm_90a")

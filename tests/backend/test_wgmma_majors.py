@@ -60,11 +60,12 @@ def test_k_major_a_is_unchanged():
                                             (torch.float32, T.float32, 32)], ids=["fp8", "int8", "tf32"])
 def test_mn_major_operands_of_other_dtypes_reach_wgmma_through_a_transposing_copy(dtype, acc, bk, ta, tb, monkeypatch):
     """8-bit and tf32 operands have no transpose immediates: each MN-major one is copied into a K-major tile
-    (``transpose_copy``) and the gemm reads that one with its transpose flag flipped (tf32 with the descriptor
-    lowering pinned: by default its MN-major operand is read into registers, tests/backend/test_wgmma_mn_major.py)."""
+    (``transpose_copy``) and the gemm reads that one with its transpose flag flipped (with the descriptor lowering
+    pinned: by default a single MN-major operand is read into registers, tests/backend/test_wgmma_mn_major.py and
+    test_wgmma_mn_major_8bit.py)."""
     kwargs = dict(PRECISION="tf32") if dtype == torch.float32 else {}
-    if dtype == torch.float32:
-        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", "wgmma_m64nNk8_tf32")
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", {torch.float32: "wgmma_m64nNk8_tf32", torch.int8: "wgmma_m64nNk32_int8",
+                                                 torch.float8_e4m3fn: "wgmma_m64nNk32_fp8"}[dtype])
     fn, _ = lower(matmul_any, *_operands(ta, tb, m=1024, dtype=dtype), BM=128, BN=128, BK=bk, TA=ta, TB=tb,
                   ACC=acc, num_warps=4, arch="sm_90a", **kwargs)
     gemm = next(op for op in fn.walk() if op.kind.mnemonic == "gemm")

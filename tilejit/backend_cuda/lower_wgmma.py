@@ -113,14 +113,15 @@ def promoted(op: Op) -> bool:
     return op.operands[0].dtype.is_fp8 and op.attrs.precision == "precise"
 
 
-def promotion_chunks(acc_regs: int, n: int) -> tuple[int, int]:
+def promotion_chunks(acc_regs: int, n: int, beside: int = 0) -> tuple[int, int]:
     """(columns, temporaries) of a promoted gemm's chunks: the widest of N, N/2, N/4, ... (multiples of 8) whose
-    temporary fits beside an accumulator of ``acc_regs`` registers in ``PROMOTION_REGISTERS``, and two of them
-    (alternating, so that the next chunk runs while one is added) when two fit."""
+    temporary fits beside an accumulator of ``acc_regs`` registers (and ``beside`` more: an A fragment gathered
+    into registers, ``lower_wgmma_mn8``) in ``PROMOTION_REGISTERS``, and two of them (alternating, so that the
+    next chunk runs while one is added) when two fit."""
     width = n
-    while acc_regs + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
+    while acc_regs + beside + width // 2 > PROMOTION_REGISTERS and width % 16 == 0:
         width //= 2
-    return width, 2 if acc_regs + width <= PROMOTION_REGISTERS else 1
+    return width, 2 if acc_regs + beside + width <= PROMOTION_REGISTERS else 1
 
 
 def _fresh_float8_product(op: Op) -> bool:
@@ -248,7 +249,7 @@ class Wgmma(GemmLowering):
         for kk in range(k // k_atom):
             b_desc = desc_plus("tj_bdesc", b_fields(sb.layout, kk, b_k_major)[0])
             for s in range(layout.slabs):
-                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major)
+                a_ins = self.a_operands(em, op, a, kk, s, layout, a_mn_major, index=kk * layout.slabs + s)
                 operands = [f"{d_name}[{s * half + r}]" for r in range(half)]
                 self.issue(em, a, b, n, operands, con, a_ins, b_desc, scale_d=int(kk > 0 or not fresh),
                            f16_acc=f16_acc, integer=integer, b_k_major=b_k_major, a_mn_major=a_mn_major)
@@ -305,15 +306,15 @@ class Wgmma(GemmLowering):
         which FADDs then add into the float32 accumulator ``main`` (FMAs by the scale tile, for a scaled gemm:
         ``passes/scaled_promotion.py``); with two temporaries, chunk ``c + 1`` is issued before chunk ``c`` is
         waited for and added."""
-        a, b = op.operands[:2]
-        layout: WgmmaLayout = op.result.type.layout
-        m, n, k = _mnk(op)
+        a, b, _ = self.instruction_operands(op)
+        layout: WgmmaLayout = self.instruction_layout(op.result.type.layout)
+        n, k = layout.shape[1], _mnk(op)[2]
         k_atom = 32 // a.dtype.itemsize
         sb = em.shared[b.id]
         # a scaled gemm (passes/scaled_promotion.py): each chunk is added by an FMA with the scale tile, whose
         # registers line up with the accumulator's (one layout)
         scale = em.name(op.operands[3]) if len(op.operands) == 4 else None
-        width, buffers = promotion_chunks(layout.regs, n)
+        width, buffers = promotion_chunks(layout.regs, n, self.promotion_beside)
         per_group = PROMOTION_K // k_atom
         chunks = [(g, s, n0) for g in range(0, k // k_atom, per_group) for s in range(layout.slabs)
                   for n0 in range(0, n, width)]
@@ -324,11 +325,17 @@ class Wgmma(GemmLowering):
         for t in temps:
             em.line(f"float {t}[{width // 2}];")
         half = n // 2
+        issued = 0  # instructions issued so far
+
+        def steps(g: int) -> range:
+            return range(g, min(g + per_group, k // k_atom))
 
         def add(c: int) -> None:
             _, s, n0 = chunks[c]
             t = temps[c % buffers]
-            wait_group(em, 1 if buffers > 1 and c + 1 < len(chunks) else 0, t, width // 2, False)
+            # the groups committed after chunk c's (chunk c + 1's) may stay pending
+            after = self.chunk_groups(len(steps(chunks[c + 1][0]))) if buffers > 1 and c + 1 < len(chunks) else 0
+            wait_group(em, after, t, width // 2, False)
             at = f"{s * half + n0 // 2} + i"
             em.line("#pragma unroll")
             em.line(f"for (int i = 0; i < {width // 2}; ++i) " + (
@@ -338,11 +345,13 @@ class Wgmma(GemmLowering):
             if c:
                 em.line("tj_wgmma_fence();  // the temporary was read by the additions")
             t = temps[c % buffers]
-            for kk in range(g, min(g + per_group, k // k_atom)):
+            for i, kk in enumerate(steps(g)):
                 offset, _ = b_fields(sb.layout, kk, True)
                 b_desc = desc_plus("tj_bdesc", offset + n0 * sb.layout.row_pitch)
                 self.issue(em, a, b, width, [f"{t}[{r}]" for r in range(width // 2)], "f",
-                           self.a_operands(em, op, a, kk, s, layout), b_desc, scale_d=int(kk > g))
+                           self.a_operands(em, op, a, kk, s, layout, index=issued), b_desc, scale_d=int(kk > g))
+                self.after_instruction(em, op, i, len(steps(g)))
+                issued += 1
             em.line("tj_wgmma_commit();")
             if c == 0 and ring is None:
                 em.run_overlap_hook()  # e.g. the next tiles' cp.async while the tensor cores work
@@ -357,8 +366,12 @@ class Wgmma(GemmLowering):
         em.close()
 
     def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
-        """After instruction ``index`` of the gemm's ``count`` (one commit group for them all, after the last,
-        here)."""
+        """After instruction ``index`` of the gemm's (or a promoted chunk's) ``count``: one commit group for them
+        all, after the last, here."""
+
+    def chunk_groups(self, instructions: int) -> int:
+        """Commit groups of a promoted chunk of ``instructions`` instructions (``after_instruction``): one here."""
+        return 1
 
     def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
         """The last gemm of a loop left in flight: wait until only this iteration's groups are pending (one per
@@ -369,6 +382,8 @@ class Wgmma(GemmLowering):
 
     # -- operand A: a shared-memory descriptor here; registers in lower_wgmma_rs ---------------------------
     a_note = ""
+    #: Registers a promoted gemm's operand A holds beside its accumulator and temporaries (``promotion_chunks``).
+    promotion_beside = 0
 
     def instruction_operands(self, op: Op):
         """(operand A, operand B's shared tile, whether B is K-major) as the instruction reads them."""
@@ -395,9 +410,9 @@ class Wgmma(GemmLowering):
         return lay.panel_bytes if mn_major else 64 * lay.row_pitch
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
-                   mn_major: bool = False) -> list[tuple[str, str]]:
+                   mn_major: bool = False, index: int = 0) -> list[tuple[str, str]]:
         """(constraint, C expression) of operand A for k step ``kk`` of slab ``s`` (``mn_major``: A's tile is
-        K x M, each 64-row slab one 64-column panel)."""
+        K x M, each 64-row slab one 64-column panel); ``index`` counts the gemm's instructions issued before."""
         sa = em.shared[a.id]
         off = b_fields(sa.layout, kk, k_major=False)[0] if mn_major else k_step_offset(sa.layout, kk)
         return [("l", desc_plus("tj_adesc", off + s * layout.groups * self._slab_bytes(sa.layout, mn_major)))]

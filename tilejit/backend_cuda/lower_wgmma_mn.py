@@ -35,6 +35,10 @@ spilled in the 128x128 pingpong kernel: 16 registers beside a 128-register accum
 
 Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk8_tf32`` keeps the transposing shared-memory copy
 (``passes/transpose_operands.py``) instead, for comparison.
+
+fp8 and int8 (``lower_wgmma_mn8``) share all of this but the gather (``load_fragment``): m64nNk32, whose 8-bit
+fragment is gathered by a byte transpose across lanes; a float8 gemm of precision "precise" issues its
+instructions in promotion chunks (``Wgmma.emit_promoted``), each still committing its own group.
 """
 from __future__ import annotations
 
@@ -44,10 +48,14 @@ from ..ir.layouts import CExpr, PermutedLayout, SharedLayout, WgmmaLayout, c_tex
 from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _mnk, _operand_dtypes, _precision
-from .lower_wgmma import Wgmma, swizzled_rows, wait_group
+from .lower_wgmma import Wgmma, promoted, promotion_chunks, swizzled_rows, wait_group
 
-#: 32-bit elements per fragment register and k8 step of the tf32 instruction's A (a0..a3).
+#: Fragment registers of one instruction's A (a0..a3: 32-bit elements of tf32, four bytes of fp8 / int8).
 _FRAGMENT_REGS = 4
+#: Registers the 8-bit gather holds beside a promoted gemm's accumulator and temporaries: two fragments and the
+#: words being transposed (``lower_wgmma_mn8``; with them, a 64x128 band's 64-register temporary beside a
+#: 128-register accumulator spilled, 456-1360 bytes, where 64-column bands spill nothing).
+GATHER_REGISTERS = 3 * _FRAGMENT_REGS
 
 
 def _swapped(op: Op) -> bool:
@@ -61,10 +69,13 @@ def _instruction_mn(op: Op) -> tuple[int, int]:
 
 
 class WgmmaRegisterMN(Wgmma):
-    """``wgmma.mma_async.m64nNk8.f32.tf32.tf32`` with A's fragment gathered from an MN-major shared tile."""
+    """``wgmma.mma_async.m64nNk8.f32.tf32.tf32`` with A's fragment gathered from an MN-major shared tile. The
+    8-bit forms (``lower_wgmma_mn8``) share everything but the gather (``load_fragment``)."""
 
     gathers_mn_major = True  # with both operands MN-major, both are copied K-major instead (passes.transpose_operands)
     a_note = ", A from registers (gathered from its MN-major tile)"
+    #: The C type of the fragment registers.
+    fragment_type = "float"
 
     def acc_layout(self, op: Op, target: Target):
         inst = WgmmaLayout(_instruction_mn(op), target.num_warps // 4)
@@ -80,38 +91,51 @@ class WgmmaRegisterMN(Wgmma):
     def setup_a(self, em: Emitter, op: Op, a, layout: WgmmaLayout, mn_major: bool) -> None:
         """The fragment registers (two instructions' worth) and the first instruction's loads."""
         em.line(f"const unsigned char* const tj_fsrc = {em.shared[a.id].pointer()};")
-        em.line(f"float tj_fa[{_buffers(op, layout) * _FRAGMENT_REGS}];  // A's fragment, double-buffered by "
-                "instruction")
-        self._start(em, op, a, 0, 0, layout)
+        em.line(f"{self.fragment_type} tj_fa[{_buffers(op, layout) * _FRAGMENT_REGS}];  // A's fragment, "
+                "double-buffered by instruction")
+        self._start(em, op, a, 0, 0, 0, layout)
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
-                   mn_major: bool = False) -> list[tuple[str, str]]:
-        if kk or s:
-            self._start(em, op, a, kk, s, layout)
+                   mn_major: bool = False, index: int = 0) -> list[tuple[str, str]]:
+        if index:
+            self._start(em, op, a, index, kk, s, layout)
             em.line("tj_wgmma_fence();  // this instruction's A registers were written by ordinary loads")
-        first = _first_register(op, kk * layout.slabs + s, layout)
-        return [("r", f"__float_as_uint(tj_fa[{first + r}])") for r in range(_FRAGMENT_REGS)]
+        first = _first_register(op, index, layout)
+        word = "__float_as_uint(tj_fa[{}])" if self.fragment_type == "float" else "tj_fa[{}]"
+        return [("r", word.format(first + r)) for r in range(_FRAGMENT_REGS)]
 
     def after_instruction(self, em: Emitter, op: Op, index: int, count: int) -> None:
         if index < count - 1:  # (the last one's group is committed after the loop)
             em.line("tj_wgmma_commit();  // one group per instruction: its registers are free once it completes")
+
+    def chunk_groups(self, instructions: int) -> int:
+        return instructions
 
     def settle(self, em: Emitter, ring, name: str, layout: WgmmaLayout, integer: bool) -> None:
         # the wait before this iteration's second instruction (its first, when it has one) left no group of the
         # previous iteration pending
         ring.release()
 
-    def _start(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout) -> None:
-        """Wait for the instruction that last read the registers of instruction (``kk``, ``s``)'s buffer (one group
-        committed after it may stay pending): two instructions back in this gemm, or in a loop left in flight in
-        the previous iteration; then the loads."""
-        index, buffers = kk * layout.slabs + s, _buffers(op, layout)
-        if index >= buffers or _in_flight(em, op):
-            wait_group(em, buffers - 1, em.name(op.result), layout.regs, False)
-        lay: SharedLayout = em.shared[a.id].layout
+    def _start(self, em: Emitter, op: Op, a, index: int, kk: int, s: int, layout: WgmmaLayout) -> None:
+        """Load the fragment of instruction ``index`` (k step ``kk``, slab ``s``) into its buffer, once the
+        instruction that last read that buffer is complete (one group committed after it may stay pending): two
+        instructions back in this gemm, or in a loop left in flight in the previous iteration."""
+        buffers = _buffers(op, layout)
+        wait = index >= buffers or _in_flight(em, op)
+        self.load_fragment(em, op, em.shared[a.id].layout, kk, s, layout, _first_register(op, index, layout),
+                           wait)
+
+    def wait_for_buffer(self, em: Emitter, op: Op, layout: WgmmaLayout) -> None:
+        """The wait before a fragment buffer is written (``_start``)."""
+        wait_group(em, _buffers(op, layout) - 1, em.name(op.result), layout.regs, op.result.dtype == D.int32)
+
+    def load_fragment(self, em: Emitter, op: Op, lay: SharedLayout, kk: int, s: int, layout: WgmmaLayout,
+                      first: int, wait: bool) -> None:
+        """tf32: one 32-bit shared load per register, after the wait (when ``wait``)."""
+        if wait:
+            self.wait_for_buffer(em, op, layout)
         # 64 columns further per slab: whole 128-byte panels (the shape rule keeps slabs on panel boundaries)
         at = kk * 8 * lay.row_pitch + s * layout.groups * 64 * lay.elem_bytes // lay.row_pitch * lay.panel_bytes
-        first = _first_register(op, index, layout)
         for r in range(_FRAGMENT_REGS):
             off = em.hoist("unsigned", c_text(fragment_offset(lay, r)), key=("wgmma_mn_a", lay, r))
             em.line(f"tj_fa[{first + r}] = "
@@ -119,23 +143,32 @@ class WgmmaRegisterMN(Wgmma):
 
 
 def _steps(op: Op) -> int:
-    return _mnk(op)[2] // 8
+    """k steps of the gemm: 32 bytes of K each."""
+    return _mnk(op)[2] * op.operands[0].dtype.itemsize // 32
+
+
+def _instructions(op: Op, layout: WgmmaLayout) -> int:
+    """Instructions the gemm issues: one per k step and slab, and per column band of a promoted gemm."""
+    # (only float8 gemms are promoted: the 8-bit gather's registers sit beside the temporaries)
+    width = promotion_chunks(layout.regs, layout.shape[1], GATHER_REGISTERS)[0] if promoted(op) else layout.shape[1]
+    bands = layout.shape[1] // width
+    return _steps(op) * layout.slabs * bands
 
 
 def _buffers(op: Op, layout: WgmmaLayout) -> int:
     """Instructions whose fragments are held at once: two (one loading while the other runs), or the only one."""
-    return min(2, _steps(op) * layout.slabs)
+    return min(2, _instructions(op, layout))
 
 
 def _first_register(op: Op, index: int, layout: WgmmaLayout) -> int:
-    """The first fragment register of instruction ``index`` (k step major, then slab)."""
+    """The first fragment register of instruction ``index`` (in issue order: k step major, then slab)."""
     return (index % _buffers(op, layout)) * _FRAGMENT_REGS
 
 
 def _in_flight(em: Emitter, op: Op) -> bool:
     """The gemm is left in flight by its loop (``Emitter.async_mma``): its last groups stay pending into the next
-    iteration, whose first loads must wait for them too."""
-    return em.async_mma is not None and em.async_mma.owns(op)
+    iteration, whose first loads must wait for them too (a promoted gemm waits for all of its own)."""
+    return em.async_mma is not None and em.async_mma.owns(op) and not promoted(op)
 
 
 def fragment_coords(tid, r: int):
@@ -151,32 +184,33 @@ def fragment_offset(lay: SharedLayout, r: int):
     return lay.elem_offset(k, mn)
 
 
-def _fits(op: Op, target: Target) -> bool:
+def shapes_fit(op: Op, target: Target) -> bool:
     """Shapes: the instruction's M (the MN-major operand's extent) in 64-row slabs per warpgroup, its N <= 256
-    and a multiple of 8, K in whole k8 steps, <= 128 accumulator registers; the MN-major tile in whole 128-byte
-    panels (a slab moves by whole panels); the K-major tile's rows in a wgmma swizzle mode."""
+    and a multiple of 8, K in whole instructions (32 bytes of K each), <= 128 accumulator registers; the MN-major
+    tile's rows whole 128-byte panels or one 64-byte row (a slab moves by whole or, 8-bit, half panels; a
+    192-byte row is not swizzled); the K-major tile's rows in a wgmma swizzle mode."""
     if target.num_warps % 4 or any(v.type.scope is not Scope.SHARED for v in op.operands[:2]):
         return False
     groups = target.num_warps // 4
     mi, ni = _instruction_mn(op)
     k = _mnk(op)[2]
-    if mi % (64 * groups) or ni % 8 or ni > 256 or k % 8:
+    size = op.operands[0].dtype.itemsize
+    if mi % (64 * groups) or ni % 8 or ni > 256 or (k * size) % 32:
         return False
     if (mi // (64 * groups)) * ni // 2 > 128:
         return False
-    size = op.operands[0].dtype.itemsize
-    return (mi * size) % 128 == 0 and swizzled_rows(k * size, ni * k * size)
+    return ((mi * size) % 128 == 0 or mi * size == 64) and swizzled_rows(k * size, ni * k * size)
 
 
-def _one_operand_mn_major(op: Op, target: Target) -> bool:
+def one_operand_mn_major(op: Op, target: Target) -> bool:
     return _swapped(op) or (op.attrs.transpose_a and op.attrs.transpose_b)
 
 
 REGISTRY.register("gemm", "wgmma_mn_m64nNk8_tf32", min_sm=90, max_sm=90, priority=20, predicates={
     "operands are f32": _operand_dtypes(D.float32),
     "precision is tf32": _precision("tf32"),
-    "exactly one operand is MN-major (A given K x M, or B given K x N)": _one_operand_mn_major,
+    "exactly one operand is MN-major (A given K x M, or B given K x N)": one_operand_mn_major,
     "the MN-major operand's extent in 64-row slabs per warpgroup and whole 128-byte panels, the other's <= 256 "
     "and a multiple of 8, K in whole k8 steps, accumulator <= 128 registers, the K-major tile's rows in a wgmma "
-    "swizzle mode": _fits,
+    "swizzle mode": shapes_fit,
 })(WgmmaRegisterMN())

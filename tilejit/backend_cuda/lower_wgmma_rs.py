@@ -44,7 +44,7 @@ class WgmmaRegisterA(Wgmma):
         pack_a(em, a, "tj_pa")
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
-                   mn_major: bool = False) -> list[tuple[str, str]]:
+                   mn_major: bool = False, index: int = 0) -> list[tuple[str, str]]:
         base = (s * a.type.layout.regs // a.type.layout.slabs + 8 * kk) // 2
         words = em.packed_a.get(a.id, "tj_pa")
         return [("r", f"{words}[{base + i}]") for i in range(4)]
@@ -55,7 +55,7 @@ class WgmmaRegisterAFp8(WgmmaRegisterA):
     accumulator layout (module docstring)."""
 
     def a_operands(self, em: Emitter, op: Op, a, kk: int, s: int, layout: WgmmaLayout,
-                   mn_major: bool = False) -> list[tuple[str, str]]:
+                   mn_major: bool = False, index: int = 0) -> list[tuple[str, str]]:
         base = (s * a.type.layout.regs // a.type.layout.slabs + 16 * kk) // 4
         words = em.packed_a.get(a.id, "tj_pa")
         return [("r", f"{words}[{base + i}]") for i in range(4)]

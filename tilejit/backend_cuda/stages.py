@@ -29,7 +29,7 @@ from ..passes.warp_specialize import specialize_warps
 from ..target import Target
 from . import (lower_atomic, lower_gemm, lower_lists, lower_loops, lower_memory, lower_mma_rs,  # noqa: F401
                lower_reduce, lower_split_k, lower_tma, lower_tcgen05, lower_tcgen05_mx, lower_transpose,
-               lower_wgmma, lower_wgmma_mn, lower_wgmma_rs)  # (register rules)
+               lower_wgmma, lower_wgmma_mn, lower_wgmma_mn8, lower_wgmma_rs)  # (register rules)
 from .emitter import Emitter
 from .lower_specialized import emit_specialized
 from .nvrtc import CompileResult, compile_cuda

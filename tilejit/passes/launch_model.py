@@ -39,10 +39,12 @@ The rules (:func:`choose`), each measured on an H100 (``benchmarks/history/inves
    (no measurement of deeper rings there); only rule 1 applies to them.
 4. **Persistence** (sm_90a): for a warp-specialized plain matmul main loop (every gemm accumulating in place,
    nothing else in the body) of 128x128 tiles: measured +0.2-8% fp16 (2048^3 to 8192^3), +5-7% fp8, 0.99-1.01x tf32
-   over warp specialization alone. Not where an 8-bit operand is given MN-major (B stored K x N), which wgmma
-   reads through a transposing copy: 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3), and 0.77-0.79x
-   warp-specialized alone (H100), so those 128x128 tiles keep the fixed defaults (rule 2 too); 128x256 /
-   256x128 fp8 tiles with the copy gain from warp specialization (1.0-1.05x) and keep it. Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
+   over warp specialization alone. Not where an 8-bit operand is given MN-major (B stored K x N): when wgmma
+   read it through a transposing copy, 128x128x256 fp8 went 0.64-0.70x (H200, 4096^3 to 8192^3), and
+   0.77-0.79x warp-specialized alone (H100), so those 128x128 tiles keep the fixed defaults (rule 2 too);
+   128x256 / 256x128 fp8 tiles with the copy gained from warp specialization (1.0-1.05x) and keep it. sm_90a
+   now gathers such an operand into registers (``backend_cuda/lower_wgmma_mn8.py``); the rule stays until
+   that form is measured. Not for 128x256 / 256x128 tiles (fp8 -17..-26%, tf32 -10%, fp16 0.975x at
    8192^3), not for smaller ones (64x64 / 64x128 at 1024^3: -5%), not for attention (a persistent loop gives up the
    deferred gemm).
 
@@ -98,7 +100,7 @@ class LoopShape:
     tile: tuple[int, int]       # the first gemm's result (BM, BN)
     plain_matmul: bool          # every gemm accumulates in place from loaded tiles; nothing else in the body
     explicit_stages: int | None  # the loop's own T.range(stages=)
-    copied_8bit: bool = False   # an 8-bit operand given MN-major: wgmma reads it through a transposing copy
+    copied_8bit: bool = False   # an 8-bit operand given MN-major (measured through a transposing copy)
 
 
 @dataclass(frozen=True)

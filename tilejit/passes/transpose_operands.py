@@ -13,10 +13,12 @@ The staged tile keeps its own copy from global memory (TMA in a pipelined loop) 
 reads a landed slot and writes the tile the tensor cores read, right after the load (in a loop body, each
 iteration; a tile loaded before a loop is transposed once there), one copy per tile whatever the gemms reading it.
 Only operands loaded from a tensor are transposed (a tile staged from registers would better be stored in the
-right order in the first place). A lowering that gathers an MN-major operand's fragment itself (tf32 on sm_90a:
-``backend_cuda/lower_wgmma_mn.py``) takes the given form with no copy, and is not paired with a copy of the other
-operand (``GemmLowering.gathers_mn_major``): with both operands MN-major, both are copied. A pinned lowering (``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only
-when the pinned lowering takes the transposed form and not the given one.
+right order in the first place). A lowering that gathers an MN-major operand's fragment itself (on sm_90a tf32,
+``backend_cuda/lower_wgmma_mn.py``, and fp8 / int8, ``lower_wgmma_mn8.py``) takes the given form with no copy
+(its priority is not below the copied form's), and is not paired with a copy of the other operand
+(``GemmLowering.gathers_mn_major``): with both operands MN-major, both are copied. A pinned lowering
+(``TILEJIT_GEMM_LOWERING``) is honoured: a copy is added only when the pinned lowering takes the transposed form
+and not the given one.
 """
 from __future__ import annotations
 

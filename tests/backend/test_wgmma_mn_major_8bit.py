@@ -1,0 +1,404 @@
+"""MN-major float8 and int8 operands on sm_90a wgmma, gathered into registers as the instruction's A
+(``backend_cuda/lower_wgmma_mn8.py``).
+
+The generated gemm is interpreted thread by thread: every 32-bit shared load reads its four bytes through the real
+swizzled ``SharedLayout`` of the MN-major tile (each byte stands for its (k, mn) element), every
+``__shfl_xor_sync`` takes the partner lane's word, every ``__byte_perm`` picks bytes by its selector; at each
+wgmma, every byte of every fragment register must be the element the PTX table of the 8-bit A fragment puts there
+(lane 4g + t: a0 (row g, k 4t..4t+3), a1 (row g + 8), a2 (k + 16), a3 (both); rows 16 * warp of the slab). The
+commits and waits are replayed with it, over several iterations: no fragment register is written while an
+instruction that reads it may be pending. Then: the shared loads' bank conflicts, dispatch, the pinned copy,
+the autotune space, and cubins without spills.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+from _lowering import braced_block, kernel_body, lower
+from filecheck import filecheck
+from kernels import matmul, matmul_any
+
+from tilejit.backend_cuda.lower_wgmma import PROMOTION_K, promotion_chunks
+from tilejit.backend_cuda.lower_wgmma_mn import GATHER_REGISTERS
+from tilejit.backend_cuda.lower_wgmma_mn8 import ROUND_A_SELECT, ROUND_B_SELECT
+from tilejit.configs import matmul_configs, promotion_fits
+from tilejit.ir.layouts import PermutedLayout, WgmmaLayout
+
+F8, I8 = torch.float8_e4m3fn, torch.int8
+
+
+def _meta(*shape, dtype=F8):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _acc(dtype):
+    return torch.int32 if dtype == I8 else torch.float32
+
+
+def _design(bm, bn, bk, warps, dtype=F8, m=1024, n=1024, k=1024, **options):
+    """The DESIGN matmul (examples/matmul.py): A M x K, B K x N (precision "precise" for float8)."""
+    return lower(matmul, _meta(m, k, dtype=dtype), _meta(k, n, dtype=dtype), _meta(m, n, dtype=_acc(dtype)),
+                 BM=bm, BN=bn, BK=bk, num_warps=warps, arch=options.pop("arch", "sm_90a"), **options)
+
+
+def _any(ta, tb, bm, bn, bk, warps, dtype=F8, precision=None, m=1024, n=1024, k=1024, **options):
+    import tilejit.language as T
+    a = _meta(k, m, dtype=dtype) if ta else _meta(m, k, dtype=dtype)
+    b = _meta(n, k, dtype=dtype) if tb else _meta(k, n, dtype=dtype)
+    acc = T.int32 if dtype == I8 else T.float32
+    return lower(matmul_any, a, b, _meta(m, n, dtype=_acc(dtype)), BM=bm, BN=bn, BK=bk, TA=ta, TB=tb, ACC=acc,
+                 PRECISION=precision, num_warps=warps, arch=options.pop("arch", "sm_90a"), **options)
+
+
+def _gemm(fn):
+    return next(op for op in fn.walk() if op.kind.mnemonic == "gemm")
+
+
+def _copies(fn) -> int:
+    return sum(op.kind.mnemonic == "transpose_copy" for op in fn.walk())
+
+
+def _py(expr: str) -> str:
+    """A hoisted C expression (non-negative integer arithmetic, fully parenthesised, or a selector's ternary) as
+    Python."""
+    expr = re.sub(r"(0x[0-9a-f]+)u", r"\1", expr.replace("/", "//"))
+    if m := re.fullmatch(r"(.*) \? (\w+) : (\w+)", expr):
+        return f"({m.group(2)} if ({m.group(1)}) else {m.group(3)})"
+    return expr
+
+
+def _byte_perm(x: tuple, y: tuple, selector: int) -> tuple:
+    """PTX prmt (default mode): result byte i is byte (selector >> 4 i) & 7 of {y, x}."""
+    data = x + y
+    return tuple(data[(selector >> (4 * i)) & 7] for i in range(4))
+
+
+LOAD = re.compile(r"tj_w\[(\d)\] = \*reinterpret_cast<const unsigned\*>\(tj_fsrc \+ (tj_h\d+)(?: \+ (\d+))?\);")
+ROUND = re.compile(r"tj_w\[r\] = __byte_perm\(tj_w\[r\], __shfl_xor_sync\(0xffffffffu, tj_w\[r\], (\d+)\), "
+                   r"(tj_h\d+)\);")
+ASSIGN = re.compile(r"tj_fa\[(\d+)\] = tj_w\[(\d)\];")
+WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned (\d+);")
+
+
+class Replay:
+    """Runs a gemm's generated block for every thread of the block: the fragment words each wgmma reads (per
+    thread, 4 words of 4 (k, mn) elements), and the bank conflicts of each shared load."""
+
+    def __init__(self, cuda: str, tile_layout, threads: int):
+        body = kernel_body(cuda)
+        self.hoisted = {}
+        for name, expr in re.findall(r"const unsigned (tj_h\d+) = tj_opaque\(\(unsigned\)\((.*)\)\);", body):
+            code = compile(_py(expr), name, "eval")
+            self.hoisted[name] = [eval(code, {}, {"tid": tid}) for tid in range(threads)]
+        self.where = {tile_layout.elem_offset(k, mn): (k, mn)
+                      for k in range(tile_layout.rows) for mn in range(tile_layout.cols)}
+        self.threads = threads
+        self.words = [[None] * 4 for _ in range(threads)]
+        self.fragments = [{} for _ in range(threads)]
+        self.issued: list[list[tuple]] = []  # per wgmma: per thread, its 4 fragment words
+        self.conflicts = 0  # the worst bank conflict of any load (ways)
+        self.pending: list[set] = []  # registers read by each committed, incomplete group
+        self.open: set = set()
+
+    def run(self, block: str) -> None:
+        lines = block.splitlines()
+        for at, line in enumerate(lines):
+            if m := LOAD.search(line):
+                self._load(int(m.group(1)), m.group(2), int(m.group(3) or 0))
+            elif m := ROUND.search(line):
+                partner, sel = int(m.group(1)), self.hoisted[m.group(2)]
+                self.words = [[_byte_perm(self.words[t][r], self.words[t ^ partner][r], sel[t]) for r in range(4)]
+                              for t in range(self.threads)]
+            elif m := ASSIGN.search(line):
+                index = int(m.group(1))
+                assert all(index not in regs for regs in self.pending) and index not in self.open, \
+                    f"fragment register {index} written while an instruction reading it may be pending"
+                for t in range(self.threads):
+                    self.fragments[t][index] = self.words[t][int(m.group(2))]
+            elif "wgmma.mma_async" in line:
+                operands = next(x for x in lines[at + 1:at + 4] if '"l"(' in x)
+                regs = [int(x) for x in re.findall(r'"r"\(tj_fa\[(\d+)\]\)', operands)]
+                assert len(regs) == 4
+                self.open |= set(regs)
+                self.issued.append([[self.fragments[t][i] for i in regs] for t in range(self.threads)])
+            elif "tj_wgmma_commit();" in line:
+                self.pending.append(self.open)
+                self.open = set()
+            elif m := WAIT.search(line):
+                keep = int(m.group(1))
+                self.pending = self.pending[len(self.pending) - keep:] if keep else []
+
+    def _load(self, r: int, base: str, plus: int) -> None:
+        for warp in range(self.threads // 32):
+            banks: dict[int, set] = {}
+            for lane in range(32):
+                t = warp * 32 + lane
+                off = self.hoisted[base][t] + plus
+                assert off % 4 == 0
+                self.words[t][r] = tuple(self.where[off + b] for b in range(4))
+                banks.setdefault(off // 4 % 32, set()).add(off // 4)
+            self.conflicts = max(self.conflicts, max(len(words) for words in banks.values()))
+
+
+def _expected(tid: int, kk: int, s: int, groups: int) -> list[tuple]:
+    """The PTX 8-bit A fragment of k32 step ``kk`` and slab ``s`` for thread ``tid``: register r, byte b is
+    (k, mn) = (32 kk + 16 (r >> 1) + 4 t + b, 64 (s * groups + wg) + 16 warp + g + 8 (r & 1))."""
+    wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
+    g, t = lane // 4, lane % 4
+    return [tuple((32 * kk + 16 * (r >> 1) + 4 * t + b, 64 * (s * groups + wg) + 16 * warp + g + 8 * (r & 1))
+                  for b in range(4)) for r in range(4)]
+
+
+def _order(gemm, inst: WgmmaLayout, precise: bool) -> list[tuple[int, int]]:
+    """(k step, slab) of each instruction in issue order: k step major, then slab; a promoted gemm's by chunk
+    (k group, slab, column band), then k step."""
+    steps = gemm.operands[0].type.shape[0 if gemm.attrs.transpose_a else 1] // 32
+    if not precise:
+        return [(kk, s) for kk in range(steps) for s in range(inst.slabs)]
+    width, _ = promotion_chunks(inst.regs, inst.shape[1], GATHER_REGISTERS)
+    per = PROMOTION_K // 32
+    return [(kk, s) for g in range(0, steps, per) for s in range(inst.slabs) for _ in range(inst.shape[1] // width)
+            for kk in range(g, min(g + per, steps))]
+
+
+def _gemm_block(cuda: str) -> str:
+    """The gemm's own block of generated code (its comment and braces)."""
+    body = kernel_body(cuda)
+    start = body.index("// gemm ")
+    block = braced_block(body, re.compile(r"\n\s*\{\n").search(body, start).start())  # (after the accumulator's copy)
+    return body[start:body.index(block, start) + len(block)]
+
+
+def _check(fn, cuda, warps, precise, iterations=1):
+    gemm = _gemm(fn)
+    swapped = not gemm.attrs.transpose_a
+    mn_tile = gemm.operands[1 if swapped else 0].type.layout
+    inst = gemm.result.type.layout.base if swapped else gemm.result.type.layout
+    assert isinstance(inst, WgmmaLayout) and inst.groups == warps // 4
+    replay = Replay(cuda, mn_tile, warps * 32)
+    block = _gemm_block(cuda)
+    order = _order(gemm, inst, precise)
+    for _ in range(iterations):
+        replay.issued = []
+        replay.run(block)
+        assert len(replay.issued) == len(order)
+        for (kk, s), fragments in zip(order, replay.issued):
+            for tid in range(warps * 32):
+                assert fragments[tid] == _expected(tid, kk, s, inst.groups), (tid, kk, s)
+    return replay
+
+
+# (BM, BN, BK, warps): the swapped product's instruction M is BN: 4 slabs of one warpgroup (half-panel steps),
+# 2 slabs of two, one 64-byte row, one slab of two
+SWAPPED = [(128, 256, 128, 8), (64, 256, 64, 4), (128, 64, 64, 4), (256, 128, 128, 8), (128, 128, 128, 8)]
+
+
+@pytest.mark.parametrize("dtype,precision", [(F8, None), (F8, "fast"), (I8, None)], ids=["precise", "fast", "int8"])
+@pytest.mark.parametrize("tile", SWAPPED, ids=lambda t: "{}x{}x{}-w{}".format(*t))
+def test_b_given_k_by_n_every_fragment_byte_is_the_ptx_element(tile, dtype, precision):
+    bm, bn, bk, warps = tile
+    fn, cuda = _any(False, False, bm, bn, bk, warps, dtype=dtype, precision=precision)
+    gemm = _gemm(fn)
+    assert gemm.attrs.impl == ("wgmma_mn_m64nNk32_int8" if dtype == I8 else "wgmma_mn_m64nNk32_fp8")
+    assert not any(op.kind.mnemonic == "transpose_copy" for op in fn.walk())
+    assert gemm.result.type.layout == PermutedLayout(WgmmaLayout((bn, bm), warps // 4), (1, 0))
+    replay = _check(fn, cuda, warps, precise=dtype == F8 and precision is None, iterations=2)
+    assert replay.conflicts <= 2
+
+
+# A given K x M (not swapped): the instruction's M is BM; 128x256 precise runs in two column bands
+@pytest.mark.parametrize("dtype,precision", [(F8, None), (F8, "fast"), (I8, None)], ids=["precise", "fast", "int8"])
+@pytest.mark.parametrize("tile", [(128, 256, 128, 8), (64, 128, 64, 4), (256, 64, 64, 4)],
+                         ids=lambda t: "{}x{}x{}-w{}".format(*t))
+def test_a_given_k_by_m_every_fragment_byte_is_the_ptx_element(tile, dtype, precision):
+    bm, bn, bk, warps = tile
+    fn, cuda = _any(True, True, bm, bn, bk, warps, dtype=dtype, precision=precision)
+    gemm = _gemm(fn)
+    assert gemm.attrs.impl.startswith("wgmma_mn_m64nNk32")
+    assert gemm.result.type.layout == WgmmaLayout((bm, bn), warps // 4)
+    replay = _check(fn, cuda, warps, precise=dtype == F8 and precision is None, iterations=2)
+    assert replay.conflicts <= 2
+
+
+def test_replay_catches_a_wrong_selector():
+    """The replay fails when the second round keeps the wrong bytes (its selectors swapped)."""
+    fn, cuda = _any(False, False, 128, 128, 64, 8, precision="fast")
+    swapped = cuda.replace(f"{ROUND_B_SELECT[1]:#x}u : {ROUND_B_SELECT[0]:#x}u",
+                           f"{ROUND_B_SELECT[0]:#x}u : {ROUND_B_SELECT[1]:#x}u")
+    assert swapped != cuda
+    with pytest.raises(AssertionError):
+        _check(fn, swapped, 8, precise=False)
+
+
+def test_replay_catches_a_missing_wait():
+    fn, cuda = _any(False, False, 128, 256, 128, 8, precision="fast")
+    with pytest.raises(AssertionError, match="written while"):
+        _check(fn, re.sub(r'asm volatile\("wgmma\.wait_group\.sync\.aligned 1;".*\n', "", cuda), 8, precise=False)
+
+
+def test_selectors_transpose_a_4x4_block():
+    """The two rounds on symbolic words: lane i of four starts with row i, ends with column i."""
+    rows = [tuple((i, j) for j in range(4)) for i in range(4)]
+    mid = [_byte_perm(rows[i], rows[i ^ 2], ROUND_A_SELECT[i >> 1]) for i in range(4)]
+    out = [_byte_perm(mid[i], mid[i ^ 1], ROUND_B_SELECT[i & 1]) for i in range(4)]
+    assert out == [tuple((j, i) for j in range(4)) for i in range(4)]
+
+
+@pytest.mark.parametrize("dtype,precision", [(F8, "fast"), (I8, None)], ids=["fast", "int8"])
+@pytest.mark.parametrize("options", [dict(warp_specialize=True), dict(persistent=True)], ids=["ws", "persistent"])
+def test_in_flight_loop_waits_before_rewriting_a_fragment_register(options, dtype, precision):
+    """A loop that leaves its gemm in flight: the first fragment of an iteration is written after a wait that
+    leaves only the previous iteration's last instruction pending; replayed over three iterations."""
+    fn, cuda = _any(False, False, 128, 256, 128, 8, dtype=dtype, precision=precision, num_stages=3, **options)
+    loop = next(op for op in fn.walk() if op.kind.mnemonic == "for")
+    assert loop.attrs.async_mma == "wgmma" and loop.attrs.producer_warpgroup
+    block = _gemm_block(cuda)
+    kind = "s32.s8.s8" if dtype == I8 else "f32.e4m3.e4m3"
+    filecheck(block, rf"""
+        CHECK: gemm 128x256x128 on wgmma.m64n128k32 (2 warpgroup(s), 2 slab(s) of 64 rows each), A from registers
+        CHECK-SAME: left in flight
+        CHECK: tj_w[0] = *reinterpret_cast<const unsigned*>(tj_fsrc + tj_h
+        CHECK: __shfl_xor_sync(0xffffffffu, tj_w[r], 8)
+        CHECK: __shfl_xor_sync(0xffffffffu, tj_w[r], 4)
+        CHECK-NEXT: wgmma.wait_group.sync.aligned 1;
+        CHECK: tj_fa[0] = tj_w[0];
+        CHECK: wgmma.mma_async.sync.aligned.m64n128k32.{kind} {{{{\{{%0, .*\}}, \{{%64, %65, %66, %67\}}, %68, p}}}}
+        CHECK: tj_wgmma_commit();  // one group per instruction
+        CHECK: tj_fa[4] = tj_w[0];
+        CHECK: tj_wgmma_fence();  // this instruction's A registers were written by ordinary loads
+        CHECK: release its slot
+        CHECK-NOT: wgmma.wait_group
+        CHECK: tj_mbar_arrive
+    """)
+    assert "transposing copy" not in cuda
+    _check(fn, cuda, 8, precise=False, iterations=3)
+
+
+def test_precise_gemm_in_a_loop_completes_in_its_iteration():
+    """A precise float8 gemm is never left in flight: its chunks' fragments are double-buffered, every chunk is
+    waited for and added, and the replay over iterations finds no register rewritten in flight."""
+    fn, cuda = _any(False, False, 128, 256, 128, 8, num_stages=3, warp_specialize=True)
+    block = _gemm_block(cuda)
+    filecheck(block, r"""
+        CHECK: promoted every 128 products of K: 4 chunk(s) of 64x64 into 1 temporary
+        CHECK: wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3
+        CHECK: tj_wgmma_commit();  // one group per instruction
+        CHECK: wgmma.wait_group.sync.aligned 0;
+        CHECK: += tj_p0[i];
+    """)
+    assert "left in flight" not in block
+    _check(fn, cuda, 8, precise=True, iterations=3)
+
+
+@pytest.mark.parametrize("dtype,impl", [(F8, "wgmma_mn_m64nNk32_fp8"), (torch.float8_e5m2, "wgmma_mn_m64nNk32_fp8"),
+                                        (I8, "wgmma_mn_m64nNk32_int8")], ids=["e4m3", "e5m2", "int8"])
+def test_dispatch_takes_the_register_form_for_one_mn_major_operand(dtype, impl):
+    """B given K x N (the DESIGN matmul) and A given K x M: the gathered form, no copy; K-major operands keep the
+    descriptor lowering; both MN-major: both copied K-major for the descriptor lowering (no copy beside a
+    gathered fragment)."""
+    precision = None if dtype == I8 else "fast"
+    for ta, tb in ((False, False), (True, True)):
+        fn, cuda = _any(ta, tb, 128, 256, 128, 8, dtype=dtype, precision=precision)
+        assert _gemm(fn).attrs.impl == impl and not _copies(fn), (ta, tb)
+        assert re.search(r'"r"\(tj_fa\[0\]\), "r"\(tj_fa\[1\]\), "r"\(tj_fa\[2\]\), "r"\(tj_fa\[3\]\), "l"\(', cuda)
+    fn, cuda = _any(False, True, 128, 256, 128, 8, dtype=dtype, precision=precision)
+    assert _gemm(fn).attrs.impl == impl.replace("_mn", "") and "tj_fa" not in cuda
+    fn, _ = _any(True, False, 128, 256, 128, 8, dtype=dtype, precision=precision)
+    assert _gemm(fn).attrs.impl == impl.replace("_mn", "") and _copies(fn) == 2
+
+
+def test_pinned_descriptor_lowering_keeps_the_transposing_copy(monkeypatch):
+    for dtype, pin in ((F8, "wgmma_m64nNk32_fp8"), (I8, "wgmma_m64nNk32_int8")):
+        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", pin)
+        fn, cuda = _design(128, 256, 128, 8, dtype=dtype)
+        assert _gemm(fn).attrs.impl == pin and "// transposing copy" in cuda and "tj_fa" not in cuda
+
+
+def test_other_arches_and_shapes_are_unchanged():
+    """sm_100a's tcgen05 keeps the transposing copy; sm_89 reads 8-bit fragments with mma.sync; a 192-byte MN row
+    (not swizzled) and a pingpong group owning two slabs of M keep the copy."""
+    fn, _ = _design(128, 256, 128, 8, arch="sm_100a")
+    assert _gemm(fn).attrs.impl.startswith("tcgen05") and _copies(fn) == 1
+    fn, _ = _design(128, 128, 64, 4, arch="sm_89")
+    assert _gemm(fn).attrs.impl.startswith("mma_sync")
+    fn, _ = _design(64, 192, 128, 4, dtype=I8)
+    assert _gemm(fn).attrs.impl == "wgmma_m64nNk32_int8" and _copies(fn) == 1
+    fn, _ = _design(128, 128, 128, 4, dtype=I8, pingpong=True)
+    assert _gemm(fn).attrs.impl == "wgmma_m64nNk32_int8"
+    fn, _ = _design(64, 256, 128, 4, dtype=I8, pingpong=True)
+    assert _gemm(fn).attrs.impl == "wgmma_mn_m64nNk32_int8"
+
+
+@pytest.mark.parametrize("dtype", [F8, I8], ids=["fp8", "int8"])
+def test_default_8bit_space_takes_the_register_form_without_shrinking(dtype):
+    """Every config of the 8-bit autotune space that ``matmul_prune`` keeps for B stored K x N (``promotion_fits``)
+    compiles with no warning (no ring shrunk below what it names); all but the 192-wide tile (a row the
+    swizzle cannot take) gather B into registers."""
+    impls = {}
+    for config in matmul_configs(elem_bytes=1):
+        if not promotion_fits(config):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fn, _ = lower(matmul, _meta(4096, 4096, dtype=dtype), _meta(4096, 4096, dtype=dtype),
+                          _meta(4096, 4096, dtype=_acc(dtype)), arch="sm_90a", **config.all_kwargs())
+        impls[str(config)] = _gemm(fn).attrs.impl
+    copied = sorted(c for c, impl in impls.items() if "_mn_" not in impl)
+    assert copied and all("BN=192" in c for c in copied), copied
+
+
+def test_prune_drops_pingpong_groups_of_two_slabs_for_b_stored_k_by_n(monkeypatch):
+    import tilejit.configs as configs
+    monkeypatch.setattr(configs, "is_sm90", lambda tensor: True)
+    space = matmul_configs(elem_bytes=1)
+    a = torch.empty(4096, 4096, dtype=I8)
+    b_kn = torch.empty(4096, 4096, dtype=I8)
+    b_nk_view = torch.empty(4096, 4096, dtype=I8).T  # stored N x K: K-major
+    kept_kn = configs.matmul_prune(space, {"A": a, "B": b_kn})
+    kept_nk = configs.matmul_prune(space, {"A": a, "B": b_nk_view})
+    assert any(c.pingpong and not promotion_fits(c) for c in kept_nk)
+    assert not any(c.pingpong and not promotion_fits(c) for c in kept_kn)
+    assert any(c.pingpong for c in kept_kn)
+
+
+CUBINS = [("precise", F8, None, (128, 256, 128, 8), {}), ("fast", F8, "fast", (128, 256, 128, 8), {}),
+          ("int8", I8, None, (128, 256, 128, 8), {}),
+          ("precise-ws", F8, None, (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("fast-ws", F8, "fast", (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("int8-ws", I8, None, (128, 128, 128, 8), dict(warp_specialize=True)),
+          ("precise-ws-256", F8, None, (128, 256, 128, 8), dict(warp_specialize=True)),
+          ("int8-persistent", I8, None, (128, 256, 128, 8), dict(persistent=True)),
+          ("precise-64x256", F8, None, (64, 256, 128, 4), {}), ("fast-128x64", F8, "fast", (128, 64, 128, 4), {}),
+          ("int8-64x64", I8, None, (64, 64, 128, 4), {})]
+
+
+@pytest.mark.parametrize("ta", [False, True], ids=["b-kn", "a-km"])
+@pytest.mark.parametrize("name,dtype,precision,tile,options", CUBINS, ids=[c[0] for c in CUBINS])
+def test_compiles_without_spills_or_serialized_wgmma(name, dtype, precision, tile, options, ta):
+    import tilejit.language as T
+    bm, bn, bk, warps = tile
+    a = _meta(1024, 1024, dtype=dtype)
+    compiled = matmul_any.compile(a, _meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=_acc(dtype)), BM=bm,
+                                  BN=bn, BK=bk, TA=ta, TB=ta, ACC=T.int32 if dtype == I8 else T.float32,
+                                  PRECISION=precision, num_warps=warps, arch="sm_90a", **options)
+    assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"]
+    assert "transpose_copy" not in compiled.asm["ir"] and "wgmma_mn_m64nNk32" in compiled.asm["ir"]
+
+
+@pytest.mark.parametrize("dtype", [F8, I8], ids=["fp8", "int8"])
+@pytest.mark.parametrize("tile", [(128, 256, 128, 8), (128, 128, 128, 8)], ids=["128x256", "128x128"])
+def test_launch_model_defaults_compile_without_spills(dtype, tile):
+    """Only tiles and warps given (int8 with its int32 accumulator, as ``benchmarks/matmul.py`` runs it): what the
+    launch model picks (warp specialization, ring depth) fits the gathered form's registers."""
+    import tilejit.language as T
+    bm, bn, bk, warps = tile
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = matmul_any.compile(_meta(1024, 1024, dtype=dtype), _meta(1024, 1024, dtype=dtype),
+                                      _meta(1024, 1024, dtype=_acc(dtype)), BM=bm, BN=bn, BK=bk, TA=False, TB=False,
+                                      ACC=T.int32 if dtype == I8 else T.float32, num_warps=warps, arch="sm_90a")
+    assert compiled.meta["spills"] == 0 and "wgmma_mn_m64nNk32" in compiled.asm["ir"]
