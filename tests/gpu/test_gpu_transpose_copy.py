@@ -1,5 +1,6 @@
-"""MN-major fp8, int8 and tf32 operands on wgmma through the transposing shared-memory copy (sm_90a; tf32 with the
-descriptor lowering pinned, its default form is in test_gpu_mn_major.py): every
+"""MN-major fp8, int8 and tf32 operands on wgmma through the transposing shared-memory copy (sm_90a; with the
+descriptor lowering pinned, since by default one MN-major operand is gathered into registers, test_gpu_mn_major.py):
+every
 operand major-ness, each loop form (plain in-flight ring, warp-specialized, persistent, unpipelined), ragged shapes,
 NaN-poisoned outputs, against float64 (int64 for int8) references. Each test also checks that the kernel it ran
 holds a ``transpose_copy`` and no mma.sync, so it tests the path it is named for.
@@ -76,8 +77,9 @@ def _check(dtype, c, am, bm_):
     assert (err <= bound).all(), f"max error {err.max().item():.3g}"
 
 
-#: tf32 takes the copy with the descriptor lowering pinned
-TF32_COPIED = "wgmma_m64nNk8_tf32"
+#: the descriptor lowerings, pinned: they take the copy (by default one MN-major operand is gathered into registers:
+#: lower_wgmma_mn, lower_wgmma_mn8)
+COPIED = {"fp8": "wgmma_m64nNk32_fp8", "int8": "wgmma_m64nNk32_int8", "tf32": "wgmma_m64nNk8_tf32"}
 DTYPES = {"fp8": (torch.float8_e4m3fn, _fp8, 128), "int8": (torch.int8, _int8, 128), "tf32": (torch.float32, _f32, 32)}
 
 
@@ -88,8 +90,7 @@ DTYPES = {"fp8": (torch.float8_e4m3fn, _fp8, 128), "int8": (torch.int8, _int8, 1
 @pytest.mark.parametrize("name", DTYPES)
 def test_mn_major_operands_on_wgmma(name, shape, layout, tile, form, monkeypatch):
     _sm90()
-    if name == "tf32":  # by default its MN-major operand is read into registers (test_gpu_mn_major.py)
-        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED[name])
     dtype, make, bk = DTYPES[name]
     m, n, k = shape
     ta, tb = LAYOUTS[layout]
@@ -109,8 +110,7 @@ def test_mn_major_operands_on_wgmma(name, shape, layout, tile, form, monkeypatch
 def test_unpipelined_and_deep_rings(name, stages, monkeypatch):
     """One stage (the copy waits for the previous gemm's readers with a barrier) and a 4-deep TMA ring."""
     _sm90()
-    if name == "tf32":
-        monkeypatch.setenv("TILEJIT_GEMM_LOWERING", TF32_COPIED)
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED[name])
     dtype, make, bk = DTYPES[name]
     m, n, k = 333, 520, 1000
     torch.manual_seed(stages)
@@ -120,10 +120,11 @@ def test_unpipelined_and_deep_rings(name, stages, monkeypatch):
     _check(dtype, c, a, b)
 
 
-def test_rows_not_tma_aligned_take_the_per_thread_copy():
+def test_rows_not_tma_aligned_take_the_per_thread_copy(monkeypatch):
     """B given K x N with N * 1 byte not a multiple of 16: cp.async fills the staging ring (no TMA), the loop's
     wgmma is not left in flight, and the transposing copy keeps one tile with barriers around it."""
     _sm90()
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED["fp8"])
     m, n, k = 256, 200, 512
     torch.manual_seed(5)
     a, b = _fp8(m, k), _fp8(k, n)
@@ -132,9 +133,10 @@ def test_rows_not_tma_aligned_take_the_per_thread_copy():
     _check(torch.float8_e4m3fn, c, a, b)
 
 
-def test_a_tile_loaded_before_the_loop_is_transposed_once():
+def test_a_tile_loaded_before_the_loop_is_transposed_once(monkeypatch):
     """B (K x N) loaded once before a loop over row blocks; its transposing copy runs there, before the loop."""
     _sm90()
+    monkeypatch.setenv("TILEJIT_GEMM_LOWERING", COPIED["fp8"])
     torch.manual_seed(11)
     a, d = _fp8(384, 128), _fp8(384, 128)
     b = _fp8(128, 128)
