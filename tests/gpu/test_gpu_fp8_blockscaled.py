@@ -23,6 +23,9 @@ CONFIGS = {
     "default": {},
     "128x128-persistent": dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True),
     "64x64": dict(BM=64, BN=64, STAGES=4, num_warps=4),
+    "128x128-ws": dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True),
+    "64x64-split2": dict(BM=64, BN=64, STAGES=4, num_warps=4, split_k=2),
+    "64x128-ws-split4": dict(BM=64, BN=128, STAGES=4, num_warps=4, warp_specialize=True, split_k=4),
 }
 
 
@@ -62,6 +65,8 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def test_dense_against_the_dequantized_float64_product(m, n, k, config):
     if CONFIGS[config].get("persistent") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("persistent loops are sm_90a's")
+    if CONFIGS[config].get("split_k") and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("split-K sums over a thread-block cluster (sm_90+)")
     a, sa, b, sb = _operands(m, n, k)
     ref = F.reference(a, sa, b, sb)
     out = torch.full((m, n), float("nan"), device="cuda")

@@ -270,3 +270,37 @@ def partial_sum_stored(A, B, C, D, BM: T.constexpr, BN: T.constexpr, BK: T.const
 def test_a_running_sum_read_inside_the_loop_is_refused():
     args = mm_args(64, 64, 256) + (meta(64, 64),)
     _raises(partial_sum_stored, args, "carried value 'acc' is read by binary inside the loop", BM=64, BN=64, BK=64)
+
+
+def test_a_block_scaled_loop_is_split():
+    """``acc = fma(product, scale, acc)`` (a block-scaled float8 product) is a sum: the loop is cut over the
+    cluster and, on sm_90a, the product still folds into a promoted gemm with its scale."""
+    import tilejit.ops.fp8_blockscaled as F
+
+    e4m3 = torch.float8_e4m3fn
+    args = (meta(128, 2048, dtype=e4m3), meta(128, 16, dtype=torch.float32), meta(7168, 2048, dtype=e4m3),
+            meta(56, 16, dtype=torch.float32), meta(128, 7168, dtype=torch.bfloat16))
+    fn, _ = lower(F.blockscaled_mm, *args, BM=64, BN=64, STAGES=4, num_warps=4, split_k=2, arch="sm_90a")
+    from tilejit.ir import print_function
+
+    filecheck(print_function(fn), """
+        CHECK: tj.split_index {splits = 2}
+        CHECK: tj.for %k0 = %k_split_lo to %k_split_hi
+        CHECK: tj.gemm %{{[0-9a-z_]+}}, %{{[0-9a-z_]+}}, %{{[0-9a-z_]+}}, %{{[0-9a-z_]+}} {{{.*}}precision = precise
+        CHECK: tj.split_reduce
+    """)
+
+
+@tilejit.kernel
+def scaled_by_itself(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    K = A.shape[1]
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, K, BK):
+        acc = T.fma(acc, A[0:BM, k0:k0 + BK] @ B[k0:k0 + BK, 0:BN], acc)
+    C[0:BM, 0:BN] = acc.to(C.dtype)
+
+
+def test_an_fma_whose_factor_is_the_running_sum_is_refused():
+    err = _raises(scaled_by_itself, mm_args(64, 64, 256), "is added to a term computed from itself|is read by fma",
+                  BM=64, BN=64, BK=64)
+    assert "for k0" in err.source_line

@@ -15,8 +15,9 @@ The rewrite is exact only for kernels of the DESIGN matmul's shape, so it checks
 located :class:`~tilejit.errors.CompilationError` saying why:
 
 * exactly one top-level ``for`` loop carries accumulators, and every value it carries is a sum: initialised
-  to zeros and changed only by ``gemm(a, b, acc)`` or ``acc + x`` (``x`` not computed from ``acc``), with nothing
-  else in the loop reading it; its step is a positive compile-time constant;
+  to zeros and changed only by ``gemm(a, b, acc)``, ``acc + x`` or ``fma(x, y, acc)`` (``x``, ``y`` not computed
+  from ``acc``: a block-scaled product), with nothing else in the loop reading it; its step is a positive
+  compile-time constant;
 * the accumulators are float32 or int32 (the partials are exchanged as 4-byte words);
 * nothing before the loop writes memory (all S programs run it), and the loop's results are used after it only.
 
@@ -204,6 +205,8 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
         elif op.kind is OpKind.BINARY and op.attrs.op is BinaryOp.ADD:
             a, b = op.operands
             prev, terms = (a, [b]) if _depends_on(a, arg, body) else (b, [a])
+        elif op.kind is OpKind.FMA:  # acc + x * y (a block-scaled product added with its scale)
+            prev, terms = op.operands[2], op.operands[:2]
         else:
             return f"is updated by {op.kind.mnemonic}, not by a sum"
         if any(_depends_on(t, arg, body) for t in terms):
@@ -217,7 +220,7 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
                 continue
             if op is body.terminator and index == i:
                 continue
-            if any(op is c for c in chain_ops) and (op.kind is not OpKind.GEMM or index == 2):
+            if any(op is c for c in chain_ops) and (op.kind not in (OpKind.GEMM, OpKind.FMA) or index == 2):
                 continue
             return f"is read by {op.kind.mnemonic} inside the loop"
     return None
