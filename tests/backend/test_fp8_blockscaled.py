@@ -114,10 +114,10 @@ def _dense_compile(arch: str, config: dict, stop_after: str | None = "cuda"):
                                     _meta(m, n, dtype=torch.bfloat16), arch=arch, stop_after=stop_after, **config)
 
 
-@pytest.mark.parametrize("config", [F.default_config(8192, 8192), F.default_config(128, 2112),
+@pytest.mark.parametrize("config", [F.default_config(8192, 8192), F.default_config(128, 2112, 9, 7168),
                                     dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True),
                                     dict(BM=64, BN=64, STAGES=4, num_warps=4, warp_specialize=True)],
-                         ids=["128x128-persistent", "64x64", "128x128-ws", "64x64-ws"])
+                         ids=["128x128-persistent", "64x64-split2", "128x128-ws", "64x64-ws"])
 def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
     """Each 128-block: the scale (the row's scale times the tile's weight scale) computed once for each of the
     thread's two rows (registers 0 and 2; the others are copies), the per-row scales loaded by the threads that
@@ -268,3 +268,19 @@ def test_a_carried_row_scale_gives_the_product(interpret):
     c = torch.full((70, 136), float("nan"), dtype=torch.bfloat16)
     prefetched_scales[(2, 3)](a, sa, b, sb, c, BM=64, BN=64, num_warps=4)
     assert _error(c, F.reference(a, sa, b, sb)) < 1e-2
+
+
+def test_default_configs_follow_the_output_tiles_and_k():
+    """Large outputs: persistent 128x128; small M: 64-row tiles, split over a cluster where K is long and the
+    tiles are few (DeepSeek-V3's decode-size shapes); no warp specialization or split below Hopper."""
+    persistent = dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True)
+    assert F.default_config(4096, 4096, 9, 7168) == persistent
+    assert F.default_config(128, 7168, 9, 2048) == dict(BM=64, BN=128, STAGES=4, num_warps=4, warp_specialize=True)
+    assert F.default_config(128, 4096, 9, 7168) == dict(BM=64, BN=128, STAGES=4, num_warps=4, split_k=2)
+    assert F.default_config(128, 2112, 9, 7168) == dict(BM=64, BN=64, STAGES=6, num_warps=4, split_k=2)
+    assert F.default_config(128, 2112, 9, 2048) == dict(BM=64, BN=64, STAGES=4, num_warps=4)
+    assert F.default_config(128, 2112, 9) == dict(BM=64, BN=64, STAGES=4, num_warps=4)  # K unknown: no split
+    for m, n, k in [(4096, 4096, 7168), (128, 4096, 7168), (128, 7168, 2048)]:
+        config = F.default_config(m, n, 8, k)
+        assert config["BN"] == 64 and config["STAGES"] == 3
+        assert not {"split_k", "warp_specialize", "persistent"} & set(config)

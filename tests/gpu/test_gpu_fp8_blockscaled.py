@@ -61,7 +61,7 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
 @needs_fp8
 @pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
 @pytest.mark.parametrize("m,n,k", [(128, 7168, 2048), (1000, 2112, 7168), (4096, 4096, 7168), (77, 200, 300),
-                                   (1, 136, 1000), (513, 4096, 640)])
+                                   (1, 136, 1000), (513, 4096, 640), (100, 2112, 4100)])
 def test_dense_against_the_dequantized_float64_product(m, n, k, config):
     if CONFIGS[config].get("persistent") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("persistent loops are sm_90a's")

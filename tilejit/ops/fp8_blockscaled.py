@@ -80,24 +80,39 @@ def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.c
     Cv[m0:m0 + BM, n0:n0 + BN] = acc
 
 
-def default_config(m: int, n: int, arch_major: int = 9) -> dict:
-    """Tile and launch options for an (m, n) output on a GPU of compute capability ``arch_major``: 128x128 tiles
-    in a persistent warp-specialized kernel on Hopper (the producer loads the next tile's operands during this
-    one's epilogue; a kernel that cannot walk persistently, such as the grouped one, stays warp-specialized);
-    64x64 tiles of 4 warps, not specialized, when 128x128 leaves most of the 132 SMs idle (small M: decode and
-    small batches); 64 columns on compute capability 8.x. On an H100 (``scripts/probes/blockscaled_configs.py``,
-    graph-timed) the persistent walk made 885-894 TFLOP/s at 4096x4096x7168 against 794-824 specialized alone,
-    and at M = 128 the unspecialized 64x64 tiles were 1-4% ahead of specialized ones."""
-    bm, bn = 128, 128
-    small = tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn) < 100
-    if small:
-        bm = bn = 64
-    if arch_major == 8:  # mma.sync (sm_89) or FMAs (sm_80, sm_86): 128x128 spilled 608 bytes a thread on sm_80
-        bn = 64
-    # 4 stages of 128x128 tiles take 128 KiB of shared memory: sm_86 / sm_89 allow 99 KiB a block
-    config = dict(BM=bm, BN=bn, STAGES=4 if arch_major != 8 else 3, num_warps=4 if bm == 64 else 8)
-    if arch_major == 9 and not small:
+def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) -> dict:
+    """Tile and launch options for an (m, n) output over ``k`` (None: not known) on a GPU of compute capability
+    ``arch_major``. On Hopper (graph-timed on an H100 and an H200, ``scripts/probes/blockscaled_configs.py``):
+
+    * 128x128 tiles in a persistent warp-specialized kernel (the producer loads the next tile's operands during
+      this one's epilogue; a kernel that cannot walk persistently, such as the grouped one, stays specialized):
+      885-909 TFLOP/s at 4096x4096x7168 on an H100 against 794-836 specialized alone;
+    * where 128x128 leaves most of the 132 SMs idle (small M: decode and small batches), 64-row tiles of 4 warps:
+      64x128 specialized while that still makes 100 tiles (128x7168x2048: 416 TFLOP/s on an H200); below that, a
+      K of 32 blocks or more is split over 2 programs of a cluster (``split_k``), with 128 columns while that
+      makes 100 programs (128x4096x7168: 459 against 347 unsplit) and 64 otherwise (128x2112x7168, 6 stages: 307
+      against 174); a short K keeps unsplit 64x64 tiles.
+
+    On compute capability 8.x (mma.sync or FMAs): 64 columns and 3 stages, no split (no clusters)."""
+    def tiles(bm: int, bn: int) -> int:
+        return tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn)
+
+    config = dict(BM=128, BN=128, STAGES=4, num_warps=8)
+    if tiles(128, 128) < 100:
+        config.update(BM=64, num_warps=4)
+        long_k = k is not None and tilejit.cdiv(k, BLOCK) >= 32 and arch_major >= 9
+        if tiles(64, 128) >= 100:
+            config["warp_specialize"] = arch_major == 9
+        elif long_k:
+            config.update(split_k=2, **({} if 2 * tiles(64, 128) >= 100 else dict(BN=64, STAGES=6)))
+        else:
+            config["BN"] = 64
+    elif arch_major == 9:
         config["persistent"] = True
+    if arch_major == 8:  # 128x128 spilled 608 bytes a thread on sm_80; sm_86 / sm_89 allow 99 KiB of shared memory
+        config.update(BN=64, STAGES=3)
+    if not config.get("warp_specialize", True):
+        del config["warp_specialize"]
     return config
 
 
@@ -134,7 +149,7 @@ def _arch_major(t: torch.Tensor) -> int:
 
 def _dense(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
     m, n = a.shape[0], b.shape[0]
-    cfg = {**default_config(m, n, _arch_major(a)), **config}
+    cfg = {**default_config(m, n, _arch_major(a), a.shape[1]), **config}
     if BLOCK % cfg["BN"]:
         raise ValueError(f"fp8_blockscaled_matmul: BN must divide {BLOCK} (a tile's columns share one weight "
                          f"scale per k-block), got {cfg['BN']}")
