@@ -420,7 +420,11 @@ CUBINS = [("precise", F8, None, (128, 256, 128, 8), {}), ("fast", F8, "fast", (1
           ("precise-ws-256", F8, None, (128, 256, 128, 8), dict(warp_specialize=True)),
           ("int8-persistent", I8, None, (128, 256, 128, 8), dict(persistent=True)),
           ("precise-64x256", F8, None, (64, 256, 128, 4), {}), ("fast-128x64", F8, "fast", (128, 64, 128, 4), {}),
-          ("int8-64x64", I8, None, (64, 64, 128, 4), {})]
+          ("int8-64x64", I8, None, (64, 64, 128, 4), {}),
+          ("precise-256x128", F8, None, (256, 128, 128, 8), {}),
+          ("precise-persistent", F8, None, (128, 128, 128, 8), dict(persistent=True)),
+          ("precise-persistent-256", F8, None, (128, 256, 128, 8), dict(persistent=True)),
+          ("precise-ws-256x128", F8, None, (256, 128, 128, 8), dict(warp_specialize=True))]
 
 
 @pytest.mark.parametrize("ta", [False, True], ids=["b-kn", "a-km"])

@@ -32,10 +32,12 @@ against the real layout and counts the banks of each phase.
 
 The ldmatrix and shuffles of an instruction's fragment are issued before the wait that frees its buffer (into
 ``tj_w`` and ``tj_x``, selected into the buffer after the wait), so their latency overlaps the instructions in
-flight; a promoted gemm (precision "precise") waits first, keeping a third fragment's registers out of its temporaries'
-room (its bands beside a 128-register accumulator are 64 columns: ``GATHER_REGISTERS``). A slab of 64 MN bytes
-is half a 128-byte panel: one row offset a lane is hoisted per half-panel (``Emitter.hoist``); a k step (32 rows,
-the swizzle's period a multiple of it) and whole panels add the ldmatrix's immediate to it.
+flight; a promoted gemm (precision "precise") waits first, keeping a third fragment's registers out of its
+temporaries' room (its bands beside a 128-register accumulator are 64 columns: ``GATHER_REGISTERS``), and
+gathers a k step's fragment again in each band (holding a k group's four fragments across the bands instead, 16
+registers, spilled 360-436 bytes at 128x256 and 256x128 on 8 warps). A slab of 64 MN bytes is half a 128-byte
+panel: one row offset a lane is hoisted per half-panel (``Emitter.hoist``); a k step (32 rows, the swizzle's
+period a multiple of it) and whole panels add the ldmatrix's immediate to it.
 
 Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk32_fp8`` (or ``wgmma_m64nNk32_int8``) keeps the transposing
 shared-memory copy (``passes/transpose_operands.py``) instead, for comparison.
