@@ -1,14 +1,15 @@
 """MN-major float8 and int8 operands on sm_90a wgmma, gathered into registers as the instruction's A
 (``backend_cuda/lower_wgmma_mn8.py``).
 
-The generated gemm is interpreted thread by thread: every 32-bit shared load reads its four bytes through the real
-swizzled ``SharedLayout`` of the MN-major tile (each byte stands for its (k, mn) element), every
-``__shfl_xor_sync`` takes the partner lane's word, every ``__byte_perm`` picks bytes by its selector; at each
-wgmma, every byte of every fragment register must be the element the PTX table of the 8-bit A fragment puts there
-(lane 4g + t: a0 (row g, k 4t..4t+3), a1 (row g + 8), a2 (k + 16), a3 (both); rows 16 * warp of the slab). The
-commits and waits are replayed with it, over several iterations: no fragment register is written while an
-instruction that reads it may be pending. Then: the shared loads' bank conflicts, dispatch, the pinned copy,
-the autotune space, and cubins without spills.
+The generated gemm is interpreted thread by thread: every ``ldmatrix.x4.trans`` reads the 16-byte rows its lanes
+address through the real swizzled ``SharedLayout`` of the MN-major tile (each byte stands for its (k, mn)
+element) and hands each lane its b16 elements as the PTX ISA defines it, every ``__byte_perm`` picks bytes by its
+selector, every ``__shfl_sync`` takes the source lane's word, every select its operand; at each wgmma, every
+byte of every fragment register must be the element the PTX table of the 8-bit A fragment puts there (lane
+4g + t: a0 (row g, k 4t..4t+3), a1 (row g + 8), a2 (k + 16), a3 (both); rows 16 * warp of the slab). The commits
+and waits are replayed with it, over several iterations: no fragment register is written while an instruction
+that reads it may be pending. Then: the bank conflicts of each ldmatrix phase (none), dispatch, the pinned
+copy, the autotune space, and cubins without spills.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from kernels import matmul, matmul_any
 
 from tilejit.backend_cuda.lower_wgmma import PROMOTION_K, promotion_chunks
 from tilejit.backend_cuda.lower_wgmma_mn import GATHER_REGISTERS
-from tilejit.backend_cuda.lower_wgmma_mn8 import ROUND_A_SELECT, ROUND_B_SELECT
+from tilejit.backend_cuda.lower_wgmma_mn8 import SELECT_MN_ODD, SELECT_T_HIGH, SELECT_WORD, ldmatrix_coords
 from tilejit.configs import matmul_configs, promotion_fits
 from tilejit.ir.layouts import PermutedLayout, WgmmaLayout
 
@@ -77,16 +78,29 @@ def _byte_perm(x: tuple, y: tuple, selector: int) -> tuple:
     return tuple(data[(selector >> (4 * i)) & 7] for i in range(4))
 
 
-LOAD = re.compile(r"tj_w\[(\d)\] = \*reinterpret_cast<const unsigned\*>\(tj_fsrc \+ (tj_h\d+)(?: \+ (\d+))?\);")
-ROUND = re.compile(r"tj_w\[r\] = __byte_perm\(tj_w\[r\], __shfl_xor_sync\(0xffffffffu, tj_w\[r\], (\d+)\), "
-                   r"(tj_h\d+)\);")
-ASSIGN = re.compile(r"tj_fa\[(\d+)\] = tj_w\[(\d)\];")
+LDMATRIX = re.compile(r"tj_ldmatrix_x4_trans_at<(\d+)>\(tj_w\[0\], tj_w\[1\], tj_w\[2\], tj_w\[3\], "
+                      r"tj_fsa \+ (tj_h\d+)\);")
+SHUFFLE = re.compile(r"tj_x\[(\d)\] = __shfl_sync\(0xffffffffu, __byte_perm\(tj_w\[(\d)\], tj_w\[(\d)\], (tj_h\d+)\), "
+                     r"(tj_h\d+)(?: \^ (\d+)u)?\);")
+ASSIGN = re.compile(r"tj_fa\[(\d+)\] = (tj_h\d+) \? tj_x\[(\d)\] : tj_x\[(\d)\];")
 WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned (\d+);")
+
+
+def ldmatrix_x4_trans(rows: list[list[tuple]]) -> list[list[tuple]]:
+    """PTX ldmatrix .m8n8.x4.trans.b16 for one warp: ``rows[lane]`` is the 16 bytes at the row address lane
+    gives (lanes 8 i .. 8 i + 7: rows 0..7 of matrix i); lane l receives in register i the b16 elements (row
+    2 (l % 4), column l / 4) and (row 2 (l % 4) + 1, column l / 4) of matrix i, low half first."""
+    out = []
+    for lane in range(32):
+        col, row = lane // 4, 2 * (lane % 4)
+        out.append([rows[8 * i + row][2 * col:2 * col + 2] + rows[8 * i + row + 1][2 * col:2 * col + 2]
+                    for i in range(4)])
+    return out
 
 
 class Replay:
     """Runs a gemm's generated block for every thread of the block: the fragment words each wgmma reads (per
-    thread, 4 words of 4 (k, mn) elements), and the bank conflicts of each shared load."""
+    thread, 4 words of 4 (k, mn) elements), and the bank conflicts of each ldmatrix phase."""
 
     def __init__(self, cuda: str, tile_layout, threads: int):
         body = kernel_body(cuda)
@@ -97,28 +111,33 @@ class Replay:
         self.where = {tile_layout.elem_offset(k, mn): (k, mn)
                       for k in range(tile_layout.rows) for mn in range(tile_layout.cols)}
         self.threads = threads
-        self.words = [[None] * 4 for _ in range(threads)]
+        self.blocks = [[None] * 4 for _ in range(threads)]  # tj_w: what ldmatrix left
+        self.words = [[None] * 4 for _ in range(threads)]  # tj_x: what the shuffles left
         self.fragments = [{} for _ in range(threads)]
         self.issued: list[list[tuple]] = []  # per wgmma: per thread, its 4 fragment words
-        self.conflicts = 0  # the worst bank conflict of any load (ways)
+        self.conflicts = 0  # the worst bank conflict of any ldmatrix phase (ways)
+        self.phases = 0  # ldmatrix phases replayed
         self.pending: list[set] = []  # registers read by each committed, incomplete group
         self.open: set = set()
 
     def run(self, block: str) -> None:
         lines = block.splitlines()
         for at, line in enumerate(lines):
-            if m := LOAD.search(line):
-                self._load(int(m.group(1)), m.group(2), int(m.group(3) or 0))
-            elif m := ROUND.search(line):
-                partner, sel = int(m.group(1)), self.hoisted[m.group(2)]
-                self.words = [[_byte_perm(self.words[t][r], self.words[t ^ partner][r], sel[t]) for r in range(4)]
-                              for t in range(self.threads)]
+            if m := LDMATRIX.search(line):
+                self._ldmatrix(int(m.group(1)), m.group(2))
+            elif m := SHUFFLE.search(line):
+                r, lo, hi = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                sel, source, flip = self.hoisted[m.group(4)], self.hoisted[m.group(5)], int(m.group(6) or 0)
+                sent = [_byte_perm(self.blocks[t][lo], self.blocks[t][hi], sel[t]) for t in range(self.threads)]
+                for t in range(self.threads):
+                    self.words[t][r] = sent[t - t % 32 + (source[t] ^ flip) % 32]
             elif m := ASSIGN.search(line):
                 index = int(m.group(1))
                 assert all(index not in regs for regs in self.pending) and index not in self.open, \
                     f"fragment register {index} written while an instruction reading it may be pending"
+                cond = self.hoisted[m.group(2)]
                 for t in range(self.threads):
-                    self.fragments[t][index] = self.words[t][int(m.group(2))]
+                    self.fragments[t][index] = self.words[t][int(m.group(3) if cond[t] else m.group(4))]
             elif "wgmma.mma_async" in line:
                 operands = next(x for x in lines[at + 1:at + 4] if '"l"(' in x)
                 regs = [int(x) for x in re.findall(r'"r"\(tj_fa\[(\d+)\]\)', operands)]
@@ -132,16 +151,25 @@ class Replay:
                 keep = int(m.group(1))
                 self.pending = self.pending[len(self.pending) - keep:] if keep else []
 
-    def _load(self, r: int, base: str, plus: int) -> None:
+    def _ldmatrix(self, plus: int, base: str) -> None:
+        """Every warp's ``ldmatrix.x4.trans`` at ``tj_fsa + base + plus``: 16-byte-aligned rows of 16 bytes; per
+        phase (one matrix: 8 rows), the most distinct words any bank serves."""
         for warp in range(self.threads // 32):
-            banks: dict[int, set] = {}
+            rows = []
             for lane in range(32):
-                t = warp * 32 + lane
-                off = self.hoisted[base][t] + plus
-                assert off % 4 == 0
-                self.words[t][r] = tuple(self.where[off + b] for b in range(4))
-                banks.setdefault(off // 4 % 32, set()).add(off // 4)
-            self.conflicts = max(self.conflicts, max(len(words) for words in banks.values()))
+                off = self.hoisted[base][warp * 32 + lane] + plus
+                assert off % 16 == 0
+                rows.append(tuple(self.where[off + b] for b in range(16)))
+            for i in range(4):
+                banks: dict[int, set] = {}
+                for lane in range(8 * i, 8 * i + 8):
+                    off = self.hoisted[base][warp * 32 + lane] + plus
+                    for word in range(off // 4, off // 4 + 4):
+                        banks.setdefault(word % 32, set()).add(word)
+                self.conflicts = max(self.conflicts, max(len(words) for words in banks.values()))
+                self.phases += 1
+            for lane, regs in enumerate(ldmatrix_x4_trans(rows)):
+                self.blocks[warp * 32 + lane] = regs
 
 
 def _expected(tid: int, kk: int, s: int, groups: int) -> list[tuple]:
@@ -207,7 +235,7 @@ def test_b_given_k_by_n_every_fragment_byte_is_the_ptx_element(tile, dtype, prec
     assert not any(op.kind.mnemonic == "transpose_copy" for op in fn.walk())
     assert gemm.result.type.layout == PermutedLayout(WgmmaLayout((bn, bm), warps // 4), (1, 0))
     replay = _check(fn, cuda, warps, precise=dtype == F8 and precision is None, iterations=2)
-    assert replay.conflicts <= 2
+    assert replay.conflicts == 1 and replay.phases
 
 
 # A given K x M (not swapped): the instruction's M is BM; 128x256 precise runs in two column bands
@@ -221,17 +249,20 @@ def test_a_given_k_by_m_every_fragment_byte_is_the_ptx_element(tile, dtype, prec
     assert gemm.attrs.impl.startswith("wgmma_mn_m64nNk32")
     assert gemm.result.type.layout == WgmmaLayout((bm, bn), warps // 4)
     replay = _check(fn, cuda, warps, precise=dtype == F8 and precision is None, iterations=2)
-    assert replay.conflicts <= 2
+    assert replay.conflicts == 1 and replay.phases
 
 
-def test_replay_catches_a_wrong_selector():
-    """The replay fails when the second round keeps the wrong bytes (its selectors swapped)."""
+@pytest.mark.parametrize("wrong", ["selector", "source", "odd"])
+def test_replay_catches_a_wrong_exchange(wrong):
+    """The replay fails when the permute keeps the wrong k pairs for t >= 2, the second shuffle reads the wrong
+    half of the warp, or the fragment registers are not swapped for odd g."""
     fn, cuda = _any(False, False, 128, 128, 64, 8, precision="fast")
-    swapped = cuda.replace(f"{ROUND_B_SELECT[1]:#x}u : {ROUND_B_SELECT[0]:#x}u",
-                           f"{ROUND_B_SELECT[0]:#x}u : {ROUND_B_SELECT[1]:#x}u")
-    assert swapped != cuda
+    broken = {"selector": lambda c: c.replace(f"((tid >> 1) & 1) * {SELECT_T_HIGH:#x}u", "0"),
+              "source": lambda c: c.replace("^ 16u)", "^ 8u)"),
+              "odd": lambda c: c.replace("(tid >> 2) & 1", "(tid >> 3) & 1")}[wrong](cuda)
+    assert broken != cuda
     with pytest.raises(AssertionError):
-        _check(fn, swapped, 8, precise=False)
+        _check(fn, broken, 8, precise=False)
 
 
 def test_replay_catches_a_missing_wait():
@@ -240,12 +271,26 @@ def test_replay_catches_a_missing_wait():
         _check(fn, re.sub(r'asm volatile\("wgmma\.wait_group\.sync\.aligned 1;".*\n', "", cuda), 8, precise=False)
 
 
-def test_selectors_transpose_a_4x4_block():
-    """The two rounds on symbolic words: lane i of four starts with row i, ends with column i."""
-    rows = [tuple((i, j) for j in range(4)) for i in range(4)]
-    mid = [_byte_perm(rows[i], rows[i ^ 2], ROUND_A_SELECT[i >> 1]) for i in range(4)]
-    out = [_byte_perm(mid[i], mid[i ^ 1], ROUND_B_SELECT[i & 1]) for i in range(4)]
-    assert out == [tuple((j, i) for j in range(4)) for i in range(4)]
+def test_ldmatrix_rows_give_each_lane_four_k_of_two_columns():
+    """On symbolic rows: the row each lane addresses and the selectors leave lane (g, t) of one warp, for each k
+    half h, the words (k 16 h + 4 t .. + 3) of mn columns 2 g and 2 g + 1 (in that order for g < 4, swapped for
+    g >= 4), before the shuffles; a wrong half-swap of the k pairs (t >= 2) breaks it."""
+    rows = []
+    for lane in range(32):
+        k, mn = ldmatrix_coords(lane)
+        assert mn == 0
+        rows.append(tuple((k, c) for c in range(16)))
+    assert sorted(r[0][0] for r in rows) == list(range(32))
+    for lane, blocks in enumerate(ldmatrix_x4_trans(rows)):
+        g, t = lane // 4, lane % 4
+        sel = SELECT_WORD ^ ((t >> 1) * SELECT_T_HIGH) ^ ((g >> 2) * SELECT_MN_ODD)
+        for h in range(2):
+            first = _byte_perm(blocks[2 * h], blocks[2 * h + 1], sel)
+            second = _byte_perm(blocks[2 * h], blocks[2 * h + 1], sel ^ SELECT_MN_ODD)
+            columns = (2 * g, 2 * g + 1) if g < 4 else (2 * g + 1, 2 * g)
+            assert [first, second] == [tuple((16 * h + 4 * t + b, c) for b in range(4)) for c in columns]
+            if t >= 2:
+                assert _byte_perm(blocks[2 * h], blocks[2 * h + 1], sel ^ SELECT_T_HIGH) != first
 
 
 @pytest.mark.parametrize("dtype,precision", [(F8, "fast"), (I8, None)], ids=["fast", "int8"])
@@ -261,14 +306,16 @@ def test_in_flight_loop_waits_before_rewriting_a_fragment_register(options, dtyp
     filecheck(block, rf"""
         CHECK: gemm 128x256x128 on wgmma.m64n128k32 (2 warpgroup(s), 2 slab(s) of 64 rows each), A from registers
         CHECK-SAME: left in flight
-        CHECK: tj_w[0] = *reinterpret_cast<const unsigned*>(tj_fsrc + tj_h
-        CHECK: __shfl_xor_sync(0xffffffffu, tj_w[r], 8)
-        CHECK: __shfl_xor_sync(0xffffffffu, tj_w[r], 4)
+        CHECK: tj_ldmatrix_x4_trans_at<0>(tj_w[0], tj_w[1], tj_w[2], tj_w[3], tj_fsa + tj_h
+        CHECK: tj_x[0] = __shfl_sync(0xffffffffu, __byte_perm(
+        CHECK: tj_x[1] = __shfl_sync(0xffffffffu, __byte_perm(
+        CHECK: tj_x[2] = __shfl_sync(0xffffffffu, __byte_perm(
+        CHECK: tj_x[3] = __shfl_sync(0xffffffffu, __byte_perm(
         CHECK-NEXT: wgmma.wait_group.sync.aligned 1;
-        CHECK: tj_fa[0] = tj_w[0];
+        CHECK: tj_fa[0] = tj_h{{{{\d+}}}} ? tj_x[1] : tj_x[0];
         CHECK: wgmma.mma_async.sync.aligned.m64n128k32.{kind} {{{{\{{%0, .*\}}, \{{%64, %65, %66, %67\}}, %68, p}}}}
         CHECK: tj_wgmma_commit();  // one group per instruction
-        CHECK: tj_fa[4] = tj_w[0];
+        CHECK: tj_fa[4] = tj_h{{{{\d+}}}} ? tj_x[1] : tj_x[0];
         CHECK: tj_wgmma_fence();  // this instruction's A registers were written by ordinary loads
         CHECK: release its slot
         CHECK-NOT: wgmma.wait_group
@@ -373,7 +420,11 @@ CUBINS = [("precise", F8, None, (128, 256, 128, 8), {}), ("fast", F8, "fast", (1
           ("precise-ws-256", F8, None, (128, 256, 128, 8), dict(warp_specialize=True)),
           ("int8-persistent", I8, None, (128, 256, 128, 8), dict(persistent=True)),
           ("precise-64x256", F8, None, (64, 256, 128, 4), {}), ("fast-128x64", F8, "fast", (128, 64, 128, 4), {}),
-          ("int8-64x64", I8, None, (64, 64, 128, 4), {})]
+          ("int8-64x64", I8, None, (64, 64, 128, 4), {}),
+          ("precise-256x128", F8, None, (256, 128, 128, 8), {}),
+          ("precise-persistent", F8, None, (128, 128, 128, 8), dict(persistent=True)),
+          ("precise-persistent-256", F8, None, (128, 256, 128, 8), dict(persistent=True)),
+          ("precise-ws-256x128", F8, None, (256, 128, 128, 8), dict(warp_specialize=True))]
 
 
 @pytest.mark.parametrize("ta", [False, True], ids=["b-kn", "a-km"])

@@ -3,8 +3,8 @@ matmul in float32 with B given K x N (computed transposed, C^T = B^T A^T), A giv
 each loop form (plain ring, warp-specialized, persistent), ragged shapes with and without
 TMA-aligned rows, NaN-poisoned outputs, against float64 references of the tf32-truncated inputs. Each test checks
 that the kernel it ran took the register form and no mma.sync, so it tests the path it is named for. The same for
-fp8 (e4m3 / e5m2, precision "precise" and "fast") and int8 (``lower_wgmma_mn8``: the fragment gathered by a 4 x 4
-byte transpose across lanes), against float64 references (int8 exactly).
+fp8 (e4m3 / e5m2, precision "precise" and "fast") and int8 (``lower_wgmma_mn8``: the fragment gathered by ldmatrix.trans,
+byte permutes and shuffles), against float64 references (int8 exactly).
 
 Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/gpu/test_gpu_mn_major.py``.
 """

@@ -37,7 +37,7 @@ Pinning ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk8_tf32`` keeps the transposing share
 (``passes/transpose_operands.py``) instead, for comparison.
 
 fp8 and int8 (``lower_wgmma_mn8``) share all of this but the gather (``load_fragment``): m64nNk32, whose 8-bit
-fragment is gathered by a byte transpose across lanes; a float8 gemm of precision "precise" issues its
+fragment is gathered by ldmatrix.trans, byte permutes and shuffles; a float8 gemm of precision "precise" issues its
 instructions in promotion chunks (``Wgmma.emit_promoted``), each still committing its own group.
 """
 from __future__ import annotations
