@@ -124,6 +124,17 @@ def promotion_chunks(acc_regs: int, n: int, beside: int = 0) -> tuple[int, int]:
     return width, 2 if acc_regs + beside + width <= PROMOTION_REGISTERS else 1
 
 
+def _scaled_in_place(em: Emitter, op: Op) -> bool:
+    """Whether a scaled gemm (``passes/scaled_promotion.py``) may add into its accumulator's own registers: the
+    accumulator is read by it alone and owns its registers (a loop-carried argument or a splat, not an alias of
+    another value's registers)."""
+    if len(op.operands) != 4:
+        return False
+    acc = op.operands[2]
+    maker = defining_op(acc)
+    return (maker is None or maker.kind is OpKind.SPLAT) and use_counts(em.fn).get(acc.id) == 1
+
+
 def _fresh_float8_product(op: Op) -> bool:
     """Whether ``op`` is a float8 gemm of precision "fast" whose accumulator is a splat of 0 (a block-scaled
     loop's fresh product, ``T.gemm(..., scale_a=, scale_b=)``): its first k step writes the registers with
@@ -214,7 +225,7 @@ class Wgmma(GemmLowering):
         em.require_header("wgmma")
         ring = em.async_mma if em.async_mma is not None and em.async_mma.owns(op) else None
         assert not (ring and f16_acc), "f16 accumulators are not kept in flight (passes.software_pipeline.mma_family)"
-        if ring is not None or (len(op.operands) == 4 and use_counts(em.fn).get(acc.id) == 1):
+        if ring is not None or _scaled_in_place(em, op):
             # accumulate into the loop-carried registers in place (a scaled gemm's accumulator read by it alone, too)
             name = em.name(acc)
             em.alias(out, name)
