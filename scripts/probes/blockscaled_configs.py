@@ -51,7 +51,7 @@ def dense(m, n, k, sweep: bool):
     ref = F.reference(a, sa, b, sb)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     shape = f"{m}x{n}x{k}"
-    default = F.default_config(m, n)
+    default = F.default_config(m, n, torch.cuda.get_device_capability()[0], k)
     runs = [("tilejit default " + str(default), lambda: F.fp8_blockscaled_matmul(a, sa, b, sb, out=out)),
             ("torch block-wise _scaled_mm", _torch_blockwise(a, sa, b, sb, out))]
     for label, run in runs:

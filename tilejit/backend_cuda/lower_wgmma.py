@@ -195,9 +195,13 @@ def _b_k_major_pred(op: Op, target: Target) -> bool:
     return _b_k_major(op)
 
 
-def _int8_n(op: Op, target: Target) -> bool:
-    _, n, _ = _mnk(op)
+def int8_n_fits(n: int) -> bool:
+    """Whether the int8 wgmma takes an instruction N of ``n``: a multiple of 16, or 8 or 24."""
     return n % 16 == 0 or n in (8, 24)
+
+
+def _int8_n(op: Op, target: Target) -> bool:
+    return int8_n_fits(_mnk(op)[1])
 
 
 class Wgmma(GemmLowering):

@@ -50,7 +50,7 @@ from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..target import REGISTRY, Target
 from .emitter import Emitter
 from .lower_gemm import _acc_f32, _acc_i32, _ldmatrix_at, _mnk, _operand_dtypes
-from .lower_wgmma import promoted
+from .lower_wgmma import int8_n_fits, promoted
 from .lower_wgmma_mn import (_FRAGMENT_REGS, GATHER_REGISTERS, WgmmaRegisterMN, _buffers, _instruction_mn,
                              one_operand_mn_major, shapes_fit)
 
@@ -131,8 +131,7 @@ def _not_pingpong_beyond_a_slab(op: Op, target: Target) -> bool:
 
 
 def _int8_n(op: Op, target: Target) -> bool:
-    n = _instruction_mn(op)[1]
-    return n % 16 == 0 or n in (8, 24)
+    return int8_n_fits(_instruction_mn(op)[1])
 
 
 _PINGPONG = "not a pingpong kernel whose group owns more than one 64-row slab of M"

@@ -90,7 +90,7 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) ->
     * where 128x128 leaves most of the 132 SMs idle (small M: decode and small batches), 64-row tiles of 4 warps:
       64x128 specialized while that still makes 100 tiles (128x7168x2048: 416 TFLOP/s on an H200); below that, a
       K of 32 blocks or more is split over 2 programs of a cluster (``split_k``), with 128 columns while that
-      makes 100 programs (128x4096x7168: 459 against 347 unsplit) and 64 otherwise (128x2112x7168, 6 stages: 307
+      makes 100 programs (128x4096x7168: 459 against 347 for unsplit 64x64 tiles) and 64 otherwise (128x2112x7168, 6 stages: 307
       against 174); a short K keeps unsplit 64x64 tiles.
 
     On compute capability 8.x (mma.sync or FMAs): 64 columns and 3 stages, no split (no clusters)."""
@@ -102,17 +102,18 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) ->
         config.update(BM=64, num_warps=4)
         long_k = k is not None and tilejit.cdiv(k, BLOCK) >= 32 and arch_major >= 9
         if tiles(64, 128) >= 100:
-            config["warp_specialize"] = arch_major == 9
+            if arch_major == 9:
+                config["warp_specialize"] = True
         elif long_k:
-            config.update(split_k=2, **({} if 2 * tiles(64, 128) >= 100 else dict(BN=64, STAGES=6)))
+            config["split_k"] = 2
+            if 2 * tiles(64, 128) < 100:
+                config.update(BN=64, STAGES=6)
         else:
             config["BN"] = 64
     elif arch_major == 9:
         config["persistent"] = True
     if arch_major == 8:  # 128x128 spilled 608 bytes a thread on sm_80; sm_86 / sm_89 allow 99 KiB of shared memory
         config.update(BN=64, STAGES=3)
-    if not config.get("warp_specialize", True):
-        del config["warp_specialize"]
     return config
 
 

@@ -52,6 +52,13 @@ class _Inference:
         self.lay: dict[int, RegisterLayout] = {}
         self.joins = _joins(fn)
         self.rows_per_warp = _rows_per_warp_gemms(fn, target)
+        self._loop_reads: _LoopReads | None = None  # built at the first row-vector question
+
+    def loop_reads(self) -> _LoopReads:
+        """Who reads each value, and what loops carry it (the IR does not change while layouts are inferred)."""
+        if self._loop_reads is None:
+            self._loop_reads = _LoopReads(self.fn)
+        return self._loop_reads
 
     def get(self, v: Value) -> RegisterLayout | None:
         return self.lay.get(v.id)
@@ -282,40 +289,46 @@ def _row_vector_load(inf: _Inference, op: Op) -> bool:
     arch = inf.target.arch
     if op.result.type.rank != 1 or not (arch.has_wgmma or arch.has_tcgen05):
         return False
-    users = _users_through_loops(inf.fn, op.result)
+    users = inf.loop_reads().users(op.result)
     return bool(users) and all(user.kind is OpKind.EXPAND_DIMS and user.attrs.axis == 1 for user in users)
 
 
-def _users_through_loops(fn: Function, value: Value) -> list[Op]:
-    """The ops that read ``value``, where a value carried by a ``for`` loop (its initial value, or yielded by the
-    loop's body) counts as read where the loop's carried argument and result are (a vector loaded one iteration
-    ahead, as a block-scaled loop prefetches its scales)."""
-    carried: dict[int, list[Value]] = {}  # value id -> the carried arguments / results it becomes
-    passing: set[int] = set()  # the loops and their bodies' yields, which only pass values on
-    for op in fn.walk():
-        if op.kind is OpKind.FOR:
-            body = op.regions[0]
-            passing.update((id(op), id(body.terminator)))
-            for init, arg, res, back in zip(op.operands[3:], body.args[1:], op.results, body.terminator.operands):
-                carried.setdefault(init.id, []).extend((arg, res))
-                carried.setdefault(back.id, []).extend((arg, res))
-    readers = {}
-    for op in fn.walk():
-        for v in op.operands:
-            readers.setdefault(v.id, []).append(op)
-    users, seen, todo = [], {value.id}, [value]
-    while todo:
-        v = todo.pop()
-        for user in readers.get(v.id, []):
-            bounds = user.operands[:3] if user.kind is OpKind.FOR else ()
-            if id(user) in passing and v.id in carried and not any(u is v for u in bounds):
-                continue  # the carried argument / result stands for it
-            users.append(user)
-        for twin in carried.get(v.id, []):
-            if twin.id not in seen:
-                seen.add(twin.id)
-                todo.append(twin)
-    return users
+class _LoopReads:
+    """The readers of every value of ``fn``, and the values ``for`` loops carry: each loop's initial values and its
+    body's yielded ones map to the carried argument and result they become."""
+
+    def __init__(self, fn: Function) -> None:
+        self.carried: dict[int, list[Value]] = {}  # value id -> the carried arguments / results it becomes
+        self.passing: set[int] = set()  # the loops and their bodies' yields, which only pass values on
+        self.readers: dict[int, list[Op]] = {}
+        for op in fn.walk():
+            for v in op.operands:
+                self.readers.setdefault(v.id, []).append(op)
+            if op.kind is OpKind.FOR:
+                body = op.regions[0]
+                self.passing.update((id(op), id(body.terminator)))
+                for init, arg, res, back in zip(op.operands[3:], body.args[1:], op.results,
+                                                body.terminator.operands):
+                    self.carried.setdefault(init.id, []).extend((arg, res))
+                    self.carried.setdefault(back.id, []).extend((arg, res))
+
+    def users(self, value: Value) -> list[Op]:
+        """The ops that read ``value``, where a value carried by a ``for`` loop (its initial value, or yielded by
+        the loop's body) counts as read where the loop's carried argument and result are (a vector loaded one
+        iteration ahead, as a block-scaled loop prefetches its scales)."""
+        users, seen, todo = [], {value.id}, [value]
+        while todo:
+            v = todo.pop()
+            for user in self.readers.get(v.id, []):
+                bounds = user.operands[:3] if user.kind is OpKind.FOR else ()
+                if id(user) in self.passing and v.id in self.carried and not any(u is v for u in bounds):
+                    continue  # the carried argument / result stands for it
+                users.append(user)
+            for twin in self.carried.get(v.id, []):
+                if twin.id not in seen:
+                    seen.add(twin.id)
+                    todo.append(twin)
+        return users
 
 
 def _load_seed(inf: _Inference, op: Op) -> None:
