@@ -220,6 +220,11 @@ class LaunchOptions:
         "loops whose T.where masks are provably all true over a run of iterations (the causal diagonal, a ragged "
         "tail) are split into an unmasked loop over that run and masked loops over the rest; False keeps every "
         "loop whole; see passes/peel_masks.py")
+    longest_first: bool = launch_option(
+        True, FLAG,
+        "a kernel whose loop runs longer the higher its program id along an axis (a causal attention forward's "
+        "key loop) starts its programs in the reverse order along that axis, the longest first; results are "
+        "unchanged; False keeps the grid's order; see passes/program_order.py")
 
     def __post_init__(self) -> None:
         for f, spec in _declared(type(self)):

@@ -1,6 +1,7 @@
-"""Peeled masks on the GPU (``passes/peel_masks.py``): the one-loop attention forward (causal and not, ragged
-sequence lengths, the mma.sync path and Hopper's warp-specialized one) and a ragged-tail row sum give the same bits
-with ``peel_masks`` on (the default) and off, and match float64 references; NaN-poisoned outputs."""
+"""Peeled masks and the longest-first program order on the GPU (``passes/peel_masks.py``,
+``passes/program_order.py``): the one-loop attention forward (causal and not, ragged sequence lengths, the mma.sync
+path and Hopper's warp-specialized one) and a ragged-tail row sum give the same bits with ``peel_masks`` (and
+``longest_first``) on, the defaults, and off, and match float64 references; NaN-poisoned outputs."""
 from __future__ import annotations
 
 import pytest
@@ -21,11 +22,12 @@ CONFIGS = {
 }
 
 
-def _forward(q, k, v, causal, bm, bn, dim, options, peel):
+def _forward(q, k, v, causal, bm, bn, dim, options, peel, longest_first=True):
     out = torch.full_like(q, float("nan"))
     batch, heads, seq, _ = q.shape
     attention_one_loop[(tilejit.cdiv(seq, bm), heads, batch)](q, k, v, out, dim ** -0.5, BM=bm, BN=bn, D=dim,
-                                                               CAUSAL=causal, peel_masks=peel, **options)
+                                                               CAUSAL=causal, peel_masks=peel,
+                                                               longest_first=longest_first, **options)
     return out
 
 
@@ -43,6 +45,8 @@ def test_one_loop_attention_peeled_equals_unpeeled(config, causal, seq):
                                           stop_after="passes", **options).final_ir
     assert "peeled = unmasked" in final_ir and "peeled = masked" in final_ir
     assert torch.equal(peeled, whole), (peeled.float() - whole.float()).abs().max().item()
+    grid_order = _forward(q, k, v, causal, bm, bn, dim, options, True, longest_first=False)
+    assert torch.equal(peeled, grid_order), "the longest-first order changed the results"
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
                                                            scale=dim ** -0.5)
     check(peeled, ref)

@@ -20,6 +20,7 @@ from ..passes.divisibility import analyze_divisibility
 from ..passes.layouts import infer_layouts
 from ..passes.microscaled import expand_microscaled
 from ..passes.peel_masks import peel_masks
+from ..passes.program_order import order_programs
 from ..passes.scaled_promotion import fold_scaled_products
 from ..passes.scopes import infer_scopes
 from ..passes.software_pipeline import mark_async_mma, pipeline_loops
@@ -46,6 +47,10 @@ PIPELINE_SM80: list[tuple[str, Pass]] = [
     # the split_k launch option cuts the K loop over a cluster's programs (needs the fused gemm(a, b, acc) of
     # the step before to recognise the sums; before scopes and layouts, which then treat its ops like any other)
     ("split-k", split_k),
+    # a kernel whose loop lengthens with a program id runs its programs in the reverse order along that axis, the
+    # longest first (after split-k, which it leaves alone; before peel-masks splits the loops: it reads their bounds
+    # as written)
+    ("order-programs", order_programs),
     # a loop whose T.where masks are all true over a run of iterations is split into unmasked and masked loops
     # (after split-k, whose cut of the K loop it then splits like any bounds; before scopes, layouts, pipelining
     # and warp specialization, which treat each loop it makes like any other)
