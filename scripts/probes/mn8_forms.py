@@ -1,5 +1,7 @@
 """MN-major fp8 (B given K x N) against its K-major form, precise and fast, graph-timed on fixed tiles (a probe):
 ``benchmarks.kernels.matmul`` (precise, B K x N), its fast twin here, and ``scaled_mm`` (B N x K) with unit scales.
+With ``TILEJIT_GEMM_LOWERING=wgmma_m64nNk32_fp8`` the MN-major B takes the transposing copy (by the math warps)
+instead of the register gather.
 
     python scripts/probes/mn8_forms.py [--sizes 4096,8192]
 """
@@ -50,7 +52,8 @@ def main():
         rows = []
         for bm, bn, w, opt in ((128, 128, "w8", "persistent"), (128, 128, "w8", "warp_specialize"),
                                (64, 128, "w4", "warp_specialize"), (128, 256, "w8", "persistent"),
-                               (256, 128, "w8", "persistent")):
+                               (256, 128, "w8", "persistent"), (256, 128, "w8", "warp_specialize"),
+                               (128, 256, "w8", "warp_specialize")):
             cfg = dict(BM=bm, BN=bn, BK=128, **tiles[w], **{opt: True})
             g1 = (tilejit.cdiv(m, bm) * tilejit.cdiv(n, bn),)
             g2 = (tilejit.cdiv(m, bm), tilejit.cdiv(n, bn))
