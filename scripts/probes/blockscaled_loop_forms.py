@@ -4,7 +4,8 @@ only the "scaled" forms compute the block-scaled product, the others are timing 
 
     python scripts/probes/blockscaled_loop_forms.py [--shape 4096x4096x7168]
 
-Forms: "scaled" (the op's kernel), "scales hoisted" (one scale pair loaded before the loop: no per-iteration
+Forms: "scaled" (the op's kernel; also with the activation scales stored column-major, as DeepGEMM takes
+them), "scales hoisted" (one scale pair loaded before the loop: no per-iteration
 global loads), "no scales, precise" (the plain fp8 product promoted every 128 of K), "no scales, fast", "scales
 prefetched" (each iteration loads the next one's scales, carried in the loop), "two halves" (a 128x256 tile as two
 128-column scaled gemms sharing the A tile); the unscaled product in 128x256 tiles; and 128x256 tiles whose column scales are picked per column half
@@ -110,6 +111,7 @@ def main():
     a, sa = quantize(torch.randn(m, k, device="cuda"), 1)
     b, sb = quantize(torch.randn(n, k, device="cuda"), 128)
     ref = F.reference(a, sa, b, sb)
+    sa_cols = sa.t().contiguous().t()  # the same scales stored column-major (DeepGEMM's layout): rows adjacent
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     grid = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))
     grid256 = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 256))
@@ -119,6 +121,8 @@ def main():
         cfg = dict(BM=128, BN=128, STAGES=4, num_warps=8, **opts)
         forms += [
             (f"scaled {tag}", True, lambda cfg=cfg: F.blockscaled_mm[grid](a, sa, b, sb, out, **cfg)),
+            (f"scaled, activation scales column-major {tag}", True,
+             lambda cfg=cfg: F.blockscaled_mm[grid](a, sa_cols, b, sb, out, **cfg)),
             (f"scales hoisted {tag}", False, lambda cfg=cfg: hoisted[grid](a, sa, b, sb, out, **cfg)),
             (f"no scales, precise {tag}", False,
              lambda cfg=cfg: unscaled[grid](a, b, out, PRECISION="precise", **cfg)),
