@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..ir import BinaryAttrs, BinaryOp, Builder, Block, ConstantAttrs, Function, Op, OpKind, Value
 from ..ir.ops import AxisAttrs
-from ..ir.rewrite import replace_uses
+from ..ir.rewrite import blocks, replace_uses
 from ..target import Target
 
 #: A trend of a value in the program id: grows (non-decreasing, and depends on it), does not depend on it,
@@ -36,11 +36,12 @@ def order_programs(fn: Function, target: Target) -> None:
     docstring); off with ``longest_first=False``."""
     if not target.options.longest_first or fn.attrs.get("split_k", 1) > 1 or target.stream_k or target.cluster > 1:
         return
-    if any(op.kind in (OpKind.ATOMIC, OpKind.WHILE) for op in fn.walk()):
+    ops = list(fn.walk())
+    if any(op.kind in (OpKind.ATOMIC, OpKind.WHILE) for op in ops):
         return
     loops = [op for op in fn.body.ops if op.kind is OpKind.FOR]
     for axis in range(3):
-        ids = [op for op in fn.walk() if op.kind is OpKind.PROGRAM_ID and op.attrs.axis == axis]
+        ids = [op for op in ops if op.kind is OpKind.PROGRAM_ID and op.attrs.axis == axis]
         if ids and loops and _lengthens(loops, {op.result.id for op in ids}):
             for op in ids:
                 _mirror(fn, op, axis)
@@ -102,13 +103,17 @@ def _binary(op: Op, trends: list[int | None]) -> int | None:
         return _combine(a, b)
     if kind is BinaryOp.SUB:
         return _combine(a, None if b is None else -b)
-    constant = _constant(op.operands[1])
-    if kind in (BinaryOp.MUL, BinaryOp.FLOORDIV) and constant is not None and b == FLAT and a is not None:
-        return a * (constant > 0) - a * (constant < 0) if constant else FLAT
-    if kind is BinaryOp.MUL and _constant(op.operands[0]) is not None and a == FLAT and b is not None:
-        first = _constant(op.operands[0])
-        return b * (first > 0) - b * (first < 0) if first else FLAT
+    left, right = (_constant(v) for v in op.operands)
+    if kind in (BinaryOp.MUL, BinaryOp.FLOORDIV) and right is not None and a is not None:
+        return _scaled(a, right)
+    if kind is BinaryOp.MUL and left is not None and b is not None:
+        return _scaled(b, left)
     return None
+
+
+def _scaled(trend: int, factor: int) -> int:
+    """The trend of a value of trend ``trend`` multiplied (or floor-divided) by the constant ``factor``."""
+    return FLAT if factor == 0 else trend if factor > 0 else -trend
 
 
 def _constant(v: Value) -> int | None:
@@ -120,7 +125,7 @@ def _constant(v: Value) -> int | None:
 
 def _mirror(fn: Function, pid: Op, axis: int) -> None:
     """``program_id(axis)`` replaced by ``num_programs(axis) - 1 - program_id(axis)`` right after it."""
-    block = _block_of(fn.body, pid)
+    block = next(b for b in blocks(fn.body) if any(o is pid for o in b.ops))
     build = Builder(Block())
     with build.located(pid.loc):
         count = build.create1(OpKind.NUM_PROGRAMS, [], pid.result.type, AxisAttrs(axis))
@@ -131,14 +136,3 @@ def _mirror(fn: Function, pid: Op, axis: int) -> None:
     mirrored.name, pid.result.name = pid.result.name, None
     at = block.ops.index(pid)
     block.ops[at + 1:at + 1] = build.block.ops
-
-
-def _block_of(block: Block, op: Op) -> Block:
-    if any(o is op for o in block.ops):
-        return block
-    for o in block.ops:
-        for region in o.regions:
-            found = _block_of(region, op)
-            if found is not None:
-                return found
-    return None
