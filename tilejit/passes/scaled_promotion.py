@@ -14,11 +14,11 @@ with the same FMA. Runs after the layouts are fixed (the scale, the product and 
 so the scale's registers line up with the accumulator's) and before pipelining, which then sees one gemm.
 
 Measured on an H100 (``scripts/probes/blockscaled_loop_forms.py``, 4096x4096x7168, 128x128 persistent): 909
-TFLOP/s against 889 for the pair. A 128x256 tile (the unscaled precise loop's best: 1,255) still spills 600-900
-bytes a thread when its scales are loaded in the loop: beside the 128-register accumulator and a 64-register
-temporary, the loads' registers do not fit the 232 a consumer warpgroup has (with the scales loaded before the
-loop it compiles without spills); staging the scales in shared memory with the operands (the producer loading
-them) would free those registers.
+TFLOP/s against 889 for the pair. A 128x256 or 256x128 tile (the unscaled precise loop's best: 1,255) still
+spills 300-900 bytes a thread: beside the 128-register accumulator and a 64-register temporary, ptxas spills once
+the four rows a thread holds get four distinct scale products, whether the scales come from global memory, from
+shared memory (where the producer warpgroup would stage them) or are constants; with two distinct products it
+does not (``benchmarks/history/investigations.md``).
 """
 from __future__ import annotations
 
