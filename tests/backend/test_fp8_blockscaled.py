@@ -252,15 +252,23 @@ def prefetched_scales(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr):
 
 def test_a_carried_row_scale_is_loaded_by_the_threads_holding_its_rows():
     """A per-row scale vector carried by the loop (loaded one iteration ahead) is built in the accumulator's row
-    slice, as a scale loaded in the iteration is: each thread loads its own rows before the loop and in it, and
-    no vector crosses shared memory."""
+    slice, as a scale loaded in the iteration is: each thread loads its own rows before the loop and in it (there
+    through pointers to its rows set up before the loop and stepped by one K block a trip), and no vector crosses
+    shared memory."""
     m, n, k = 1000, 2112, 7168
     text = prefetched_scales.compile(_meta(m, k, dtype=E4M3), _meta(m, 56), _meta(n, k, dtype=E4M3), _meta(17, 56),
                                      _meta(m, n, dtype=torch.bfloat16), BM=128, BN=128, num_warps=8,
                                      arch="sm_90a", stop_after="cuda").cuda
     assert "broadcast through shared memory" not in text
-    loads = [line for line in text.splitlines() if "_sa_next[0] = (tj_dropped_ok" in line]
-    assert len(loads) == 2 and all("(tid & 31) >> 2" in line for line in loads)  # the accumulator's row of a lane
+    lines = text.splitlines()
+    before = [line for line in lines if "_sa_next[0] = (tj_dropped_ok" in line]
+    assert len(before) == 1 and "(tid & 31) >> 2" in before[0]  # the accumulator's row of a lane
+    inside = [line for line in lines if "_sa_next[0] = (tj_cl" in line]
+    assert len(inside) == 1 and inside[0].rstrip().endswith("? *tj_cl1_p0 : float{};")
+    rows = [line for line in lines if "const float* tj_cl1_p0 = " in line]
+    assert len(rows) == 1 and "(tid & 31) >> 2" in rows[0]
+    header = next(line for line in lines if line.lstrip().startswith("for (int64_t") and "tj_cl1_p0 +=" in line)
+    assert "tj_cl1_p1 += tj_cl1_step" in header
 
 
 def test_a_carried_row_scale_gives_the_product(interpret):

@@ -239,6 +239,7 @@ class Emitter:
         self.rings: dict[int, Any] = {}       # id of the loop op -> what its prelude set up, for its consumer
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
         self.store_reads_pending = False  # a persistent walk's TMA stores wait for their reads at its end
+        self.carried_loads: dict[int, Any] = {}  # a loop's loads with pointers set up before it (carried_loads)
         # T.program_id(0) reads the other program of a cluster pair (lower_specialized._pair_flags)
         self.partner_x = False
         # a pingpong kernel's groups of math warps (passes/warp_specialize.specialize_warps): while ``grouped``, shared

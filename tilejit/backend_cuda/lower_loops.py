@@ -43,6 +43,7 @@ from ..passes.warp_specialize import deferred_gemm, multicast_loads
 from .emitter import (RULES, AsyncMma, Emitter, assign_value, c_type, declare_var, emits, in_range,
                       is_positive_constant, scalar_expr)
 from . import lower_tcgen05, lower_tma
+from .carried_loads import CarriedLoad, carried_loads
 from .lower_specialized import emit_producer, group_turn, release
 from .lower_wgmma import wait_group
 from .lower_wgmma_rs import pack_a, packed_words
@@ -160,6 +161,7 @@ def _for(em: Emitter, op: Op) -> None:
     if loop.ring:
         loop.set_up_cp_async_ring()
     loop.start()
+    loop.carry_loads()
     loop.run()
     loop.drain()
 
@@ -206,6 +208,7 @@ class LoopEmission:
         self.carry: FragmentCarry | None = None
         self.own_slots = False
         self.iv_name = self.nxt = ""
+        self.carried_loads: list[CarriedLoad] = []
         # set by open(): the in-flight gemms' result names, what an enclosing loop had set, whether the ring is
         # given back after the loop, and the shared memory it gives back to
         self.carried_names: list[str] = []
@@ -369,22 +372,33 @@ class LoopEmission:
         self.iv_name = em.name(self.iv)
         self.nxt = f"{self.iv_name} + ({self.iv_t}){self.stages - 1} * {self.step}"
 
+    def carry_loads(self) -> None:
+        """The body's register loads whose addresses move by a constant per iteration: their pointers, set up
+        here and stepped in the loop's header (``carried_loads``), found by ``lower_memory``'s loads."""
+        self.carried_loads = carried_loads(self.em, self.body, self.iv, self.op.operands[2],
+                                           lambda load: self.starts_at(load, self.lo))
+        for carried in self.carried_loads:
+            self.em.carried_loads[carried.op.result.id] = carried
+
     def run(self) -> None:
         """The loop (after its first iteration on its own, when a deferred gemm's has nothing to issue)."""
         em, late, lo, iv_t, iv_name = self.em, self.late, self.lo, self.iv_t, self.iv_name
-        incr = f"{iv_name} += {self.step}" + (", ++tj_it" if self.piped else "")
+        advance = [step for carried in self.carried_loads for step in carried.advance()]
+        incr = ", ".join([f"{iv_name} += {self.step}"] + (["++tj_it"] if self.piped else []) + advance)
         if late is not None:  # the first iteration on its own: it has no previous one's gemm to issue
             em.open(f"if ({self.in_loop(lo)})")
             em.line(f"const {iv_t} {iv_name} = {lo};")
             late.first = True
             self.iteration()
             late.first = False
-            em.line("++tj_it;")
+            em.line("; ".join(["++tj_it"] + advance) + ";")
             em.close()
         first = f"{lo} + {self.step}" if late is not None else lo
         em.open(f"for ({iv_t} {iv_name} = {first}; {self.in_loop(iv_name)}; {incr})")
         self.iteration()
         em.close()
+        for carried in self.carried_loads:
+            del em.carried_loads[carried.op.result.id]
 
     def iteration(self) -> None:
         """One iteration's code: wait for its tiles, its ops, hand back or refill, the carried values."""

@@ -133,8 +133,12 @@ def _element(em: Emitter, op: Op, first: int) -> tuple[str, str]:
 
 @emits(OpKind.LOAD)
 def _load(em: Emitter, op: Op) -> None:
+    carried = em.carried_loads.get(op.result.id)  # (a loop's, its pointers set up before it: carried_loads)
     if op.result.is_scalar:
         # X[i, j]: every thread reads the element (a broadcast load); 0 out of bounds
+        if carried is not None:
+            carried.load_scalar(Window(em, op, _start_names(em, op, 1)), em.name(op.result))
+            return
         ptr, ok = _element(em, op, 1)
         ctype = c_type(op.result.dtype)
         em.line(f"const {ctype} {em.name(op.result)} = ({ok}) ? *{ptr} : {ctype}{{}};")
@@ -154,6 +158,9 @@ def _load(em: Emitter, op: Op) -> None:
     win = Window(em, op, _start_names(em, op, 1))
     em.comment(op, f"load {win.t} window into registers")
     owner = duplicate_registers(layout, em.target.threads)
+    if carried is not None:
+        carried.load_distinct(win, name, owner)
+        return
     if owner is not None:
         _load_distinct(em, win, layout, name, owner)
         return
