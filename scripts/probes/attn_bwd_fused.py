@@ -26,7 +26,7 @@ LOG2E = 1.4426950408889634
 
 
 @tilejit.func
-def _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, MASK):
+def _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, MASK, DQ_STORE):
     q = Q[b, h, m0:m0 + BM, 0:D]
     do = dO[b, h, m0:m0 + BM, 0:D]
     lse = Lse[b, h, m0:m0 + BM]
@@ -41,13 +41,16 @@ def _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, 
     dst = (pt * (dpt - delta[None, :])).to(Q.dtype)
     dk = T.gemm(dst, q, dk)
     dq = T.gemm(dst, k, T.zeros((BM, D), T.float32), transpose_a=True)
-    T.atomic_add(dQacc[b, h, m0:m0 + BM, 0:D], dq, sem="relaxed")
+    if DQ_STORE:  # timing only: each step overwrites dQ's partial sums (what a bulk reduction could cost at best)
+        dQacc[b, h, m0:m0 + BM, 0:D] = dq
+    else:
+        T.atomic_add(dQacc[b, h, m0:m0 + BM, 0:D], dq, sem="relaxed")
     return dk, dv
 
 
 @tilejit.kernel
 def attn_bwd_fused(Q, K, V, dO, Lse, Delta, dK, dV, dQacc, sm_scale, HKV, GROUP: T.constexpr, BM: T.constexpr,
-                   BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr):
+                   BN: T.constexpr, D: T.constexpr, CAUSAL: T.constexpr, DQ_STORE: T.constexpr = False):
     pid_bh = T.program_id(1)
     b = pid_bh // HKV
     kv = pid_bh % HKV
@@ -65,9 +68,11 @@ def attn_bwd_fused(Q, K, V, dO, Lse, Delta, dK, dV, dQacc, sm_scale, HKV, GROUP:
         if CAUSAL:
             lo = T.minimum(n0 + BN, S)
             for m0 in T.range(n0, lo, BM, stages=2):
-                dk, dv = _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, True)
+                dk, dv = _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, True,
+                               DQ_STORE)
         for m0 in T.range(lo, S, BM, stages=2):
-            dk, dv = _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, False)
+            dk, dv = _step(k, v, Q, dO, Lse, Delta, dQacc, b, h, m0, cols, dk, dv, qk_scale, BM, D, False,
+                           DQ_STORE)
     dK[b, kv, n0:n0 + BN, 0:D] = (dk * sm_scale).to(dK.dtype)
     dV[b, kv, n0:n0 + BN, 0:D] = dv.to(dV.dtype)
 
@@ -80,7 +85,7 @@ def dq_convert(dQacc, dQ, sm_scale, H, BM: T.constexpr, D: T.constexpr):
     dQ[b, h, m0:m0 + BM, 0:D] = (dQacc[b, h, m0:m0 + BM, 0:D] * sm_scale).to(dQ.dtype)
 
 
-def backward(do, q, k, v, out, lse, causal, BM, BN, warps, **opts):
+def backward(do, q, k, v, out, lse, causal, BM, BN, warps, dq_store=False, **opts):
     from tilejit.ops.fused_attention import attn_bwd_preprocess
 
     B, H, S, D = q.shape
@@ -92,7 +97,7 @@ def backward(do, q, k, v, out, lse, causal, BM, BN, warps, **opts):
     dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
     attn_bwd_fused[(tilejit.cdiv(S, BN), B * hkv)](q, k, v, do, lse, delta, dk, dv, dqacc, scale, hkv,
                                                    GROUP=H // hkv, BM=BM, BN=BN, D=D, CAUSAL=causal,
-                                                   num_warps=warps, **opts)
+                                                   DQ_STORE=dq_store, num_warps=warps, **opts)
     dq_convert[(tilejit.cdiv(S, 128), B * H)](dqacc, dq, scale, H, BM=128, D=D)
     return dq, dk, dv
 
@@ -106,6 +111,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--dq-store", action="store_true", help="also time each config with dQ's partial tile stored, "
+                    "not added (wrong dQ: the cost of moving it out with no reduction, a bound for a bulk one)")
     args = ap.parse_args()
     S, D = args.seq, args.dim
     B, H = max(1, 16384 // S), 16
@@ -149,6 +156,14 @@ def main() -> None:
                       flush=True)
             except Exception as exc:
                 print(f"  fused {bm}x{bn} w{w} {opts}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            if args.dq_store:
+                try:
+                    ms = do_bench(lambda: backward(do, q.detach(), k.detach(), v.detach(), out, lse, causal, bm, bn,
+                                                   w, dq_store=True, **opts))
+                    print(f"  fused {bm}x{bn} w{w} {opts}, dQ stored (timing only): {flops / ms / 1e9:.1f}", flush=True)
+                except Exception as exc:
+                    print(f"  fused {bm}x{bn} w{w} {opts}, dQ stored: {type(exc).__name__}: {str(exc)[:200]}",
+                          flush=True)
 
 
 if __name__ == "__main__":

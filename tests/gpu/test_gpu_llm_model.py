@@ -26,22 +26,26 @@ def _tail(losses: list[float], n: int = 20) -> float:
 
 
 def test_200_steps_of_tilejit_match_the_torch_twin(llm):
-    """The tolerance is bf16's own effect on the same run: the torch twin trained in float32 (parameters,
-    activations, AdamW state) against the twin in bf16 gives the spread that rounding to bf16 alone makes after
-    200 steps. tilejit (bf16) must land within twice that of the bf16 twin, or 0.02 nats (0.5% of the starting
-    loss, for the case where bf16 happens to track float32 closely), on the mean loss of the last 20 steps; at
-    step 0 (same weights, same batch, only the forward's rounding differs) within 0.01."""
+    """The tolerance is what rounding alone does to the same run: the torch twin in bf16 against the twin in
+    float32 (parameters, activations, AdamW state), and against itself run again (torch's bf16 backward is not
+    bit-repeatable: on an H200 the twin's last-20 mean landed at 2.0817, 2.0852 and 2.1022 in three runs, while
+    tilejit repeats to the bit). tilejit (bf16) must land within twice the larger of those spreads of the bf16
+    twin, and never needs to be closer than 0.04 nats (twice the twin's own 0.02 range; 0.7% of the starting
+    loss), on the mean loss of the last 20 steps; at step 0 (same weights, same batch, only the forward's rounding
+    differs) within 0.01. ``scripts/probes/llm_loss_spread.py`` measures these spreads."""
     tilejit = _train(llm, "tilejit", torch.bfloat16)
     twin = _train(llm, "torch", torch.bfloat16)
+    twin_again = _train(llm, "torch", torch.bfloat16)
     twin_fp32 = _train(llm, "torch", torch.float32)
-    assert all(torch.isfinite(torch.tensor(run)).all() for run in (tilejit, twin, twin_fp32))
+    assert all(torch.isfinite(torch.tensor(run)).all() for run in (tilejit, twin, twin_again, twin_fp32))
     assert abs(tilejit[0] - twin[0]) < 0.01, (tilejit[0], twin[0])
     assert _tail(twin) < twin[0] - 1.5, "the twin did not learn: the comparison would be vacuous"
-    bf16_spread = abs(_tail(twin) - _tail(twin_fp32))
-    tolerance = max(2 * bf16_spread, 0.02)
+    spread = max(abs(_tail(twin) - _tail(twin_fp32)), abs(_tail(twin) - _tail(twin_again)))
+    tolerance = max(2 * spread, 0.04)
     gap = abs(_tail(tilejit) - _tail(twin))
-    assert gap <= tolerance, (f"tilejit {_tail(tilejit):.4f} vs twin {_tail(twin):.4f} (bf16) / "
-                              f"{_tail(twin_fp32):.4f} (fp32): gap {gap:.4f} > {tolerance:.4f}")
+    assert gap <= tolerance, (f"tilejit {_tail(tilejit):.4f} vs twin {_tail(twin):.4f} (bf16; again "
+                              f"{_tail(twin_again):.4f}) / {_tail(twin_fp32):.4f} (fp32): gap {gap:.4f} > "
+                              f"{tolerance:.4f}")
 
 
 def _model(llm, seed=1):
