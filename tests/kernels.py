@@ -410,3 +410,36 @@ def unpeelable_masks(X, Out, BN: T.constexpr):
         acc += T.where(cols * cols < N, x, 2.0)
         acc += T.where(cols == N - 1, x, 3.0)
     Out[0] = T.sum(acc, 0)
+
+
+# -- tile atomic adds of gemm accumulators (TMA bulk reductions on sm_90+: lower_atomic._bulk_reduction) ----------
+
+@tilejit.kernel
+def splitk_atomic(A, B, C, K_SPLIT, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, SEM: T.constexpr = "relaxed",
+                  SCOPE: T.constexpr = "gpu", ACC: T.constexpr = T.float32):
+    """C += A @ B, program (i, j, s) adding its BM x BN tile's product over K chunk s into C by one tile
+    atomic_add: the split-K of examples/splitk_matmul.py, with the atomic's sem and scope given."""
+    K = A.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    k_begin = T.program_id(2) * K_SPLIT
+    acc = T.zeros((BM, BN), ACC)
+    for k0 in T.range(k_begin, T.minimum(k_begin + K_SPLIT, K), BK, stages=3):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    T.atomic_add(C[m0:m0 + BM, n0:n0 + BN], acc, sem=SEM, scope=SCOPE)
+
+
+@tilejit.kernel
+def accumulate_blocks(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, STAGES: T.constexpr = 2,
+                      TB: T.constexpr = False, ACC: T.constexpr = T.float32):
+    """C[0:BM, 0:BN] += A[p] @ B[p] for every program p (B[p] given N x K when TB): each K block's product is
+    added into the same window inside the pipelined loop, so the reductions of every program and iteration land
+    on the same lines."""
+    p = T.program_id(0)
+    for k0 in T.range(0, A.shape[2], BK, stages=STAGES):
+        if TB:
+            b = B[p, 0:BN, k0:k0 + BK]
+        else:
+            b = B[p, k0:k0 + BK, 0:BN]
+        part = T.gemm(A[p, 0:BM, k0:k0 + BK], b, T.zeros((BM, BN), ACC), transpose_b=TB)
+        T.atomic_add(C[0:BM, 0:BN], part, sem="relaxed")

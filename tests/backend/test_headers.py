@@ -27,7 +27,7 @@ NAMES = sorted(n[len("tilejit/"):-len(".cuh")] for n in header_sources())
 # the arch whose instructions a header's helpers wrap (each compiles for it; inline PTX is checked by ptxas only
 # where a kernel calls it, which the generated-code tests do)
 ARCH_OF = {"tcgen05": "sm_100a", "wgmma": "sm_90a", "tma": "sm_90a", "tma_multicast": "sm_90a", "tma_store": "sm_90a",
-           "cluster_ring": "sm_90a", "setmaxnreg": "sm_90a", "stream_k": "sm_90a"}
+           "tma_reduce": "sm_90a", "cluster_ring": "sm_90a", "setmaxnreg": "sm_90a", "stream_k": "sm_90a"}
 
 
 def test_the_helpers_are_headers():

@@ -240,6 +240,9 @@ class Emitter:
         self.per_program: Callable[[], None] | None = None  # emits a program's ids and what precedes the loop
         self.store_reads_pending = False  # a persistent walk's TMA stores wait for their reads at its end
         self.carried_loads: dict[int, Any] = {}  # a loop's loads with pointers set up before it (carried_loads)
+        # TMA bulk reductions (lower_tma.emit_store) were issued: the kernel's end waits for them to complete; and
+        # issued in the loop being emitted, nothing has waited for their reads of its staging since (lower_loops)
+        self.bulk_reduced = self.bulk_reads_pending = False
         # T.program_id(0) reads the other program of a cluster pair (lower_specialized._pair_flags)
         self.partner_x = False
         # a pingpong kernel's groups of math warps (passes/warp_specialize.specialize_warps): while ``grouped``, shared

@@ -13,13 +13,19 @@ element is updated once; a tile atomic's ``sem`` orders each thread's own access
 is issued by thread 0; with a non-relaxed ``sem`` (or a used result) the program synchronizes before and after
 it, so it orders every thread's accesses (locks, flags), and thread 0 passes the old value to the others
 through shared scratch.
+
+On sm_90+ a relaxed tile atomic_add of a wgmma accumulator whose old values are unused goes out as TMA bulk
+tensor reductions instead (``_bulk_reduction``: the TMA store epilogue's staging, ``lower_tma.emit_store``): whole
+128-byte lines added in L2, each element's add a relaxed atomic at gpu scope (PTX 9.7.9.25.5.3).
 """
 from __future__ import annotations
 
 from .. import dtypes as D
 from ..dtypes import DType
 from ..ir import AtomicOp, Op, OpKind
+from ..ir.layouts import SharedLayout
 from .emitter import Emitter, c_type, emits
+from . import lower_tma
 
 # the PTX operand constraint and type suffixes of each supported dtype
 _CONSTRAINT = {D.float32: "f", D.float64: "d", D.int32: "r", D.int64: "l"}
@@ -188,12 +194,57 @@ def atomic_function(em: Emitter, kind: AtomicOp, dtype: DType, sem: str, scope: 
     return name
 
 
+# The element types a TMA bulk reduction adds as ``red`` does: f32 (both round to nearest even and flush subnormal
+# inputs and results to zero: PTX 9.7.9.25.4.2, 9.7.13.6) and int32 (two's complement: the s32 add is the u32 one).
+# f16 and bf16 keep ``red.add.noftz``: the PTX text of the tensor form says nothing of how it rounds or treats
+# subnormals for them, so a match with the per-element path is not verified; it has no s64 or f64 add.
+_BULK_ADD_TYPES = (D.float32, D.int32)
+
+
+def _bulk_form(em: Emitter, op: Op) -> bool:
+    """Whether atomic ``op`` has the form of a TMA bulk reduction: an add whose old values are unused,
+    ``sem="relaxed"`` (a bulk reduction orders nothing: acquire and release keep ``atom``/``red``), gpu or cta
+    scope (the reduction's gpu scope covers cta; not sys), a window (no index tile), f32 or int32
+    (``_BULK_ADD_TYPES``), and the TMA epilogue's form (``lower_tma.stageable``: sm_90+, a wgmma accumulator of
+    the tensor's dtype, a plain tensor TMA can describe, a 2-D window along its last dim of whole 128-byte rows)."""
+    a, out = op.attrs, op.result
+    return (a.op is AtomicOp.ADD and a.sem == "relaxed" and a.scope in ("gpu", "cta") and a.axis is None
+            and not out.is_scalar and out.id not in _used_values(em) and op.operands[1].dtype in _BULK_ADD_TYPES
+            and lower_tma.stageable(em, op))
+
+
+def _bulk_reduction(em: Emitter, op: Op) -> tuple[SharedLayout, int] | None:
+    """The staging of a tile atomic that goes out as TMA bulk reductions, or None when it keeps the per-element
+    path: it has their form (``_bulk_form``), its staging fits the shared memory left, and the kernel touches the
+    tensor only by atomics of that form (its extents and strides aside).
+
+    The reductions complete asynchronously, in the async proxy, and accesses are ordered (or atomic with respect
+    to each other) only within one proxy (the PTX memory model's morally strong operations): a kernel that also
+    loads, stores or otherwise updates the tensor keeps the per-element path, where program order holds, rather
+    than wait for each reduction to complete. (Each atomic's staging fits or not where it is emitted: two
+    bulk-form atomics into one tensor could still take different paths where one sits in a loop whose ring
+    leaves too little room.)"""
+    if not _bulk_form(em, op):
+        return None
+    tensor = op.operands[0]
+    for other in em.fn.walk():
+        if other is op or other.kind in (OpKind.TENSOR_DIM, OpKind.TENSOR_STRIDE):
+            continue
+        if any(v is tensor for v in other.operands) and not (other.kind is OpKind.ATOMIC and _bulk_form(em, other)):
+            return None
+    return lower_tma.store_staging(em, op)
+
+
 def _atomic_call(em: Emitter, op: Op, fn: str, ptr: str, val: str, cmp: str | None) -> str:
     return f"{fn}({ptr}, {cmp + ', ' if cmp is not None else ''}{val})"
 
 
 @emits(OpKind.ATOMIC)
 def _atomic(em: Emitter, op: Op) -> None:
+    staging = _bulk_reduction(em, op)
+    if staging is not None:
+        lower_tma.emit_store(em, op, staging, lower_tma.REDUCE_ADD)
+        return
     a = op.attrs
     tensor, value, out = op.operands[0], op.operands[1], op.result
     t = em.name(tensor)

@@ -215,6 +215,7 @@ class LoopEmission:
         self.outer_hook = self.outer_async = None
         self.done = False
         self.smem_mark = 0
+        self.outer_reads_pending = False  # bulk reductions before the loop not yet waited for (lower_tma.emit_store)
 
     def in_loop(self, x: str) -> str:
         """The loop's test: whether induction value ``x`` is still inside it."""
@@ -246,6 +247,7 @@ class LoopEmission:
         self.smem_mark = em.smem_top
         if self.phase != "prelude":  # the prelude's names (the ring's iteration count) serve the walk over programs
             em.open("")
+            self.outer_reads_pending, em.bulk_reads_pending = em.bulk_reads_pending, False
         if self.phase == "consumer":
             self.full, self.empty, self.tma_bytes, self.maps, self.nbars, self.smem_mark = em.rings[id(op)]
         elif self.tma:
@@ -551,9 +553,15 @@ class LoopEmission:
         done = self.done
         if self.per_thread:  # (TMA loads completed on the ring's barriers: no cp.async group left to wait for)
             em.line("tj_cp_async_wait<0>();")
+        # the body's TMA bulk reductions (lower_tma.emit_store) have read their staging before the loop gives it
+        # back; a persistent walk keeps it (the kernel's end waits for them)
+        staged = em.bulk_reads_pending and done
+        if staged:
+            em.line("if (tid == 0) tj_bulk_wait_read0();  // the loop's bulk reductions have read their staging")
+        em.bulk_reads_pending = self.outer_reads_pending or (em.bulk_reads_pending and not done)
         # every thread is done with the ring before its memory is reused (a persistent walk keeps it, and its
         # mbarriers order the slots' readers)
-        if self.piped and (self.per_thread or done):
+        if (self.piped and (self.per_thread or done)) or staged:
             em.barrier()
         # the other program's last arrivals on this one's barriers are in before the memory is reused
         if self.paired and done:

@@ -9,10 +9,14 @@
   the hardware. Needs a 16-byte aligned tensor with 16-byte multiple strides.
 * ``cp_async`` (sm_80+): per-thread 16-byte cp.async with an element-wise fallback chosen at run time
   (``lower_memory.SharedCopy``).
+
+And the other way, shared -> global (``emit_store``): a wgmma accumulator tile stored through swizzled shared boxes
+by bulk tensor stores, or added into its tensor by bulk tensor reductions (a relaxed tile atomic_add).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .. import dtypes as D
 from ..frontend.spec import TensorSpec
@@ -20,7 +24,7 @@ from ..ir import Op
 from ..ir.layouts import CExpr, SharedLayout, WgmmaLayout, c_text
 from ..ir.rewrite import defining_op
 from ..target import REGISTRY, Target
-from .emitter import BYTE_ORIGINS, c_type
+from .emitter import BYTE_ORIGINS, KERNEL_HOOKS, c_type
 from .lower_wgmma import swizzled_rows
 
 
@@ -48,13 +52,17 @@ class TensorMapSpec:
     tensor: str                 # parameter name
     box: tuple[int, ...]        # box extents, innermost (the tensor's last dim) first
     elem_bytes: int
+    # the element type the TMA unit computes with ("float32", "int32"): a bulk reduction adds elements of the map's
+    # type; "" for copies, which move bytes (the runtime encodes unsigned integers of elem_bytes)
+    data_type: str = ""
 
     @property
     def swizzle_bytes(self) -> int:
         return self.box[0] * self.elem_bytes
 
     def to_json(self) -> dict:
-        return {"tensor": self.tensor, "box": list(self.box), "elem_bytes": self.elem_bytes}
+        typed = {"data_type": self.data_type} if self.data_type else {}
+        return {"tensor": self.tensor, "box": list(self.box), "elem_bytes": self.elem_bytes, **typed}
 
 
 def box_of(op: Op, lay: SharedLayout) -> tuple[int, ...]:
@@ -168,30 +176,44 @@ def _store_staging(em, rows: int, cols: int, esize: int, chunk_rows: int) -> tup
     return None
 
 
-def store_staging(em, op: Op) -> tuple[SharedLayout, int] | None:
-    """The staging (``_store_staging``) of a register-tile store that takes the TMA epilogue, or None when it does
-    not: sm_90+, the tile in a wgmma accumulator layout (pairs of adjacent columns per thread) of 2- or 4-byte
-    elements, a plain tensor argument TMA can describe (not a T.bounded view: TMA clips at the tensor's own
-    extents), a 2-D window along the last dim whose rows are whole 128-byte panels, and a panel buffer fits the
-    shared memory left."""
+def stageable(em, op: Op) -> bool:
+    """Whether a register tile written into a tensor window (a store, or a tile atomic add: ``lower_atomic``
+    checks the rest) has the form the TMA epilogue takes, its staging's fit aside: sm_90+, the tile in a wgmma
+    accumulator layout (pairs of adjacent columns per thread) of 2- or 4-byte elements of the tensor's dtype, a
+    plain tensor argument TMA can describe (not a T.bounded view: TMA clips at the tensor's own extents), a 2-D
+    window along the last dim whose rows are whole 128-byte panels."""
     tensor, value = op.operands[0], op.operands[1]
     if em.target.sm < 90 or not value.is_tile or not isinstance(value.type.layout, WgmmaLayout):
-        return None
+        return False
     esize = value.dtype.itemsize
     halves = value.dtype in (D.float16, D.bfloat16)  # 16-bit values are packed through their .bits
     if value.dtype != tensor.dtype or not (halves or esize == 4) or defining_op(tensor) is not None:
-        return None
+        return False
     q = CopyQuery(op, em.fn.attrs.get("tensor_specs", {}).get(tensor.name), True)
     if not _tensor_ok(q, em.target) or len(q.tile_dims) != 2 or q.tile_dims[-1] != tensor.type.rank - 1:
-        return None
+        return False
     rows, cols = value.type.shape
-    if (cols * esize) % SPAN_BYTES or rows > 256 or rows % 8:
+    return not ((cols * esize) % SPAN_BYTES or rows > 256 or rows % 8)
+
+
+def store_staging(em, op: Op) -> tuple[SharedLayout, int] | None:
+    """The staging (``_store_staging``) of a register tile that takes the TMA epilogue, or None when it does not:
+    it has the form (``stageable``) and a panel buffer fits the shared memory left."""
+    if not stageable(em, op):
         return None
-    return _store_staging(em, rows, cols, esize, 64 * value.type.layout.groups)
+    value = op.operands[1]
+    rows, cols = value.type.shape
+    return _store_staging(em, rows, cols, value.dtype.itemsize, 64 * value.type.layout.groups)
 
 
-def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
-    """Registers -> 128-byte-swizzled shared boxes -> one bulk tensor store per box, issued by thread 0.
+#: What ``emit_store`` gives each staged box to (``tj_tma_<instruction>_<rank>d``): a bulk tensor store, or a bulk
+#: tensor reduction adding it into the tensor (a relaxed tile atomic_add: ``lower_atomic``).
+STORE, REDUCE_ADD = "store", "reduce_add"
+
+
+def emit_store(em, op: Op, staging: tuple[SharedLayout, int], instruction: str = STORE) -> None:
+    """Registers -> 128-byte-swizzled shared boxes -> one bulk tensor store (or reduction) per box, issued by
+    thread 0.
 
     The tile goes out one box at a time (a 128-byte panel of columns, of all its rows or of one register slab's;
     ``_store_staging``) through ``buffers`` box buffers: the threads write box b's column pairs (8 rows x 16 bytes
@@ -199,7 +221,14 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     (``cp.async.bulk.wait_group.read 1``), while the store of box b - 1 is still reading the other (one buffer,
     waiting for each store, where two do not fit). The first boxes, one per buffer, wait for nothing more than the
     first wait, for every earlier store, at the start. The staging memory is boxes, not the whole tile, so a
-    persistent kernel's ring and the epilogue fit together."""
+    persistent kernel's ring and the epilogue fit together.
+
+    ``REDUCE_ADD``: each box is added into the tensor by ``cp.reduce.async.bulk.tensor`` (PTX 9.7.9.25.5.3: every
+    element's add a relaxed atomic at gpu scope), through a tensor map typed with the tile's dtype. Nothing waits
+    for the reductions here: in a loop the next iteration's reduction waits at its start before it rewrites the
+    staging (the math of the iteration in between runs while they read it), the loop before it gives its shared
+    memory back (``lower_loops``), and the kernel's end for their completion (``_complete_bulk_reductions``)."""
+    reduce = instruction == REDUCE_ADD
     tensor, value = op.operands[0], op.operands[1]
     layout: WgmmaLayout = value.type.layout
     rows, cols = value.type.shape
@@ -210,12 +239,14 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     row_dim = CopyQuery(op, None, True).tile_dims[0]  # (store_staging: a 2-D window along the last dim)
     em.require_header("tma")
     em.require_header("tma_store")
+    if reduce:
+        em.require_header("tma_reduce")
     offset = em.allocate_shared(buffers * lay.stage_bytes, 1024)  # the 128-byte swizzle repeats every 1024 bytes
     origin = em.smem_origin
     byte_origin = BYTE_ORIGINS[origin]
     box = list(box_of(op, SharedLayout(rows, cols, esize)))
     box[rank - 1 - row_dim] = box_rows
-    param = em.tensor_map_param(TensorMapSpec(tensor.name, tuple(box), esize))
+    param = em.tensor_map_param(TensorMapSpec(tensor.name, tuple(box), esize, value.dtype.name if reduce else ""))
     starts = [em.name(v) for v in op.operands[2:]]
     x = em.name(value)
     # the register pairs of each box: a pair's column does not depend on the thread beyond its 8-column block, nor
@@ -224,14 +255,19 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
     for q in range(layout.regs // 2):
         row, col = (int(c) for c in layout.coords(0, 2 * q))
         pairs.setdefault((row // box_rows, col // panel_cols), []).append(q)
-    em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared boxes -> global")
+    if reduce:
+        em.comment(op, f"atomic add ({op.attrs.sem}) into {em.name(tensor)} window by TMA: registers -> swizzled "
+                   "shared boxes -> bulk reductions into global")
+    else:
+        em.comment(op, f"store into {em.name(tensor)} window by TMA: registers -> swizzled shared boxes -> global")
+    what = "reduction" if reduce else "store"
     em.open("")
-    em.line("if (tid == 0) tj_bulk_wait_read0();  // an earlier TMA store has finished reading shared memory")
+    em.line(f"if (tid == 0) tj_bulk_wait_read0();  // an earlier TMA {what} has finished reading shared memory")
     boxes = [(c, p) for c in range(rows // box_rows) for p in range(cols // panel_cols)]
     for b, (c, p) in enumerate(boxes):
         base = offset + (b % buffers) * lay.stage_bytes
         if b >= buffers:  # (the first wait freed every buffer for the first boxes)
-            em.line(f"if (tid == 0) tj_bulk_wait_read{buffers - 1}();  // the store that last read this "
+            em.line(f"if (tid == 0) tj_bulk_wait_read{buffers - 1}();  // the {what} that last read this "
                     "buffer is done")
         if b == 0 or b >= buffers:
             em.barrier("... and every earlier reader of this memory is done")
@@ -253,15 +289,30 @@ def emit_store(em, op: Op, staging: tuple[SharedLayout, int]) -> None:
         em.line("tj_fence_proxy_async();  // the generic-proxy writes, visible to the TMA")
         em.barrier()
         coords = _box_coords(starts, {rank - 1: p * panel_cols, row_dim: c * box_rows})
-        em.line(f"if (tid == 0) {{ tj_tma_store_{rank}d(&{param}, {coords}, {origin} + {base}); "
+        em.line(f"if (tid == 0) {{ tj_tma_{instruction}_{rank}d(&{param}, {coords}, {origin} + {base}); "
                 "tj_bulk_commit(); }")
-    if em.fn.attrs.get("persistent") and em.ring_phase == "consumer":
+    if reduce:
+        em.bulk_reads_pending = em.bulk_reduced = True
+    elif em.fn.attrs.get("persistent") and em.ring_phase == "consumer":
         # in a persistent walk the next program's store waits before it writes the buffers again, and the walk's
         # end before the program leaves (lower_specialized.emit_specialized): the math warps go on to the next main loop
         em.store_reads_pending = True
     else:
         em.line("if (tid == 0) tj_bulk_wait_read0();  // the CTA's shared memory stays valid until the TMA has read it")
     em.close()
+
+
+def _complete_bulk_reductions(em) -> Callable[[], None]:
+    """The kernel's end waits, in each thread that issued TMA bulk reductions, for them to complete
+    (``cp.async.bulk.wait_group 0``): the PTX ISA says when a bulk async-group's writes are done and visible
+    (9.7.9.25.6.2), not that a CTA's exit completes them, and the CTA's shared memory must outlive their reads."""
+    def finish() -> None:
+        if em.bulk_reduced:
+            em.line("if (tid == 0) tj_bulk_wait0();  // the TMA bulk reductions are complete before the program exits")
+    return finish
+
+
+KERNEL_HOOKS.append(_complete_bulk_reductions)
 
 
 def _runs(values: list[int]):

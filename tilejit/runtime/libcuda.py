@@ -25,6 +25,8 @@ FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 DEVICE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 # CUtensorMapDataType (by element size: a TMA copy moves bytes), interleave, swizzle, L2 promotion, OOB fill
 TENSOR_MAP_UINT_TYPES = {1: 0, 2: 1, 4: 2}
+# CU_TENSOR_MAP_DATA_TYPE_INT32 / _FLOAT32: a map whose elements the TMA unit computes on (a bulk reduction's add)
+TENSOR_MAP_DATA_TYPES = {"int32": 3, "float32": 7}
 TENSOR_MAP_INTERLEAVE_NONE = 0
 TENSOR_MAP_SWIZZLES = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B, by the span in bytes
 TENSOR_MAP_L2_PROMOTION_256B = 3

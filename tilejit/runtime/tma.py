@@ -18,11 +18,13 @@ _CACHE_SIZE = 1024
 _cache: OrderedDict[tuple, Any] = OrderedDict()
 
 
-def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: int, box: Sequence[int]) -> bytes:
+def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: int, box: Sequence[int],
+           data_type: str = "") -> bytes:
     """The 128 bytes of a CUtensorMap for a tensor at ``ptr`` with ``sizes``/``strides`` (elements, outermost
-    first) and a ``box`` given innermost first, swizzled over the box's inner extent. The element type only
-    matters by size: a copy moves bytes."""
-    key = (ptr, tuple(sizes), tuple(strides), elem_bytes, tuple(box))
+    first) and a ``box`` given innermost first, swizzled over the box's inner extent. For a copy the element type
+    only matters by size (a copy moves bytes); a bulk reduction adds elements of the map's type, named by
+    ``data_type`` ("float32", "int32")."""
+    key = (ptr, tuple(sizes), tuple(strides), elem_bytes, tuple(box), data_type)
     found = _cache.get(key)
     if found is not None:
         return found
@@ -31,8 +33,8 @@ def encode(ptr: int, sizes: Sequence[int], strides: Sequence[int], elem_bytes: i
     # globalStrides: bytes between consecutive elements of dims 1..rank-1 (innermost first, dim 0 implied).
     byte_strides = [int(s) * elem_bytes for s in list(reversed(strides))[1:]]
     try:
-        tensor_map = libcuda.encode_tensor_map_tiled(libcuda.TENSOR_MAP_UINT_TYPES[elem_bytes], ptr,
-                                                     [int(n) for n in reversed(sizes)], byte_strides,
+        code = libcuda.TENSOR_MAP_DATA_TYPES[data_type] if data_type else libcuda.TENSOR_MAP_UINT_TYPES[elem_bytes]
+        tensor_map = libcuda.encode_tensor_map_tiled(code, ptr, [int(n) for n in reversed(sizes)], byte_strides,
                                                      [int(b) for b in box], swizzle_bytes(box, elem_bytes))
     except LaunchError as error:
         raise LaunchError(f"{error} for a tensor of sizes {list(sizes)}, strides {list(strides)} and box "
@@ -54,8 +56,9 @@ def swizzle_bytes(box: Sequence[int], elem_bytes: int) -> int:
 class TensorMapPacker:
     """Appends the CUtensorMap values of a compiled kernel to its packed parameter values.
 
-    ``maps`` come from the kernel's meta (``{"tensor": name, "box": [...], "elem_bytes": n}``); ``layout``
-    gives, for each tensor parameter name, where its pointer, sizes and strides sit in the packed values.
+    ``maps`` come from the kernel's meta (``{"tensor": name, "box": [...], "elem_bytes": n}``, and ``"data_type"``
+    for a bulk reduction's map); ``layout`` gives, for each tensor parameter name, where its pointer, sizes and
+    strides sit in the packed values.
     """
 
     def __init__(self, maps: Sequence[dict], layout: dict[str, tuple[int, int]], context: int | None = None) -> None:
@@ -63,7 +66,7 @@ class TensorMapPacker:
         self.plan = []
         for m in maps:
             start, rank = layout[m["tensor"]]
-            self.plan.append((start, rank, int(m["elem_bytes"]), tuple(m["box"])))
+            self.plan.append((start, rank, int(m["elem_bytes"]), tuple(m["box"]), m.get("data_type", "")))
 
     def __call__(self, values: list[Any]) -> list[Any]:
         return [*values, *self.maps(values)]
@@ -81,9 +84,9 @@ class TensorMapPacker:
 
     def _encode_all(self, values: Sequence[Any]) -> list[bytes]:
         out = []
-        for start, rank, elem_bytes, box in self.plan:
+        for start, rank, elem_bytes, box, data_type in self.plan:
             ptr = values[start]
             sizes = values[start + 1:start + 1 + rank]
             strides = values[start + 1 + rank:start + 1 + 2 * rank]
-            out.append(encode(ptr, sizes, strides, elem_bytes, box))
+            out.append(encode(ptr, sizes, strides, elem_bytes, box, data_type))
         return out
