@@ -55,6 +55,21 @@ def column_scaled_sum(X, S, Out, BM: T.constexpr, BN: T.constexpr):
     Out[0:BM, n0:n0 + BN] = acc
 
 
+@tilejit.kernel
+def scaled_two_products(Q, K, V, Scale, O, BM: T.constexpr, BN: T.constexpr, D: T.constexpr):
+    """O = ((Q @ K_j^T) * Scale[j]) @ V_j summed over key blocks j: a warp-specialized loop whose second product is
+    issued one iteration late (its first iteration emitted on its own before the loop)."""
+    S = K.shape[0]
+    m0 = T.program_id(0) * BM
+    q = Q[m0:m0 + BM, 0:D]
+    acc = T.zeros((BM, D), T.float32)
+    for n0 in T.range(0, S, BN, stages=3, warp_specialize=True):
+        s = T.gemm(q, K[n0:n0 + BN, 0:D], T.zeros((BM, BN), T.float32), transpose_b=True)
+        p = s * Scale[n0 // BN]
+        acc = T.gemm(p.to(Q.dtype), V[n0:n0 + BN, 0:D], acc)
+    O[m0:m0 + BM, 0:D] = acc
+
+
 def _meta(*shape):
     return torch.empty(*shape, device="meta")
 
@@ -105,6 +120,19 @@ def test_a_start_read_from_memory_keeps_its_address_math():
 def test_a_vector_of_many_elements_per_thread_keeps_its_address_math():
     text = _cuda(column_scaled_sum, _meta(1000, 256), _meta(16, 256), _meta(64, 256), BM=64, BN=128, num_warps=4)
     assert "tj_cl" not in text
+
+
+def test_a_loop_whose_first_iteration_runs_on_its_own_steps_the_pointers_after_it():
+    bf16 = torch.bfloat16
+    compiled = scaled_two_products.compile(torch.empty(1000, 128, dtype=bf16, device="meta"),
+                                           torch.empty(900, 128, dtype=bf16, device="meta"),
+                                           torch.empty(900, 128, dtype=bf16, device="meta"), _meta(15),
+                                           _meta(1000, 128), BM=128, BN=64, D=128, num_warps=8, arch="sm_90a")
+    lines = [line.strip() for line in compiled.asm["cuda"].splitlines()]
+    first = lines.index("++tj_it; tj_cl2_p0 += tj_cl2_step;")  # the end of the first iteration, on its own
+    loop = next(i for i, line in enumerate(lines) if line.startswith("for (int64_t") and "tj_cl2_p0 +=" in line)
+    assert first < loop and " + v7;" in lines[loop]  # the loop proper starts at the second iteration
+    assert compiled.meta["spills"] == 0
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])

@@ -1,12 +1,13 @@
 """Loads whose pointers a loop carries (backend_cuda/carried_loads.py) on the GPU: a per-row vector and a single
-element read each trip, forward and backward loops, against a float64 reference over ragged shapes (rows and
+element read each trip, forward and backward loops, a warp-specialized loop whose first iteration runs on its
+own (sm_90), against a float64 reference over ragged shapes (rows and
 columns not multiples of the tiles, the last block short), outputs NaN-poisoned."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from test_carried_loads import row_scaled_sum
+from test_carried_loads import row_scaled_sum, scaled_two_products
 
 pytestmark = pytest.mark.gpu
 
@@ -36,3 +37,23 @@ def test_carried_row_and_element_loads_give_the_sums(m, k, bm, bk, warps, revers
     want = _reference(x, s, tab, bk, bk, bk)
     assert not out.isnan().any()
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("m,s", [(1000, 900), (129, 200), (300, 1000)])
+def test_carried_element_in_a_loop_issued_one_iteration_late(m, s, requires_sm):
+    requires_sm(90)
+    gen = torch.Generator().manual_seed(m * s)
+    q, k, v = (torch.randn(rows, 128, generator=gen).to(torch.bfloat16) for rows in (m, s, s))
+    blocks = -(-s // 64)
+    scale = torch.rand(blocks - 1, generator=gen) + 0.5  # one short: the last block's scale reads 0
+    out = torch.full((m, 128), float("nan"), device="cuda")
+    scaled_two_products[(-(-m // 128),)](q.cuda(), k.cuda(), v.cuda(), scale.cuda(), out, BM=128, BN=64, D=128,
+                                         num_warps=8)
+    want = torch.zeros(m, 128, dtype=torch.float64)
+    for j in range(blocks):
+        rows = slice(64 * j, 64 * (j + 1))
+        p = q.double() @ k[rows].double().T * (float(scale[j]) if j < blocks - 1 else 0.0)
+        want += p.to(torch.bfloat16).double() @ v[rows].double()
+    assert not out.isnan().any()
+    # (P is rounded to bf16 from float32 scores here, from float64 ones there: a rare element rounds the other way)
+    assert float((out.double().cpu() - want).norm() / want.norm()) < 2e-3
