@@ -25,20 +25,12 @@ from __future__ import annotations
 
 from ..ir import BinaryOp, Op, OpKind, Scope, Value
 from ..ir.layouts import duplicate_registers
+from ..ir.rewrite import int_constant
 from .emitter import Emitter, c_type
 from .lower_memory import Window
 
 #: The most pointers one load carries through a loop (each holds two registers for the whole loop).
 MAX_POINTERS = 4
-
-
-def constant_int(v: Value) -> int | None:
-    """The value of an integer constant, else None."""
-    op = v.owner
-    if isinstance(op, Op) and op.kind is OpKind.CONSTANT and isinstance(op.attrs.value, int) \
-            and not isinstance(op.attrs.value, bool):
-        return op.attrs.value
-    return None
 
 
 def iv_delta(v: Value, body_ops: dict[int, Op], iv_id: int, step: int) -> int | None:
@@ -60,17 +52,18 @@ def iv_delta(v: Value, body_ops: dict[int, Op], iv_id: int, step: int) -> int | 
     if a is None or b is None:
         return None
     kind = op.attrs.op
-    if a == 0 and b == 0 and kind is not BinaryOp.TRUEDIV:
-        return 0  # computed in the body from values the loop does not change
+    if a == 0 and b == 0:
+        return 0  # computed in the body from values the loop does not change (an integer result: no TRUEDIV)
     if kind is BinaryOp.ADD:
         return a + b
     if kind is BinaryOp.SUB:
         return a - b
-    if kind is BinaryOp.MUL:
-        factor, moving = (constant_int(op.operands[1]), a) if b == 0 else (constant_int(op.operands[0]), b)
-        return None if factor is None or (a and b) else moving * factor
+    if kind is BinaryOp.MUL and not (a and b):
+        moving, fixed = (a, op.operands[1]) if a else (b, op.operands[0])
+        factor = int_constant(fixed)
+        return None if factor is None else moving * factor
     if kind is BinaryOp.FLOORDIV and b == 0:
-        divisor = constant_int(op.operands[1])
+        divisor = int_constant(op.operands[1])
         return a // divisor if divisor and a % divisor == 0 else None
     return None
 
@@ -88,22 +81,12 @@ class CarriedLoad:
         self.fixed_ok: list[str] = []
         self.step = ""
 
-    def _fixed_dims_ok(self, win: Window, coords: list[str] | None) -> list[str]:
-        """The bounds tests of the dims whose starts do not move (the dropped dims', then the tile dims')."""
-        terms = [f"(uint64_t)(int64_t)({win.starts[d]}) < (uint64_t){win.size(d)}" for d in win.dropped
-                 if self.deltas[d] == 0]
-        for k, c in enumerate(coords or []):
-            if self.deltas[win.tile_dims[k]] == 0:
-                terms.append(win.in_bounds(k, c))
-        return terms
-
-    def _moving_dims_ok(self, win: Window, coords: list[str] | None) -> list[str]:
-        terms = [f"(uint64_t)(int64_t)({win.starts[d]}) < (uint64_t){win.size(d)}" for d in win.dropped
-                 if self.deltas[d]]
-        for k, c in enumerate(coords or []):
-            if self.deltas[win.tile_dims[k]]:
-                terms.append(win.in_bounds(k, c))
-        return terms
+    def _bounds(self, win: Window, coords: list[str] | None, moving: bool) -> list[str]:
+        """The bounds tests of the dims whose starts move (``moving``) or do not: the dropped dims', then the tile
+        dims' at ``coords``."""
+        terms = [win.start_in_bounds(d) for d in win.dropped if bool(self.deltas[d]) == moving]
+        return terms + [win.in_bounds(k, c) for k, c in enumerate(coords or [])
+                        if bool(self.deltas[win.tile_dims[k]]) == moving]
 
     def set_up(self) -> None:
         """Before the loop: each element's pointer at the first iteration, its fixed bounds, and the step."""
@@ -118,7 +101,7 @@ class CarriedLoad:
             offset = f" + ({win.offset(coords)})" if coords else ""
             em.line(f"const {ctype}* {pointer} = {self.tag}_base{offset};")
             valid = em.valid(layout, str(i)) if layout is not None else ""
-            ok = self._fixed_dims_ok(win, coords) + ([valid] if valid else [])
+            ok = self._bounds(win, coords, moving=False) + ([valid] if valid else [])
             name = f"{self.tag}_ok{len(self.pointers)}"
             em.line(f"const bool {name} = {' && '.join(ok) if ok else 'true'};")
             self.pointers.append(pointer)
@@ -135,7 +118,7 @@ class CarriedLoad:
     def load_scalar(self, win: Window, name: str) -> None:
         """``X[i, j]`` at this iteration (``win``: its starts as the body names them), 0 out of bounds."""
         ctype = c_type(win.tensor.dtype)
-        ok = [self.fixed_ok[0]] + self._moving_dims_ok(win, None)
+        ok = [self.fixed_ok[0]] + self._bounds(win, None, moving=True)
         self.em.line(f"const {ctype} {name} = ({' && '.join(ok)}) ? *{self.pointers[0]} : {ctype}{{}};")
 
     def load_distinct(self, win: Window, regs: str, owner: tuple[int, ...]) -> None:
@@ -143,21 +126,21 @@ class CarriedLoad:
         em, layout = self.em, self.op.result.type.layout
         ctype = c_type(win.tensor.dtype)
         for j, i in enumerate(self.registers):
-            ok = [self.fixed_ok[j]] + self._moving_dims_ok(win, em.coords(layout, str(i)))
+            ok = [self.fixed_ok[j]] + self._bounds(win, em.coords(layout, str(i)), moving=True)
             em.line(f"{regs}[{i}] = ({' && '.join(ok)}) ? *{self.pointers[j]} : {ctype}{{}};")
         for i, j in enumerate(owner):
             if i != j:
                 em.line(f"{regs}[{i}] = {regs}[{j}];")
 
 
-def carried_loads(em: Emitter, body, iv: Value, step: Value, starts_at) -> list[CarriedLoad]:
+def carried_loads(em: Emitter, body, body_ops: dict[int, Op], iv: Value, step: Value,
+                  starts_at) -> list[CarriedLoad]:
     """The register loads among ``body``'s ops that carry their pointers (module docstring), set up here (the
-    loop is about to open); ``starts_at(load)`` gives the C expressions of a load's starts at the first
-    iteration."""
-    step_value = constant_int(step)
+    loop is about to open); ``body_ops`` maps each value the body's ops make to its op; ``starts_at(load)``
+    gives the C expressions of a load's starts at the first iteration."""
+    step_value = int_constant(step)
     if step_value is None:
         return []
-    body_ops = {r.id: o for o in body.ops for r in o.results}
     found = []
     for op in body.ops:
         if op.kind is not OpKind.LOAD or op.attrs.pipeline or op.result.is_tile \

@@ -377,7 +377,7 @@ class LoopEmission:
     def carry_loads(self) -> None:
         """The body's register loads whose addresses move by a constant per iteration: their pointers, set up
         here and stepped in the loop's header (``carried_loads``), found by ``lower_memory``'s loads."""
-        self.carried_loads = carried_loads(self.em, self.body, self.iv, self.op.operands[2],
+        self.carried_loads = carried_loads(self.em, self.body, self.body_ops, self.iv, self.op.operands[2],
                                            lambda load: self.starts_at(load, self.lo))
         for carried in self.carried_loads:
             self.em.carried_loads[carried.op.result.id] = carried

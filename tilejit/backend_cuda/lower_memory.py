@@ -67,8 +67,12 @@ class Window:
         terms = " + ".join(f"(int64_t)({s}) * {self.stride(d)}" for d, s in enumerate(self.starts))
         return f"{self.t} + ({terms})"
 
+    def start_in_bounds(self, d: int) -> str:
+        """Whether the window's start along dim ``d`` lies inside the tensor (a dropped dim's one index)."""
+        return f"(uint64_t)(int64_t)({self.starts[d]}) < (uint64_t){self.size(d)}"
+
     def dropped_ok(self) -> str:
-        conds = [f"(uint64_t)(int64_t)({self.starts[d]}) < (uint64_t){self.size(d)}" for d in self.dropped]
+        conds = [self.start_in_bounds(d) for d in self.dropped]
         return " && ".join(conds) if conds else "true"
 
     def in_bounds(self, k: int, coord: str, extra: int = 0) -> str:

@@ -62,6 +62,14 @@ def defining_op(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None
 
 
+def int_constant(v: Value) -> int | None:
+    """The value of ``v`` when it is an integer constant (not a bool), else None."""
+    op = defining_op(v)
+    if op is not None and op.kind is OpKind.CONSTANT and type(op.attrs.value) is int:
+        return op.attrs.value
+    return None
+
+
 def is_zero(v: Value) -> bool:
     """Whether ``v`` is the constant 0, or a tile splat of it (``T.zeros``)."""
     op = defining_op(v)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..ir import BinaryAttrs, BinaryOp, Builder, Block, ConstantAttrs, Function, Op, OpKind, Value
 from ..ir.ops import AxisAttrs
-from ..ir.rewrite import blocks, replace_uses
+from ..ir.rewrite import blocks, int_constant, replace_uses
 from ..target import Target
 
 #: A trend of a value in the program id: grows (non-decreasing, and depends on it), does not depend on it,
@@ -103,7 +103,7 @@ def _binary(op: Op, trends: list[int | None]) -> int | None:
         return _combine(a, b)
     if kind is BinaryOp.SUB:
         return _combine(a, None if b is None else -b)
-    left, right = (_constant(v) for v in op.operands)
+    left, right = (int_constant(v) for v in op.operands)
     if kind in (BinaryOp.MUL, BinaryOp.FLOORDIV) and right is not None and a is not None:
         return _scaled(a, right)
     if kind is BinaryOp.MUL and left is not None and b is not None:
@@ -114,13 +114,6 @@ def _binary(op: Op, trends: list[int | None]) -> int | None:
 def _scaled(trend: int, factor: int) -> int:
     """The trend of a value of trend ``trend`` multiplied (or floor-divided) by the constant ``factor``."""
     return FLAT if factor == 0 else trend if factor > 0 else -trend
-
-
-def _constant(v: Value) -> int | None:
-    op = v.owner
-    if isinstance(op, Op) and op.kind is OpKind.CONSTANT and type(op.attrs.value) is int:
-        return op.attrs.value
-    return None
 
 
 def _mirror(fn: Function, pid: Op, axis: int) -> None:
