@@ -138,7 +138,8 @@ def bench_dense(m: int, n: int, k: int) -> dict[str, Any]:
     row: dict[str, Any] = {"m": m, "n": n, "k": k}
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     row["tilejit"] = _time(lambda: F.fp8_blockscaled_matmul(a, sa, b, sb, out=out), out, ref, m, n, k)
-    row["tilejit"]["config"] = F.default_config(m, n, torch.cuda.get_device_capability()[0], k)
+    row["tilejit"]["config"] = F.default_config(m, n, torch.cuda.get_device_capability()[0], k,
+                                                torch.cuda.get_device_properties(0).multi_processor_count)
     row["torch_blockwise"] = _time(_torch_blockwise(a, sa, b, sb, out), out, ref, m, n, k)
     a16 = (a.double() * sa.double().repeat_interleave(128, 1)[:, :k]).to(torch.bfloat16)
     b16 = (b.double() * sb.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).to(torch.bfloat16)

@@ -79,7 +79,7 @@ def main():
     b, sb = quantize(torch.randn(n, k, device="cuda"), 128)
     ref = F.reference(a, sa, b, sb)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    grid = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))
+    grid = (tilejit.cdiv(m, 128) * tilejit.cdiv(n, 128),)  # (the op's kernel walks a 1-D grid)
 
     def run():
         F.blockscaled_mm[grid](a, sa, b, sb, out, BM=128, BN=128, STAGES=4, num_warps=8, persistent=True)

@@ -5,6 +5,12 @@ timed the same two ways, then a sweep of tile / ring / launch-option configs (gr
 the float64 reference first). A probe, not a benchmark.
 
     python scripts/probes/blockscaled_configs.py [--shapes 128x7168x2048,...] [--no-sweep]
+    python scripts/probes/blockscaled_configs.py --widths | --orders | --grouped-cost [--shapes ...]
+
+``--orders``: the defaults under tile orders (``GROUP_M``), dense and grouped. ``--grouped-cost``: what the
+grouped kernel pays over the dense one. ``--widths``: per shape, 128 against 256 columns a tile (persistent,
+stream-K, and 256 specialized), dense and grouped (8 experts, as ``benchmarks.fp8_blockscaled`` draws them),
+beside torch, graph-timed, with the default's choice.
 """
 import argparse
 import itertools
@@ -15,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import tilejit  # noqa: E402
 import tilejit.ops.fp8_blockscaled as F  # noqa: E402
 from benchmarks.fp8_blockscaled import _torch_blockwise, quantize  # noqa: E402
 from tilejit.testing import do_bench, do_bench_cudagraph  # noqa: E402
@@ -84,12 +91,141 @@ def dense(m, n, k, sweep: bool):
         print(f"BEST {shape}: {tflops(m, n, k, ms):.0f} TFLOP/s {ms * 1e3:.1f} us {cfg}", flush=True)
 
 
+def widths(m, n, k, no_grouped=False):
+    torch.manual_seed(m + n + k)
+    a, sa = quantize(torch.randn(m, k, device="cuda"), 1)
+    b, sb = quantize(torch.randn(n, k, device="cuda"), 128)
+    ref = F.reference(a, sa, b, sb)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    shape = f"{m}x{n}x{k}"
+    major = torch.cuda.get_device_capability()[0]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default = F.default_config(m, n, major, k, sms)
+    runs = [("torch block-wise _scaled_mm", _torch_blockwise(a, sa, b, sb, out))]
+    for cfg in (dict(BN=128, persistent=True), dict(BN=256, persistent=True), dict(BN=256, warp_specialize=True),
+                dict(BN=128, stream_k=True), dict(BN=256, stream_k=True)):
+        cfg = dict(BM=128, STAGES=4, num_warps=8, **cfg)
+        mark = " (default)" if cfg == default else ""
+        runs.append((f"{cfg}{mark}", lambda cfg=cfg: F.fp8_blockscaled_matmul(a, sa, b, sb, out=out, **cfg)))
+    for label, run in runs:
+        out.fill_(float("nan"))
+        run()
+        ms = do_bench_cudagraph(run)
+        print(f"| dense {shape} | {label} | {ms * 1e3:.1f} | {tflops(m, n, k, ms):.0f} | {check(out, ref):.1e} |",
+              flush=True)
+    if m < 1024 or no_grouped:
+        return
+    experts = 8
+    torch.manual_seed(m + n + k + 1)
+    weights = torch.rand(experts) + 0.5
+    counts = (weights / weights.sum() * m).long()
+    counts[-1] += m - int(counts.sum())
+    offsets = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    bg, sbg = quantize(torch.randn(experts, n, k, device="cuda"), 128)
+    ref = F.grouped_reference(a, sa, bg, sbg, offsets)
+    default = F.grouped_config(m, n, experts, major, sms)
+    for bn in (128, 256):
+        cfg = dict(BM=128, BN=bn, STAGES=4, num_warps=8, persistent=True)
+        mark = " (default)" if cfg == default else ""
+
+        def run(cfg=cfg):
+            F.fp8_blockscaled_grouped_matmul(a, sa, bg, sbg, offsets, out=out, **cfg)
+        out.fill_(float("nan"))
+        run()
+        ms = do_bench_cudagraph(run)
+        print(f"| grouped {shape} | {cfg}{mark} | {ms * 1e3:.1f} | {tflops(m, n, k, ms):.0f} | "
+              f"{check(out, ref):.1e} |", flush=True)
+
+
+def grouped_cost(m, n, k):
+    """What the grouped kernel pays over the dense one: the same m x n x k as a dense product, as one expert, and
+    as 8 experts of m / 8 rows each (whole tiles: no rows wasted), all 128x128 specialized, graph-timed."""
+    torch.manual_seed(m + n + k)
+    experts = 8
+    a, sa = quantize(torch.randn(m, k, device="cuda"), 1)
+    bg, sbg = quantize(torch.randn(experts, n, k, device="cuda"), 128)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True)
+    one = torch.tensor([0, m], dtype=torch.int32, device="cuda")
+    even = torch.arange(0, m + 1, m // experts, dtype=torch.int32, device="cuda")
+    runs = [("dense", lambda: F.fp8_blockscaled_matmul(a, sa, bg[0], sbg[0], out=out, **cfg)),
+            ("dense persistent", lambda: F.fp8_blockscaled_matmul(a, sa, bg[0], sbg[0], out=out,
+                                                                  **dict(cfg, warp_specialize=False,
+                                                                         persistent=True))),
+            ("grouped, 1 expert", lambda: F.fp8_blockscaled_grouped_matmul(a, sa, bg[:1], sbg[:1], one, out=out,
+                                                                           **cfg)),
+            ("grouped, 8 experts of m/8", lambda: F.fp8_blockscaled_grouped_matmul(a, sa, bg, sbg, even, out=out,
+                                                                                   **cfg))]
+    for label, run in runs:
+        out.fill_(float("nan"))
+        run()
+        ms = do_bench_cudagraph(run)
+        print(f"| {m}x{n}x{k} | {label} | {ms * 1e3:.1f} | {tflops(m, n, k, ms):.0f} | "
+              f"{'nan' if out.isnan().any() else 'ok'} |", flush=True)
+
+
+def orders(m, n, k):
+    """The op's defaults under tile orders: ``GROUP_M`` row tiles a group (4, 8, 16) and the row-first walk (one
+    group of every row tile), dense and grouped (8 experts drawn as ``benchmarks.fp8_blockscaled`` draws them),
+    graph-timed."""
+    torch.manual_seed(m + n + k)
+    a, sa = quantize(torch.randn(m, k, device="cuda"), 1)
+    b, sb = quantize(torch.randn(n, k, device="cuda"), 128)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = F.reference(a, sa, b, sb)
+    experts = 8
+    weights = torch.rand(experts) + 0.5
+    counts = (weights / weights.sum() * m).long()
+    counts[-1] += m - int(counts.sum())
+    offsets = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    bg, sbg = quantize(torch.randn(experts, n, k, device="cuda"), 128)
+    gref = F.grouped_reference(a, sa, bg, sbg, offsets)
+    major, sms = torch.cuda.get_device_capability()[0], torch.cuda.get_device_properties(0).multi_processor_count
+    dense_cfg = F.default_config(m, n, major, k, sms)
+    grouped_cfg = F.grouped_config(m, n, experts, major, sms)
+    dense_grid = (tilejit.cdiv(m, dense_cfg["BM"]) * tilejit.cdiv(n, dense_cfg["BN"]),)
+    grouped_grid = ((tilejit.cdiv(m, grouped_cfg["BM"]) + experts) * tilejit.cdiv(n, grouped_cfg["BN"]),)
+    for group_m in (4, 8, 16, 1 << 20):
+        label = "row-first" if group_m == 1 << 20 else f"GROUP_M={group_m}"
+        for kind, run, want in (
+                ("dense", lambda: F.blockscaled_mm[dense_grid](a, sa, b, sb, out, GROUP_M=group_m, **dense_cfg),
+                 ref),
+                ("grouped", lambda: F.blockscaled_grouped_mm[grouped_grid](a, sa, bg, sbg, out, offsets, experts,
+                                                                           GROUP_M=group_m, **grouped_cfg),
+                 gref)):
+            out.fill_(float("nan"))
+            run()
+            err = check(out, want)
+            ms = do_bench_cudagraph(run)
+            print(f"| {kind} {m}x{n}x{k} | {label} | {ms * 1e3:.1f} | {tflops(m, n, k, ms):.0f} | {err:.1e} |",
+                  flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--widths", action="store_true")
+    parser.add_argument("--grouped-cost", action="store_true")
+    parser.add_argument("--orders", action="store_true")
+    parser.add_argument("--no-grouped", action="store_true", help="--widths: dense rows only")
     args = parser.parse_args()
     print(torch.cuda.get_device_name())
+    if args.orders:
+        print("| shape | order | graph-timed us | TFLOP/s | err |\n| --- | --- | --- | --- | --- |")
+        for shape in args.shapes.split(","):
+            orders(*map(int, shape.split("x")))
+        return
+    if args.grouped_cost:
+        print("| shape | what | graph-timed us | TFLOP/s | all written |\n| --- | --- | --- | --- | --- |")
+        for shape in args.shapes.split(","):
+            grouped_cost(*map(int, shape.split("x")))
+        return
+    if args.widths:
+        print("| shape | what | graph-timed us | TFLOP/s | err |\n| --- | --- | --- | --- | --- |")
+        for shape in args.shapes.split(","):
+            widths(*map(int, shape.split("x")), no_grouped=args.no_grouped)
+        return
     print("| shape | what | host-timed us | TFLOP/s | graph-timed us | TFLOP/s | err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes.split(","):

@@ -114,15 +114,16 @@ def main():
     sa_cols = sa.t().contiguous().t()  # the same scales stored column-major (DeepGEMM's layout): rows adjacent
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     grid = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 128))
+    op_grid = (tilejit.cdiv(m, 128) * tilejit.cdiv(n, 128),)  # (the op's kernel walks a 1-D grid)
     grid256 = (tilejit.cdiv(m, 128), tilejit.cdiv(n, 256))
     forms = []
     for opts in (dict(persistent=True), dict(warp_specialize=True)):
         tag = "persistent" if opts.get("persistent") else "ws"
         cfg = dict(BM=128, BN=128, STAGES=4, num_warps=8, **opts)
         forms += [
-            (f"scaled {tag}", True, lambda cfg=cfg: F.blockscaled_mm[grid](a, sa, b, sb, out, **cfg)),
+            (f"scaled {tag}", True, lambda cfg=cfg: F.blockscaled_mm[op_grid](a, sa, b, sb, out, **cfg)),
             (f"scaled, activation scales column-major {tag}", True,
-             lambda cfg=cfg: F.blockscaled_mm[grid](a, sa_cols, b, sb, out, **cfg)),
+             lambda cfg=cfg: F.blockscaled_mm[op_grid](a, sa_cols, b, sb, out, **cfg)),
             (f"scales hoisted {tag}", False, lambda cfg=cfg: hoisted[grid](a, sa, b, sb, out, **cfg)),
             (f"no scales, precise {tag}", False,
              lambda cfg=cfg: unscaled[grid](a, b, out, PRECISION="precise", **cfg)),

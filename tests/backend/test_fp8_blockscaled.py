@@ -114,7 +114,8 @@ def _dense_compile(arch: str, config: dict, stop_after: str | None = "cuda"):
                                     _meta(m, n, dtype=torch.bfloat16), arch=arch, stop_after=stop_after, **config)
 
 
-@pytest.mark.parametrize("config", [F.default_config(8192, 8192), F.default_config(128, 2112, 9, 7168),
+@pytest.mark.parametrize("config", [dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True),
+                                    F.default_config(128, 2112, 9, 7168),
                                     dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True),
                                     dict(BM=64, BN=64, STAGES=4, num_warps=4, warp_specialize=True)],
                          ids=["128x128-persistent", "64x64-split2", "128x128-ws", "64x64-ws"])
@@ -148,10 +149,30 @@ def test_sm90a_applies_the_scales_where_the_loop_promotes(config):
     assert "broadcast through shared memory" not in text
 
 
+def test_sm90a_wide_tiles_take_each_column_halfs_weight_scale():
+    """128x256 tiles span two weight blocks: each accumulator column's scale is picked by its column (below 128:
+    the first block's), multiplied by the row's, and applied at the promotion of each of the two 128-column
+    chunks; compiled for sm_90a without spills (``compiler._regrant`` lowers the math warps' register grant
+    where the default one spills)."""
+    compiled = _dense_compile("sm_90a", F.default_config(8192, 8192, 9, 7168), stop_after=None)
+    assert compiled.meta["spills"] == 0, compiled.meta
+    text = compiled.asm["cuda"]
+    assert f"tj_setmaxnreg_inc<{compiled.meta['register_grant']}>();" in text
+    filecheck(text, """
+        CHECK: load v{{[0-9]+}}_SA window into registers
+        CHECK: v{{[0-9]+}}[0] = (v{{[0-9]+}}[0] < v{{[0-9]+}}[0]);
+        CHECK: v{{[0-9]+}}[0] = (v{{[0-9]+}}[0] ? v{{[0-9]+}}[0] : v{{[0-9]+}}[0]);
+        CHECK: gemm 128x256x128 on wgmma.m64n256k32
+        CHECK: promoted every 128 products of K: 2 chunk(s) of 64x128
+        CHECK: for (int i = 0; i < 64; ++i) [[ACC:v[0-9]+_acc]][0 + i] = fmaf(tj_p0[i], [[S:v[0-9]+]][0 + i], [[ACC]][0 + i]);
+        CHECK: for (int i = 0; i < 64; ++i) [[ACC]][64 + i] = fmaf(tj_p0[i], [[S]][64 + i], [[ACC]][64 + i]);
+    """)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kind", ["dense", "grouped"])
 def test_cubins_for_every_arch_without_spills(arch, kind):
-    config = F.default_config(8192, 8192, 9 if arch == "sm_90a" else 8)
+    config = (F.default_config if kind == "dense" else F.grouped_config)(8192, 8192, 9 if arch == "sm_90a" else 8)
     if kind == "dense":
         compiled = _dense_compile(arch, config, stop_after=None)
     else:
@@ -279,11 +300,19 @@ def test_a_carried_row_scale_gives_the_product(interpret):
 
 
 def test_default_configs_follow_the_output_tiles_and_k():
-    """Large outputs: persistent 128x128; small M: 64-row tiles, split over a cluster where K is long and the
-    tiles are few (DeepSeek-V3's decode-size shapes); no warp specialization or split below Hopper."""
+    """Large outputs: persistent 128-row tiles, 256 columns where fewer waves of them take less time (not where
+    2112 columns leave the last wide tile a third full); small M: 64-row tiles, split over a cluster where K is
+    long and the tiles are few (DeepSeek-V3's decode-size shapes); no warp specialization or split below
+    Hopper. The grouped kernel keeps 128 columns."""
     persistent = dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True)
-    assert F.default_config(4096, 4096, 9, 7168) == persistent
+    assert F.default_config(4096, 4096, 9, 7168) == dict(persistent, BN=256)
+    assert F.default_config(4096, 7168, 9, 2048) == dict(persistent, BN=256)
+    assert F.default_config(4096, 2112, 9, 7168) == persistent
+    assert F.default_config(4096, 4096, 9, 7168, sms=1024)["BN"] == 128  # (one wave of 128x128 either way)
+    assert F.grouped_config(4096, 4096, 8) == persistent
     assert F.default_config(128, 7168, 9, 2048) == dict(BM=64, BN=128, STAGES=4, num_warps=4, warp_specialize=True)
+    # 136 tiles of 64x128 take two waves of 132 SMs, 132 of 128x64 one
+    assert F.default_config(512, 2112, 9, 7168) == dict(BM=128, BN=64, STAGES=4, num_warps=8, warp_specialize=True)
     assert F.default_config(128, 4096, 9, 7168) == dict(BM=64, BN=128, STAGES=4, num_warps=4, split_k=2)
     assert F.default_config(128, 2112, 9, 7168) == dict(BM=64, BN=64, STAGES=6, num_warps=4, split_k=2)
     assert F.default_config(128, 2112, 9, 2048) == dict(BM=64, BN=64, STAGES=4, num_warps=4)

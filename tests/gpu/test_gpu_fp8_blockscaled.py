@@ -3,7 +3,7 @@
 and K, fresh random inputs and scales over a wide range, NaN-poisoned outputs. The bound: bf16 out rounds to 8
 significant bits (relative error about 2^-9 per element); float32 out leaves only the tensor cores' sums inside
 each 128-block, well under 1e-3. Every config form the op offers on Hopper runs (128x128 warp-specialized,
-64-row tiles for small M, persistent).
+64-row tiles for small M, persistent, 128x256 tiles whose column halves take a weight scale each).
 
 Run on a machine with a GPU: ``python -m pytest -q -m gpu tests/gpu/test_gpu_fp8_blockscaled.py``.
 """
@@ -22,6 +22,8 @@ E4M3 = torch.float8_e4m3fn
 CONFIGS = {
     "default": {},
     "128x128-persistent": dict(BM=128, BN=128, STAGES=4, num_warps=8, persistent=True),
+    "128x256-persistent": dict(BM=128, BN=256, STAGES=4, num_warps=8, persistent=True),
+    "128x256-ws": dict(BM=128, BN=256, STAGES=4, num_warps=8, warp_specialize=True),
     "64x64": dict(BM=64, BN=64, STAGES=4, num_warps=4),
     "128x128-ws": dict(BM=128, BN=128, STAGES=4, num_warps=8, warp_specialize=True),
     "64x64-split2": dict(BM=64, BN=64, STAGES=4, num_warps=4, split_k=2),
@@ -77,7 +79,7 @@ def test_dense_against_the_dequantized_float64_product(m, n, k, config):
 
 
 @needs_fp8
-@pytest.mark.parametrize("config", ["default", "64x64"])
+@pytest.mark.parametrize("config", ["default", "64x64", "128x256-ws"])
 @pytest.mark.parametrize("counts", [[256, 0, 37, 1, 700, 128, 3, 900], [0, 0, 5, 0], [1000]])
 def test_grouped_against_each_experts_product(counts, config):
     """Experts with no rows, one row, ragged and whole tiles; rows past the last expert stay poisoned."""

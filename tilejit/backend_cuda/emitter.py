@@ -203,8 +203,13 @@ class Emitter:
     ``stages.emit_cuda`` (that module builds on the ``for`` rule, so the emitter cannot import it)."""
 
     def __init__(self, fn: Function, target: Target, kernel_name: str,
-                 specialized_body: Callable[["Emitter"], None] | None = None) -> None:
+                 specialized_body: Callable[["Emitter"], None] | None = None,
+                 register_grant: int | None = None) -> None:
         self.fn = fn
+        # registers per math thread a warp-specialized kernel's setmaxnreg asks for (None: lower_specialized's
+        # default), and the grant it emitted (None while it has emitted none)
+        self.register_grant = register_grant
+        self.granted: int | None = None
         self.specialized_body = specialized_body
         self.target = target
         self.kernel_name = kernel_name

@@ -85,7 +85,8 @@ def emit_producer(em: Emitter, op: Op, tma: list[Op], stages: int, tma_bytes: in
     em.close()
     em.line("return;  // the producer's part of the kernel ends with the loop")
     em.close()
-    em.line(f"tj_setmaxnreg_inc<{consumer_registers(consumers, PRODUCER_THREADS)}>();")
+    em.granted = em.register_grant or consumer_registers(consumers, PRODUCER_THREADS)
+    em.line(f"tj_setmaxnreg_inc<{em.granted}>();")
     em.consumers_only()
 
 

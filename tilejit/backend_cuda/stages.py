@@ -110,16 +110,19 @@ class Emitted:
     scratch_bytes: int                     # the buffer layout conversions and reductions share
     stream_k_slot_bytes: int = 0           # a stream-K program's part of the partial-sum workspace
     stream_k_flags: int = 0                # and its flags (one per accumulator)
+    register_grant: int | None = None      # registers per math thread setmaxnreg grants (None: no producer split)
 
 
-def emit_cuda(fn: Function, target: Target, kernel_name: str) -> Emitted:
-    """The ``cuda`` stage: CUDA C++ for the lowered IR (self-contained: the prelude is included)."""
-    emitter = Emitter(fn, target, kernel_name, specialized_body=emit_specialized)
+def emit_cuda(fn: Function, target: Target, kernel_name: str, register_grant: int | None = None) -> Emitted:
+    """The ``cuda`` stage: CUDA C++ for the lowered IR (self-contained: the prelude is included).
+    ``register_grant``: the registers a warp-specialized kernel's math threads take (None: the most the producer
+    warpgroup leaves, ``lower_specialized.consumer_registers``)."""
+    emitter = Emitter(fn, target, kernel_name, specialized_body=emit_specialized, register_grant=register_grant)
     source, kinds, shared_bytes = emitter.generate()
     values = {v.id: v for v in _shared_values(fn)}
     tiles = [(values[vid], tile.layout.bytes) for vid, tile in emitter.shared.items() if vid in values]
     return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps], tiles,
-                   emitter.scratch_bytes, emitter.stream_k_words * 4, emitter.stream_k_flags)
+                   emitter.scratch_bytes, emitter.stream_k_words * 4, emitter.stream_k_flags, emitter.granted)
 
 
 def _shared_values(fn: Function):
@@ -133,6 +136,18 @@ def run_nvrtc(source: str, target: Target, kernel_name: str, keep_ptx: bool, key
     the same (``nvrtc.compile_cuda``'s ``tag``)."""
     return compile_cuda(source, name=kernel_name, arch=target.arch.name, keep_ptx=keep_ptx,
                         options=["--ptxas-options=-v"], tag=key)
+
+
+#: How far below the default grant a spilling warp-specialized kernel's math threads' registers are tried
+#: (``compiler._regrant``): three more compiles at most, each 8 registers lower (setmaxnreg takes multiples of 8).
+REGRANT_STEPS = (8, 16, 24)
+#: The fewest registers a math thread is granted: what a 384-thread block has without a producer split (168).
+MIN_GRANT = 168
+
+
+def lower_grants(grant: int) -> list[int]:
+    """The register grants to try, in order, for a kernel that spilled under ``grant``."""
+    return [grant - step for step in REGRANT_STEPS if grant - step >= MIN_GRANT]
 
 
 def ptxas_resources(log: str) -> tuple[int | None, int | None]:

@@ -6,8 +6,8 @@ The operands are e4m3 with float32 scales: activations A (M, K) with one scale p
 (cdiv(N, 128), cdiv(K, 128))). The product is ``C[m, n] = sum over k-blocks kb of a_scales[m, kb] *
 b_scales[n // 128, kb] * sum_{k in kb} A[m, k] B[n, k]``, out in bfloat16.
 
-Each program computes a BM x BN tile (BN divides 128, so the tile's columns share one weight scale per k-block)
-and walks K in blocks of 128: ``T.gemm(..., scale_a=, scale_b=)`` sums each block's products fresh in the tensor
+Each program computes a BM x BN tile (BN divides 128, so the tile's columns share one weight scale per k-block, or
+is 256, whose two column halves each take their own block's scale) and walks K in blocks of 128: ``T.gemm(..., scale_a=, scale_b=)`` sums each block's products fresh in the tensor
 cores' accumulator, then adds them into the float32 accumulator scaled by the row's activation scale and the
 tile's weight scale (one FMA per element: the promotion of the precise fp8 loop, with the scales applied at
 it). The per-row scales are loaded by each thread for the rows it holds, no shared-memory broadcast. M, N and K
@@ -29,33 +29,59 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
+from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace, sm_count
 
 #: Elements of K (and of N, for the weights) that one scale covers.
 BLOCK = 128
 
 
+@tilejit.func
+def _grouped_order(grid_m, grid_n, GROUP_M):
+    """(row tile, column tile) of this program on a 1-D grid of ``grid_m`` x ``grid_n`` tiles walked in groups of
+    ``GROUP_M`` row tiles, each group's column tiles in turn: the A rows a group reads stay in L2 while its
+    programs sweep B (A read from memory about once, not once per column tile as a row-first walk does where A
+    outgrows L2). The tile counts are taken as int32 (as ``T.program_id`` is), so that the tile's origin and
+    every address derived from it stay 32-bit."""
+    pid = T.program_id(0)
+    grid_m = grid_m.to(T.int32)
+    grid_n = grid_n.to(T.int32)
+    per_group = GROUP_M * grid_n
+    first = (pid // per_group) * GROUP_M
+    rows = min(grid_m - first, GROUP_M)
+    return first + (pid % per_group) % rows, (pid % per_group) // rows
+
+
 @tilejit.kernel
-def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
-    """C = (A @ B^T) with A's 1x128 and B's 128x128 block scales applied per k-block; one BM x BN tile."""
+def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr,
+                   GROUP_M: T.constexpr = 8):
+    """C = (A @ B^T) with A's 1x128 and B's 128x128 block scales applied per k-block; one BM x BN tile of a 1-D
+    grid of cdiv(M, BM) x cdiv(N, BN) programs, in ``_grouped_order``."""
     M, K = A.shape
-    m0 = T.program_id(0) * BM
-    n0 = T.program_id(1) * BN
+    row, col = _grouped_order(T.cdiv(M, BM), T.cdiv(C.shape[1], BN), GROUP_M)
+    m0 = row * BM
+    n0 = col * BN
     acc = T.zeros((BM, BN), T.float32)
     for k0 in T.range(0, K, 128, stages=STAGES):
         kb = k0 // 128
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
-                     scale_a=SA[m0:m0 + BM, kb], scale_b=SB[n0 // 128, kb])
+        if BN > 128:  # two weight blocks across the tile: each column takes its own block's scale
+            acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                         scale_a=SA[m0:m0 + BM, kb],
+                         scale_b=T.where(T.arange(0, BN) < 128, SB[n0 // 128, kb], SB[n0 // 128 + 1, kb]))
+        else:
+            acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                         scale_a=SA[m0:m0 + BM, kb], scale_b=SB[n0 // 128, kb])
     C[m0:m0 + BM, n0:n0 + BN] = acc
 
 
 @tilejit.kernel
-def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr):
-    """Expert e's rows Offsets[e]:Offsets[e + 1] of C = their rows of A times B[e]^T, block-scaled; program
-    (t, j) computes the t-th row tile over all experts (in expert order) and column tile j."""
+def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr,
+                           GROUP_M: T.constexpr = 8):
+    """Expert e's rows Offsets[e]:Offsets[e + 1] of C = their rows of A times B[e]^T, block-scaled; a 1-D grid of
+    (cdiv(M, BM) + E) x cdiv(N, BN) programs, each computing the t-th row tile over all experts (in expert
+    order) and column tile j, (t, j) in ``_grouped_order``."""
     K = A.shape[1]
-    tile = T.program_id(0)
-    n0 = T.program_id(1) * BN
+    tile, col = _grouped_order(T.cdiv(A.shape[0], BM) + E, T.cdiv(C.shape[1], BN), GROUP_M)
+    n0 = col * BN
     expert = 0
     m0 = 0
     rows_end = 0  # stays 0 for a program past the last tile: it stores nothing
@@ -74,21 +100,40 @@ def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.c
     for k0 in T.range(0, k_end, 128, stages=STAGES):
         kb = k0 // 128
         # rows past the expert's end are the next expert's (or past A: 0); their results are not stored
-        acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[expert, n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
-                     scale_a=SA[m0:m0 + BM, kb], scale_b=SB[expert, n0 // 128, kb])
+        if BN > 128:  # two weight blocks across the tile: each column takes its own block's scale
+            acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[expert, n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                         scale_a=SA[m0:m0 + BM, kb], scale_b=T.where(T.arange(0, BN) < 128, SB[expert, n0 // 128, kb],
+                                                                     SB[expert, n0 // 128 + 1, kb]))
+        else:
+            acc = T.gemm(A[m0:m0 + BM, k0:k0 + 128], B[expert, n0:n0 + BN, k0:k0 + 128], acc, transpose_b=True,
+                         scale_a=SA[m0:m0 + BM, kb], scale_b=SB[expert, n0 // 128, kb])
     Cv = T.bounded(C, (rows_end, C.shape[1]))
     Cv[m0:m0 + BM, n0:n0 + BN] = acc
 
 
-def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) -> dict:
-    """Tile and launch options for an (m, n) output over ``k`` (None: not known) on a GPU of compute capability
-    ``arch_major``. On Hopper (graph-timed on an H100 and an H200, ``scripts/probes/blockscaled_configs.py``):
+#: How much faster a 128x256 tile computes than a 128x128 one, per FLOP, where both fill their last wave (H200,
+#: graph-timed, both persistent: 1.09-1.15x at 4096x4096x7168, 4096x7168x2048, 8192x7168x2048 and
+#: 8192x4096x7168; ``scripts/probes/blockscaled_configs.py --widths``).
+WIDE_TILE_SPEEDUP = 1.15
 
-    * 128x128 tiles in a persistent warp-specialized kernel (the producer loads the next tile's operands during
+
+def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None, sms: int = 132) -> dict:
+    """Tile and launch options for an (m, n) output over ``k`` (None: not known) on a GPU of compute capability
+    ``arch_major`` with ``sms`` multiprocessors. On Hopper (graph-timed on an H100 and an H200,
+    ``scripts/probes/blockscaled_configs.py``):
+
+    * 128-row tiles in a persistent warp-specialized kernel (the producer loads the next tile's operands during
       this one's epilogue; a kernel that cannot walk persistently, such as the grouped one, stays specialized):
-      885-909 TFLOP/s at 4096x4096x7168 on an H100 against 794-836 specialized alone;
+      885-909 TFLOP/s at 4096x4096x7168 on an H100 against 794-836 specialized alone. 256 columns where that
+      takes less time than 128 by a count of waves (the tiles the busiest SM computes, times each one's work,
+      the wider tile ``WIDE_TILE_SPEEDUP`` faster): 4096x4096x7168 (4 waves of 128x256 against 8 of 128x128;
+      1,009 TFLOP/s against 922 on an H200), not 4096x2112x7168 (3 waves of 256 columns against 5 of 128:
+      2112 is 8.25 wide tiles but 16.5 narrow ones; 784 against 827). The grouped kernel keeps 128 columns
+      (256 measured 0.74-0.85x on every grouped shape);
     * where 128x128 leaves most of the 132 SMs idle (small M: decode and small batches), 64-row tiles of 4 warps:
-      64x128 specialized while that still makes 100 tiles (128x7168x2048: 416 TFLOP/s on an H200); below that, a
+      64x128 specialized while that still makes 100 tiles (128x7168x2048: 416 TFLOP/s on an H200), or 128x64
+      tiles of 8 warps where those take fewer waves (512x2112x7168: 132 of them in one wave against 136 of
+      64x128 in two; 730 TFLOP/s against 394, torch 651, H200); below that, a
       K of 32 blocks or more is split over 2 programs of a cluster (``split_k``), with 128 columns while that
       makes 100 programs (128x4096x7168: 459 against 347 for unsplit 64x64 tiles) and 64 otherwise (128x2112x7168, 6 stages: 307
       against 174); a short K keeps unsplit 64x64 tiles.
@@ -104,6 +149,8 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) ->
         if tiles(64, 128) >= 100:
             if arch_major == 9:
                 config["warp_specialize"] = True
+                if _waves(tiles(128, 64), sms) < _waves(tiles(64, 128), sms):
+                    config.update(BM=128, BN=64, num_warps=8)
         elif long_k:
             config["split_k"] = 2
             if 2 * tiles(64, 128) < 100:
@@ -112,9 +159,25 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None) ->
             config["BN"] = 64
     elif arch_major == 9:
         config["persistent"] = True
+        if _waves(tiles(128, 256), sms) * 256 < _waves(tiles(128, 128), sms) * 128 * WIDE_TILE_SPEEDUP:
+            config["BN"] = 256
     if arch_major == 8:  # 128x128 spilled 608 bytes a thread on sm_80; sm_86 / sm_89 allow 99 KiB of shared memory
         config.update(BN=64, STAGES=3)
     return config
+
+
+def grouped_config(m: int, n: int, experts: int, arch_major: int = 9, sms: int = 132) -> dict:
+    """Tile and launch options of the grouped product of ``m`` rows over ``experts`` experts' (n, k) weights:
+    ``default_config``'s for the whole output, at most 128 columns (256 ran 0.74-0.85x of 128 on every grouped
+    shape measured, H200)."""
+    config = default_config(m, n * experts, arch_major, sms=sms)
+    config["BN"] = min(config["BN"], BLOCK)
+    return config
+
+
+def _waves(tiles: int, sms: int) -> int:
+    """Tiles the busiest SM computes when ``tiles`` are dealt round-robin to ``sms`` SMs."""
+    return -(-tiles // sms)
 
 
 def _check(a, a_scales, b, b_scales, grouped: bool) -> None:
@@ -144,26 +207,33 @@ def _check_out(out, shape: tuple[int, int], what: str) -> None:
         raise ValueError(f"{what}: out must be a float tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
 
 
-def _arch_major(t: torch.Tensor) -> int:
-    return torch.cuda.get_device_capability(t.device)[0] if t.is_cuda else 9
+def _device(t: torch.Tensor) -> tuple[int, int]:
+    """(compute capability major, multiprocessors) of ``t``'s GPU; an H100's for a tensor elsewhere."""
+    if not t.is_cuda:
+        return 9, 132
+    return torch.cuda.get_device_capability(t.device)[0], sm_count(t.device)
+
+
+def _check_bn(bn: int, what: str) -> None:
+    if BLOCK % bn and bn != 2 * BLOCK:
+        raise ValueError(f"{what}: BN must divide {BLOCK} (a tile's columns share one weight scale per k-block) or "
+                         f"be {2 * BLOCK} (two column halves, a scale each), got {bn}")
 
 
 def _dense(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
     m, n = a.shape[0], b.shape[0]
-    cfg = {**default_config(m, n, _arch_major(a), a.shape[1]), **config}
-    if BLOCK % cfg["BN"]:
-        raise ValueError(f"fp8_blockscaled_matmul: BN must divide {BLOCK} (a tile's columns share one weight "
-                         f"scale per k-block), got {cfg['BN']}")
-    blockscaled_mm[(tilejit.cdiv(m, cfg["BM"]), tilejit.cdiv(n, cfg["BN"]))](a, a_scales, b, b_scales, out, **cfg)
+    major, sms = _device(a)
+    cfg = {**default_config(m, n, major, a.shape[1], sms), **config}
+    _check_bn(cfg["BN"], "fp8_blockscaled_matmul")
+    blockscaled_mm[(tilejit.cdiv(m, cfg["BM"]) * tilejit.cdiv(n, cfg["BN"]),)](a, a_scales, b, b_scales, out, **cfg)
     return out
 
 
 def _grouped(a, a_scales, b, b_scales, group_offsets, out, config: dict) -> torch.Tensor:
     m, experts, n = a.shape[0], b.shape[0], b.shape[1]
-    cfg = {**default_config(m, n * experts, _arch_major(a)), **config}
-    if BLOCK % cfg["BN"]:
-        raise ValueError(f"fp8_blockscaled_grouped_matmul: BN must divide {BLOCK}, got {cfg['BN']}")
-    grid = (tilejit.cdiv(m, cfg["BM"]) + experts, tilejit.cdiv(n, cfg["BN"]))
+    cfg = {**grouped_config(m, n, experts, *_device(a)), **config}
+    _check_bn(cfg["BN"], "fp8_blockscaled_grouped_matmul")
+    grid = ((tilejit.cdiv(m, cfg["BM"]) + experts) * tilejit.cdiv(n, cfg["BN"]),)
     blockscaled_grouped_mm[grid](a, a_scales, b, b_scales, out, group_offsets, experts, **cfg)
     return out
 
