@@ -231,7 +231,8 @@ def bounds_slice(fn: Function, loop: Op) -> list[Op]:
 
 
 def _slice(before: list[Op], values: list, through: list[Op] = ()) -> list[Op]:
-    """The ops of ``before`` that ``values`` depend on, directly or through the ops ``through`` (a loop body's)."""
+    """The ops of ``before`` that ``values`` depend on, directly or through the ops ``through`` (a loop body's);
+    an op with regions (a loop) depends on what its regions' ops read from outside them too."""
     owners = {r.id: o for o in (*before, *through) for r in o.results}
     stack = list(values)
     seen: set[int] = set()
@@ -239,14 +240,19 @@ def _slice(before: list[Op], values: list, through: list[Op] = ()) -> list[Op]:
         v = stack.pop()
         if v.id not in seen and v.id in owners:
             seen.add(v.id)
-            stack.extend(owners[v.id].operands)
+            owner = owners[v.id]
+            stack.extend(owner.operands)
+            stack.extend(x for region in owner.regions for o in region.walk() for x in o.operands)
     return [o for o in before if any(r.id in seen for r in o.results)]
 
 
 def _scalar_only(op: Op) -> bool:
-    """Computes scalars (or reads them) without regions or memory writes: safe to repeat on the producer."""
-    return not op.regions and not op.kind.writes_memory and all(r.is_scalar for r in op.results) and \
-        all(v.is_scalar or v.is_tensor for v in op.operands)
+    """Computes scalars (or reads them) without memory writes: safe to repeat on the producer. A loop or an
+    ``if`` qualifies when every op in it does (a search over a table of offsets, as a grouped GEMM's programs
+    find their group)."""
+    return not op.kind.writes_memory and all(r.is_scalar for r in op.results) and \
+        all(v.is_scalar or v.is_tensor for v in op.operands) and \
+        all(_scalar_only(o) for region in op.regions for o in region.ops)
 
 
 # Tile ops that compute registers only (no memory, no shared scratch): the producer warpgroup may run them.
@@ -262,7 +268,9 @@ def _runs_on_one_thread(op: Op) -> bool:
 
 
 def _runs_on_extra_threads(op: Op) -> bool:
-    if op.regions or op.kind.writes_memory:
+    if op.regions:
+        return _scalar_only(op)  # a loop or if of scalar math and scalar reads
+    if op.kind.writes_memory:
         return False
     if all(r.is_scalar for r in op.results):
         return True  # scalar math and metadata, uniform over the block
