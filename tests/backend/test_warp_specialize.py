@@ -77,6 +77,41 @@ def mm_batched(A, B, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T
         C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
 
 
+@tilejit.kernel
+def mm_found_rows(A, B, Starts, G, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None,
+                  BIAS: T.constexpr = False):
+    """The program's rows found by a scalar search over a table of group starts before the loop (as a grouped
+    GEMM's programs find their group): a loop of scalar math and scalar reads. ``BIAS``: the accumulator starts
+    from a loaded row of C, which the producer must not run."""
+    K = A.shape[1]
+    n0 = T.program_id(1) * BN
+    m0 = 0
+    for g in range(G):
+        if T.program_id(0) * BM >= Starts[g]:
+            m0 = Starts[g] + (T.program_id(0) * BM - Starts[g]) // BM * BM
+    acc = T.zeros((BM, BN), T.float32)
+    if BIAS:
+        acc += C[0, n0:n0 + BN][None, :].to(T.float32)
+    for k0 in T.range(0, K, BK, warp_specialize=WS):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
+@tilejit.kernel
+def mm_summed_bound(A, B, Ks, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr, WS: T.constexpr = None):
+    """The loop's bound summed over a loop whose body reduces a loaded tile: not scalar math."""
+    N = B.shape[1]
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    k_end = 0
+    for i in range(2):
+        k_end += T.sum(Ks[2 * i:2 * i + 2], 0)
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, k_end, BK, warp_specialize=WS):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc.to(C.dtype)
+
+
 def _args(m=1000, n=768, k=512):
     return _meta(m, k), _meta(k, n), _meta(m, n)
 
@@ -137,6 +172,36 @@ def test_producer_splits_off_first_when_something_before_the_loop_needs_memory()
     assert "v2_bias" not in before and "v2_bias" in after
     assert "__syncthreads" not in after and "bar.sync 1, 256;" in after
     assert st.fn.attrs.get("producer_first") and not st.fn.attrs.get("persistent")
+
+
+def test_a_scalar_search_before_the_loop_runs_on_the_producer_too():
+    """A loop (with an ``if``) of scalar math and scalar reads before the main loop: every warp runs it before the
+    producer splits off (specialized), or the producer's walk and the math warps' each run it per program
+    (persistent); a loop that reduces a loaded tile still cannot be specialized."""
+    starts, groups = _meta(4, dtype=torch.int32), 4
+    search = re.compile(r"for \(int64_t v\d+_g = ")
+    st = _compile(mm_found_rows, *_args()[:2], starts, groups, _args()[2], WS=True)
+    assert "producer_warpgroup = true" in st.final_ir and not st.fn.attrs.get("producer_first")
+    cuda = st.cuda[st.cuda.index("__global__"):]
+    split = cuda.index("if (tid >= 256)")
+    assert len(search.findall(cuda)) == 1 and search.search(cuda[:split])
+    st = _compile(mm_found_rows, *_args()[:2], starts, groups, _args()[2], persistent=True)
+    assert st.fn.attrs.get("persistent") == 132
+    cuda = st.cuda[st.cuda.index("__global__"):]
+    producer = _section(cuda, "if (tid >= 256)")
+    assert len(search.findall(cuda)) == 2 and search.search(producer)  # the producer's walk, and the math warps'
+    assert "v2_Starts" in producer and "tj_tma_load_2d(" in producer
+    # a load before the loop: the producer leaves first, with the search its loads' rows need
+    st = _compile(mm_found_rows, *_args()[:2], starts, groups, _args()[2], WS=True, BIAS=True)
+    assert st.fn.attrs.get("producer_first")
+    cuda = st.cuda[st.cuda.index("__global__"):]
+    producer = _section(cuda, "if (tid >= 256)")
+    assert len(search.findall(cuda)) == 2 and search.search(producer) and "v4_C" not in producer
+    ks = _meta(4, dtype=torch.int32)
+    st = _compile(mm_summed_bound, *_args()[:2], ks, _args()[2], warp_specialize=True)
+    assert "producer_warpgroup" not in st.final_ir
+    with pytest.raises(CompilationError, match="cannot be warp-specialized"):
+        _compile(mm_summed_bound, *_args()[:2], ks, _args()[2], WS=True)
 
 
 def test_attention_main_loop_is_warp_specialized():

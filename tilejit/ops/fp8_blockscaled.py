@@ -123,7 +123,7 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None, sm
     ``scripts/probes/blockscaled_configs.py``):
 
     * 128-row tiles in a persistent warp-specialized kernel (the producer loads the next tile's operands during
-      this one's epilogue; a kernel that cannot walk persistently, such as the grouped one, stays specialized):
+      this one's epilogue; the grouped kernel too, its producer repeating each program's search for its expert):
       885-909 TFLOP/s at 4096x4096x7168 on an H100 against 794-836 specialized alone. 256 columns where that
       takes less time than 128 by a count of waves (the tiles the busiest SM computes, times each one's work,
       the wider tile ``WIDE_TILE_SPEEDUP`` faster): 4096x4096x7168 (4 waves of 128x256 against 8 of 128x128;

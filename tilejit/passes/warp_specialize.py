@@ -38,8 +38,9 @@ def specialize_warps(fn: Function, target: Target) -> None:
     other math between its gemms, like attention's (released at the end of each iteration). It sits in the
     kernel's top-level block, and the kernel is not split-K (its cluster barriers count every thread). The
     producer warpgroup is launched beyond the ``num_warps`` warps every layout is made for and leaves the kernel
-    after the loop. When every op before the loop computes registers or scalars only, the producer runs them too
-    and splits off at the loop; otherwise (a tile loaded before the loop, attention's Q) it splits off at the
+    after the loop. When every op before the loop computes registers or scalars only (a loop or ``if`` of scalar
+    math and scalar reads counts: a grouped GEMM's search for its group), the producer runs them too and splits
+    off at the loop; otherwise (a tile loaded before the loop, attention's Q) it splits off at the
     kernel's start and computes only the scalars its loads and bounds need (``producer_slice``, which must be
     scalar math or scalar reads: ``fn.attrs["producer_first"]``, ``lower_specialized.emit_specialized``). A loop that
     asks and does not qualify is refused with the reason; the launch option passes over it.
