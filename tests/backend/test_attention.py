@@ -115,3 +115,16 @@ def test_a_register_operand_in_another_layout_is_staged():
         ir = scaled_a.compile(a, a, c, BM=128, BN=128, BK=64, num_warps=4, arch=arch, stop_after="passes").final_ir
         gemm = next(line for line in ir.splitlines() if "tj.gemm" in line)
         assert "wgmma_rs" not in gemm and "tj.convert_layout" in ir
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_key_blocks_whose_rows_take_no_wgmma_swizzle_compile(dim):
+    """176 keys a block: P @ V's A rows (352 bytes) take no wgmma swizzle from shared memory, so the product's
+    accumulator layout is mma.sync's; reading P from registers on wgmma would write another layout, so P @ V
+    stays on mma.sync (it was switched to wgmma and the compile failed inside tilejit)."""
+    compiled = attention.attn_fwd.compile(*_args(dim), GROUP=2, BM=128, BN=176, D=dim, CAUSAL=True, VARLEN=False,
+                                          num_warps=8, arch="sm_90a")
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    ir = compiled.asm["ir"]
+    gemms = [line for line in ir.splitlines() if "tj.gemm" in line]
+    assert gemms and not any("wgmma_rs" in g for g in gemms)

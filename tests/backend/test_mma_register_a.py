@@ -204,16 +204,20 @@ def test_another_pinned_lowering_does_not_admit_it(monkeypatch):
 
 @pytest.mark.parametrize("bn", [32, 48, 64])
 def test_head_dim_256_reads_p_from_registers_on_wgmma(bn):
-    """sm_90a, unpinned, head dim 256 with 32- to 64-key blocks: S = Q K^T runs on wgmma and P V on wgmma with A
-    from registers, whatever K (the key block) is: A has no shared rows, and V's 512-byte rows are 128-byte
-    panels. (Before, K not in whole 128-byte panels sent P V to mma.sync, reading P from the wgmma accumulator's
-    registers, or to shared-memory wgmma with P staged.)"""
-    ir = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=bn, D=256, CAUSAL=True,
-                                    VARLEN=False, num_warps=4, arch="sm_90a", stop_after="passes",
-                                    peel_masks=False).final_ir
+    """sm_90a, unpinned, head dim 256 with 32- to 64-key blocks: S = Q K^T runs on wgmma and, where P's rows
+    (the key block: 64 or 128 bytes) take a wgmma swizzle, P V on wgmma with A from registers (V's 512-byte rows
+    are 128-byte panels). With 48 keys (96-byte rows) the accumulator's layout is inferred for mma.sync, which
+    wgmma would not write: P V stays on mma.sync (offering it wgmma there made the compile fail inside tilejit).
+    Every form compiles to a cubin."""
+    compiled = attention.attn_fwd.compile(*_attention_args(256), GROUP=2, BM=64, BN=bn, D=256, CAUSAL=True,
+                                          VARLEN=False, num_warps=4, arch="sm_90a", peel_masks=False)
+    ir = compiled.asm["ir"]
     impls = [g.split("impl = ")[1].split("}")[0] for g in gemm_lines(ir)]
-    assert impls == ["wgmma_m64nNk16", "wgmma_rs_m64nNk16"] * 2
-    assert not staged_operands(ir)
+    second = "mma_sync_m16n8k16" if bn == 48 else "wgmma_rs_m64nNk16"
+    assert impls == ["wgmma_m64nNk16", second] * 2
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    if bn != 48:
+        assert not staged_operands(ir)
 
 
 # -- the attention example ----------------------------------------------------------------------------------------

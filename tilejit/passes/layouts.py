@@ -530,7 +530,10 @@ def infer_layouts(fn: Function, target: Target) -> None:
 def keep_register_operands(fn: Function, target: Target) -> None:
     """A gemm operand A that scope inference staged into shared memory from a register tile goes back to that
     tile when a registered lowering reads A from registers in the tile's layout (e.g. wgmma with A's fragment
-    in the accumulator layout of an earlier gemm: attention's P). The staging copy is left dead for cleanup."""
+    in the accumulator layout of an earlier gemm: attention's P) and gives the accumulator the layout it already
+    has (the layouts were inferred for the lowering chosen first: with keys a block of 176, P @ V's A rows of 352
+    bytes take no wgmma swizzle, so mma.sync's layout was chosen, which wgmma reading P from registers would not
+    write). The staging copy is left dead for cleanup."""
     pinned = knobs.gemm_lowering()
     for op, staged in _staged_from_registers(fn):
         if op.operands[0].type.scope is not Scope.SHARED:
@@ -538,7 +541,9 @@ def keep_register_operands(fn: Function, target: Target) -> None:
         op.operands[0] = staged.operands[0]
         impl = next((i for i in REGISTRY.candidates("gemm") if i.rejection(op, target) is None
                      and _pin_admits(i, pinned)), None)
-        if impl is not None and impl.payload.register_a and impl.priority >= _priority(op):
+        if impl is not None and impl.payload.register_a and impl.priority >= _priority(op) \
+                and op.result.type.layout in (impl.payload.acc_layout(op, target),
+                                              impl.payload.rows_acc_layout(op, target)):
             op.attrs = replace(op.attrs, impl=impl.name)
         else:
             op.operands[0] = staged.result
