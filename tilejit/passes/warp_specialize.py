@@ -173,7 +173,9 @@ def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
             continue
         compared = sorted({v.id: v for v in leaves([*loop.operands[:3], *o.operands]) if depends(v)}.values(),
                           key=lambda v: v.id)
-        if all(_scalar_only(x) for x in _slice(before, compared)) and all(isinstance(v.owner, Op) for v in compared):
+        # (recomputed for the other program op by op: no loops or ifs, whose results depend on program_id(0) whole)
+        if all(not x.regions and _scalar_only(x) for x in _slice(before, compared)) \
+                and all(isinstance(v.owner, Op) for v in compared):
             found.append((o, compared))
     return found
 
