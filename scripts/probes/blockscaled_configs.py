@@ -91,6 +91,16 @@ def dense(m, n, k, sweep: bool):
         print(f"BEST {shape}: {tflops(m, n, k, ms):.0f} TFLOP/s {ms * 1e3:.1f} us {cfg}", flush=True)
 
 
+def _experts(m, n, k, experts):
+    """Group offsets of ``experts`` experts sharing ``m`` rows raggedly (as ``benchmarks.fp8_blockscaled`` draws
+    them), and their quantized (experts, n, k) weights with scales."""
+    weights = torch.rand(experts) + 0.5
+    counts = (weights / weights.sum() * m).long()
+    counts[-1] += m - int(counts.sum())
+    offsets = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return (offsets, *quantize(torch.randn(experts, n, k, device="cuda"), 128))
+
+
 def widths(m, n, k, no_grouped=False):
     torch.manual_seed(m + n + k)
     a, sa = quantize(torch.randn(m, k, device="cuda"), 1)
@@ -117,11 +127,7 @@ def widths(m, n, k, no_grouped=False):
         return
     experts = 8
     torch.manual_seed(m + n + k + 1)
-    weights = torch.rand(experts) + 0.5
-    counts = (weights / weights.sum() * m).long()
-    counts[-1] += m - int(counts.sum())
-    offsets = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    bg, sbg = quantize(torch.randn(experts, n, k, device="cuda"), 128)
+    offsets, bg, sbg = _experts(m, n, k, experts)
     ref = F.grouped_reference(a, sa, bg, sbg, offsets)
     default = F.grouped_config(m, n, experts, major, sms)
     for bn in (128, 256):
@@ -174,11 +180,7 @@ def orders(m, n, k):
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     ref = F.reference(a, sa, b, sb)
     experts = 8
-    weights = torch.rand(experts) + 0.5
-    counts = (weights / weights.sum() * m).long()
-    counts[-1] += m - int(counts.sum())
-    offsets = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    bg, sbg = quantize(torch.randn(experts, n, k, device="cuda"), 128)
+    offsets, bg, sbg = _experts(m, n, k, experts)
     gref = F.grouped_reference(a, sa, bg, sbg, offsets)
     major, sms = torch.cuda.get_device_capability()[0], torch.cuda.get_device_properties(0).multi_processor_count
     dense_cfg = F.default_config(m, n, major, k, sms)
