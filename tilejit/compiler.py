@@ -344,31 +344,35 @@ def _nvrtc(st: Stages, keep_ptx: bool) -> None:
         raise _register_error(st, *shortage) from None
     spills = ptxas_resources(result.log)[1]
     if spills and st.register_grant is not None:
-        result = _regrant(st, result, spills, keep_ptx)
+        result = _regrant(st, result, keep_ptx)
     st.cubin, st.ptx, st.nvrtc_log = result.cubin, result.ptx, result.log
 
 
-def _regrant(st: Stages, result, spills: int, keep_ptx: bool):
+def _regrant(st: Stages, result, keep_ptx: bool):
     """ptxas spilled a warp-specialized kernel under the registers ``setmaxnreg`` grants its math threads by
     default (the most the producer warpgroup leaves). How much it spills there does not fall steadily with the
     grant: the 128x256 block-scaled loop spills 304 bytes a thread at 232 registers, 88 at 224, none at 216 and 24
     at 208 (NVRTC 13.0). So the kernel is compiled again under a few lower grants (``lower_grants``), stopping at
-    the first that spills nothing; the compile that spilled least is kept, the default on a tie. Sets ``st.cuda``
-    and ``st.register_grant`` to the kept compile's and returns its result."""
-    from .backend_cuda.stages import emit_cuda, lower_grants, ptxas_resources, run_nvrtc
+    the first that spills nothing; the compile that spilled least is kept, the default on a tie, and one whose wgmma
+    ptxas serialized only where the default's were too. Sets ``st.cuda`` and ``st.register_grant`` to the kept
+    compile's and returns its result."""
+    from .backend_cuda.stages import emit_cuda, lower_grants, ptxas_resources, run_nvrtc, wgmma_serialized
     from .errors import BackendCompileError
 
-    best = (spills, st.cuda, st.register_grant, result)
+    def cost(log: str) -> tuple[bool, int]:
+        return wgmma_serialized(log), ptxas_resources(log)[1] or 0
+
+    best = (cost(result.log), st.cuda, st.register_grant, result)
     for grant in lower_grants(st.register_grant):
         out = emit_cuda(st.fn, st.target, st.spec.symbol, register_grant=grant)
         try:
             tried = run_nvrtc(out.source, st.target, st.spec.symbol, keep_ptx, cache_key(st.spec, st.target))
         except BackendCompileError:  # (an instruction that needs more registers than the grant leaves)
             continue
-        tried_spills = ptxas_resources(tried.log)[1] or 0
-        if tried_spills < best[0]:
-            best = (tried_spills, out.source, grant, tried)
-        if not tried_spills:
+        tried_cost = cost(tried.log)
+        if tried_cost < best[0]:
+            best = (tried_cost, out.source, grant, tried)
+        if tried_cost == (False, 0):
             break
     _, st.cuda, st.register_grant, result = best
     return result

@@ -44,7 +44,7 @@ def fake_spills(monkeypatch, tmp_path):
     """Make ptxas report spills by the grant in the source: ``table[grant]`` bytes (0 where absent); the grants
     compiled are recorded in order. A cache of its own, so that nothing compiled before answers."""
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path))
-    table: dict[int, int] = {}
+    table: dict[int, int] = {}  # grant -> spill bytes; a negative entry: none, but the wgmma serialized
     compiled: list[int | None] = []
     real = stages.run_nvrtc
 
@@ -55,7 +55,10 @@ def fake_spills(monkeypatch, tmp_path):
         compiled.append(grant)
         spilled = table.get(grant, 0)
         log = re.sub(r"\d+ bytes spill stores, \d+ bytes spill loads",
-                     f"{spilled} bytes spill stores, {spilled} bytes spill loads", result.log)
+                     f"{max(spilled, 0)} bytes spill stores, {max(spilled, 0)} bytes spill loads", result.log)
+        if spilled < 0:
+            log += ("\nptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+                    "serialized due to non wgmma instructions reading accumulator registers")
         return dataclasses.replace(result, log=log)
 
     monkeypatch.setattr(stages, "run_nvrtc", run_nvrtc)
@@ -103,3 +106,12 @@ def test_kernels_without_a_producer_split_are_compiled_once(fake_spills):
     kernel = _compile()
     assert compiled == [None]
     assert kernel.meta["register_grant"] is None and kernel.meta["spills"] == 400
+
+
+def test_a_grant_whose_wgmma_ptxas_serializes_is_not_taken_for_fewer_spills(fake_spills):
+    table, compiled = fake_spills
+    table.update({232: 40, 224: -1, 216: -1, 208: -1})
+    kernel = _compile(warp_specialize=True)
+    assert compiled == [232, 224, 216, 208]
+    assert kernel.meta["register_grant"] == 232 and kernel.meta["spills"] == 80
+    assert not kernel.meta["wgmma_serialized"]
