@@ -186,13 +186,16 @@ def orders(m, n, k):
     dense_cfg = F.default_config(m, n, major, k, sms)
     grouped_cfg = F.grouped_config(m, n, experts, major, sms)
     dense_grid = (tilejit.cdiv(m, dense_cfg["BM"]) * tilejit.cdiv(n, dense_cfg["BN"]),)
-    grouped_grid = ((tilejit.cdiv(m, grouped_cfg["BM"]) + experts) * tilejit.cdiv(n, grouped_cfg["BN"]),)
+    row_tiles = tilejit.cdiv(m, grouped_cfg["BM"]) + experts
+    tiles = torch.empty((row_tiles, 3), dtype=torch.int32, device="cuda")
+    F.grouped_row_tiles[(row_tiles,)](offsets, tiles, experts, BM=grouped_cfg["BM"], num_warps=1)
+    grouped_grid = (row_tiles * tilejit.cdiv(n, grouped_cfg["BN"]),)
     for group_m in (4, 8, 16, 1 << 20):
         label = "row-first" if group_m == 1 << 20 else f"GROUP_M={group_m}"
         for kind, run, want in (
                 ("dense", lambda: F.blockscaled_mm[dense_grid](a, sa, b, sb, out, GROUP_M=group_m, **dense_cfg),
                  ref),
-                ("grouped", lambda: F.blockscaled_grouped_mm[grouped_grid](a, sa, bg, sbg, out, offsets, experts,
+                ("grouped", lambda: F.blockscaled_grouped_mm[grouped_grid](a, sa, bg, sbg, out, tiles,
                                                                            GROUP_M=group_m, **grouped_cfg),
                  gref)):
             out.fill_(float("nan"))

@@ -179,7 +179,7 @@ def test_cubins_for_every_arch_without_spills(arch, kind):
         m, n, k = 1000, 4096, 7168
         compiled = F.blockscaled_grouped_mm.compile(
             _meta(m, k, dtype=E4M3), _meta(m, 56), _meta(8, n, k, dtype=E4M3), _meta(8, 32, 56),
-            _meta(m, n, dtype=torch.bfloat16), _meta(9, dtype=torch.int32), 8, arch=arch, **config)
+            _meta(m, n, dtype=torch.bfloat16), _meta(8 + 8, 3, dtype=torch.int32), arch=arch, **config)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
     assert compiled.meta["spills"] in (0, None), compiled.meta
     # sm_80 has no float8 tensor-core instruction: its products run on FMAs (lower_gemm's fma_fallback)

@@ -16,8 +16,12 @@ are ragged (the scales index with ceil); the scale tensors may have any strides.
 Grouped (``fp8_blockscaled_grouped_matmul``, MoE): experts' problems in one launch. The rows of A are the
 experts' tokens concatenated, expert ``e`` owning rows ``group_offsets[e]:group_offsets[e + 1]``; B is
 (E, N, K) with scales (E, cdiv(N, 128), cdiv(K, 128)). The grid covers the most row tiles the experts can need
-(``cdiv(M, BM) + E``: each expert's ragged tail adds at most one), and each program finds its (expert, tile)
-with scalar loads of the offsets; programs past the last tile run no k-steps and store nothing. No host sync.
+(``cdiv(M, BM) + E``: each expert's ragged tail adds at most one). A one-warp kernel first finds each row tile's
+expert and rows from the offsets (``grouped_row_tiles``, a search over the experts per tile); the product's
+programs read theirs with three independent scalar loads instead of each searching, in its producer and its math
+warps alike, two dependent loads an expert (8 experts on an H200: the same TFLOP/s either way, within the
+runs' spread; the search grows with the expert count, the loads do not). Programs past the last tile run no
+k-steps and store nothing. No host sync: the offsets are read on the GPU, and CUDA graphs capture both launches.
 
 ``fp8_blockscaled_matmul`` / ``fp8_blockscaled_grouped_matmul`` run as the PyTorch operators
 ``tilejit::fp8_blockscaled_mm`` / ``tilejit::fp8_blockscaled_grouped_mm``; ``reference`` /
@@ -74,18 +78,15 @@ def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.
 
 
 @tilejit.kernel
-def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr,
-                           GROUP_M: T.constexpr = 8):
-    """Expert e's rows Offsets[e]:Offsets[e + 1] of C = their rows of A times B[e]^T, block-scaled; a 1-D grid of
-    (cdiv(M, BM) + E) x cdiv(N, BN) programs, each computing the t-th row tile over all experts (in expert
-    order) and column tile j, (t, j) in ``_grouped_order``."""
-    K = A.shape[1]
-    tile, col = _grouped_order(T.cdiv(A.shape[0], BM) + E, T.cdiv(C.shape[1], BN), GROUP_M)
-    n0 = col * BN
+def grouped_row_tiles(Offsets, Tiles, E, BM: T.constexpr):
+    """Row tile t (program t) of the grouped product, the experts' rows Offsets[e]:Offsets[e + 1] cut into BM-row
+    tiles in expert order: Tiles[t] = (expert, first row, end of the expert's rows); (0, 0, 0) past the last
+    tile (its programs store nothing)."""
+    tile = T.program_id(0)
     expert = 0
     m0 = 0
-    rows_end = 0  # stays 0 for a program past the last tile: it stores nothing
-    first = 0     # row tiles of the experts before e
+    rows_end = 0
+    first = 0  # row tiles of the experts before e
     for e in range(E):
         lo = Offsets[e]
         hi = Offsets[e + 1]
@@ -95,6 +96,23 @@ def blockscaled_grouped_mm(A, SA, B, SB, C, Offsets, E, BM: T.constexpr, BN: T.c
             m0 = lo + (tile - first) * BM
             rows_end = hi
         first = first + tiles
+    Tiles[tile, 0] = expert
+    Tiles[tile, 1] = m0
+    Tiles[tile, 2] = rows_end
+
+
+@tilejit.kernel
+def blockscaled_grouped_mm(A, SA, B, SB, C, Tiles, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr,
+                           GROUP_M: T.constexpr = 8):
+    """Expert e's rows of C = their rows of A times B[e]^T, block-scaled; a 1-D grid of Tiles.shape[0] x
+    cdiv(N, BN) programs, each computing row tile t (its expert and rows read from ``Tiles``, as
+    ``grouped_row_tiles`` finds them) and column tile j, (t, j) in ``_grouped_order``."""
+    K = A.shape[1]
+    tile, col = _grouped_order(Tiles.shape[0], T.cdiv(C.shape[1], BN), GROUP_M)
+    n0 = col * BN
+    expert = Tiles[tile, 0]
+    m0 = Tiles[tile, 1]
+    rows_end = Tiles[tile, 2]  # 0 for a program past the last tile: it stores nothing
     k_end = K if rows_end > 0 else 0
     acc = T.zeros((BM, BN), T.float32)
     for k0 in T.range(0, k_end, 128, stages=STAGES):
@@ -123,7 +141,7 @@ def default_config(m: int, n: int, arch_major: int = 9, k: int | None = None, sm
     ``scripts/probes/blockscaled_configs.py``):
 
     * 128-row tiles in a persistent warp-specialized kernel (the producer loads the next tile's operands during
-      this one's epilogue; the grouped kernel too, its producer repeating each program's search for its expert):
+      this one's epilogue; the grouped kernel too):
       885-909 TFLOP/s at 4096x4096x7168 on an H100 against 794-836 specialized alone. 256 columns where that
       takes less time than 128 by a count of waves (the tiles the busiest SM computes, times each one's work,
       the wider tile ``WIDE_TILE_SPEEDUP`` faster): 4096x4096x7168 (4 waves of 128x256 against 8 of 128x128;
@@ -233,8 +251,10 @@ def _grouped(a, a_scales, b, b_scales, group_offsets, out, config: dict) -> torc
     m, experts, n = a.shape[0], b.shape[0], b.shape[1]
     cfg = {**grouped_config(m, n, experts, *_device(a)), **config}
     _check_bn(cfg["BN"], "fp8_blockscaled_grouped_matmul")
-    grid = ((tilejit.cdiv(m, cfg["BM"]) + experts) * tilejit.cdiv(n, cfg["BN"]),)
-    blockscaled_grouped_mm[grid](a, a_scales, b, b_scales, out, group_offsets, experts, **cfg)
+    row_tiles = tilejit.cdiv(m, cfg["BM"]) + experts  # (each expert's ragged tail adds at most one)
+    tiles = torch.empty((row_tiles, 3), dtype=torch.int32, device=a.device)
+    grouped_row_tiles[(row_tiles,)](group_offsets, tiles, experts, BM=cfg["BM"], num_warps=1)
+    blockscaled_grouped_mm[(row_tiles * tilejit.cdiv(n, cfg["BN"]),)](a, a_scales, b, b_scales, out, tiles, **cfg)
     return out
 
 
