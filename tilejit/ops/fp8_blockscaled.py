@@ -34,34 +34,20 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace, sm_count
+from tilejit.ops.linear_kernels import grouped_tile_order
 
 #: Elements of K (and of N, for the weights) that one scale covers.
 BLOCK = 128
-
-
-@tilejit.func
-def _grouped_order(grid_m, grid_n, GROUP_M):
-    """(row tile, column tile) of this program on a 1-D grid of ``grid_m`` x ``grid_n`` tiles walked in groups of
-    ``GROUP_M`` row tiles, each group's column tiles in turn: the A rows a group reads stay in L2 while its
-    programs sweep B (A read from memory about once, not once per column tile as a row-first walk does where A
-    outgrows L2). The tile counts are taken as int32 (as ``T.program_id`` is), so that the tile's origin and
-    every address derived from it stay 32-bit."""
-    pid = T.program_id(0)
-    grid_m = grid_m.to(T.int32)
-    grid_n = grid_n.to(T.int32)
-    per_group = GROUP_M * grid_n
-    first = (pid // per_group) * GROUP_M
-    rows = min(grid_m - first, GROUP_M)
-    return first + (pid % per_group) % rows, (pid % per_group) // rows
 
 
 @tilejit.kernel
 def blockscaled_mm(A, SA, B, SB, C, BM: T.constexpr, BN: T.constexpr, STAGES: T.constexpr,
                    GROUP_M: T.constexpr = 8):
     """C = (A @ B^T) with A's 1x128 and B's 128x128 block scales applied per k-block; one BM x BN tile of a 1-D
-    grid of cdiv(M, BM) x cdiv(N, BN) programs, in ``_grouped_order``."""
+    grid of cdiv(M, BM) x cdiv(N, BN) programs, in ``grouped_tile_order``."""
     M, K = A.shape
-    row, col = _grouped_order(T.cdiv(M, BM), T.cdiv(C.shape[1], BN), GROUP_M)
+    # (tile counts as int32, as T.program_id is: the tile's origin and every address derived from it stay 32-bit)
+    row, col = grouped_tile_order(T.cdiv(M, BM).to(T.int32), T.cdiv(C.shape[1], BN).to(T.int32), GROUP_M)
     m0 = row * BM
     n0 = col * BN
     acc = T.zeros((BM, BN), T.float32)
@@ -106,9 +92,9 @@ def blockscaled_grouped_mm(A, SA, B, SB, C, Tiles, BM: T.constexpr, BN: T.conste
                            GROUP_M: T.constexpr = 8):
     """Expert e's rows of C = their rows of A times B[e]^T, block-scaled; a 1-D grid of Tiles.shape[0] x
     cdiv(N, BN) programs, each computing row tile t (its expert and rows read from ``Tiles``, as
-    ``grouped_row_tiles`` finds them) and column tile j, (t, j) in ``_grouped_order``."""
+    ``grouped_row_tiles`` finds them) and column tile j, (t, j) in ``grouped_tile_order``."""
     K = A.shape[1]
-    tile, col = _grouped_order(Tiles.shape[0], T.cdiv(C.shape[1], BN), GROUP_M)
+    tile, col = grouped_tile_order(Tiles.shape[0].to(T.int32), T.cdiv(C.shape[1], BN).to(T.int32), GROUP_M)
     n0 = col * BN
     expert = Tiles[tile, 0]
     m0 = Tiles[tile, 1]

@@ -49,17 +49,23 @@ def _operand(X, r0, c0, ROWS, COLS, TRANS):
 
 
 @tilejit.func
-def _tile_origin(M, N, BM, BN, GROUP_M):
-    """(m0, n0) of this program's output tile, the 1-D grid walked in groups of GROUP_M tile rows."""
+def grouped_tile_order(grid_m, grid_n, GROUP_M):
+    """(row tile, column tile) of this program on a 1-D grid of ``grid_m`` x ``grid_n`` tiles walked in groups of
+    ``GROUP_M`` row tiles, each group's column tiles in turn: the A rows a group reads stay in L2 while its
+    programs sweep B (A read from memory about once, not once per column tile as a row-first walk does where A
+    outgrows L2)."""
     pid = T.program_id(0)
-    grid_m = T.cdiv(M, BM)
-    grid_n = T.cdiv(N, BN)
     per_group = GROUP_M * grid_n
     first_m = (pid // per_group) * GROUP_M
     rows = min(grid_m - first_m, GROUP_M)
-    m0 = (first_m + (pid % per_group) % rows) * BM
-    n0 = ((pid % per_group) // rows) * BN
-    return m0, n0
+    return first_m + (pid % per_group) % rows, (pid % per_group) // rows
+
+
+@tilejit.func
+def _tile_origin(M, N, BM, BN, GROUP_M):
+    """(m0, n0) of this program's output tile, the 1-D grid walked in groups of GROUP_M tile rows."""
+    row, col = grouped_tile_order(T.cdiv(M, BM), T.cdiv(N, BN), GROUP_M)
+    return row * BM, col * BN
 
 
 @tilejit.kernel
