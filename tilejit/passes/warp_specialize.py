@@ -92,7 +92,7 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # a cluster's two programs walk programs side by side: an even count keeps the pairs together
             programs = target.sm_count or DEFAULT_SM_COUNT
             fn.attrs["persistent"] = programs - programs % target.cluster
-            if target.pingpong and all(_scalar_only(o) for o in bounds_slice(fn, loop)):
+            if target.pingpong and all(_recomputable(o) for o in bounds_slice(fn, loop)):
                 fn.attrs["groups"] = PINGPONG_GROUPS
         if target.cluster > 1 and multicast_loads(fn, loop):
             fn.attrs["cluster"] = target.cluster
@@ -173,9 +173,7 @@ def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
             continue
         compared = sorted({v.id: v for v in leaves([*loop.operands[:3], *o.operands]) if depends(v)}.values(),
                           key=lambda v: v.id)
-        # (recomputed for the other program op by op: no loops or ifs, whose results depend on program_id(0) whole)
-        if all(not x.regions and _scalar_only(x) for x in _slice(before, compared)) \
-                and all(isinstance(v.owner, Op) for v in compared):
+        if all(_recomputable(x) for x in _slice(before, compared)) and all(isinstance(v.owner, Op) for v in compared):
             found.append((o, compared))
     return found
 
@@ -256,6 +254,13 @@ def _scalar_only(op: Op) -> bool:
     return not op.kind.writes_memory and all(r.is_scalar for r in op.results) and \
         all(v.is_scalar or v.is_tensor for v in op.operands) and \
         all(_scalar_only(o) for region in op.regions for o in region.ops)
+
+
+def _recomputable(op: Op) -> bool:
+    """Scalar-only and without regions: safe to compute again for another program (a cluster's partner, a
+    pingpong group's programs) op by op, under that program's ids; a loop's or an if's results are taken whole
+    from the program that ran them."""
+    return not op.regions and _scalar_only(op)
 
 
 # Tile ops that compute registers only (no memory, no shared scratch): the producer warpgroup may run them.
