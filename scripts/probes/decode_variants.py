@@ -2,6 +2,11 @@
 warp counts and split counts, as achieved GB/s of the cache it reads (a probe, not a benchmark).
 
     python scripts/probes/decode_variants.py [--batch 32] [--context 32768] [--quick]
+    python scripts/probes/decode_variants.py --grid --batches 8,32,128 --contexts 4096,32768 [--pages 16]
+
+``--grid``: every split count (1-16) against every ring depth (2-6) of the default block, each timed from CUDA-graph
+replays as well as by ``do_bench``, with the blocks an SM holds (the occupancy API on the compiled kernel) and the
+waves the grid takes: what a plan counting resident blocks would choose.
 
 Rows: the default plan first for each page size (None: a contiguous cache), then the variants: block size, ring
 depth and warps (a page of 16 keys caps the block at 16: there the warps are the variants, 4 warps being the
@@ -16,7 +21,7 @@ import math
 
 import torch
 
-from tilejit.testing import do_bench
+from tilejit.testing import do_bench, do_bench_cudagraph
 
 decode = importlib.import_module("tilejit.ops.decode_attention")
 
@@ -46,13 +51,73 @@ def block_variants(page):
              (128, 3, 8)]]
 
 
+def resident_blocks(q, k, v, lens, table, out, config, splits) -> int:
+    """Blocks of the ``decode_fwd`` this call launches that one SM holds (the occupancy API on its loaded kernel)."""
+    from tilejit.runtime.launch import resident_blocks as blocks_of
+    _, args, keywords, _ = decode._fwd_call(q, k, v, lens, table, out, 1.0, -1, 0.0, (1.0, None, 1.0, None),
+                                            dict(config), splits)
+    return blocks_of(decode.decode_fwd.compile(*args, **keywords), q.device.index or 0)
+
+
+def grid(ns) -> None:
+    """Split counts against ring depths, graph-timed (see the module's docstring)."""
+    heads, kv_heads, dim, dtype = 64, 8, 128, torch.bfloat16
+    name = torch.cuda.get_device_name()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("| page | batch | context | STAGES | splits | default | blocks/SM | waves | us (graph) | GB/s (graph) "
+          "| GB/s (do_bench) | device |\n" + "| --- " * 12 + "|")
+    for page_text in ns.pages.split(","):
+        page = None if page_text == "none" else int(page_text)
+        for batch in map(int, ns.batches.split(",")):
+            for context in map(int, ns.contexts.split(",")):
+                q, k, v, lens, table = cache(batch, context, heads, kv_heads, dim, page, dtype)
+                nbytes = 2 * batch * context * kv_heads * dim * dtype.itemsize
+                want = decode.reference(q[:1], k, v, lens[:1], None if table is None else table[:1])
+                out = torch.empty_like(q)
+                decode._PIPELINES.clear()
+                decode.decode_attention_forward(q, k, v, lens, table, out=out)  # the default launch's choice
+                chosen = next(iter(decode._PIPELINES.values()), None)
+                for stages in (2, 3, 4, 6):
+                    for splits in (1, 2, 4, 8, 16):
+                        def run():
+                            decode.decode_attention_forward(q, k, v, lens, table, num_splits=splits, out=out,
+                                                            STAGES=stages)
+                        try:
+                            out.fill_(float("nan"))
+                            run()
+                            err = (out[:1].double() - want.to(out.device)).abs().max().item()
+                            if not err < 2e-2:
+                                print(f"| {page} | {batch} | {context} | {stages} | {splits} | | | | wrong: {err:.3g} "
+                                      f"| | | {name} |")
+                                continue
+                            blocks = resident_blocks(q, k, v, lens, table, out, {"STAGES": stages}, splits)
+                            programs = kv_heads * batch * splits
+                            waves = f"{programs / (blocks * sms):.2f}" if blocks else "?"
+                            graph_ms = do_bench_cudagraph(run)
+                            ms = do_bench(run)
+                        except Exception as exc:  # noqa: BLE001 - a variant that fails is a row too
+                            print(f"| {page} | {batch} | {context} | {stages} | {splits} | | | | "
+                                  f"{type(exc).__name__}: {str(exc)[:80]} | | | {name} |")
+                            continue
+                        mark = "yes" if chosen == (stages, splits) else ""
+                        print(f"| {page} | {batch} | {context} | {stages} | {splits} | {mark} | {blocks} | {waves} "
+                              f"| {graph_ms * 1e3:.1f} | {nbytes / graph_ms / 1e6:.0f} | {nbytes / ms / 1e6:.0f} "
+                              f"| {name} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--grid", action="store_true", help="split counts against ring depths (see above)")
+    parser.add_argument("--batches", default="8,32,64,128")
+    parser.add_argument("--contexts", default="4096,32768")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--pages", default="none,16,64,256")
     parser.add_argument("--quick", action="store_true", help="default plans only")
     ns = parser.parse_args()
+    if ns.grid:
+        grid(ns)
+        return
     heads, kv_heads, dim, dtype = 64, 8, 128, torch.bfloat16
     name = torch.cuda.get_device_name()
     print("| page | config | splits | us | GB/s | device |\n| --- | --- | --- | --- | --- | --- |")

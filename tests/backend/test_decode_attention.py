@@ -390,3 +390,59 @@ def test_warps_follow_a_given_block_size():
     assert decode.plan(q, cache, config=dict(BN=16))[0]["num_warps"] == 1
     assert decode.plan(q, cache, config=dict(BN=16, num_warps=4))[0]["num_warps"] == 4
     assert decode.block_warps(16, 256) == 2 and decode.block_warps(32, 128) == 4
+
+
+# ----------------------------------------------------------------------------------------------- residency
+
+#: blocks an H200 SM held of decode_fwd per ring depth (occupancy API on the compiled kernels, pages of 16 keys:
+#: 1 warp, 255 registers; of 64 keys: 4 warps), from ``scripts/probes/decode_variants.py --grid``
+H200_RESIDENT = {16: {2: 8, 3: 7, 4: 5, 6: 4}.get, 64: {2: 2, 3: 2, 4: 1, 6: 1}.get}
+
+
+@pytest.mark.parametrize("page, batch, want", [
+    (16, 32, (3, 2)),    # 512 one-warp programs in one wave of 7 a SM: 93 KiB in flight (4 stages: 3.72 TB/s)
+    (16, 64, (3, 1)),
+    (16, 128, (2, 1)),   # 1,024 programs: 3 stages would leave a second wave of 100 (3.38 against 4.11 TB/s)
+    (16, 8, (3, 8)),
+    (64, 32, (2, 1)),    # 256 four-warp programs, 2 a SM: one wave
+    (64, 16, (3, 1)),
+])
+def test_pipeline_fills_whole_waves_with_enough_in_flight(page, batch, want):
+    """The measured H200 choices (context 32k, 8 KV heads, D = 128, 132 SMs)."""
+    bn, warps = (16, 1) if page == 16 else (64, 4)
+    most = min(decode.MAX_SPLITS, 32768 // (bn * decode.MIN_BLOCKS_PER_SPLIT))
+    assert decode.choose_pipeline(batch * 8, most, 132, 2 * bn * 128 * 2, warps, H200_RESIDENT[page]) == want
+
+
+def test_pipeline_keeps_what_the_launch_gives():
+    """A given ring depth or split count is kept; the other is chosen around it; a ring an SM cannot hold is never
+    chosen."""
+    resident = H200_RESIDENT[16]
+    assert decode.choose_pipeline(256, 64, 132, 8192, 1, resident, stages=4) == (4, 2)
+    assert decode.choose_pipeline(256, 64, 132, 8192, 1, resident, splits=4) == (2, 4)
+    assert decode.choose_pipeline(256, 64, 132, 8192, 1, resident, stages=6, splits=8) == (6, 8)
+    assert decode.choose_pipeline(256, 64, 132, 8192, 1, {2: 0, 3: 0, 4: 5, 6: 0}.get) == (4, 2)
+    assert decode.choose_pipeline(256, 64, 132, 8192, 1, lambda depth: 0) == (2, 1)  # nothing fits: as given
+    # a short cache (most_splits 1) keeps one split whatever the grid
+    assert decode.choose_pipeline(8, 1, 132, 8192, 1, resident)[1] == 1
+
+
+@pytest.mark.parametrize("page, dtype, dim", [(16, torch.bfloat16, 128), (None, torch.float16, 64),
+                                              (64, torch.float32, 128)])
+def test_a_stage_costs_its_blocks_bytes_of_shared_memory(fresh_compile_cache, page, dtype, dim):
+    """``_residency_plan`` counts the shared memory of other ring depths from one compiled kernel: each stage adds
+    BN keys and BN values of the cache's dtype, nothing else."""
+    batch, heads, kv_heads = 4, 32, 4
+    q = _meta(batch, heads, dim, dtype=dtype)
+    if page is None:
+        k, table = _meta(batch, 4096, kv_heads, dim, dtype=dtype), None
+    else:
+        k, table = _meta(batch * 256, page, kv_heads, dim, dtype=dtype), _meta(batch, 256, dtype=torch.int32)
+    config, _, _ = decode.plan(q, k, table)
+    bn = config["BN"]
+    sizes = {}
+    for stages in (2, 3):
+        _, args, keywords, _ = decode._fwd_call(q, k, k, _meta(batch, dtype=torch.int32), table, q, 0.1, -1, 0.0,
+                                                (1.0, None, 1.0, None), {"STAGES": stages}, 2)
+        sizes[stages] = decode.decode_fwd.compile(*args, arch="sm_90a", **keywords).shared_bytes
+    assert sizes[3] - sizes[2] == 2 * bn * dim * dtype.itemsize

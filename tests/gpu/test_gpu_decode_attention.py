@@ -152,3 +152,26 @@ def test_sixteen_key_blocks_in_every_warp_count(page, dim, warps):
         out = torch.full_like(q, NAN)
         decode.decode_attention_forward(q, k, v, lens, table, softcap=20.0, out=out, num_splits=splits, **config)
         _check(out, want)
+
+
+@pytest.mark.parametrize("page, batch", [(16, 32), (16, 160), (64, 24), (None, 40)])
+def test_chosen_ring_depth_and_splits(page, batch):
+    """The default launch's ring depth and split count come from the loaded kernel's occupancy
+    (``choose_pipeline``): recorded once per shape, a depth of ``STAGE_CHOICES``, and the output right; every other
+    depth, given, is right too."""
+    gen = torch.Generator().manual_seed(batch)
+    lens = torch.randint(0, 4096, (batch,), generator=gen).tolist()
+    lens[0] = 4096
+    q, k, v, lens_t, table = _inputs(lens, 64, 8, 128, page, seed=batch, capacity=4096)
+    want = decode.reference(q, k, v, lens_t, table)
+    decode._PIPELINES.clear()
+    out = torch.full_like(q, NAN)
+    decode.decode_attention_forward(q, k, v, lens_t, table, out=out)
+    _check(out, want)
+    assert len(decode._PIPELINES) == 1
+    stages, splits = next(iter(decode._PIPELINES.values()))
+    assert stages in decode.STAGE_CHOICES and splits >= 1 and splits & (splits - 1) == 0
+    for depth in decode.STAGE_CHOICES:
+        out = torch.full_like(q, NAN)
+        decode.decode_attention_forward(q, k, v, lens_t, table, out=out, STAGES=depth)
+        _check(out, want)

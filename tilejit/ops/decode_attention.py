@@ -13,8 +13,9 @@ block's page among them by arithmetic: the ring stays full across four pages.
 
 Split-KV: when batch x KV heads leaves SMs idle, the keys [start, len) of a batch are cut into (grid z) equal
 runs of whole blocks, one per program; each writes its normalized partial output and base-2 log-sum-exp to a
-workspace, and ``decode_combine`` weighs the partials into the output. The split count comes from shapes only
-(the cache's capacity, the SM count), never from ``cache_seqlens``, so a call needs no host sync; the workspace is
+workspace, and ``decode_combine`` weighs the partials into the output. The split count and the ring's depth come
+from shapes only (the cache's capacity, the SM count, the blocks an SM holds of the compiled kernel:
+``choose_pipeline``), never from ``cache_seqlens``, so a call needs no host sync; the workspace is
 kept per (device, shape), so steady-state calls allocate nothing but their output and CUDA graphs can capture
 them (one workspace per shape: calls of one shape on two streams at once must not overlap).
 
@@ -39,6 +40,18 @@ from tilejit.ops.fused_attention import _score_scales, _window
 MAX_SPLITS = 64
 #: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
 MIN_BLOCKS_PER_SPLIT = 4
+#: ring depths ``choose_pipeline`` picks from where the launch gives no STAGES
+STAGE_CHOICES = (2, 3, 4, 6)
+#: keys and values in flight per SM (resident programs x ring depth x a stage's bytes) that keep an H200's HBM busy:
+#: 3 stages of 16-key blocks at 3.9 programs per SM (93 KiB) read 3.8-4.3 TB/s where 2 stages (62 KiB) read 3.5-3.9
+#: (``scripts/probes/decode_variants.py --grid``; benchmarks/RESULTS.md)
+IN_FLIGHT_BYTES = 90 * 1024
+#: a grid of several waves counts as whole when its last wave is at least this full: a last wave filled to 11%
+#: or 55% (3 stages, 7 blocks per SM, 1,024 programs) read 3.4 TB/s where the grid of 0.97 waves read 4.1-4.2
+WHOLE_WAVE = 0.9
+#: warps an SM should hold on average: about one per warp scheduler, most SMs holding 4 (a 1-warp program at 1.9
+#: programs per SM read 2.8-3.0 TB/s with 93 KiB in flight; at 3.9 per SM, 3.8-4.3)
+MIN_WARPS_PER_SM = 3.5
 
 
 @tilejit.func
@@ -244,6 +257,54 @@ def num_splits(batch: int, kv_heads: int, max_keys: int, bn: int, sm_count: int,
     return splits
 
 
+def choose_pipeline(pairs: int, most_splits: int, sm_count: int, stage_bytes: int, warps: int, resident,
+                    stages: int | None = None, splits: int | None = None) -> tuple[int, int]:
+    """(ring depth, split count) of a decode launch of ``pairs`` (batch x KV heads) programs per split of
+    ``warps`` warps, from the blocks an SM holds at each depth (``resident(stages)``, the occupancy of the compiled
+    kernel) rather than from a fixed programs-per-SM aim. A decode program is latency-bound (a ring of a few
+    blocks; one warp where the page caps the block at 16 keys): the HBM stays busy when every SM keeps
+    ``IN_FLIGHT_BYTES`` of keys and values in flight and at least ``MIN_WARPS_PER_SM`` warps (one per scheduler),
+    and a grid whose last wave is mostly empty pays a whole wave for a few programs. So, over the depths of
+    ``STAGE_CHOICES`` and the powers of two up to ``most_splits`` (a given ``stages`` or ``splits`` is kept):
+
+    1. a candidate is *whole* when its grid fits one wave (programs <= blocks per SM x SMs) or its last wave is at
+       least ``WHOLE_WAVE`` full;
+    2. per SM, it keeps the programs of one wave / SMs x ``warps`` warps and x depth x ``stage_bytes`` in flight;
+    3. among whole candidates with ``MIN_WARPS_PER_SM`` warps, the fewest bytes in flight that reach
+       ``IN_FLIGHT_BYTES`` (ties: fewer splits, then a shallower ring), else the most; with none, the whole
+       candidate of the most warps (then bytes); with no whole candidate, the fullest last wave.
+
+    Measured on an H200 (pages of 16 keys, 8 KV heads, D = 128, ``scripts/probes/decode_variants.py --grid``):
+    batch 32 x 4k takes 3 stages, 2 splits (3.85 TB/s against 3.72 for the fixed plan of 4 stages); batch 128 x
+    4k 2 stages, 1 split (4.11 against 3.68)."""
+    depths = (stages,) if stages is not None else STAGE_CHOICES
+    most = max(1, most_splits)
+    counts = (splits,) if splits is not None else [1 << i for i in range(most.bit_length()) if 1 << i <= most]
+    whole, partial = [], []
+    for depth in depths:
+        slots = resident(depth) * sm_count
+        if not slots:  # this ring does not fit an SM
+            continue
+        for count in counts:
+            programs = pairs * count
+            waves = -(-programs // slots)
+            per_sm = programs / waves / sm_count
+            row = (per_sm * depth * stage_bytes, min(per_sm * warps, MIN_WARPS_PER_SM), count, depth,
+                   programs / (waves * slots))
+            (whole if waves == 1 or row[4] >= WHOLE_WAVE else partial).append(row)
+    if not whole and not partial:  # no depth fits: launch as given, where the launch says what does not fit
+        return depths[0], counts[0]
+    busy = [row for row in whole if row[1] >= MIN_WARPS_PER_SM]
+    enough = [row for row in busy if row[0] >= IN_FLIGHT_BYTES]
+    if enough:
+        best = min(enough, key=lambda row: (row[0], row[2], row[3]))
+    elif whole:
+        best = max(whole, key=lambda row: (row[1], row[0], -row[2], -row[3]))
+    else:
+        best = max(partial, key=lambda row: (row[4], -row[2], -row[3]))
+    return best[3], best[2]
+
+
 def programs_per_sm(gather: bool) -> int:
     """Programs per SM the split count aims for: 2 where blocks are slices of the cache (also where a page of 16
     keys caps the block: its 4-deep ring keeps as many bytes in flight, and at batch 32, 8 KV heads, an H200 read
@@ -372,40 +433,94 @@ def plan(q, k_cache, block_table=None, window_left: int = -1, config: dict | Non
     bn, gather = block_size(page_size, config["BN"])
     if "num_warps" not in given:  # a BN given without warps: the warps its blocks fit
         config["num_warps"] = block_warps(bn, dim)
-    capacity = block_table.shape[1] * page_size if page_size is not None else k_cache.shape[1]
-    max_keys = min(capacity, window_left + 1) if window_left >= 0 else capacity
-    splits = num_splits(batch, kv_heads, max_keys, bn, _sm_count(q.device), programs_per_sm(gather))
+    splits = num_splits(batch, kv_heads, _capacity(k_cache, block_table, window_left), bn, _sm_count(q.device),
+                        programs_per_sm(gather))
     return {**config, "BN": bn}, gather, splits
 
 
-def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
-            splits):
-    """Launch ``decode_fwd`` (and ``decode_combine`` when split) writing ``out``. ``scales``: (k_scale, k tensor,
-    v_scale, v tensor); ``splits``: None picks ``num_splits``."""
+def _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
+              splits):
+    """(grid, args, keywords, splits) of the ``decode_fwd`` launch writing ``out`` (or its split partials).
+    ``scales``: (k_scale, k tensor, v_scale, v tensor); ``splits``: None picks ``num_splits``."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     fp8 = k_cache.dtype == _FP8
     page_size = k_cache.shape[1] if block_table is not None else None
+    given = config or {}
     config, gather, planned = plan(q, k_cache, block_table, left, config)
     bn = config.pop("BN")
-    splits = planned if splits is None else splits
     paged = page_size is not None
     k, v = (k_cache.flatten(0, 1), v_cache.flatten(0, 1)) if gather else (k_cache, v_cache)
     k_scale, k_tensor, v_scale, v_tensor = scales
-    part, lse = _workspace(q.device, batch, heads, splits, dim) if splits > 1 else (out, out)
     masking = {}
     if left >= 0:
         masking["WINDOW_LEFT"] = left
     if softcap > 0:
         masking["SOFTCAP"] = softcap
-    decode_fwd[(kv_heads, batch, splits)](
-        q, k, v, cache_seqlens, block_table if paged else cache_seqlens, out, part, lse,
-        k_tensor if k_tensor is not None else cache_seqlens, v_tensor if v_tensor is not None else cache_seqlens,
-        sm_scale, k_scale, v_scale, GROUP=group, BM=max(16, 1 << (group - 1).bit_length()), BN=bn, D=dim,
-        PAGE=page_size or 1, PAGED=paged, GATHER=gather, SPLIT=splits > 1, WIDEN=fp8,
-        K_SCALE_TENSOR=k_tensor is not None, V_SCALE_TENSOR=v_tensor is not None, **masking, **config)
+    keywords = dict(GROUP=group, BM=max(16, 1 << (group - 1).bit_length()), BN=bn, D=dim, PAGE=page_size or 1,
+                    PAGED=paged, GATHER=gather, WIDEN=fp8, K_SCALE_TENSOR=k_tensor is not None,
+                    V_SCALE_TENSOR=v_tensor is not None, **masking, **config)
+
+    def call(count):
+        part, lse = _workspace(q.device, batch, heads, count, dim) if count > 1 else (out, out)
+        args = (q, k, v, cache_seqlens, block_table if paged else cache_seqlens, out, part, lse,
+                k_tensor if k_tensor is not None else cache_seqlens,
+                v_tensor if v_tensor is not None else cache_seqlens, sm_scale, k_scale, v_scale)
+        return args, {**keywords, "SPLIT": count > 1}
+
+    if q.is_cuda and not gather and not fp8 and ("STAGES" not in given or splits is None):
+        key = (q.device.index, batch, kv_heads, _capacity(k_cache, block_table, left), splits,
+               tuple(keywords.items()), "STAGES" in given)
+        chosen = _PIPELINES.get(key)
+        if chosen is None:
+            args, probe = call(planned if splits is None else splits)
+            chosen = _PIPELINES[key] = _residency_plan(q, k_cache, block_table, left, args, probe, bn,
+                                                       given.get("STAGES"), splits)
+        keywords["STAGES"], splits = chosen
+    splits = planned if splits is None else splits
+    args, keywords = call(splits)
+    return (kv_heads, batch, splits), args, keywords, splits
+
+
+#: (stages, splits) ``choose_pipeline`` chose, per device, shape and config (computed once: it loads a kernel)
+_PIPELINES: dict[tuple, tuple[int, int]] = {}
+
+
+def _capacity(k_cache, block_table, window_left: int) -> int:
+    """The most keys a sequence can have: the cache's capacity, or the window."""
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    return min(capacity, window_left + 1) if window_left >= 0 else capacity
+
+
+def _residency_plan(q, k_cache, block_table, left, args, keywords, bn, stages, splits) -> tuple[int, int]:
+    """``choose_pipeline`` for a launch whose ring is in shared memory: the blocks an SM holds at each ring depth
+    from the occupancy of the kernel compiled at the default depth, its shared memory grown or shrunk by a stage's
+    bytes (BN keys and values of the cache's dtype) per stage."""
+    from tilejit.runtime.launch import resident_blocks
+
+    compiled = decode_fwd.compile(*args, **keywords)
+    stage_bytes = 2 * bn * q.shape[2] * k_cache.element_size()
+    base = keywords["STAGES"]
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+
+    def resident(depth):
+        return resident_blocks(compiled, index, compiled.shared_bytes + (depth - base) * stage_bytes)
+
+    most = max(1, min(MAX_SPLITS, tilejit.cdiv(_capacity(k_cache, block_table, left), bn * MIN_BLOCKS_PER_SPLIT)))
+    return choose_pipeline(q.shape[0] * k_cache.shape[2], most, _sm_count(q.device), stage_bytes,
+                           keywords["num_warps"], resident, stages, splits)
+
+
+def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
+            splits):
+    """Launch ``decode_fwd`` (and ``decode_combine`` when split) writing ``out`` (see ``_fwd_call``)."""
+    grid, args, keywords, splits = _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left,
+                                             softcap, scales, config, splits)
+    decode_fwd[grid](*args, **keywords)
     if splits > 1:  # a head a program while that leaves programs per SM to spare (a short grid: one pass each)
+        batch, heads, dim = q.shape
+        part, lse = args[6], args[7]
         per_program = 1 if batch * heads <= 4 * _sm_count(q.device) else 4
         decode_combine[(tilejit.cdiv(heads, per_program), batch)](part, lse, out, BH=per_program, NSPLIT=splits,
                                                                   D=dim, num_warps=4)

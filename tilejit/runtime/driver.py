@@ -136,6 +136,21 @@ class LoadedKernel:
                 f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.name!r}")
         self.dynamic_smem_limit = nbytes
 
+    def blocks_per_sm(self, threads: int, dynamic_smem_bytes: int) -> int:
+        """How many blocks of ``threads`` threads and ``dynamic_smem_bytes`` of dynamic shared memory one SM holds at
+        once (cuOccupancyMaxActiveBlocksPerMultiprocessor: registers, shared memory, threads and blocks counted); 0
+        where the device allows no block that much shared memory."""
+        try:
+            self.reserve_dynamic_smem(dynamic_smem_bytes)  # the occupancy API counts none above the kernel's limit
+        except LaunchError:
+            return 0
+        blocks = ctypes.c_int()
+        with _ContextPushed(self.context):
+            libcuda.check(libcuda.function("cuOccupancyMaxActiveBlocksPerMultiprocessor")(
+                ctypes.byref(blocks), self.function, threads, dynamic_smem_bytes),
+                f"cuOccupancyMaxActiveBlocksPerMultiprocessor for {self.name!r}")
+        return blocks.value
+
     def unload(self) -> None:
         """Unload the module; the kernel must not be launched afterwards."""
         if self.module is not None:

@@ -49,6 +49,17 @@ def launcher_for(compiled: CompiledKernel, device_index: int):
     return launcher
 
 
+def resident_blocks(compiled: CompiledKernel, device_index: int, shared_bytes: int | None = None) -> int:
+    """How many blocks of ``compiled`` one SM of device ``device_index`` holds at once (loading it there first),
+    with its shared memory or ``shared_bytes`` instead (its registers and threads kept): what a launch plan needs
+    to count the waves of a grid."""
+    launcher = launcher_for(compiled, device_index)
+    while not hasattr(launcher, "loaded"):  # a wrapper (tensor maps, stream-K) around the plain launcher
+        launcher = launcher.launcher
+    return launcher.loaded.blocks_per_sm(compiled.threads, compiled.shared_bytes if shared_bytes is None
+                                         else shared_bytes)
+
+
 def _with_tensor_maps(launcher, maps: list[dict], layout: dict[str, list[int]]) -> "TensorMapLauncher":
     from .tma import TensorMapPacker
 

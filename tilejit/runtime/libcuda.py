@@ -54,6 +54,7 @@ _SIGNATURES: dict[str, list[Any]] = {
                        ctypes.c_uint, _p, _p, _p],
     "cuLaunchKernelEx": [_p, _p, _p, _p],
     "cuOccupancyMaxActiveClusters": [_P(_i), _p, _p],
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor": [_P(_i), _p, _i, ctypes.c_size_t],
     "cuTensorMapEncodeTiled": [_p, _i, _u32, _p, _P(_u64), _P(_u64), _P(_u32), _P(_u32), _i, _i, _i, _i],
 }
 
