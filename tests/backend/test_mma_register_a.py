@@ -256,7 +256,7 @@ def ptx_loops(ptx: str) -> list[str]:
 # store, no barrier and no (non-transposing) ldmatrix before V's ldmatrix.trans and the mma that reads P.
 P_IN_REGISTERS = r"""
     CHECK: ex2.approx.ftz.f32
-    CHECK: cvt.rn.bf16.f32
+    CHECK: cvt.rn.bf16x2.f32
     CHECK-NOT: st.shared
     CHECK-NOT: bar.sync
     CHECK-NOT: ldmatrix.sync.aligned.m8n8.x4.shared.b16

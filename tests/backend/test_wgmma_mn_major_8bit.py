@@ -453,3 +453,23 @@ def test_launch_model_defaults_compile_without_spills(dtype, tile):
                                       _meta(1024, 1024, dtype=_acc(dtype)), BM=bm, BN=bn, BK=bk, TA=False, TB=False,
                                       ACC=T.int32 if dtype == I8 else T.float32, num_warps=warps, arch="sm_90a")
     assert compiled.meta["spills"] == 0 and "wgmma_mn_m64nNk32" in compiled.asm["ir"]
+
+
+FAST_16_BIT_OUT = [((64, 128, 128, 4), dict(warp_specialize=True)), ((128, 128, 128, 8), dict(warp_specialize=True)),
+                   ((128, 256, 128, 8), dict(persistent=True)), ((256, 128, 128, 8), dict(persistent=True))]
+
+
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tile,options", FAST_16_BIT_OUT, ids=["64x128-ws", "128x128-ws", "128x256-p", "256x128-p"])
+def test_fast_gather_with_16_bit_output_keeps_its_wgmma_in_flight(tile, options, out):
+    """The fast fp8 loop with B given K x N and a 16-bit C: its accumulators (transposed: the gather computes C^T)
+    are stored element by element under bounds checks, and ptxas serialized every wgmma of the main loop (C7514)
+    while their float32 -> 16-bit casts were single conversions; converted in pairs (``tj_from_f32x2``) it keeps
+    them in flight."""
+    import tilejit.language as T
+    bm, bn, bk, warps = tile
+    compiled = matmul_any.compile(_meta(1024, 1024, dtype=F8), _meta(1024, 1024, dtype=F8),
+                                  _meta(1024, 1024, dtype=out), BM=bm, BN=bn, BK=bk, TA=False, TB=False,
+                                  ACC=T.float32, PRECISION="fast", num_warps=warps, arch="sm_90a", **options)
+    assert "tj_from_f32x2<" in compiled.asm["cuda"]
+    assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"]

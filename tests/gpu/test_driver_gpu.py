@@ -18,7 +18,7 @@ PRELUDE = include_directive("prelude")
 KERNELS = r"""
 extern "C" __global__ void convert_probe(const float* x, int n, unsigned short* h, unsigned short* b,
     unsigned char* e4, unsigned char* e5, unsigned char* e4sw, unsigned char* e5sw,
-    int32_t* i32, int64_t* i64, int8_t* i8, unsigned* ph, unsigned* pb) {
+    int32_t* i32, int64_t* i64, int8_t* i8, unsigned* ph, unsigned* pb, unsigned short* h2, unsigned short* b2) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float v = x[i];
@@ -33,6 +33,11 @@ extern "C" __global__ void convert_probe(const float* x, int n, unsigned short* 
   i8[i] = tj_from_f32<int8_t>(v);
   ph[i] = tj_pack_half2(v, -v);
   pb[i] = tj_pack_bf162(v, -v);
+  // the register tiles' paired cast: element i from x[i], its neighbour from -x[i]
+  tj_half hp[2]; tj_from_f32x2<tj_half>(v, -v, hp);
+  tj_bf16 bp[2]; tj_from_f32x2<tj_bf16>(v, -v, bp);
+  h2[2 * i] = hp[0].bits; h2[2 * i + 1] = hp[1].bits;
+  b2[2 * i] = bp[0].bits; b2[2 * i + 1] = bp[1].bits;
 }
 
 // i < 65536 decodes 16-bit patterns; i < 256 also decodes 8-bit ones.
@@ -281,6 +286,7 @@ def test_conversions_match_torch(probes, impl):
         "e4sw": _poisoned((n,), torch.uint8), "e5sw": _poisoned((n,), torch.uint8),
         "i32": _poisoned((n,), torch.int32), "i64": _poisoned((n,), torch.int64), "i8": _poisoned((n,), torch.int8),
         "ph": _poisoned((n,), torch.int32), "pb": _poisoned((n,), torch.int32),
+        "h2": _poisoned((2 * n,), torch.int16), "b2": _poisoned((2 * n,), torch.int16),
     }
     launch = probes("convert_probe", ["ptr", "i32"] + ["ptr"] * len(outs), block=(256, 1, 1), impl=impl)
     launch(((n + 255) // 256, 1, 1), _stream(), [x.data_ptr(), n] + [t.data_ptr() for t in outs.values()])
@@ -316,6 +322,8 @@ def test_conversions_match_torch(probes, impl):
         lo = x_cpu.to(dt).view(torch.int16).to(torch.int64) & 0xFFFF
         hi = (-x_cpu).to(dt).view(torch.int16).to(torch.int64) & 0xFFFF
         assert torch.equal(o[key].to(torch.int64) & 0xFFFFFFFF, lo | (hi << 16))
+    for key, dt in (("h2", torch.float16), ("b2", torch.bfloat16)):  # tj_from_f32x2 rounds as tj_from_f32
+        assert torch.equal(o[key], torch.stack([x_cpu, -x_cpu], 1).reshape(-1).to(dt).view(torch.int16))
 
 
 @pytest.mark.gpu
@@ -326,8 +334,9 @@ def test_nan_and_inf_conversions(probes):
     n = x.numel()
     outs = [_poisoned((n,), torch.int16), _poisoned((n,), torch.int16)] + [_poisoned((n,), torch.uint8) for _ in range(4)]
     rest = [_poisoned((n,), torch.int32), _poisoned((n,), torch.int64), _poisoned((n,), torch.int8),
-            _poisoned((n,), torch.int32), _poisoned((n,), torch.int32)]
-    launch = probes("convert_probe", ["ptr", "i32"] + ["ptr"] * 11)
+            _poisoned((n,), torch.int32), _poisoned((n,), torch.int32), _poisoned((2 * n,), torch.int16),
+            _poisoned((2 * n,), torch.int16)]
+    launch = probes("convert_probe", ["ptr", "i32"] + ["ptr"] * 13)
     launch((2, 1, 1), _stream(), [x.data_ptr(), n] + [t.data_ptr() for t in outs + rest])
     torch.cuda.synchronize()
     h, b, e4, e5, e4sw, e5sw = (t.cpu() for t in outs)

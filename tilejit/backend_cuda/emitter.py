@@ -634,6 +634,14 @@ def _elementwise(em: Emitter, op: Op) -> None:
         em.line(f"{name}[{i}] = {scalar_expr(em, op, [f'{em.name(v)}[{i}]' for v in op.operands])};")
 
     owner = duplicate_registers(layout, em.target.threads)
+    if owner is None and _pairs_to_16_bit(op) and layout.regs % 2 == 0:
+        # float32 -> fp16/bf16 two registers at a time (tj_from_f32x2: one packed cvt, the same rounding)
+        src = em.name(op.operands[0])
+        em.line("#pragma unroll")
+        em.open(f"for (int i = 0; i < {layout.regs}; i += 2)")
+        em.line(f"tj_from_f32x2<{c_type(out.dtype)}>({src}[i], {src}[i + 1], &{name}[i]);")
+        em.close()
+        return
     if owner is None:
         em.reg_loop(layout, compute)
         return
@@ -644,6 +652,12 @@ def _elementwise(em: Emitter, op: Op) -> None:
     for i, j in enumerate(owner):
         if i != j:
             em.line(f"{name}[{i}] = {name}[{j}];")
+
+
+def _pairs_to_16_bit(op: Op) -> bool:
+    """Whether ``op`` casts float32 to float16 or bfloat16 (converted in pairs by one packed instruction)."""
+    return (op.kind is OpKind.CAST and op.operands[0].dtype == D.float32
+            and op.attrs.dtype in (D.float16, D.bfloat16))
 
 
 @emits(OpKind.SPLAT)

@@ -142,6 +142,19 @@ TJ_DEVICE unsigned tj_pack_half2(float lo, float hi) {
 TJ_DEVICE unsigned tj_pack_bf162(float lo, float hi) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
+/// out[0] = tj_from_f32<T>(a), out[1] = tj_from_f32<T>(b) for T half or bf16, by one packed conversion (the same
+/// rounding). A register tile's float32 -> 16-bit cast converts its registers so, two at a time: ptxas pairs single
+/// conversions alike, but single conversions of wgmma accumulators that feed stores guarded element by element made
+/// it serialize the main loop's wgmma (C7514).
+template <class T> TJ_DEVICE void tj_from_f32x2(float a, float b, T* out);
+template <> TJ_DEVICE void tj_from_f32x2<tj_half>(float a, float b, tj_half* out) {
+  const unsigned p = tj_pack_half2(a, b);
+  memcpy(out, &p, 4);  // the pair stays one packed register
+}
+template <> TJ_DEVICE void tj_from_f32x2<tj_bf16>(float a, float b, tj_bf16* out) {
+  const unsigned p = tj_pack_bf162(a, b);
+  memcpy(out, &p, 4);
+}
 
 // ---- math: the accurate device library (no -use_fast_math), plus NaN-propagating max/min like torch ----
 /// e^x (expf, max 2 ulp; ex2.approx alone is not accurate enough).
