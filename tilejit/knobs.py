@@ -84,11 +84,12 @@ def codegen_pins() -> str:
     none is set): ``:gemm=<name>``, ``:copy=<name>``, ``:no-mma-overlap``."""
     gemm, copy = gemm_lowering(), copy_lowering()
     return ((f":gemm={gemm}" if gemm else "") + (f":copy={copy}" if copy else "")
-            + ("" if mma_overlap() else ":no-mma-overlap"))
+            + ("" if mma_overlap() else ":no-mma-overlap") + ("" if paired_casts() else ":single-casts"))
 
 
 #: The environment variables ``codegen_pins`` reads (the autotuner's per-launch key reads them raw).
-CODEGEN_PIN_VARIABLES = ("TILEJIT_GEMM_LOWERING", "TILEJIT_COPY_LOWERING", "TILEJIT_MMA_OVERLAP")
+CODEGEN_PIN_VARIABLES = ("TILEJIT_GEMM_LOWERING", "TILEJIT_COPY_LOWERING", "TILEJIT_MMA_OVERLAP",
+                         "TILEJIT_PAIRED_CASTS")
 
 
 def mma_overlap() -> bool:
@@ -97,6 +98,13 @@ def mma_overlap() -> bool:
     iteration (``backend_cuda.lower_loops.FragmentCarry``); for measuring what the overlap is worth. Part of the
     cache key."""
     return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def paired_casts() -> bool:
+    """TILEJIT_PAIRED_CASTS=0: cast a register tile from float32 to fp16/bf16 one register at a time instead of two
+    per packed conversion (``backend_cuda.emitter``); the same values, for measuring the generated code's
+    difference. Part of the cache key."""
+    return os.environ.get("TILEJIT_PAIRED_CASTS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def launch_model() -> bool:

@@ -473,3 +473,15 @@ def test_fast_gather_with_16_bit_output_keeps_its_wgmma_in_flight(tile, options,
                                   ACC=T.float32, PRECISION="fast", num_warps=warps, arch="sm_90a", **options)
     assert "tj_from_f32x2<" in compiled.asm["cuda"]
     assert compiled.meta["spills"] == 0 and not compiled.meta["wgmma_serialized"]
+
+
+def test_single_casts_serialize_the_fast_gather(monkeypatch):
+    """The check above can fail: with the casts one register at a time (TILEJIT_PAIRED_CASTS=0, part of the cache
+    key) ptxas serializes the same kernel."""
+    import tilejit.language as T
+    monkeypatch.setenv("TILEJIT_PAIRED_CASTS", "0")
+    compiled = matmul_any.compile(_meta(1024, 1024, dtype=F8), _meta(1024, 1024, dtype=F8),
+                                  _meta(1024, 1024, dtype=torch.bfloat16), BM=64, BN=128, BK=128, TA=False, TB=False,
+                                  ACC=T.float32, PRECISION="fast", num_warps=4, arch="sm_90a", warp_specialize=True)
+    assert "tj_from_f32x2<" not in compiled.asm["cuda"]
+    assert compiled.meta["wgmma_serialized"]

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import dtypes as D
+from .. import dtypes as D, knobs
 from ..dtypes import DType
 from ..ir import BinaryOp, Block, CompareOp, Function, Op, OpKind, TensorListType, TensorType, UnaryOp, Value
 from ..ir.layouts import CExpr, RegisterLayout, SharedLayout, c_text, duplicate_registers
@@ -657,7 +657,7 @@ def _elementwise(em: Emitter, op: Op) -> None:
 def _pairs_to_16_bit(op: Op) -> bool:
     """Whether ``op`` casts float32 to float16 or bfloat16 (converted in pairs by one packed instruction)."""
     return (op.kind is OpKind.CAST and op.operands[0].dtype == D.float32
-            and op.attrs.dtype in (D.float16, D.bfloat16))
+            and op.attrs.dtype in (D.float16, D.bfloat16) and knobs.paired_casts())
 
 
 @emits(OpKind.SPLAT)
