@@ -12,6 +12,11 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _on_unless_off(name: str) -> bool:
+    """A knob that is on unless set to 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def interpret() -> bool:
     """TILEJIT_INTERPRET=1: run kernels through the IR interpreter on CPU tensors."""
     return _flag("TILEJIT_INTERPRET")
@@ -31,7 +36,7 @@ def always_compile() -> bool:
 
 def autotune_enabled() -> bool:
     """TILEJIT_AUTOTUNE=0: skip timing and use the first config."""
-    return os.environ.get("TILEJIT_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_AUTOTUNE")
 
 
 def cache_dir() -> Path:
@@ -51,7 +56,7 @@ def dump_ir() -> bool:
 
 def keep_ptx() -> bool:
     """TILEJIT_KEEP_PTX=0 drops the PTX from cache entries (kept by default)."""
-    return os.environ.get("TILEJIT_KEEP_PTX", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_KEEP_PTX")
 
 
 def arch_override() -> str | None:
@@ -81,7 +86,7 @@ def copy_lowering() -> str | None:
 
 def codegen_pins() -> str:
     """The knobs above that change the generated code, as text for the cache key and the autotuner's key ("" when
-    none is set): ``:gemm=<name>``, ``:copy=<name>``, ``:no-mma-overlap``."""
+    none is set): ``:gemm=<name>``, ``:copy=<name>``, ``:no-mma-overlap``, ``:single-casts``."""
     gemm, copy = gemm_lowering(), copy_lowering()
     return ((f":gemm={gemm}" if gemm else "") + (f":copy={copy}" if copy else "")
             + ("" if mma_overlap() else ":no-mma-overlap") + ("" if paired_casts() else ":single-casts"))
@@ -97,21 +102,21 @@ def mma_overlap() -> bool:
     warp-specialized loops (``passes.warp_specialize.deferred_gemm``), no mma.sync fragments carried into the next
     iteration (``backend_cuda.lower_loops.FragmentCarry``); for measuring what the overlap is worth. Part of the
     cache key."""
-    return os.environ.get("TILEJIT_MMA_OVERLAP", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_MMA_OVERLAP")
 
 
 def paired_casts() -> bool:
     """TILEJIT_PAIRED_CASTS=0: cast a register tile from float32 to fp16/bf16 one register at a time instead of two
     per packed conversion (``backend_cuda.emitter``); the same values, for measuring the generated code's
     difference. Part of the cache key."""
-    return os.environ.get("TILEJIT_PAIRED_CASTS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_PAIRED_CASTS")
 
 
 def launch_model() -> bool:
     """TILEJIT_LAUNCH_MODEL=0: a launch that leaves its pipeline unsaid (no ``num_stages``) gets the fixed defaults
     (3 stages, no warp specialization, not persistent) instead of what ``passes.launch_model`` chooses; for
     comparing the two (``python -m benchmarks.launch_model``)."""
-    return os.environ.get("TILEJIT_LAUNCH_MODEL", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_LAUNCH_MODEL")
 
 
 def compile_workers() -> int:
@@ -135,7 +140,7 @@ def cuda_library_search_env() -> dict[str, str | None]:
 
 def native_launch() -> bool:
     """TILEJIT_NATIVE_LAUNCH=0: launch through the pure-Python path instead of the compiled launcher."""
-    return os.environ.get("TILEJIT_NATIVE_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on_unless_off("TILEJIT_NATIVE_LAUNCH")
 
 
 def c_compiler() -> str | None:

@@ -410,8 +410,8 @@ H200_RESIDENT = {16: {2: 8, 3: 7, 4: 5, 6: 4}.get, 64: {2: 2, 3: 2, 4: 1, 6: 1}.
 def test_pipeline_fills_whole_waves_with_enough_in_flight(page, batch, want):
     """The measured H200 choices (context 32k, 8 KV heads, D = 128, 132 SMs)."""
     bn, warps = (16, 1) if page == 16 else (64, 4)
-    most = min(decode.MAX_SPLITS, 32768 // (bn * decode.MIN_BLOCKS_PER_SPLIT))
-    assert decode.choose_pipeline(batch * 8, most, 132, 2 * bn * 128 * 2, warps, H200_RESIDENT[page]) == want
+    assert decode.most_splits(32768, bn) == min(decode.MAX_SPLITS, 32768 // (bn * decode.MIN_BLOCKS_PER_SPLIT))
+    assert decode.choose_pipeline(batch * 8, decode.most_splits(32768, bn), 132, 2 * bn * 128 * 2, warps, H200_RESIDENT[page]) == want
 
 
 def test_pipeline_keeps_what_the_launch_gives():

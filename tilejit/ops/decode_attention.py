@@ -244,20 +244,26 @@ def block_size(page_size: int | None, bn: int) -> tuple[int, bool]:
     return bn, True
 
 
+def most_splits(max_keys: int, bn: int) -> int:
+    """The most programs one (batch, KV head)'s keys may be split over: each gets ``MIN_BLOCKS_PER_SPLIT`` blocks of
+    the longest possible sequence (``max_keys``: the cache's capacity, or the window), at most ``MAX_SPLITS``."""
+    return max(1, min(MAX_SPLITS, tilejit.cdiv(max_keys, bn * MIN_BLOCKS_PER_SPLIT)))
+
+
 def num_splits(batch: int, kv_heads: int, max_keys: int, bn: int, sm_count: int,
                programs_per_sm: int = 2) -> int:
     """How many programs share one (batch, KV head)'s keys: a power of two that brings the grid to at least
     ``programs_per_sm`` programs per SM, no more than the longest possible sequence (``max_keys``: the cache's
     capacity, or the window) gives ``MIN_BLOCKS_PER_SPLIT`` blocks each, at most ``MAX_SPLITS``. From shapes
     only: no host sync."""
-    most = max(1, min(MAX_SPLITS, tilejit.cdiv(max_keys, bn * MIN_BLOCKS_PER_SPLIT)))
+    most = most_splits(max_keys, bn)
     splits = 1
     while batch * kv_heads * splits < programs_per_sm * sm_count and splits * 2 <= most:
         splits *= 2
     return splits
 
 
-def choose_pipeline(pairs: int, most_splits: int, sm_count: int, stage_bytes: int, warps: int, resident,
+def choose_pipeline(pairs: int, max_splits: int, sm_count: int, stage_bytes: int, warps: int, resident,
                     stages: int | None = None, splits: int | None = None) -> tuple[int, int]:
     """(ring depth, split count) of a decode launch of ``pairs`` (batch x KV heads) programs per split of
     ``warps`` warps, from the blocks an SM holds at each depth (``resident(stages)``, the occupancy of the compiled
@@ -265,7 +271,7 @@ def choose_pipeline(pairs: int, most_splits: int, sm_count: int, stage_bytes: in
     blocks; one warp where the page caps the block at 16 keys): the HBM stays busy when every SM keeps
     ``IN_FLIGHT_BYTES`` of keys and values in flight and at least ``MIN_WARPS_PER_SM`` warps (one per scheduler),
     and a grid whose last wave is mostly empty pays a whole wave for a few programs. So, over the depths of
-    ``STAGE_CHOICES`` and the powers of two up to ``most_splits`` (a given ``stages`` or ``splits`` is kept):
+    ``STAGE_CHOICES`` and the powers of two up to ``max_splits`` (a given ``stages`` or ``splits`` is kept):
 
     1. a candidate is *whole* when its grid fits one wave (programs <= blocks per SM x SMs) or its last wave is at
        least ``WHOLE_WAVE`` full;
@@ -278,7 +284,7 @@ def choose_pipeline(pairs: int, most_splits: int, sm_count: int, stage_bytes: in
     batch 32 x 4k takes 3 stages, 2 splits (3.85 TB/s against 3.72 for the fixed plan of 4 stages); batch 128 x
     4k 2 stages, 1 split (4.11 against 3.68)."""
     depths = (stages,) if stages is not None else STAGE_CHOICES
-    most = max(1, most_splits)
+    most = max(1, max_splits)
     counts = (splits,) if splits is not None else [1 << i for i in range(most.bit_length()) if 1 << i <= most]
     whole, partial = [], []
     for depth in depths:
@@ -507,9 +513,8 @@ def _residency_plan(q, k_cache, block_table, left, args, keywords, bn, stages, s
     def resident(depth):
         return resident_blocks(compiled, index, compiled.shared_bytes + (depth - base) * stage_bytes)
 
-    most = max(1, min(MAX_SPLITS, tilejit.cdiv(_capacity(k_cache, block_table, left), bn * MIN_BLOCKS_PER_SPLIT)))
-    return choose_pipeline(q.shape[0] * k_cache.shape[2], most, _sm_count(q.device), stage_bytes,
-                           keywords["num_warps"], resident, stages, splits)
+    return choose_pipeline(q.shape[0] * k_cache.shape[2], most_splits(_capacity(k_cache, block_table, left), bn),
+                           _sm_count(q.device), stage_bytes, keywords["num_warps"], resident, stages, splits)
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
