@@ -10,7 +10,10 @@ One query token per sequence, every sequence of the batch at the full context, G
 Decode reads the cache once and does ~1 FLOP per byte, so TFLOP/s means nothing: the figure is GB/s of K and V
 read (batch x context x kv_heads x D x 2 bytes x 2), and that as a share of the HBM peak named by the device
 (H100 SXM 3.35 TB/s, H200 4.8 TB/s; n/a for a GPU not in ``HBM_PEAK_TBS``). Times: ``tilejit.testing.do_bench``
-(CUDA events, L2 flushed before each run, median), in one process on one GPU.
+(CUDA events, L2 flushed before each run, median), in one process on one GPU; tilejit's also replayed from a CUDA
+graph, as serving stacks run decode (``do_bench_cudagraph``: back-to-back calls, no flush; a cache larger than the
+L2 is read from HBM anyway, and ``do_bench``'s flush, a 256 MB write, leaves dirty lines that drain during the
+timed kernel).
 
 - tilejit: ``decode_attention(q, k_pages, v_pages, cache_seqlens, block_table)``, default configs and split count.
 - SDPA gathered: what a user has without a kernel: the pages gathered into contiguous (B, Hkv, S, D) K and V
@@ -31,15 +34,16 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import DEFAULT_OUT, append_results, machine_stamp, markdown_table, write_json
-from tilejit.testing import do_bench
+from tilejit.testing import do_bench, do_bench_cudagraph
 
 decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: HBM peak bandwidth, TB/s, by a substring of torch's device name (the first that matches)
 HBM_PEAK_TBS = {"H200": 4.8, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H100": 3.35}
-HEADERS = ["batch", "context", "tilejit us", "tilejit GB/s", "tilejit % HBM", "splits", "SDPA gathered us",
-           "SDPA gathered GB/s", "FlashInfer us", "FlashInfer GB/s", "tilejit / FlashInfer", "tilejit / SDPA"]
+HEADERS = ["batch", "context", "tilejit us", "tilejit GB/s", "tilejit % HBM", "stages, splits", "tilejit graph us",
+           "tilejit graph % HBM", "SDPA gathered us", "SDPA gathered GB/s", "FlashInfer us", "FlashInfer GB/s",
+           "tilejit / FlashInfer", "tilejit / SDPA"]
 
 
 def hbm_peak_tbs(name: str) -> float | None:
@@ -118,7 +122,8 @@ def _row(batch, context, ns, dtype, with_flashinfer, peak):
         return None if ms is None else cache_bytes / (ms * 1e-3) / 1e9
 
     ms = _checked("tilejit", lambda: decode.decode_attention(q, k_pages, v_pages, lens, table), want)
-    splits = decode.plan(q, k_pages, table)[2]
+    graph_ms = do_bench_cudagraph(lambda: decode.decode_attention(q, k_pages, v_pages, lens, table))
+    stages, splits = decode.chosen_pipeline(q, k_pages, v_pages, lens, table)
     sdpa_ms = None
     if 2 * cache_bytes <= ns.max_cache_gib * 2 ** 30:  # the gathered copy doubles the memory
         sdpa_ms = _checked("SDPA gathered", _sdpa_gathered(q, k_pages, v_pages, lens, table), want)
@@ -126,7 +131,10 @@ def _row(batch, context, ns, dtype, with_flashinfer, peak):
     if with_flashinfer:
         fi_ms = min(_checked("FlashInfer", run, want) for run in _flashinfer(q, k_pages, v_pages, lens, table))
     achieved = gbs(ms)
-    return [batch, context, ms * 1e3, achieved, None if peak is None else 100 * achieved / (peak * 1e3), splits,
+
+    def share(ms):
+        return None if peak is None else 100 * gbs(ms) / (peak * 1e3)
+    return [batch, context, ms * 1e3, achieved, share(ms), f"{stages}, {splits}", graph_ms * 1e3, share(graph_ms),
             None if sdpa_ms is None else sdpa_ms * 1e3, gbs(sdpa_ms), None if fi_ms is None else fi_ms * 1e3,
             gbs(fi_ms), None if fi_ms is None else fi_ms / ms, None if sdpa_ms is None else sdpa_ms / ms]
 

@@ -164,6 +164,14 @@ def test_no_host_read_of_lengths_and_one_workspace_per_shape(interpret, monkeypa
     assert len(seen) == 2 and all(a is b for a, b in zip(seen[0], seen[1]))
 
 
+def test_chosen_pipeline_names_what_the_launch_runs(interpret):
+    """``chosen_pipeline``: the planned split count and default depth on the CPU, and given values kept."""
+    q, k, v, lens, table = _inputs([300, 3, 100, 0], 16, 2, 64, seed=19)
+    config, _, splits = decode.plan(q, k)
+    assert decode.chosen_pipeline(q, k, v, lens) == (config["STAGES"], splits)
+    assert decode.chosen_pipeline(q, k, v, lens, num_splits=4, STAGES=2) == (2, 4)
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 def _meta(*shape, dtype=torch.float16):

@@ -567,6 +567,17 @@ def decode_attention_forward(q, k_cache, v_cache, cache_seqlens, block_table=Non
                    num_splits)
 
 
+def chosen_pipeline(q, k_cache, v_cache, cache_seqlens, block_table=None, *, window=None, softcap=None,
+                    k_scale=None, v_scale=None, num_splits=None, **config) -> tuple[int, int]:
+    """(ring depth, split count) that ``decode_attention_forward`` with these arguments launches with."""
+    encode_config(config, "decode_attention")
+    sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, None, window, softcap,
+                                           k_scale, v_scale)
+    _, _, keywords, splits = _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, q, sm_scale, left, cap,
+                                       scales, config, num_splits)
+    return keywords["STAGES"], splits
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      block_table: torch.Tensor | None = None, *, sm_scale: float | None = None,
                      window: tuple[int, int] | None = None, softcap: float | None = None,
