@@ -172,6 +172,12 @@ def test_chosen_pipeline_names_what_the_launch_runs(interpret):
     assert decode.chosen_pipeline(q, k, v, lens, num_splits=4, STAGES=2) == (2, 4)
 
 
+def test_combine_warps_grow_with_the_partials():
+    """One warp a head for 2 splits of D = 128 (the H200's fastest), 4 for 8 or more, never more than 4."""
+    assert [decode.combine_warps(s, 128) for s in (2, 4, 8, 64)] == [1, 2, 4, 4]
+    assert decode.combine_warps(2, 64) == 1 and decode.combine_warps(4, 256) == 4
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 def _meta(*shape, dtype=torch.float16):
@@ -263,7 +269,8 @@ def test_kernels_compile(fresh_compile_cache, arch, form):
     compiled = [decode.decode_fwd.compile(
         q, k, k, ints[:, 0], ints, q, part, lse, ints[:, 0], ints[:, 0], 0.1, 1.0, 1.0, GROUP=8, BM=16, BN=bn,
         D=dim, PAGE=page or 1, PAGED=page is not None, GATHER=gather, SPLIT=True, arch=arch, **extra, **config)]
-    compiled.append(decode.decode_combine.compile(part, lse, q, BH=4, NSPLIT=4, D=dim, num_warps=4, arch=arch))
+    compiled.append(decode.decode_combine.compile(part, lse, q, NSPLIT=4, D=dim, arch=arch,
+                                                  num_warps=decode.combine_warps(4, dim)))
     for c in compiled:
         assert c.asm["cubin"][:4] == b"\x7fELF"
         assert 0 < c.shared_bytes <= tilejit.target.Arch.parse(arch).max_shared_bytes

@@ -183,20 +183,20 @@ def decode_fwd(Q, K, V, Lens, BlockTable, O, OPart, LsePart, KScale, VScale, sm_
 
 
 @tilejit.kernel
-def decode_combine(OPart, LsePart, O, BH: T.constexpr, NSPLIT: T.constexpr, D: T.constexpr):
-    """O[b, h] = the partials of its splits weighted by 2^lse (0 where no split saw a key). Grid
-    (cdiv(Hq, BH), batch); a program combines BH heads, one after another."""
+def decode_combine(OPart, LsePart, O, NSPLIT: T.constexpr, D: T.constexpr):
+    """O[b, h] = the partials of its splits weighted by 2^lse (0 where no split saw a key). Grid (Hq, batch): a
+    head a program, its partials loaded before the log-sum-exps are reduced, so both loads are in flight at once
+    (``combine_warps`` sizes the program to its tile)."""
+    h = T.program_id(0)
     b = T.program_id(1)
-    for i in T.static_range(BH):
-        h = T.program_id(0) * BH + i
-        lse = LsePart[b, h, 0:NSPLIT]
-        top = T.max(lse, 0)
-        top = T.where(top == float("-inf"), 0.0, top)
-        weight = T.exp2(lse - top)
-        total = T.sum(weight, 0)
-        part = OPart[b, h, 0:NSPLIT, 0:D]
-        acc = T.sum(part * weight[:, None], 0)
-        O[b, h, 0:D] = acc / T.where(total > 0.0, total, 1.0)
+    part = OPart[b, h, 0:NSPLIT, 0:D]
+    lse = LsePart[b, h, 0:NSPLIT]
+    top = T.max(lse, 0)
+    top = T.where(top == float("-inf"), 0.0, top)
+    weight = T.exp2(lse - top)
+    total = T.sum(weight, 0)
+    acc = T.sum(part * weight[:, None], 0)
+    O[b, h, 0:D] = acc / T.where(total > 0.0, total, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------- configs
@@ -523,13 +523,19 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left
     grid, args, keywords, splits = _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left,
                                              softcap, scales, config, splits)
     decode_fwd[grid](*args, **keywords)
-    if splits > 1:  # a head a program while that leaves programs per SM to spare (a short grid: one pass each)
+    if splits > 1:
         batch, heads, dim = q.shape
-        part, lse = args[6], args[7]
-        per_program = 1 if batch * heads <= 4 * _sm_count(q.device) else 4
-        decode_combine[(tilejit.cdiv(heads, per_program), batch)](part, lse, out, BH=per_program, NSPLIT=splits,
-                                                                  D=dim, num_warps=4)
+        decode_combine[(heads, batch)](args[6], args[7], out, NSPLIT=splits, D=dim,
+                                       num_warps=combine_warps(splits, dim))
     return out
+
+
+def combine_warps(splits: int, dim: int) -> int:
+    """Warps of a ``decode_combine`` program: one per 256 partial values, 1 to 4. On an H200 (64 heads, D = 128,
+    ``scripts/probes/decode_combine.py``) one warp a head combined 2 splits in 3.6-3.7 us at batch 32 where four
+    took 4.5-4.7 (and four heads a program of 4 warps, the earlier launch, 6.0-6.4); four warps combined 64 splits
+    in 4.3 us where one took 16-18."""
+    return max(1, min(4, splits * dim // 256))
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window, softcap, k_scale, v_scale):
