@@ -170,6 +170,8 @@ def test_chosen_pipeline_names_what_the_launch_runs(interpret):
     config, _, splits = decode.plan(q, k)
     assert decode.chosen_pipeline(q, k, v, lens) == (config["STAGES"], splits)
     assert decode.chosen_pipeline(q, k, v, lens, num_splits=4, STAGES=2) == (2, 4)
+    with pytest.raises(ValueError, match="num_splits must be a power of two"):
+        decode.chosen_pipeline(q, k, v, lens, num_splits=3)
 
 
 def test_combine_warps_grow_with_the_partials():

@@ -553,16 +553,21 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window, 
     return sm_scale, left, cap, scales
 
 
+def _check_launch(num_splits, config: dict) -> None:
+    """A plain launch's ``num_splits`` (a power of two or None) and config keys, checked."""
+    _need(num_splits is None or (isinstance(num_splits, int) and num_splits >= 1
+                                 and num_splits & (num_splits - 1) == 0),
+          f"num_splits must be a power of two >= 1 or None, got {num_splits!r}")
+    encode_config(config, "decode_attention")
+
+
 def decode_attention_forward(q, k_cache, v_cache, cache_seqlens, block_table=None, *, sm_scale=None,
                              window=None, softcap=None, k_scale=None, v_scale=None, out=None, num_splits=None,
                              **config) -> torch.Tensor:
     """``decode_attention`` as a plain launch: into ``out`` (preallocated like q) when given, with ``num_splits``
     (a power of two; None: from the shapes and SM count) and ``config`` (BN, STAGES, launch options such as
     num_warps) overriding the defaults."""
-    _need(num_splits is None or (isinstance(num_splits, int) and num_splits >= 1
-                                 and num_splits & (num_splits - 1) == 0),
-          f"num_splits must be a power of two >= 1 or None, got {num_splits!r}")
-    encode_config(config, "decode_attention")
+    _check_launch(num_splits, config)
     sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window,
                                            softcap, k_scale, v_scale)
     if out is None:
@@ -576,7 +581,7 @@ def decode_attention_forward(q, k_cache, v_cache, cache_seqlens, block_table=Non
 def chosen_pipeline(q, k_cache, v_cache, cache_seqlens, block_table=None, *, window=None, softcap=None,
                     k_scale=None, v_scale=None, num_splits=None, **config) -> tuple[int, int]:
     """(ring depth, split count) that ``decode_attention_forward`` with these arguments launches with."""
-    encode_config(config, "decode_attention")
+    _check_launch(num_splits, config)
     sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, None, window, softcap,
                                            k_scale, v_scale)
     _, _, keywords, splits = _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, q, sm_scale, left, cap,
