@@ -34,16 +34,18 @@ import platform
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import knobs
 from .errors import UsageValueError, warn_user
 from .cache import CacheEntry, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
-from .ir import Function, print_function
 from .target import LaunchOptions, Target
 from .version import __version__
+
+if TYPE_CHECKING:  # the IR loads with the frontend, on a compile's first miss: `import tilejit` skips it
+    from .ir import Function
 
 STAGES: tuple[str, ...] = ("ir", "passes", "cuda", "ptx", "cubin")
 
@@ -175,15 +177,13 @@ class Specialization:
 
 def target_text(target: Target, given: frozenset | None = None) -> str:
     """The target as it enters the cache key: arch and NVRTC version (a new NVRTC may make other code), the options
-    left to the launch model (``passes.launch_model``; ``given``: the options the launch gave, None for all) and a
+    left to the launch model (``LaunchOptions.left_to_model``; ``given``: the options the launch gave, None for all) and a
     persistent kernel's SM count."""
     from .backend_cuda.nvrtc import nvrtc_version
 
     major, minor = nvrtc_version()
-    from .passes import launch_model  # (first use: `import tilejit` loads no pass)
-
-    left = launch_model.applies(given)
-    walks = target.persistent or launch_model.may_walk_grid(target, given)
+    left = LaunchOptions.left_to_model(given)
+    walks = target.persistent or target.may_walk_grid(given)
     return (f"cuda:{target.arch.name}:nvrtc{major}.{minor}" + knobs.codegen_pins()
             + (f":model={'+'.join(left)}" if left else "") + (f":sms={target.sm_count}" if walks else ""))
 
@@ -225,7 +225,7 @@ def _ir_stage(st: Stages) -> None:
     from .errors import LimitError
     from .frontend.limits import MAX_TILE_ELEMENTS, oversized_tile
     from .frontend.visitor import build_function, check_constructs
-    from .ir import verify
+    from .ir import print_function, verify
     from .passes.cleanup import cleanup
 
     parsed = st.spec.parsed
@@ -246,7 +246,7 @@ def _ir_stage(st: Stages) -> None:
 
 def _passes_stage(st: Stages) -> None:
     from .backend_cuda.stages import run_passes
-    from .ir import OpKind
+    from .ir import OpKind, print_function
 
     st.explicit_stages = max([op.attrs.stages or 0 for op in st.fn.walk() if op.kind is OpKind.FOR] + [0])
     # (the options the launch left unsaid, chosen from the target as the launch gave it: when the passes run

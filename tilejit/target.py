@@ -248,6 +248,18 @@ class LaunchOptions:
         return tuple(f.name for f, spec in _declared(cls) if spec.modelled)
 
     @classmethod
+    def left_to_model(cls, given: frozenset | None) -> tuple[str, ...]:
+        """The options the launch model (``passes.launch_model``) chooses for a launch that gave the options
+        ``given`` (None: all of them): those of ``modelled_names`` it did not give, none when it gave
+        ``num_stages`` or with ``TILEJIT_LAUNCH_MODEL=0``. Part of the cache key, so here and not beside the
+        model: a disk hit or a launch reads it without loading the IR."""
+        from . import knobs
+
+        if given is None or "num_stages" in given or not knobs.launch_model():
+            return ()
+        return tuple(n for n in cls.modelled_names() if n not in given)
+
+    @classmethod
     def spec(cls, name: str) -> OptionSpec:
         """The declaration of option ``name``."""
         return cls.__dataclass_fields__[name].metadata[_OPTION]
@@ -338,6 +350,11 @@ class Target:
     @property
     def threads(self) -> int:
         return 32 * self.options.num_warps
+
+    def may_walk_grid(self, given: frozenset | None) -> bool:
+        """Whether the launch model may make this kernel persistent for a launch that gave the options ``given``
+        (then its SM count is part of the compile)."""
+        return "persistent" in type(self.options).left_to_model(given) and self.arch.has_wgmma
 
 
 # -- lowering dispatch ---------------------------------------------------------------------------------------

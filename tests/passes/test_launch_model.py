@@ -12,7 +12,7 @@ import torch
 import tilejit
 from benchmarks.kernels import attention_one_loop, matmul
 from tilejit import compiler
-from tilejit.passes import launch_model
+from tilejit.target import LaunchOptions
 from tilejit.passes.launch_model import LoopShape, blocks_per_sm, choose, loop_shape
 from tilejit.target import Arch, Target
 
@@ -162,9 +162,9 @@ def test_given_options_decide():
     # an autotune config: every option given
     config = tilejit.Config({"BM": 128, "BN": 256, "BK": 64}, num_warps=8, num_stages=3)
     spec = matmul.kernel.bind((a, a, a), dict(config.all_kwargs())).spec
-    assert launch_model.applies(spec.given) == ()
+    assert LaunchOptions.left_to_model(spec.given) == ()
     # a specialization made without a launch (given None): every option given
-    assert launch_model.applies(None) == ()
+    assert LaunchOptions.left_to_model(None) == ()
 
 
 def test_cache_key_names_what_the_model_chooses(monkeypatch):

@@ -5,6 +5,11 @@
   The suite bounds it loosely (4x) and bounds tilejit's own part outside NVRTC; the 0.3 s target is a
   benchmark figure (``python -m benchmarks.launch``, "cold compile"), since NVRTC's speed is the machine's.
 * ``import tilejit`` on top of ``import torch``: <= 150 ms (median of 3 fresh processes).
+
+Both fresh-process timings run with tilejit's bytecode compiled, as ``pip install`` leaves a package (into a
+private ``PYTHONPYCACHEPREFIX``, so the checkout is not written). Without it (``PYTHONDONTWRITEBYTECODE=1``, as on
+the CI machines) every import compiles each module's source again: 55 ms became 150-190 ms for the import and a
+disk hit's 4 ms became 23 ms on the 2-core machine, which measures CPython's compiler, not tilejit.
 * A fresh process finding the entry on disk: ``kernel.compile`` returns in <= 20 ms beyond imports (the
   issue's 20 ms-to-first-launch budget; loading the cubin needs a GPU to check, this is the CPU half). Measured
   on the 2-core machine: ~35 ms when every hit ran the frontend (importing the AST visitor and the IR) and
@@ -67,6 +72,20 @@ def run_child(code: str, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def compiled_bytecode(tmp_path_factory) -> dict[str, str]:
+    """The environment of a child that imports tilejit from bytecode, as an installed package does: compiled
+    once here into a private prefix (the checkout stays unwritten), with bytecode writing allowed."""
+    prefix = tmp_path_factory.mktemp("pycache")
+    done = subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "tilejit")],
+                          env={**child_env(PYTHONPYCACHEPREFIX=str(prefix)), "PYTHONDONTWRITEBYTECODE": ""},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    env = {"PYTHONPYCACHEPREFIX": str(prefix), "PYTHONDONTWRITEBYTECODE": ""}
+    run_child(_IMPORT_COST, **env)  # torch's and the standard library's bytecode into the prefix, untimed
+    return env
+
+
 @pytest.fixture
 def cold_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEJIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -126,8 +145,8 @@ print(json.dumps({"ms": (time.perf_counter() - start) * 1000}))
 
 
 @pytest.mark.timing
-def test_import_tilejit_adds_at_most_150ms_to_import_torch():
-    added = statistics.median(run_child(_IMPORT_COST)["ms"] for _ in range(3))
+def test_import_tilejit_adds_at_most_150ms_to_import_torch(compiled_bytecode):
+    added = statistics.median(run_child(_IMPORT_COST, **compiled_bytecode)["ms"] for _ in range(3))
     assert added <= 150, f"import tilejit added {added:.1f} ms after import torch"
 
 
@@ -167,10 +186,11 @@ print(json.dumps({{"ms": ms, "from_disk": compiled.from_disk, "nvrtc_calls": len
 
 
 @pytest.mark.timing
-def test_fresh_process_finds_the_entry_on_disk_quickly(cold_cache):
+def test_fresh_process_finds_the_entry_on_disk_quickly(cold_cache, compiled_bytecode):
     warm = compile_design_matmul("sm_80")
     code = _DISK_HIT.format(tests=[str(REPO / "tests" / "runtime"), str(REPO / "tests")])
-    runs = [run_child(code, TILEJIT_CACHE_DIR=str(cold_cache)) for _ in range(3)]
+    # (the first run writes the bytecode of what a hit imports beyond `import tilejit`; the next three are timed)
+    runs = [run_child(code, TILEJIT_CACHE_DIR=str(cold_cache), **compiled_bytecode) for _ in range(4)][1:]
     assert all(r["from_disk"] and r["nvrtc_calls"] == 0 and r["key"] == warm.key for r in runs), runs
     # What made a hit slow: the frontend (to learn compile-time extents) and NVRTC (for its version).
     assert not any(r["frontend"] or r["nvrtc_loaded"] for r in runs), runs

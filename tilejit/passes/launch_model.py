@@ -66,7 +66,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import knobs
 from ..ir import BinaryOp, Function, LoopKind, Op, OpKind
 from ..ir.rewrite import use_counts
 from ..target import Arch, LaunchOptions, Target
@@ -110,24 +109,10 @@ class Choice:
     why: tuple[str, ...]
 
 
-def applies(given: frozenset | None) -> tuple[str, ...]:
-    """The options the model chooses for a launch that gave the options ``given`` (None: all of them): those
-    of ``LaunchOptions.modelled_names`` it did not give, none when it gave ``num_stages`` or with
-    ``TILEJIT_LAUNCH_MODEL=0``."""
-    if given is None or "num_stages" in given or not knobs.launch_model():
-        return ()
-    return tuple(n for n in LaunchOptions.modelled_names() if n not in given)
-
-
-def may_walk_grid(target: Target, given: frozenset | None) -> bool:
-    """Whether the model may make this kernel persistent (then its SM count is part of the compile)."""
-    return "persistent" in applies(given) and target.arch.has_wgmma
-
-
 def resolve(fn: Function, target: Target, given: frozenset | None) -> tuple[Target, Choice | None]:
     """``target`` with the options left to the model chosen for ``fn`` (the frontend IR), and the choice (None
     when the model does not apply)."""
-    left = applies(given)
+    left = LaunchOptions.left_to_model(given)
     if not left:
         return target, None
     options = target.options

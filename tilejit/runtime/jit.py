@@ -304,9 +304,7 @@ class Kernel:
     def _compile_call(self, call: BoundCall, arch: Any, device_index: int | None, stop_after: str | None):
         options = call.options
         target = Target(resolve_arch(arch, device_index), options)
-        from ..passes import launch_model  # (first use: `import tilejit` loads no pass)
-
-        if options.walks_grid or launch_model.may_walk_grid(target, call.spec.given):  # one program per SM
+        if options.walks_grid or target.may_walk_grid(call.spec.given):  # one program per SM
             target = Target(target.arch, options, sm_count=_sm_count(device_index))
         if stop_after is not None and stop_after != "cubin":
             self.build_ir(call)  # the extents the frontend needs, found as a real compile would
