@@ -127,7 +127,8 @@ def _timed_cold_compile(monkeypatch, runs: int = 1) -> tuple[float, float, int]:
 
 @pytest.mark.timing
 def test_cold_compile_runs_nvrtc_once_within_a_generous_bound(cold_cache, monkeypatch):
-    wall, in_nvrtc, calls = _timed_cold_compile(monkeypatch)
+    # the fastest of 3: a compile's own cost, not a busy host's pauses (which only ever add time)
+    wall, in_nvrtc, calls = _timed_cold_compile(monkeypatch, runs=3)
     assert calls == 1  # cubin and PTX from one NVRTC run, not a second pass for the PTX
     # 4x today's measurement: catches a compile that doubles up or a pass that goes quadratic.
     assert wall <= 4 * MEASURED_COLD_COMPILE_S, f"cold compile took {wall:.2f}s ({in_nvrtc:.2f}s in NVRTC)"
