@@ -19,7 +19,8 @@ the language (``tilejit/frontend/semantic.py``) and the GPU:
   where the GPU's ``fmaxf`` would drop them.
 * Casts: float -> float rounds to nearest even; float -> int truncates toward zero and saturates at the
   integer's range with NaN -> 0 (PTX ``cvt.rzi.sat``); int -> int wraps; anything -> bool is ``!= 0``.
-  Float -> fp8 is torch's conversion: e4m3fn saturates to +-448 and e5m2 overflows to +-inf (torch 2.x).
+  Float -> fp8 rounds to nearest even and saturates to the largest finite value (+-448 e4m3fn, +-57344
+  e5m2; infinities too), as ``cvt.rn.satfinite`` does; NaN stays NaN.
 * ``gemm`` computes the product in float32 from the exact operand values (float64 for float64 operands;
   int8 exactly, wrapped to int32) and adds it to the accumulator in that dtype.
   A float16 accumulator (``out_dtype=T.float16``) is rounded to float16 after every 16 values of K (one
@@ -410,8 +411,11 @@ def _cast(op: Op, env: Env, ctx: _Context) -> None:
         info = torch.iinfo(_TORCH[target])
         wide = torch.nan_to_num(x.double().trunc(), nan=0.0)
         out = wide.clamp(info.min, info.max).to(_TORCH[target])
-    elif target.is_fp8 and not (x.dtype.is_floating_point and x.dtype not in _FP8):
-        out = x.float().to(_TORCH[target])  # via float32: torch converts to fp8 only from wider floats
+    elif target.is_fp8:
+        # via float32 (torch converts to fp8 only from wider floats), saturating as cvt.rn.satfinite does (torch's
+        # e5m2 overflows to inf; its e4m3fn saturates already)
+        big = torch.finfo(_TORCH[target]).max
+        out = x.float().clamp(-big, big).to(_TORCH[target])
     else:
         out = x.to(_TORCH[target])
     env[op.results[0].id] = out

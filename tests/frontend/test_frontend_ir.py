@@ -88,13 +88,36 @@ def test_int_argument_equal_to_one_is_folded():
         CHECK-LABEL: tj.func @scalar_params(%Y: tensor<1d x f16>, %n: i64, %alpha: f32, %flag: i1)
         CHECK-SAME: constexprs {BN = 16}
         CHECK-NOT: %n
-        # i = 1 * 16 folds to the constant start 16
-        CHECK: [[C:%[0-9]+]] = tj.constant {value = 16} : i32
-        CHECK-NEXT: tj.load %Y[[[C]]] {shape = [16]} : tile<16xf16>
+        # i = 1 * 16 folds to the constant start 16 (of n's type)
+        CHECK: %i = tj.constant {value = 16} : i64
+        CHECK-NEXT: tj.load %Y[%i] {shape = [16]} : tile<16xf16>
         CHECK-NOT: %n
         CHECK: tj.store
     """)
     assert "tj.binary %n" not in text
+
+
+@tilejit.kernel
+def joins_on_an_int(X, Y, n, BN: T.constexpr):
+    x = X[0:BN]
+    if n > 3:
+        r = x
+    else:
+        r = T.full((BN,), 0.5, T.float16)
+    Y[0:BN] = r + T.where(n == 1, 0.0, x) + (x if n > 3 else 0.0)
+
+
+def test_int_argument_equal_to_one_keeps_the_types_of_any_other_value():
+    # The constant 1 is a value, not a Python int: `if n > 3` still joins its branches' types (float16 with
+    # float32 -> float32), `T.where(n == 1, 0.0, x)` is still a tile, and `x if n > 3 else 0.0` a float32 tile.
+    for n in (1, 2):
+        text = check(joins_on_an_int, (meta(64, dtype=torch.float32), meta(64, dtype=torch.float32), n), dict(BN=16),
+                     """
+            CHECK: tj.if {{%[0-9]+}} -> (tile<16xf32>)
+            CHECK: tj.select
+            CHECK: tj.store {{%[0-9]+}}, %Y[{{%[0-9]+}}] {shape = [16]}
+        """)
+        assert "tile<16xf16>" in text  # the float16 branch, cast at its yield
 
 
 @tilejit.kernel

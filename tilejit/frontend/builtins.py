@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from .. import dtypes as D
 from ..ir import AtomicOp, AxisAttrs, BinaryOp, MultipleOf, NoAttrs, OpKind, ReduceKind, ScalarType, UnaryOp, Value
+from ..ir.rewrite import int_constant
 from .microscaled import is_microscaled, microscaled_gemm
 from .semantic import SemanticError, describe, is_const
 
@@ -31,7 +32,7 @@ def builtin(*names: str) -> Callable[[Handler], Handler]:
 
 
 def _grid_query(gen, node, kind: OpKind, axis: Any) -> Value:
-    if axis not in (0, 1, 2) or isinstance(axis, bool):
+    if type(axis) is not int or axis not in (0, 1, 2):  # (not 0.0 or True: the axis is an int)
         raise gen.error(node, f"grid axis must be 0, 1 or 2, got {axis!r}")
     return gen.b.create1(kind, [], ScalarType(D.int32), AxisAttrs(axis))
 
@@ -232,9 +233,10 @@ def builtin_multiple_of(gen, node, x, values):
     """``T.multiple_of(x, n)``: records the promise on ``x`` itself (``Value.multiple_of``; every use of ``x``
     sees it) and returns ``x``. A compile-time constant is checked instead."""
     vals = _hint_values(gen, node, x, values)
-    if not isinstance(x, Value):
-        if x % vals[0]:
-            raise gen.error(node, f"T.multiple_of: {x} is not a multiple of {vals[0]}")
+    known = int_constant(x) if isinstance(x, Value) and x.is_scalar else x  # (an int argument equal to 1 too)
+    if known is not None and not isinstance(known, Value):
+        if known % vals[0]:
+            raise gen.error(node, f"T.multiple_of: {known} is not a multiple of {vals[0]}")
         return x
     x.multiple_of = MultipleOf(vals).merged(x.multiple_of)
     return x

@@ -579,7 +579,11 @@ class Expressions:
             return self.sem.unary(UnaryOp.ABS, args[0])
         if fn in (builtins.float, builtins.int, builtins.bool):
             if all(is_const(a) or isinstance(a, str) for a in args):
-                return fn(*args)
+                try:
+                    return fn(*args)
+                except (ArithmeticError, ValueError, TypeError) as e:  # float("x"), int(float("inf")) ...
+                    raise self.error(node, f"cannot fold {fn.__name__}({', '.join(map(repr, args))}) at compile "
+                                     f"time: {e}") from None
             target = {builtins.float: D.float32, builtins.int: D.int32, builtins.bool: D.bool_}[fn]
             return self.sem.cast(args[0], target) if fn is not builtins.bool else self.sem.truth(args[0])
         if fn is builtins.len:
@@ -595,7 +599,11 @@ class Expressions:
             raise self.error(node, "len() works on compile-time tuples and tensor lists only")
         if getattr(fn, "__module__", None) == "math" and callable(fn):
             if all(is_const(a) for a in args):
-                return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                except (ArithmeticError, ValueError, TypeError) as e:
+                    shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+                    raise self.error(node, f"cannot fold math.{fn.__name__}({shown}) at compile time: {e}") from None
             raise self.error(node, f"math.{fn.__name__} runs at compile time on constants only",
                              "use T.exp, T.log, T.sqrt ... on runtime values")
         fname = getattr(fn, "__name__", type(fn).__name__)

@@ -33,13 +33,27 @@ from typing import Any, Sequence
 from .. import dtypes as D
 from ..dtypes import DType
 from ..errors import docs_link
-from ..ir.rewrite import defining_op
+from ..ir.rewrite import defining_op, int_constant
 from ..ir import (ATOMIC_SCOPES, ATOMIC_SEMS, AccessAttrs, ArangeAttrs, AtomicAttrs, AtomicOp, AxisAttrs, BinaryAttrs,
                   BinaryOp, Builder, CastAttrs, CompareAttrs, CompareOp, ConstantAttrs, F32_PRECISIONS, FP8_PRECISIONS,
                   GemmAttrs, IndexedAttrs, NoAttrs, OpKind, PermAttrs, gemm_precisions,
                   ReduceAttrs, ReduceKind, ScalarType, ShapeAttrs, TensorListType, TileType, UnaryAttrs, UnaryOp, Value)
 
 PyConst = (bool, int, float)
+
+
+def _fold_index_arithmetic(op: BinaryOp, a: Value, b: Value) -> int | None:
+    """``a op b`` for +, - and * of two integer constant ops, wrapped to their width as the GPU would; None for
+    anything else. An int argument equal to 1 enters as such a constant (not a Python int, whose comparisons would
+    prune branches and skip their type join), and index arithmetic on it still folds to a constant start."""
+    if op not in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL):
+        return None
+    x, y = int_constant(a), int_constant(b)
+    if x is None or y is None or not (a.is_scalar and b.is_scalar):
+        return None
+    bits = a.dtype.bits
+    value = {BinaryOp.ADD: x + y, BinaryOp.SUB: x - y, BinaryOp.MUL: x * y}[op] & ((1 << bits) - 1)
+    return value - (1 << bits) if a.dtype.kind == "int" and value >> (bits - 1) else value
 
 
 class SemanticError(Exception):
@@ -294,8 +308,14 @@ class Semantic:
         if op in _INT_ONLY and not a.dtype.is_integer:
             raise SemanticError(f"operator '{op.value}' needs integer operands, got {a.dtype}",
                                 "cast with .to(T.int32) or use '/' for float division")
+        if op is BinaryOp.SUB and a.dtype.is_bool:
+            raise SemanticError("'-' is not defined on bool values",
+                                "use ^ for 'differs', or convert first: x.to(T.int32) - y.to(T.int32)")
         if op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR) and a.dtype.is_floating:
             raise SemanticError(f"bitwise '{op.value}' needs integer or bool operands, got {a.dtype}")
+        folded = _fold_index_arithmetic(op, a, b)
+        if folded is not None:
+            return self.constant(folded, a.dtype)
         return self.b.create1(OpKind.BINARY, [a, b], self._result_type(a, a.dtype), BinaryAttrs(op))
 
     def compare(self, op: CompareOp, x: Any, y: Any) -> Any:
@@ -314,6 +334,9 @@ class Semantic:
         _no_scale_arithmetic(x.dtype)
         if op in _FLOAT_RESULT and not x.dtype.is_floating:
             x = self.cast(x, D.float32)
+        if op in (UnaryOp.NEG, UnaryOp.ABS) and x.dtype.is_bool:
+            raise SemanticError(f"{'negation' if op is UnaryOp.NEG else 'abs'} is not defined on bool values",
+                                "use 'not'/~ to flip a mask, or convert first: x.to(T.int32)")
         if op is UnaryOp.NOT and not (x.dtype.is_bool or x.dtype.is_integer):
             raise SemanticError(f"'not'/'~' needs a bool or integer operand, got {x.dtype}")
         return self.b.create1(OpKind.UNARY, [x], self._result_type(x, x.dtype), UnaryAttrs(op))
@@ -355,7 +378,13 @@ class Semantic:
 
     def where(self, cond: Any, x: Any, y: Any) -> Any:
         if is_const(cond):
-            return x if cond else y
+            if is_const(x) and is_const(y):
+                return x if cond else y
+            # a compile-time condition chooses, but the result is still the operands' joined dtype and shape
+            a, b = self._unify([x, y])
+            shape = broadcast_shapes(shape_of(a), shape_of(b))
+            chosen = a if cond else b
+            return self.broadcast_to(chosen, shape) if shape and shape_of(chosen) != shape else chosen
         cond = self.truth(cond)
         a, b = self._unify([x, y])
         shape = broadcast_shapes(shape_of(cond), shape_of(a))

@@ -123,7 +123,10 @@ def build_function(parsed: ParsedSource, specs: dict[str, ArgSpec], global_env: 
             if spec.divisible16 and not spec.equals_one:  # the specialization's promise (part of the cache key)
                 value.multiple_of = MultipleOf((16,))
             params.append(Param(arg.arg, "scalar", value))
-            gen.scope[arg.arg] = 1 if spec.equals_one else value
+            gen.scope[arg.arg] = value
+            if spec.equals_one:
+                with builder.located(gen.loc(arg)):
+                    gen.scope[arg.arg] = gen.sem.constant(1, spec.dtype)
     try:
         gen.visit_body(tree.body, top=True)
     except RecursionError:  # the caller's own stack was deep: Python's limit came before MAX_NESTING_DEPTH
