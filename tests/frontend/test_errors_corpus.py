@@ -315,6 +315,32 @@ def k_program_id_axis(X, BN: T.constexpr):
 
 
 @tilejit.kernel
+def k_program_id_float_axis(X, BN: T.constexpr):
+    X[0:BN] = T.num_programs(0.0)  # ERR
+
+
+@tilejit.kernel
+def k_math_domain(X, BN: T.constexpr):
+    X[0:BN] = math.log(-1.0)  # ERR
+
+
+@tilejit.kernel
+def k_float_of_text(X, BN: T.constexpr):
+    X[0:BN] = float("one")  # ERR
+
+
+@tilejit.kernel
+def k_negated_mask(X, BN: T.constexpr):
+    X[0:BN] = (-(X[0:BN] > 0)).to(T.float16)  # ERR
+
+
+@tilejit.kernel
+def k_mask_difference(X, BN: T.constexpr):
+    x = X[0:BN]
+    X[0:BN] = ((x > 0) - (x > 1)).to(T.float16)  # ERR
+
+
+@tilejit.kernel
 def k_runtime_pow(X, n, BN: T.constexpr):
     x = X[0:BN]
     X[0:BN] = x ** n  # ERR
@@ -534,6 +560,13 @@ CASES = [
     Case(k_static_range_runtime, lambda: (meta(64), 4), dict(BN=16), TypeCheckError,
          "T.static_range needs compile-time bounds", "T.static_range"),
     Case(k_program_id_axis, X1, dict(BN=16), TypeCheckError, "grid axis must be 0, 1 or 2, got 3", "T.program_id"),
+    Case(k_program_id_float_axis, X1, dict(BN=16), TypeCheckError, "grid axis must be 0, 1 or 2, got 0.0",
+         "T.num_programs"),
+    Case(k_math_domain, X1, dict(BN=16), TypeCheckError, "cannot fold math.log(-1.0) at compile time: math domain error",
+         "math.log"),
+    Case(k_float_of_text, X1, dict(BN=16), TypeCheckError, "cannot fold float('one') at compile time", "float("),
+    Case(k_negated_mask, X1, dict(BN=16), TypeCheckError, "negation is not defined on bool values", "-(X"),
+    Case(k_mask_difference, X1, dict(BN=16), TypeCheckError, "'-' is not defined on bool values", "(x > 0) -"),
     Case(k_runtime_pow, lambda: (meta(64), 3), dict(BN=16), TypeCheckError, "'**' on runtime values", "x ** n"),
     Case(k_math_on_runtime, lambda: (meta(64), 3), dict(BN=16), TypeCheckError,
          "math.log runs at compile time on constants only", "math.log"),
