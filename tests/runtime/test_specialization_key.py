@@ -475,3 +475,17 @@ def test_tma_stride_rule_refuses_unit_strides_outside_the_last_dim():
     assert not spec(torch.empty(8, 64, dtype=torch.float16, device="meta").t()).strides16  # strides (1, 64)
     assert not spec(torch.empty(64, 7, dtype=torch.float16, device="meta")).strides16      # 14-byte rows
     assert spec(torch.empty(5, 3, 8, dtype=torch.float32, device="meta")).strides16
+
+
+@tilejit.kernel
+def cast_to(X, Y, OUT: T.constexpr, BLOCK: T.constexpr):
+    Y[0:BLOCK] = X[0:BLOCK].to(OUT)
+
+
+def test_a_torch_dtype_constexpr_is_the_tilejit_dtype(recorder):
+    # OUT=torch.float16 is OUT=T.float16: the same kernel, not a refusal to read ("got dtype")
+    x, y = vec(), vec(dtype=torch.float16)
+    assert key_of(cast_to, x, y, OUT=torch.float16, BLOCK=64) == key_of(cast_to, x, y, OUT=T.float16, BLOCK=64)
+    assert key_of(cast_to, x, y, OUT=torch.bfloat16, BLOCK=64) != key_of(cast_to, x, y, OUT=T.float16, BLOCK=64)
+    with pytest.raises(tilejit.TilejitError, match="constexpr argument 'OUT': torch.complex64 has no tilejit dtype"):
+        key_of(cast_to, x, y, OUT=torch.complex64, BLOCK=64)

@@ -604,8 +604,8 @@ class Semantic:
         if a.type.rank != 3 or b.type.rank != 3:
             raise SemanticError(f"a batched matrix product needs two 3-D tiles (Bt, M, K) and (Bt, K, N), got "
                                 f"shapes {a.type.shape} and {b.type.shape}",
-                                "add the batch dim to the 2-D operand with x[None, :, :] and broadcast it, or "
-                                "multiply 2-D tiles")
+                                "give the 2-D operand the batch dim at its full size (x[None, :, :] + "
+                                "T.zeros((Bt, K, N), x.dtype), or load it 3-D), or multiply 2-D tiles")
         bt, bt2 = a.type.shape[0], b.type.shape[0]
         m, k = a.type.shape[:0:-1] if transpose_a else a.type.shape[1:]
         k2, n = b.type.shape[:0:-1] if transpose_b else b.type.shape[1:]

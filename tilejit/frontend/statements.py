@@ -154,6 +154,12 @@ class Statements:
             result.name = name
             self.scope[name] = result
 
+    def _not_carried(self, node: ast.AST, name: str, value: Any):
+        """The error for a loop that reassigns ``name``, which holds something a loop cannot carry."""
+        hint = (f"start it as a value: {name} = T.zeros((BM, BN), T.float32) for an accumulator, or 0 / 0.0"
+                if value is None else "carry values (tiles, scalars or constants) through loops")
+        return self.error(node, f"'{name}' ({describe(value)}) cannot be reassigned inside a loop", hint)
+
     def _type_of(self, v: Any):
         if isinstance(v, Value):
             return v.type
@@ -243,7 +249,7 @@ class Statements:
         candidates = [n for n in _assigned_names(node.body) if n in before and n != node.target.id]
         for n in candidates:
             if not (isinstance(before[n], Value) or is_const(before[n])):
-                raise self.error(node, f"'{n}' ({describe(before[n])}) cannot be reassigned inside a loop")
+                raise self._not_carried(node, n, before[n])
         carried = {n: self._type_of(before[n]) for n in candidates}
         # Visit the body until the carried types stop changing: a name initialised with a Python
         # constant (acc = 0) may become a tile inside the loop.
@@ -294,7 +300,7 @@ class Statements:
             if isinstance(before[n], Value) and before[n].is_tile:
                 raise self._tile_in_while(node, n)
             if not (isinstance(before[n], Value) or is_const(before[n])):
-                raise self.error(node, f"'{n}' ({describe(before[n])}) cannot be reassigned inside a loop")
+                raise self._not_carried(node, n, before[n])
         carried = {n: self._type_of(before[n]) for n in candidates}
         for _ in range(4):  # as for `for`: a name bound to a Python constant takes the body's type
             cond_block, body, yielded = self._while_regions(node, carried, before)

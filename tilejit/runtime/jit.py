@@ -209,6 +209,13 @@ class Kernel:
             if name in self.constexpr_names:
                 if isinstance(value, lang.constexpr):
                     value = values[name] = value.value
+                if _is_torch_dtype(value):  # torch.float16 means T.float16 (one kernel for both)
+                    try:
+                        value = values[name] = D.from_torch(value)
+                    except TypeError:
+                        supported = ", ".join(f"T.{d.name}" for d in D.ALL_DTYPES)
+                        raise ArgumentError(f"constexpr argument '{name}': {value} has no tilejit dtype (there are "
+                                            f"{supported})") from None
                 if not isinstance(value, (bool, int, float, str, D.DType, type(None), tuple)):
                     raise ArgumentError(f"constexpr argument '{name}' must be an int, float, bool, str, dtype or "
                                         f"tuple, got {type(value).__name__}{_constexpr_hint(name, value)}")
@@ -662,6 +669,10 @@ def _with_tables(values: list[Any], device: int) -> list[Any]:
     """``values`` with each tensor list replaced by its device table's address."""
     now = capturing()
     return [TABLES.address(v, device, now) if type(v) is list or type(v) is tuple else v for v in values]
+
+
+def _is_torch_dtype(value: Any) -> bool:
+    return type(value).__name__ == "dtype" and type(value).__module__ == "torch"
 
 
 def _constexpr_hint(name: str, value: Any) -> str:
