@@ -47,6 +47,25 @@ FP8_PAIRS = {"e4m3": (torch.float8_e4m3fn, torch.float8_e4m3fn), "e5m2": (torch.
              "e4m3xe5m2": (torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
+@tilejit.kernel
+def to_fp8(X, Y, Z, BN: T.constexpr):
+    x = X[0:BN]
+    Y[0:BN] = x.to(Z.dtype).to(T.float32)  # a cast
+    Z[0:BN] = x  # a store's cast
+
+
+@pytest.mark.parametrize("dtype,limit", [(torch.float8_e4m3fn, 448.0), (torch.float8_e5m2, 57344.0)])
+def test_fp8_casts_saturate_as_the_interpreter_does(dtype, limit):
+    # the GPU's cvt.rn.satfinite: out-of-range values and infinities to +-max, NaN stays NaN; the interpreter
+    # (tests/frontend/test_interpreter.py) is held to the same values
+    x = torch.tensor([1e6, -1e6, float("inf"), float("-inf"), 3 * limit, 1.5, float("nan"), -0.25], device="cuda")
+    y, z = torch.full((8,), float("nan"), device="cuda"), torch.zeros(8, dtype=dtype, device="cuda")
+    to_fp8[(1,)](x, y, z, BN=8)
+    want = torch.tensor([limit, -limit, limit, -limit, limit, 1.5, float("nan"), -0.25], device="cuda")
+    for got in (y, z.float()):
+        assert torch.equal(got[:6], want[:6]) and got[6].isnan() and got[7] == -0.25, got
+
+
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)))
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
