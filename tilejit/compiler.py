@@ -268,14 +268,25 @@ def _cuda_stage(st: Stages) -> None:
     out = emit_cuda(st.fn, st.target, st.spec.symbol)
     limit = st.target.arch.max_shared_bytes
     asked, asked_bytes = _deepest_ring(st.fn), out.shared_bytes
+    refit: dict = {}
     while out.shared_bytes > limit and _deepest_ring(st.fn) > 1:
         # Too deep a ring for this target's shared memory: pipeline one stage less (from a fresh frontend IR,
-        # since the passes changed the old one) until it fits or nothing is pipelined any more.
+        # since the passes changed the old one) until it fits or nothing is pipelined any more. A pingpong
+        # kernel's second group of math warps (its own epilogue buffers) goes before the pipeline does: it then
+        # runs as a persistent kernel, at the depth asked.
         cap = _deepest_ring(st.fn) - 1
+        if cap < 2 and st.fn.attrs.get("groups", 1) > 1:
+            refit = {"one_group": True}
+        else:
+            refit["max_stages"] = cap
         _ir_stage(st)
-        st.fn.attrs["max_stages"] = cap
+        st.fn.attrs.update(refit)
         _passes_stage(st)
         out = emit_cuda(st.fn, st.target, st.spec.symbol)
+    if refit.get("one_group") and out.shared_bytes <= limit:
+        warn_user(f"tilejit: kernel {st.spec.name}: pingpong's two groups of math warps and their epilogue buffers "
+                  f"leave no room in {st.target.arch}'s shared memory ({limit:,} bytes a block) for a pipelined "
+                  "ring; compiled as persistent=True, one group (use smaller tiles for pingpong)")
     if out.shared_bytes > limit:
         raise _shared_memory_error(st, out, limit)
     compiled = _deepest_ring(st.fn)

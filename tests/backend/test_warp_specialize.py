@@ -505,6 +505,31 @@ def test_pingpong_shared_memory_and_registers():
     assert pingpong.key != persistent.key
 
 
+@tilejit.kernel
+def matmul_residual(A, B, R, C, BM: T.constexpr, BN: T.constexpr, BK: T.constexpr):
+    m0 = T.program_id(0) * BM
+    n0 = T.program_id(1) * BN
+    acc = T.zeros((BM, BN), T.float32)
+    for k0 in T.range(0, A.shape[1], BK):
+        acc += A[m0:m0 + BM, k0:k0 + BK] @ B[k0:k0 + BK, n0:n0 + BN]
+    C[m0:m0 + BM, n0:n0 + BN] = acc + R[m0:m0 + BM, n0:n0 + BN]
+
+
+def test_pingpong_that_leaves_no_room_for_a_ring_runs_as_persistent_and_says_so():
+    # Two groups' float32 epilogues at 128x128 on 8 warps leave no room beside even a 2-deep ring: the second
+    # group goes (one producer warpgroup + 8 math warps, the 4-deep TMA ring persistent gets), not the pipeline
+    # (which had left a 1-stage cp.async loop, no producer, and no word of it).
+    a, r = _meta(256, 256), torch.empty(256, 256, device="meta")
+    kw = dict(BM=128, BN=128, BK=64, num_warps=8, arch="sm_90a")
+    persistent = matmul_residual.compile(a, a, r, r, persistent=True, **kw)
+    with pytest.warns(RuntimeWarning, match="pingpong's two groups .* compiled as persistent=True, one group"):
+        pingpong = matmul_residual.compile(a, a, r, r, pingpong=True, **kw)
+    for k in (persistent, pingpong):
+        assert k.threads == 384 and k.meta["groups"] == 1, k.meta
+        assert "pipeline = 4, copy = tma_bulk_tensor" in k.asm["ir"]
+    assert pingpong.shared_bytes == persistent.shared_bytes
+
+
 def test_pingpong_cache_key_and_option_check():
     from tilejit.compiler import cache_key
     from tilejit.target import Target

@@ -609,25 +609,6 @@ def test_fp8_load_cast_store():
     assert torch.equal(Z.float(), X.float().to(torch.float8_e5m2).float())
 
 
-@tilejit.kernel
-def to_fp8(X, Y, Z, BN: T.constexpr):
-    x = X[0:BN]
-    Y[0:BN] = x.to(Z.dtype).to(T.float32)  # a cast
-    Z[0:BN] = x  # a store's cast
-
-
-@pytest.mark.parametrize("dtype, biggest", [(torch.float8_e4m3fn, 448.0), (torch.float8_e5m2, 57344.0)])
-def test_fp8_casts_saturate_to_the_largest_finite_value(dtype, biggest):
-    # as cvt.rn.satfinite on the GPU: out-of-range values and infinities to +-max, NaN stays NaN (torch's own e5m2
-    # conversion overflows to inf)
-    X = torch.tensor([1e6, -1e6, math.inf, -math.inf, 3 * biggest, 1.5, math.nan, -0.25])
-    Y, Z = poisoned(8), torch.zeros(8, dtype=dtype)
-    to_fp8[(1,)](X, Y, Z, BN=8)
-    want = torch.tensor([biggest, -biggest, biggest, -biggest, biggest, 1.5, math.nan, -0.25])
-    assert torch.equal(Y[:6], want[:6]) and Y[6].isnan() and Y[7] == -0.25, Y
-    assert torch.equal(Z.float()[:6], want[:6]) and Z.float()[6].isnan(), Z.float()
-
-
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_matmul_uses_exact_operands(dtype):
     torch.manual_seed(19)
@@ -692,3 +673,21 @@ def test_while_loop_over_scalars(monkeypatch):
 
 # Marked here, at the end, so that the kernels above keep the source lines their generated code cites.
 test_interpreter_speed_is_reasonable = pytest.mark.timing(test_interpreter_speed_is_reasonable)
+
+
+@pytest.mark.parametrize("dtype, biggest", [(torch.float8_e4m3fn, 448.0), (torch.float8_e5m2, 57344.0)])
+def test_fp8_casts_saturate_to_the_largest_finite_value(dtype, biggest):
+    # as cvt.rn.satfinite on the GPU (tests/gpu/test_gpu_dtypes.py): out-of-range values and infinities to +-max,
+    # NaN stays NaN (torch's own e5m2 conversion overflows to inf)
+    @tilejit.kernel
+    def to_fp8(X, Y, Z, BN: T.constexpr):
+        x = X[0:BN]
+        Y[0:BN] = x.to(Z.dtype).to(T.float32)  # a cast
+        Z[0:BN] = x  # a store's cast
+
+    X = torch.tensor([1e6, -1e6, math.inf, -math.inf, 3 * biggest, 1.5, math.nan, -0.25])
+    Y, Z = poisoned(8), torch.zeros(8, dtype=dtype)
+    to_fp8[(1,)](X, Y, Z, BN=8)
+    want = torch.tensor([biggest, -biggest, biggest, -biggest, biggest, 1.5, math.nan, -0.25])
+    assert torch.equal(Y[:6], want[:6]) and Y[6].isnan() and Y[7] == -0.25, Y
+    assert torch.equal(Z.float()[:6], want[:6]) and Z.float()[6].isnan(), Z.float()

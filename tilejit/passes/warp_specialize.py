@@ -92,7 +92,9 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # a cluster's two programs walk programs side by side: an even count keeps the pairs together
             programs = target.sm_count or DEFAULT_SM_COUNT
             fn.attrs["persistent"] = programs - programs % target.cluster
-            if target.pingpong and all(_recomputable(o) for o in bounds_slice(fn, loop)):
+            if target.pingpong and not fn.attrs.get("one_group") and all(_recomputable(o) for o in
+                                                                          bounds_slice(fn, loop)):
+                # (one_group: the compile found no room for the second group beside a ring, compiler._cuda_stage)
                 fn.attrs["groups"] = PINGPONG_GROUPS
         if target.cluster > 1 and multicast_loads(fn, loop):
             fn.attrs["cluster"] = target.cluster
