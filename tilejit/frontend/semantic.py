@@ -467,7 +467,7 @@ class Semantic:
                                 "cast one with .to() (only the two float8 formats mix)")
         if a.dtype.is_bool or a.dtype in (D.int16, D.int32, D.int64, D.uint8):
             raise SemanticError(f"matrix products on {a.dtype} tiles are not supported",
-                                "use float16, bfloat16, float8, int8 or float32 operands")
+                                "use float16, bfloat16, float8, int8, float32 or float64 operands")
         precision = self._gemm_precision(a.dtype, precision)
         acc_dtype = self._gemm_out_dtype(a.dtype, out_dtype)
         if a.type.rank == 3 or b.type.rank == 3:
