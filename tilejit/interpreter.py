@@ -241,7 +241,6 @@ def _widen(x: torch.Tensor) -> torch.Tensor:
 
 
 _NARROW_FLOATS = {torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _COMPUTE_DTYPE = {t: torch.float32 for t in _NARROW_FLOATS}
 
 

@@ -52,7 +52,7 @@ def _fold_index_arithmetic(op: BinaryOp, a: Value, b: Value) -> int | None:
     if x is None or y is None or not (a.is_scalar and b.is_scalar):
         return None
     bits = a.dtype.bits
-    value = {BinaryOp.ADD: x + y, BinaryOp.SUB: x - y, BinaryOp.MUL: x * y}[op] & ((1 << bits) - 1)
+    value = _PY_BINARY[op](x, y) & ((1 << bits) - 1)
     return value - (1 << bits) if a.dtype.kind == "int" and value >> (bits - 1) else value
 
 
