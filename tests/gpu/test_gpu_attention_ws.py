@@ -105,3 +105,64 @@ def test_variable_lengths_warp_specialized(causal):
                                           **attention.default_config(64))
     assert compiled.meta["threads"] == compiled.meta["num_warps"] * 32 + 128
     assert "defer_mma = true" in compiled.asm["ir"]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
+def test_every_config_persistent_one_loop(dim, bm, bn, warps, causal, stages):
+    """``persistent=True``: ``attn_fwd_walk``, one key loop whose ring stays across the programs each SM walks
+    (the producer split off first, p @ v deferred with 3 stages), on more programs than SMs, GQA, ragged rows."""
+    _sm90()
+    q, k, v = inputs(4, 8, 1000, dim, 2, seed=70 + dim + bm + bn + causal + stages)
+    out = torch.full_like(q, float("nan"))
+    attention.attention(q, k, v, causal=causal, out=out, BM=bm, BN=bn, num_warps=warps, persistent=True,
+                        STAGES=stages)
+    check(out, attention.reference(q, k, v, causal))
+
+
+@pytest.mark.parametrize("case", [dict(causal=True, lens=[700, 1, 333]), dict(window=(100, 37)),
+                                  dict(causal=True, window=(129, 0), softcap=30.0), dict(softcap=20.0)])
+def test_persistent_one_loop_masks(case):
+    """Variable lengths, windows and softcaps through the persistent walk, with the LSE the backward reads."""
+    _sm90()
+    q, k, v = inputs(3, 4, 700, 128, 2, seed=90 + len(str(case)))
+    lens = torch.tensor(case["lens"], dtype=torch.int32, device="cuda") if "lens" in case else None
+    kwargs = dict(causal=case.get("causal", False), lens=lens, window=case.get("window"),
+                  softcap=case.get("softcap"))
+    out = torch.full_like(q, float("nan"))
+    _, lse = attention.attention_forward(q, k, v, out=out, persistent=True, BM=128, BN=128, num_warps=8,
+                                         STAGES=3, **kwargs)
+    ref = attention.reference(q, k, v, kwargs["causal"], lens=lens, window=kwargs["window"],
+                              softcap=kwargs["softcap"])
+    check(out, ref, rows=None if lens is None else [700] * 3)
+    _, lse_two_loops = attention.attention_forward(q, k, v, BM=128, BN=128, num_warps=8, **kwargs)
+    torch.testing.assert_close(lse, lse_two_loops, rtol=1e-3, atol=1e-3)
+
+
+def test_causal_default_is_one_loop_up_to_its_length(monkeypatch):
+    """attention() with no config, causal, head dim 128, S <= ONE_LOOP_SEQ: the one-loop kernel, warp-specialized;
+    beyond it, attn_fwd's two loops. Both right."""
+    _sm90()
+    launched = []
+
+    class Spy:  # records which kernel _forward launched, and with which options
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((self.kernel, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attention, "attn_fwd_walk", Spy(attention.attn_fwd_walk))
+    monkeypatch.setattr(attention, "attn_fwd", Spy(attention.attn_fwd))
+    for seq, walked in ((attention.ONE_LOOP_SEQ - 77, True), (attention.ONE_LOOP_SEQ + 50, False)):
+        q, k, v = inputs(2, 4, seq, 128, 1, seed=seq)
+        out = torch.full_like(q, float("nan"))
+        attention.attention(q, k, v, causal=True, out=out)
+        check(out, attention.reference(q, k, v, True))
+        kernel, options = launched[-1]
+        assert (kernel is attention.attn_fwd_walk.kernel) == walked
+        assert options["warp_specialize"] and not options.get("persistent")

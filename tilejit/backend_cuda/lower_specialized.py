@@ -296,9 +296,11 @@ def emit_specialized(em: Emitter) -> None:
                     "gridDim.y * blockIdx.z);")
             em.line(f"if (tj_first >= {programs}) return;")
 
+        needed = producer_slice(em.fn, loop) if em.fn.attrs.get("producer_first") else before
+
         def per_program() -> None:  # what precedes the loop, for the producer's walk and the math warps' alike
             _program_ids(em)
-            em.emit_ops(before)
+            em.emit_ops(needed if em.ring_phase == "prelude" else before)
     else:
         needed = producer_slice(em.fn, loop)
 

@@ -350,6 +350,15 @@ def default_config(head_dim: int, causal: bool = False, hopper: bool = False) ->
     return dict(BM=64, BN=32, num_warps=4)
 
 
+#: The longest sequence up to which ``attention()``'s causal forward on Hopper at head dim 128 runs as one key loop
+#: (``attn_fwd_walk``, warp-specialized; not persistent): its diagonal block comes through the producer's ring
+#: instead of a second loop's. H200, bf16, 128x128 w8, 3 stages, 16 heads, 16k tokens (TFLOP/s, against
+#: ``attn_fwd``'s two loops): S = 1024 318.8 against 299.4, 2048 425.0 against 416.1, 4096 488.9 against 499.1
+#: (``scripts/probes/attention_walk.py --isolate``). Persistent, the same loop ran slower at every length (268.3 at
+#: S = 1024): a static walk over programs of unequal cost leaves SMs idle that the hardware's scheduler fills.
+ONE_LOOP_SEQ = 2048
+
+
 # The backward kernels' config space, per head dim: (BM, BN, num_warps) of attn_bwd_dkdv (BM query rows per step
 # against BN keys; BN % BM == 0) and of attn_bwd_dq (BM query rows against BN keys per step; BM % BN == 0).
 # The first of each is the default. On sm_90a the products run on wgmma (P^T, dS^T and dS from registers) when
@@ -453,8 +462,14 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, sof
     out = torch.empty_like(q) if out is None else out
     lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
-    attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
-                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **{**masking, **config})
+    kernel = attn_fwd
+    # one key loop: asked for (persistent: its ring stays across the programs an SM walks), or by default where
+    # the causal diagonal's block, fed by the producer like the others, beats a second loop's cold ring
+    if config.get("persistent") or hopper and causal and seq <= ONE_LOOP_SEQ and 64 < dim <= 128 \
+            and set(masking) == {"peel_masks"}:
+        kernel, masking["peel_masks"] = attn_fwd_walk, False
+    kernel[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
+                 D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **{**masking, **config})
     return out
 
 
@@ -673,3 +688,55 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 _OPS = _Operators(namespace(__name__, "tilejit.ops.fused_attention"))
+
+
+@tilejit.kernel
+def attn_fwd_walk(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
+                  D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False,
+                  STAGES: T.constexpr = 3, WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1,
+                  SOFTCAP: T.constexpr = 0.0):
+    """``attn_fwd`` with one key/value loop, which decides per block whether its scores need a mask (the blocks
+    from ``clear`` on: the ragged last one, the causal diagonal's, every block of a window), so that the loop is
+    the kernel's only one. Warp-specialized, the diagonal's block comes through the producer's ring like the
+    others (``attention()``'s causal default on Hopper up to ``ONE_LOOP_SEQ``). Launched ``persistent=True``, the
+    ring stays across the programs each SM walks, and the producer loads the next program's first keys while the
+    math warps finish this one's epilogue; measured slower than the hardware's scheduling (``ONE_LOOP_SEQ``), so
+    no default asks for it. Same arguments, grid and results as ``attn_fwd``."""
+    pid_bh = T.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    kv = h // GROUP
+    m0 = T.program_id(0) * BM
+    if CAUSAL:  # the last query blocks attend to the most keys: start them first
+        m0 = (T.num_programs(0) - 1 - T.program_id(0)) * BM
+    S = Q.shape[2]
+    if VARLEN:
+        S = Lens[b]
+    q = Q[b, h, m0:m0 + BM, 0:D]
+    m_i = T.full((BM,), float("-inf"), T.float32)
+    l_i = T.zeros((BM,), T.float32)
+    acc = T.zeros((BM, D), T.float32)
+    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
+    rows = m0 + T.arange(0, BM)
+    lo = 0
+    clear = (S // BN) * BN  # blocks before this one need no mask
+    if CAUSAL:
+        clear = T.minimum(m0, clear) if BM % BN == 0 else 0
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a window: every block masked, none before the window's first
+        clear = 0
+        if WINDOW_LEFT >= 0:
+            lo = (T.maximum(m0 - WINDOW_LEFT, 0) // BN) * BN
+    hi = S
+    if CAUSAL:
+        hi = T.minimum(S, m0 + BM)
+    if WINDOW_RIGHT >= 0:
+        hi = T.minimum(hi, m0 + BM + WINDOW_RIGHT)
+    for n0 in T.range(lo, hi, BN, stages=STAGES):
+        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
+                                             n0 >= clear, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a row that sees no key (padding past a length): 0, LSE +inf
+        l_i = T.where(l_i > 0.0, l_i, 1.0)
+        m_i = T.where(m_i == float("-inf"), float("inf"), m_i)
+    O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
+    if STORE_LSE:
+        Lse[b, h, m0:m0 + BM] = m_i + T.log2(l_i)

@@ -87,6 +87,9 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # the producer leaves at the kernel's start with the scalars its loads need
             # (lower_specialized.emit_specialized)
             fn.attrs["producer_first"] = True
+            if target.persistent and _walks_alone(fn, loop):
+                # (the producer's one thread computes each program's scalars; the math warps run all of the rest)
+                fn.attrs["persistent"] = target.sm_count or DEFAULT_SM_COUNT
         elif target.persistent and all(_runs_on_one_thread(o) for o in _before(fn, loop)):
             # (what precedes the loop is repeated per program by the producer's one thread: no reduction there)
             # a cluster's two programs walk programs side by side: an even count keeps the pairs together
@@ -103,9 +106,11 @@ def specialize_warps(fn: Function, target: Target) -> None:
             # loop is not a sum of matrix products is refused, with the reason, by the rewrite)
             stream_k(fn, loop)
             fn.attrs["stream_k"] = fn.attrs["persistent"]
-        # (a persistent kernel's loop is not deferred: that form compiles, but has not been run on a GPU yet)
+        # (a persistent kernel's loop is deferred only where the producer splits off first: attention's form,
+        # run on a GPU; the walk with the producer's prelude has not been)
         if loop.attrs.async_mma is None and (loop.attrs.stages or 1) >= DEFER_STAGES and knobs.mma_overlap() \
-                and not fn.attrs.get("persistent") and deferred_gemm(loop.regions[0]) is not None:
+                and (not fn.attrs.get("persistent") or fn.attrs.get("producer_first")) \
+                and deferred_gemm(loop.regions[0]) is not None:
             loop.attrs = replace(loop.attrs, defer_mma=True)
 
 
@@ -208,6 +213,16 @@ def _before(fn: Function, loop: Op) -> list[Op]:
     """The ops of the kernel's top-level block before ``loop`` (which is in it)."""
     top = fn.body.ops
     return top[:next(i for i, x in enumerate(top) if x is loop)]
+
+
+def _walks_alone(fn: Function, loop: Op) -> bool:
+    """Whether a kernel whose producer splits off first may walk the grid's programs (``persistent``): the
+    producer's scalars (``producer_slice``) need no other thread, and no loop follows the specialized one (the
+    ring stays for the next program's loads while the math warps finish this one, so a later loop's ring would
+    need memory of its own; attention's masked blocks belong inside the specialized loop then)."""
+    after = fn.body.ops[next(i for i, x in enumerate(fn.body.ops) if x is loop) + 1:]
+    return all(_runs_on_one_thread(o) for o in producer_slice(fn, loop)) and \
+        not any(o.kind is OpKind.FOR for op in after for o in (op, *(x for r in op.regions for x in r.walk())))
 
 
 def _prelude_on_extra_threads(fn: Function, loop: Op) -> bool:
