@@ -76,8 +76,9 @@ def test_persistent_producer_first_walks_with_one_ring(fresh_compile_cache):
                                                peel_masks=False, arch="sm_90a")
     cuda = compiled.asm["cuda"]
     assert "// persistent: programs" in cuda
-    walk = "for (long long tj_prog = tj_first; tj_prog < tj_nprogs; tj_prog += "
+    walk = "for (long long tj_turn = 0; tj_turn * "
     assert cuda.count(walk) == 2, "the producer and the math warps each walk the programs"
+    assert cuda.count("(tj_turn & 1) ? ") == 2, "in a snake over each turn's programs"
     producer, consumers = cuda.split("tj_setmaxnreg_inc")
     assert producer.count("tj_mbar_init") == 2 and "tj_mbar_init" not in consumers
     assert "tj_mbar_inval" not in consumers.split(walk)[1].rsplit("this program's shared memory", 1)[0]
@@ -107,7 +108,7 @@ def test_persistent_producer_first_gemm(fresh_compile_cache):
                                       arch="sm_90a").asm["cuda"]
     assert "// persistent: programs" in cuda
     producer, consumers = cuda.split("tj_setmaxnreg_inc")
-    assert "v0_X" not in producer.split("tj_prog += ")[1], "the producer stages no X"
+    assert "v0_X" not in producer.split("tj_turn")[1], "the producer stages no X"
     assert "v0_X" in consumers and consumers.count("tj_pid0") >= 2
 
 

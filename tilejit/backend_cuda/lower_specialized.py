@@ -139,6 +139,15 @@ def _open_walk(em: Emitter, groups: int = 1) -> None:
     """Open a persistent program's loop over its work (``_program_walk``), or a stream-K program's: its whole
     tiles of the first waves (``tj_prog``), then its run of the last waves' K iterations, as the part of one tile
     after another it covers (iterations ``tj_sk_k0`` to ``tj_sk_k1`` of tile ``tj_prog``; ``_stream_k_schedule``)."""
+    if em.fn.attrs.get("producer_first") and groups == 1 and not em.fn.attrs.get("cluster"):
+        # programs of unequal cost (attention's causal blocks) in the grid's order: turn by turn, the SMs take
+        # them forwards, then backwards, so an SM given a costly one in one turn gets a cheap one in the next
+        programs = em.fn.attrs["persistent"]
+        em.open(f"for (long long tj_turn = 0; tj_turn * {programs} < tj_nprogs; ++tj_turn)")
+        em.line(f"const long long tj_prog = tj_turn * {programs} + ((tj_turn & 1) ? {programs - 1} - tj_first : "
+                "tj_first);  // a snake over each turn's programs")
+        em.line("if (tj_prog >= tj_nprogs) continue;  // the last turn's programs past the grid")
+        return
     if not em.fn.attrs.get("stream_k"):
         em.open(_program_walk(em, groups))
         return

@@ -40,6 +40,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+from tilejit.ops import arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 LOG2E = 1.4426950408889634
@@ -354,8 +355,9 @@ def default_config(head_dim: int, causal: bool = False, hopper: bool = False) ->
 #: (``attn_fwd_walk``, warp-specialized; not persistent): its diagonal block comes through the producer's ring
 #: instead of a second loop's. H200, bf16, 128x128 w8, 3 stages, 16 heads, 16k tokens (TFLOP/s, against
 #: ``attn_fwd``'s two loops): S = 1024 318.8 against 299.4, 2048 425.0 against 416.1, 4096 488.9 against 499.1
-#: (``scripts/probes/attention_walk.py --isolate``). Persistent, the same loop ran slower at every length (268.3 at
-#: S = 1024): a static walk over programs of unequal cost leaves SMs idle that the hardware's scheduler fills.
+#: (``scripts/probes/attention_walk.py --isolate``). Persistent, the same loop ran slower at every length (S = 1024:
+#: 268.3 walking the grid in order, 302.1 in a snake; non-causal 448.1 against 471.7): each program still stages
+#: its Q and stores its O itself (no room for a TMA store's buffer beside the ring) while the tensor cores wait.
 ONE_LOOP_SEQ = 2048
 
 
@@ -401,43 +403,36 @@ def _sm80(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 8
 
 
-def _check_heads(q, k, v):
-    heads = q.shape[1]
-    if k.shape[1] == 0 or heads % k.shape[1]:
-        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {k.shape[1]}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
-    return heads // k.shape[1]
+def _check_heads(q, k, v, op: str = "attention"):
+    """q, k and v checked (``arg_checks.attention_operands``); the GQA group."""
+    return arg_checks.attention_operands(op, q, k, v)
 
 
-def _check_lens(lens, batch):
+def _check_lens(lens, batch, device=None, op: str = "attention"):
+    arg_checks.optional_tensors(op, lens=lens)
     if lens is not None and (lens.dtype != torch.int32 or lens.shape != (batch,)):
-        raise ValueError(f"lens must be an int32 tensor of shape ({batch},), got {lens.dtype} {tuple(lens.shape)}")
+        raise arg_checks.ArgumentValueError(f"{op}: lens must be an int32 tensor of shape ({batch},), got "
+                                            f"{lens.dtype} {tuple(lens.shape)}")
+    if lens is not None and device is not None and lens.device != device:
+        raise arg_checks.ArgumentValueError(f"{op}: lens is on {lens.device} but q is on {device}")
 
 
 def _lens(lens, batch, device):
     """The ``Lens`` argument: ``lens`` (int32, one per batch entry, each in 1..S), or a placeholder."""
-    _check_lens(lens, batch)
+    _check_lens(lens, batch, device)
     return torch.zeros(1, dtype=torch.int32, device=device) if lens is None else lens
 
 
-def _window(window) -> tuple[int, int]:
-    if window is None:
-        return -1, -1
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
-        raise ValueError(f"window must be (left, right), two ints >= -1 (-1: unbounded), got {window!r}")
-    return int(window[0]), int(window[1])
+def _window(window, op: str = "attention") -> tuple[int, int]:
+    return arg_checks.window(op, window)
 
 
-def _masking(causal: bool, window, softcap) -> dict:
+def _masking(causal: bool, window, softcap, op: str = "attention") -> dict:
     """The kernels' masking constexprs: ``CAUSAL``, and ``WINDOW_LEFT``, ``WINDOW_RIGHT``, ``SOFTCAP`` where set
     (so the kernels without them compile as before). Key j is visible to query i when i - left <= j <= i + right;
     causal is a right bound of 0, and a right bound of 0 runs as causal."""
-    left, right = _window(window)
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not softcap >= 0 or math.isinf(softcap)):
-        raise ValueError(f"softcap must be a finite number > 0 (0 or None: off), got {softcap!r}")
+    left, right = _window(window, op)
+    softcap = arg_checks.softcap(op, softcap)
     masking = {"CAUSAL": bool(causal) or right == 0}
     if left >= 0:
         masking["WINDOW_LEFT"] = left
@@ -452,14 +447,21 @@ def _masking(causal: bool, window, softcap) -> dict:
 
 
 def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, softcap=None):
-    batch, heads, seq, dim = q.shape
     group = _check_heads(q, k, v)
+    batch, heads, seq, dim = q.shape
+    if out is not None:
+        arg_checks.like("attention", "out", out, q.shape, (q.dtype,), q.device, "like q")
+    if lse is not None:
+        arg_checks.like("attention", "lse", lse, (batch, heads, seq), (torch.float32,), q.device)
     masking = _masking(causal, window, softcap)
     causal = masking.pop("CAUSAL")
-    # no config given: the measured-best one for this GPU; else the given keys over the portable default
-    hopper = not config and _hopper(q)
+    # no config given: the measured-best one for this GPU (16-bit inputs: float32's tiles need the portable
+    # config's shared memory); else the given keys over the portable default
+    hopper = not config and _hopper(q) and q.element_size() == 2
     config = {**default_config(dim, causal, hopper), **config}
     out = torch.empty_like(q) if out is None else out
+    if q.numel() == 0:  # no batch, head or row: nothing to attend (lse, (B, H, S), is empty too)
+        return out
     lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
     kernel = attn_fwd
@@ -482,18 +484,29 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     ``softcap``). Outputs may be preallocated; ``delta`` (float32 (B, H, S)) is scratch. ``config`` overrides
     ``default_bwd_config``: {"dkdv": {...}, "dq": {...}}. With ``lens``, keys past a batch's length get zero
     gradients."""
+    op = "attention_backward"
+    group = _check_heads(q, k, v, op)
     batch, heads, seq, dim = q.shape
-    group = _check_heads(q, k, v)
-    masking = _masking(causal, window, softcap)
+    rows = (batch, heads, seq)
+    for name, t, like, shape, dtype in (("do", do, "q", q.shape, q.dtype), ("out", out, "q", q.shape, q.dtype),
+                                        ("lse", lse, "", rows, torch.float32), ("dq", dq, "q", q.shape, q.dtype),
+                                        ("dk", dk, "k", k.shape, k.dtype), ("dv", dv, "v", v.shape, v.dtype),
+                                        ("delta", delta, "", rows, torch.float32)):
+        if t is not None or name in ("do", "out", "lse"):
+            arg_checks.like(op, name, t, shape, (dtype,), q.device, f"like {like}" if like else "")
+    masking = _masking(causal, window, softcap, op)
     causal = masking.pop("CAUSAL")
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    sm_scale = arg_checks.sm_scale(op, sm_scale, dim)
     cfg = default_bwd_config(dim, hopper=_hopper(q), sm80=_sm80(q))
-    for name, over in (config or {}).items():
+    for name, over in _check_bwd_config(config, op, "config").items():
+        encode_config(over, f"{op}: config[{name!r}]")
         cfg[name] = {**cfg[name], **over}
     do = do.contiguous()
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
+    if q.numel() == 0:  # no query (no batch, head or row): no gradient flows to any key
+        return dq, dk.zero_(), dv.zero_()
     if delta is None:
         delta = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
     rows = max(16, 4096 // dim)  # 32 float32 values per thread and tile at 4 warps
@@ -517,17 +530,18 @@ def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None =
                       lse=None, window: tuple[int, int] | None = None, softcap: float | None = None, **config):
     """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads
     (+inf for a row that sees no key, whose output is 0: with a window, padding rows past a length)."""
+    _check_heads(q, k, v, "attention_forward")
     batch, heads, seq, dim = q.shape
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    sm_scale = arg_checks.sm_scale("attention_forward", sm_scale, dim)
     if lse is None:
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
     return _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window, softcap), lse
 
 
-def _check_bwd_config(bwd_config):
-    if bwd_config is not None and set(bwd_config) - {"dkdv", "dq"}:
-        raise ValueError(f"attention: bwd_config's keys are 'dkdv' and 'dq' (each a config dict), got "
-                         f"{sorted(bwd_config)}")
+def _check_bwd_config(bwd_config, op: str = "attention", name: str = "bwd_config"):
+    if bwd_config is not None and (not isinstance(bwd_config, dict) or set(bwd_config) - {"dkdv", "dq"}):
+        got = sorted(bwd_config) if isinstance(bwd_config, dict) else repr(bwd_config)
+        raise arg_checks.ArgumentValueError(f"{op}: {name}'s keys are 'dkdv' and 'dq' (each a config dict), got {got}")
     return bwd_config or {}
 
 
@@ -548,12 +562,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (flash_attn's convention): key j is visible to query i when i - left <= j <= i + right, -1 unbounded; causal
     means right = 0; the kernels skip key blocks outside it. A row that sees no key (with a window, a padding row
     past ``lens[b]``) gets 0. ``softcap=c``: the scaled scores become c * tanh(s / c) before the softmax.
+
+    q, k and v share one dtype, float16, bfloat16 or float32 (tf32 products), and one device; k and v have q's
+    batch, sequence length S and head dim D (1 to 256): each query attends over the S keys of its batch entry
+    (queries and keys of other lengths: ``attention_varlen``), so there are no keys exactly when there are no
+    queries. An empty q (B, H or S of 0) gives an empty output without a launch, as SDPA does. ``lens[b]`` lies
+    in 1..S (not checked: reading it would synchronize). ``out`` has q's shape, dtype and device.
     """
-    dim = q.shape[3]
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
     _check_heads(q, k, v)
-    _check_lens(lens, q.shape[0])
+    dim = q.shape[3]
+    sm_scale = arg_checks.sm_scale("attention", sm_scale, dim)
+    _check_lens(lens, q.shape[0], q.device)
     _masking(causal, window, softcap)
+    if out is not None:
+        arg_checks.like("attention", "out", out, q.shape, (q.dtype,), q.device, "like q")
     left, right = _window(window)
     masking = (left, right, float(softcap or 0.0))
     fwd = encode_config(config, "attention")
