@@ -354,7 +354,7 @@ def default_config(head_dim: int, causal: bool = False, hopper: bool = False) ->
 #: The longest sequence up to which ``attention()``'s causal forward on Hopper at head dim 128 runs as one key loop
 #: (``attn_fwd_walk``, warp-specialized; not persistent): its diagonal block comes through the producer's ring
 #: instead of a second loop's. H200, bf16, 128x128 w8, 3 stages, 16 heads, 16k tokens (TFLOP/s, against
-#: ``attn_fwd``'s two loops): S = 1024 318.8 against 299.4, 2048 425.0 against 416.1, 4096 488.9 against 499.1
+#: ``attn_fwd``'s two loops): S = 1024 318.8 against 299.8, 2048 428.3 against 421.4, 4096 505.3 against 509.2
 #: (``scripts/probes/attention_walk.py --isolate``). Persistent, the same loop ran slower at every length (S = 1024:
 #: 268.3 walking the grid in order, 302.1 in a snake; non-causal 448.1 against 471.7): each program still stages
 #: its Q and stores its O itself (no room for a TMA store's buffer beside the ring) while the tensor cores wait.
