@@ -12,8 +12,9 @@ read (batch x context x kv_heads x D x 2 bytes x 2), and that as a share of the 
 (H100 SXM 3.35 TB/s, H200 4.8 TB/s; n/a for a GPU not in ``HBM_PEAK_TBS``). Times: ``tilejit.testing.do_bench``
 (CUDA events, L2 flushed before each run, median), in one process on one GPU; tilejit's also replayed from a CUDA
 graph, as serving stacks run decode (``do_bench_cudagraph``: back-to-back calls, no flush; a cache larger than the
-L2 is read from HBM anyway, and ``do_bench``'s flush, a 256 MB write, leaves dirty lines that drain during the
-timed kernel).
+L2 is read from HBM anyway). ``do_bench``'s flush reads back half of what it wrote, so the L2 it leaves is clean:
+a flush by writes alone left dirty lines that drained during the timed kernel (7 us of 148 at batch 32 x 4k on an
+H200, ``scripts/probes/flush_clean.py``).
 
 - tilejit: ``decode_attention(q, k_pages, v_pages, cache_seqlens, block_table)``, default configs and split count.
 - SDPA gathered: what a user has without a kernel: the pages gathered into contiguous (B, Hkv, S, D) K and V

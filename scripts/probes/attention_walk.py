@@ -75,13 +75,40 @@ def isolate(seqs, dim=128) -> None:
             print(f"S={seq} causal={causal}: " + ", ".join(line), flush=True)
 
 
+def tile_sweep(seqs, dim) -> None:
+    """Causal only: ``attention()``'s default against the one-loop kernel warp-specialized over the tiles of
+    ``CONFIGS[dim]`` and 2- and 3-deep rings, launched directly (what a default for this head dim would take)."""
+    import tilejit
+    print(f"\n{torch.cuda.get_device_name()}: D = {dim}, causal, bf16; TFLOP/s (do_bench)")
+    for seq in seqs:
+        batch, heads = 16384 // seq, 16
+        q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        flops = 2.0 * batch * heads * seq * seq * dim
+        lens = torch.zeros(1, dtype=torch.int32, device="cuda")
+        line = [f"attention() {flops / do_bench(lambda: attention.attention(q, k, v, causal=True, out=out)) / 1e9:.1f}"]
+        for bm, bn, warps in attention.CONFIGS[dim]:
+            for stages in (2, 3):
+                grid = (tilejit.cdiv(seq, bm), batch * heads)
+                cfg = dict(GROUP=1, BM=bm, BN=bn, D=dim, CAUSAL=True, VARLEN=False, num_warps=warps, STAGES=stages,
+                           warp_specialize=True, peel_masks=False)
+                run = lambda: attention.attn_fwd_walk[grid](q, k, v, out, lens, lens, 0.125, heads, **cfg)  # noqa
+                line.append(f"walk {bm}x{bn} w{warps} s{stages} {flops / do_bench(run) / 1e9:.1f}")
+        print(f"S={seq}: " + ", ".join(line), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqs", default="1024,2048,4096")
     parser.add_argument("--dims", default="128,64")
     parser.add_argument("--check-only", action="store_true")
     parser.add_argument("--isolate", action="store_true")
+    parser.add_argument("--tiles", action="store_true")
     args = parser.parse_args()
+    if args.tiles:
+        for dim in args.dims.split(","):
+            tile_sweep([int(s) for s in args.seqs.split(",")], int(dim))
+        return
     if args.isolate:
         return isolate([int(s) for s in args.seqs.split(",")])
     print(torch.cuda.get_device_name())
