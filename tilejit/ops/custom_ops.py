@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tilejit.errors import ArgumentValueError
 from tilejit.target import LaunchOptions
 
 #: The tile constexprs of the ops' kernels, then every launch option.
@@ -46,11 +47,11 @@ def encode_config(config: dict[str, Any], what: str) -> list[int]:
     the kernels do not take."""
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"{what}: unknown config key(s) {unknown}; the keys are {list(CONFIG_KEYS)}")
+        raise ArgumentValueError(f"{what}: unknown config key(s) {unknown}; the keys are {list(CONFIG_KEYS)}")
     for name, value in config.items():
         if isinstance(value, bool) != (name in _FLAGS) or not isinstance(value, int) or value < 0:
             kind = "True or False" if name in _FLAGS else "a non-negative int"
-            raise ValueError(f"{what}: config key {name!r} must be {kind}, got {value!r}")
+            raise ArgumentValueError(f"{what}: config key {name!r} must be {kind}, got {value!r}")
     return [int(config[name]) if name in config else _ABSENT for name in CONFIG_KEYS]
 
 

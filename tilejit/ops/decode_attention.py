@@ -33,9 +33,9 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit import knobs
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace, sm_count
-from tilejit.ops.fused_attention import _score_scales, _window
+from tilejit.ops.fused_attention import _score_scales
 
 MAX_SPLITS = 64
 #: a split gets at least this many key blocks, so the combine stays small next to the keys it saves waiting for
@@ -349,8 +349,11 @@ _FP8 = torch.float8_e4m3fn
 
 
 def _need(cond: bool, message: str, kind: type = ValueError) -> None:
+    """Raises, when ``cond`` fails, the typed error of ``kind``: an ArgumentError (a TypeError) or an
+    ArgumentValueError (a ValueError)."""
     if not cond:
-        raise kind(f"decode_attention: {message}")
+        typed = arg_checks.ArgumentError if kind is TypeError else arg_checks.ArgumentValueError
+        raise typed(f"decode_attention: {message}")
 
 
 def _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table) -> None:
@@ -378,7 +381,7 @@ def _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table) -> None:
     kv_heads = k_cache.shape[2]
     _need(kv_heads > 0 and heads % kv_heads == 0, f"q's {heads} heads are not a multiple of the cache's "
           f"{kv_heads} kv_heads")
-    _need(dim % 16 == 0 and dim <= 256, f"head_dim must be a multiple of 16 up to 256, got {dim}")
+    _need(dim % 16 == 0 and 16 <= dim <= 256, f"head_dim must be a multiple of 16 from 16 to 256, got {dim}")
     _need(cache_seqlens.dtype == torch.int32, f"cache_seqlens must be int32, got {cache_seqlens.dtype}", TypeError)
     _need(tuple(cache_seqlens.shape) == (batch,), f"cache_seqlens must be ({batch},), got "
           f"{tuple(cache_seqlens.shape)}")
@@ -415,14 +418,8 @@ def _scale(value, name: str, fp8: bool, device: torch.device) -> tuple[float, to
 def _masking(window, softcap) -> tuple[int, float]:
     """(left window, softcap) from flash_attn's ``window=(left, right)``: decode's query is the last token, so only
     the left bound keeps keys out (keys len - 1 - left .. len - 1); a right bound has nothing to exclude."""
-    try:
-        left, _ = _window(window)
-    except ValueError as err:
-        raise ValueError(f"decode_attention: {err}") from None
-    _need(softcap is None or (not isinstance(softcap, bool) and isinstance(softcap, (int, float))
-                              and softcap >= 0 and math.isfinite(softcap)),
-          f"softcap must be a finite number > 0 (0 or None: off), got {softcap!r}")
-    return left, float(softcap or 0.0)
+    left, _ = arg_checks.window("decode_attention", window)
+    return left, arg_checks.softcap("decode_attention", softcap)
 
 
 # ----------------------------------------------------------------------------------------------- launching
@@ -519,7 +516,10 @@ def _residency_plan(q, k_cache, block_table, left, args, keywords, bn, stages, s
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, softcap, scales, config,
             splits):
-    """Launch ``decode_fwd`` (and ``decode_combine`` when split) writing ``out`` (see ``_fwd_call``)."""
+    """Launch ``decode_fwd`` (and ``decode_combine`` when split) writing ``out`` (see ``_fwd_call``); an empty
+    ``out`` (no batch entry or head) launches nothing."""
+    if out.numel() == 0:
+        return out
     grid, args, keywords, splits = _fwd_call(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left,
                                              softcap, scales, config, splits)
     decode_fwd[grid](*args, **keywords)
@@ -542,14 +542,10 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window, 
     """Every argument checked; (sm_scale, left window, softcap, scales)."""
     _check_tensors(q, k_cache, v_cache, cache_seqlens, block_table)
     left, cap = _masking(window, softcap)
-    _need(sm_scale is None or (not isinstance(sm_scale, bool) and isinstance(sm_scale, (int, float))),
-          f"sm_scale must be a float or None, got {sm_scale!r}", TypeError)
-    sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
+    sm_scale = arg_checks.sm_scale("decode_attention", sm_scale, q.shape[2])
     fp8 = k_cache.dtype == _FP8
     scales = (*_scale(k_scale, "k_scale", fp8, q.device), *_scale(v_scale, "v_scale", fp8, q.device))
-    if not knobs.interpret():
-        _need(q.device.type in ("cuda", "meta"), f"the operands are on {q.device}: decode_attention runs on CUDA "
-              "tensors (CPU tensors with TILEJIT_INTERPRET=1)")
+    arg_checks.runs_on("decode_attention", "q", q)
     return sm_scale, left, cap, scales
 
 
@@ -572,8 +568,7 @@ def decode_attention_forward(q, k_cache, v_cache, cache_seqlens, block_table=Non
                                            softcap, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
-    _need(isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-          and out.device == q.device, "out must be a tensor like q (same shape, dtype and device)")
+    arg_checks.like("decode_attention_forward", "out", out, q.shape, (q.dtype,), q.device, "like q")
     return _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, sm_scale, left, cap, scales, config,
                    num_splits)
 
@@ -601,9 +596,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q's dtype or is float8_e4m3fn with ``k_scale``/``v_scale`` (a float or a float32 one-element device tensor)
     multiplying its keys and values. ``sm_scale`` defaults to 1/sqrt(D); ``window=(left, right)`` keeps the
     ``left + 1`` most recent keys (-1: all; the right bound excludes nothing at decode); ``softcap=c`` caps the
-    scaled scores to c * tanh(s / c). A sequence of length 0 gives 0. The PyTorch operator
-    ``tilejit::decode_attention`` (forward only): no host sync and, after the first call of a shape, no
-    allocation but the output, so CUDA graphs capture it and ``torch.compile(fullgraph=True)`` traces it.
+    scaled scores to c * tanh(s / c). A sequence of length 0 gives 0; a batch of 0 gives an empty output without a
+    launch. The PyTorch operator ``tilejit::decode_attention`` (forward only): no host sync and, after the first
+    call of a shape, no allocation but the output, so CUDA graphs capture it and ``torch.compile(fullgraph=True)``
+    traces it.
     """
     sm_scale, left, cap, scales = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, window,
                                            softcap, k_scale, v_scale)

@@ -42,6 +42,7 @@ import tilejit
 import tilejit.language as T
 from tilejit import knobs
 from tilejit.errors import UsageTypeError, UsageValueError
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -128,6 +129,7 @@ def _check(tokens, weight) -> None:
         raise UsageValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {tuple(weight.shape)}")
     if tokens.device != weight.device:
         raise UsageValueError(f"embedding: tokens are on {tokens.device} but weight is on {weight.device}")
+    arg_checks.runs_on("embedding", "weight", weight, tokens.numel() > 0 and weight.shape[1] > 0)
 
 
 def _forward(tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 from tilejit.ops.fused_attention import _hopper, _visible
 
@@ -162,26 +163,32 @@ def require_fp8_mma(capability: tuple[int, int]) -> None:
 
 
 def _check_inputs(q, k, v, v_transposed):
+    arg_checks.tensors("attention_fp8", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn or t.dim() != 4:
-            raise TypeError(f"attention_fp8: {name} must be a 4-d torch.float8_e4m3fn tensor, got {t.dtype} "
-                            f"{tuple(t.shape)}")
+            raise arg_checks.ArgumentError(f"attention_fp8: {name} must be a 4-d torch.float8_e4m3fn tensor, got "
+                                           f"{t.dtype} {tuple(t.shape)}")
         if t.device != q.device:
-            raise ValueError(f"attention_fp8: {name} is on {t.device}, q on {q.device}")
+            raise arg_checks.ArgumentValueError(f"attention_fp8: {name} is on {t.device}, q on {q.device}")
     batch, heads, seq, dim = q.shape
     want_v = (k.shape[0], k.shape[1], dim, seq) if v_transposed else tuple(k.shape)
     if k.shape[0] != batch or k.shape[2:] != (seq, dim) or tuple(v.shape) != want_v:
         form = "(B, H // G, D, S) (v_transposed)" if v_transposed else "(B, H // G, S, D)"
-        raise ValueError(f"attention_fp8: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k must be "
-                         f"(B, H // G, S, D) and v {form}, with q (B, H, S, D)")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+                                            f"{tuple(v.shape)}: k must be (B, H // G, S, D) and v {form}, with q "
+                                            f"(B, H, S, D)")
     if dim % 32 or not 0 < dim <= 256:
-        raise ValueError(f"attention_fp8: head dim {dim} must be a multiple of 32 (one float8 k step), at most 256")
-    if heads == 0 or k.shape[1] == 0 or heads % k.shape[1]:
-        raise ValueError(f"attention_fp8: query heads {heads} must be a multiple of key/value heads {k.shape[1]}")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: head dim {dim} must be a multiple of 32 (one float8 k "
+                                            f"step), at most 256")
+    kv_heads = k.shape[1]
+    if kv_heads == 0 and heads or kv_heads and heads % kv_heads:  # (no heads at all: an empty output)
+        raise arg_checks.ArgumentValueError(f"attention_fp8: query heads {heads} must be a multiple of key/value "
+                                            f"heads {kv_heads}")
     if v_transposed and v.is_cuda and (v.stride(3) != 1 or v.stride(2) % 16):
-        raise ValueError(f"attention_fp8: a transposed v needs unit stride along S and a row stride that is a "
-                         f"multiple of 16 bytes (pad S to a multiple of 16), got strides {v.stride()}")
-    return heads // k.shape[1]
+        raise arg_checks.ArgumentValueError(f"attention_fp8: a transposed v needs unit stride along S and a row "
+                                            f"stride that is a multiple of 16 bytes (pad S to a multiple of 16), got "
+                                            f"strides {v.stride()}")
+    return heads // kv_heads if kv_heads else 1
 
 
 def _scale(scale, name: str, heads: int, q) -> tuple[torch.Tensor, bool]:
@@ -190,16 +197,17 @@ def _scale(scale, name: str, heads: int, q) -> tuple[torch.Tensor, bool]:
     blocks = (batch, heads, -(-seq // SCALE_BLOCK))
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
         got = scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__
-        raise TypeError(f"attention_fp8: {name} must be a float32 tensor (one scale, or one per block of "
-                        f"{SCALE_BLOCK}), got {got}")
+        raise arg_checks.ArgumentError(f"attention_fp8: {name} must be a float32 tensor (one scale, or one per block "
+                                       f"of {SCALE_BLOCK}), got {got}")
     if scale.device != q.device:
-        raise ValueError(f"attention_fp8: {name} is on {scale.device}, q on {q.device}")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: {name} is on {scale.device}, q on {q.device}")
     if scale.numel() == 1 and scale.dim() <= 1:
         return scale.reshape(1), False
     if tuple(scale.shape) != blocks:
-        raise ValueError(f"attention_fp8: {name} must have shape () or (1,) (per tensor) or {blocks} (one per "
-                         f"{SCALE_BLOCK} {'rows' if name == 'q_scale' else 'keys'} of each (batch, head)), got "
-                         f"{tuple(scale.shape)}")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: {name} must have shape () or (1,) (per tensor) or "
+                                            f"{blocks} (one per {SCALE_BLOCK} "
+                                            f"{'rows' if name == 'q_scale' else 'keys'} of each (batch, head)), got "
+                                            f"{tuple(scale.shape)}")
     return scale, True
 
 
@@ -224,8 +232,10 @@ def _forward(q, k, v, q_scale, k_scale, v_scale, causal, sm_scale, v_transposed,
         require_fp8_mma(torch.cuda.get_device_capability(q.device))
     config = {**default_config(dim, not config and _hopper(q)), **config}
     if SCALE_BLOCK % config["BM"] or SCALE_BLOCK % config["BN"]:
-        raise ValueError(f"attention_fp8: BM and BN must divide {SCALE_BLOCK} (the scale block), got "
-                         f"{config['BM']} and {config['BN']}")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: BM and BN must divide {SCALE_BLOCK} (the scale block), "
+                                            f"got {config['BM']} and {config['BN']}")
+    if q.numel() == 0:  # no batch, head or row: nothing to attend
+        return out
     vt = v if v_transposed else transpose_v(v)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
     attn_fwd_fp8[grid](q, k, vt, out, qs, ks, vs, sm_scale, heads, GROUP=group, D=dim, CAUSAL=bool(causal),
@@ -247,20 +257,22 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_scale:
     options; BM and BN dividing 128) overrides ``default_config``. ``out`` (preallocated, ``out_dtype``) is
     written in place. The PyTorch operator ``tilejit::attention_fp8`` (usable under ``torch.compile``); the module
     docstring gives the quantization of P and its error bound."""
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"attention_fp8: out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
-    if out is not None and (out.dtype != out_dtype or out.shape != q.shape):
-        raise ValueError(f"attention_fp8: out must be {out_dtype} {tuple(q.shape)}, got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    arg_checks.tensors("attention_fp8", q=q, k=k, v=v)
+    arg_checks.optional_tensors("attention_fp8", out=out)
+    arg_checks.out_dtype("attention_fp8", out_dtype, _OUT_DTYPES)
+    if out is not None and (out.dtype != out_dtype or out.shape != q.shape or out.device != q.device):
+        raise arg_checks.ArgumentValueError(f"attention_fp8: out must be {out_dtype} {tuple(q.shape)} on {q.device}, "
+                                            f"got {out.dtype} {tuple(out.shape)} on {out.device}")
     dim = q.shape[-1]
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
+    sm_scale = arg_checks.number("attention_fp8", "sm_scale", sm_scale, default=1.0 / math.sqrt(max(dim, 1)))
     if not 0.0 < sm_scale < math.inf:  # the running max is taken of unscaled scores: the scale must keep order
-        raise ValueError(f"attention_fp8: sm_scale must be a finite number > 0, got {sm_scale}")
+        raise arg_checks.ArgumentValueError(f"attention_fp8: sm_scale must be a finite number > 0, got {sm_scale}")
     encoded = encode_config(config, "attention_fp8")
     _check_inputs(q, k, v, v_transposed)  # the user's mistakes named here, before the operator's schema sees them
     for name, scale, heads in (("q_scale", q_scale, q.shape[1]), ("k_scale", k_scale, k.shape[1]),
                                ("v_scale", v_scale, k.shape[1])):
         _scale(scale, name, heads, q)
+    arg_checks.runs_on("attention_fp8", "q", q)
     if out is None:
         return _OPS.forward(q, k, v, q_scale, k_scale, v_scale, bool(causal), sm_scale, bool(v_transposed),
                             out_dtype, encoded)

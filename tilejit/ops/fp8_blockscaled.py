@@ -33,6 +33,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace, sm_count
 from tilejit.ops.linear_kernels import grouped_tile_order
 
@@ -184,31 +185,49 @@ def _waves(tiles: int, sms: int) -> int:
     return -(-tiles // sms)
 
 
+#: What the products can be written as (``out_dtype``, and ``out``'s dtype).
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _check(a, a_scales, b, b_scales, grouped: bool) -> None:
-    """Shapes and dtypes of a block-scaled product's operands, or a ValueError naming the one to fix."""
+    """Types, shapes, dtypes and devices of a block-scaled product's operands, or a typed error naming the one to
+    fix (ArgumentError for a non-tensor, ArgumentValueError, a ValueError, for the rest)."""
     what = "fp8_blockscaled_grouped_matmul" if grouped else "fp8_blockscaled_matmul"
+    bad = arg_checks.ArgumentValueError
+    arg_checks.tensors(what, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+    arg_checks.same_device(what, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     if a.dim() != 2 or b.dim() != (3 if grouped else 2):
-        raise ValueError(f"{what}: a must be 2-D (M, K) and b {'3-D (E, N, K)' if grouped else '2-D (N, K)'}, got "
-                         f"a {tuple(a.shape)}, b {tuple(b.shape)}")
+        raise bad(f"{what}: a must be 2-D (M, K) and b {'3-D (E, N, K)' if grouped else '2-D (N, K)'}, got "
+                  f"a {tuple(a.shape)}, b {tuple(b.shape)}")
     for name, t in (("a", a), ("b", b)):
         if t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise ValueError(f"{what}: {name} must be float8 (e4m3fn or e5m2), got {t.dtype}")
+            raise bad(f"{what}: {name} must be float8 (e4m3fn or e5m2), got {t.dtype}")
     m, k = a.shape
     n = b.shape[-2]
     if b.shape[-1] != k:
-        raise ValueError(f"{what}: a is {m}x{k} but b's rows have {b.shape[-1]} elements; b is given N x K")
+        raise bad(f"{what}: a is {m}x{k} but b's rows have {b.shape[-1]} elements; b is given N x K")
     kb = tilejit.cdiv(k, BLOCK)
     want_a = (m, kb)
     want_b = (*b.shape[:-2], tilejit.cdiv(n, BLOCK), kb)
     for name, t, want, block in (("a_scales", a_scales, want_a, "1x128"), ("b_scales", b_scales, want_b, "128x128")):
         if tuple(t.shape) != want or t.dtype != torch.float32:
-            raise ValueError(f"{what}: {name} must be float32 of shape {want} (one scale per {block} block, "
-                             f"ceil of the ragged edges), got {t.dtype} {tuple(t.shape)}")
+            raise bad(f"{what}: {name} must be float32 of shape {want} (one scale per {block} block, ceil of the "
+                      f"ragged edges), got {t.dtype} {tuple(t.shape)}")
 
 
-def _check_out(out, shape: tuple[int, int], what: str) -> None:
-    if out is not None and (tuple(out.shape) != shape or not out.dtype.is_floating_point):
-        raise ValueError(f"{what}: out must be a float tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
+def _check_call(out, out_dtype, a: torch.Tensor, shape: tuple[int, int], config: dict, what: str,
+                launches: bool) -> list[int]:
+    """``out_dtype`` one of ``OUT_DTYPES``; ``out`` None or a tensor of ``shape`` and one of them on a's device;
+    ``config``'s keys and BN; then a's device, where the kernels run (``launches``: whether they do). Returns the
+    config encoded for the operator."""
+    arg_checks.out_dtype(what, out_dtype, OUT_DTYPES)
+    if out is not None:
+        arg_checks.like(what, "out", out, shape, OUT_DTYPES, a.device)
+    encoded = encode_config(config, what)
+    if "BN" in config:
+        _check_bn(config["BN"], what)
+    arg_checks.runs_on(what, "a", a, launches)
+    return encoded
 
 
 def _device(t: torch.Tensor) -> tuple[int, int]:
@@ -220,12 +239,15 @@ def _device(t: torch.Tensor) -> tuple[int, int]:
 
 def _check_bn(bn: int, what: str) -> None:
     if BLOCK % bn and bn != 2 * BLOCK:
-        raise ValueError(f"{what}: BN must divide {BLOCK} (a tile's columns share one weight scale per k-block) or "
-                         f"be {2 * BLOCK} (two column halves, a scale each), got {bn}")
+        raise arg_checks.ArgumentValueError(f"{what}: BN must divide {BLOCK} (a tile's columns share one weight scale "
+                                            f"per k-block) or be {2 * BLOCK} (two column halves, a scale each), got "
+                                            f"{bn}")
 
 
 def _dense(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
     m, n = a.shape[0], b.shape[0]
+    if out.numel() == 0 or a.shape[1] == 0:  # no rows or columns; or K = 0, a sum of nothing (as torch.mm)
+        return out.zero_()
     major, sms = _device(a)
     cfg = {**default_config(m, n, major, a.shape[1], sms), **config}
     _check_bn(cfg["BN"], "fp8_blockscaled_matmul")
@@ -235,6 +257,8 @@ def _dense(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
 
 def _grouped(a, a_scales, b, b_scales, group_offsets, out, config: dict) -> torch.Tensor:
     m, experts, n = a.shape[0], b.shape[0], b.shape[1]
+    if out.numel() == 0:  # no rows or no columns
+        return out
     cfg = {**grouped_config(m, n, experts, *_device(a)), **config}
     _check_bn(cfg["BN"], "fp8_blockscaled_grouped_matmul")
     row_tiles = tilejit.cdiv(m, cfg["BM"]) + experts  # (each expert's ragged tail adds at most one)
@@ -249,11 +273,12 @@ def fp8_blockscaled_matmul(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Ten
                            **config) -> torch.Tensor:
     """(a @ b^T) with block scales: a (M, K) float8 with ``a_scales`` float32 (M, cdiv(K, 128)) (1x128 blocks),
     b (N, K) float8 with ``b_scales`` float32 (cdiv(N, 128), cdiv(K, 128)) (128x128 blocks); (M, N) of
-    ``out_dtype`` (or written into ``out``, (M, N), any float dtype). ``config`` (BM, BN (dividing 128), STAGES,
-    launch options) overrides ``default_config``."""
+    ``out_dtype`` (or written into ``out``, (M, N)), bfloat16, float16 or float32, on a's device. ``config`` (BM,
+    BN (dividing 128), STAGES, launch options) overrides ``default_config``. M, N or K of 0: no launch (K = 0
+    gives zeros)."""
     _check(a, a_scales, b, b_scales, grouped=False)
-    _check_out(out, (a.shape[0], b.shape[0]), "fp8_blockscaled_matmul")
-    config = encode_config(config, "fp8_blockscaled_matmul")
+    config = _check_call(out, out_dtype, a, (a.shape[0], b.shape[0]), config, "fp8_blockscaled_matmul",
+                         a.numel() > 0 and b.shape[0] > 0)
     if out is None:
         return _OPS.dense(a, a_scales, b, b_scales, out_dtype, config)
     _OPS.dense_into(a, a_scales, b, b_scales, out, config)
@@ -266,13 +291,17 @@ def fp8_blockscaled_grouped_matmul(a: torch.Tensor, a_scales: torch.Tensor, b: t
     """Every expert's block-scaled product in one launch: rows ``group_offsets[e]:group_offsets[e + 1]`` of a
     (M, K) times b[e]^T (b (E, N, K), ``b_scales`` (E, cdiv(N, 128), cdiv(K, 128))); ``group_offsets`` int32
     (E + 1,), nondecreasing from 0 to at most M, on a's device (never read on the host). Rows outside every
-    expert's range are not written (uninitialized unless ``out``, (M, N), is given)."""
+    expert's range are not written (uninitialized unless ``out``, (M, N), is given). ``out_dtype`` and ``out``:
+    bfloat16, float16 or float32."""
+    what = "fp8_blockscaled_grouped_matmul"
     _check(a, a_scales, b, b_scales, grouped=True)
+    arg_checks.tensors(what, group_offsets=group_offsets)
     if group_offsets.dtype != torch.int32 or tuple(group_offsets.shape) != (b.shape[0] + 1,):
-        raise ValueError(f"fp8_blockscaled_grouped_matmul: group_offsets must be int32 of shape ({b.shape[0] + 1},) "
-                         f"(E + 1 row offsets into a), got {group_offsets.dtype} {tuple(group_offsets.shape)}")
-    _check_out(out, (a.shape[0], b.shape[1]), "fp8_blockscaled_grouped_matmul")
-    config = encode_config(config, "fp8_blockscaled_grouped_matmul")
+        raise arg_checks.ArgumentValueError(f"{what}: group_offsets must be int32 of shape ({b.shape[0] + 1},) (E + "
+                                            f"1 row offsets into a), got {group_offsets.dtype} "
+                                            f"{tuple(group_offsets.shape)}")
+    arg_checks.same_device(what, a=a, group_offsets=group_offsets)
+    config = _check_call(out, out_dtype, a, (a.shape[0], b.shape[1]), config, what, a.shape[0] > 0 and b.shape[1] > 0)
     if out is None:
         return _OPS.grouped(a, a_scales, b, b_scales, group_offsets, out_dtype, config)
     _OPS.grouped_into(a, a_scales, b, b_scales, group_offsets, out, config)

@@ -40,7 +40,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from tilejit.ops import arg_checks
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 LOG2E = 1.4426950408889634
@@ -501,6 +501,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     for name, over in _check_bwd_config(config, op, "config").items():
         encode_config(over, f"{op}: config[{name!r}]")
         cfg[name] = {**cfg[name], **over}
+    arg_checks.runs_on(op, "q", q)
     do = do.contiguous()
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
@@ -533,6 +534,7 @@ def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None =
     _check_heads(q, k, v, "attention_forward")
     batch, heads, seq, dim = q.shape
     sm_scale = arg_checks.sm_scale("attention_forward", sm_scale, dim)
+    arg_checks.runs_on("attention_forward", "q", q)
     if lse is None:
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)
     return _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window, softcap), lse
@@ -580,12 +582,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     masking = (left, right, float(softcap or 0.0))
     fwd = encode_config(config, "attention")
     bwd = _check_bwd_config(bwd_config)
+    arg_checks.runs_on("attention", "q", q)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         if dim > max(BWD_CONFIGS):
-            raise ValueError(f"attention: no backward for head dim {dim} (at most {max(BWD_CONFIGS)})")
+            raise arg_checks.ArgumentValueError(f"attention: no backward for head dim {dim} (at most "
+                                                f"{max(BWD_CONFIGS)})")
         if out is not None:
-            raise ValueError("attention: out= is written in place, which autograd cannot record; leave it out when "
-                             "q, k or v require grad (or run under torch.no_grad())")
+            raise arg_checks.ArgumentValueError("attention: out= is written in place, which autograd cannot record; "
+                                                "leave it out when q, k or v require grad (or run under "
+                                                "torch.no_grad())")
         return _OPS.forward(q, k, v, lens, causal, *masking, sm_scale, fwd, True,
                             encode_config(bwd.get("dkdv", {}), "attention bwd_config['dkdv']"),
                             encode_config(bwd.get("dq", {}), "attention bwd_config['dq']"))[0]

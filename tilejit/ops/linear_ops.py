@@ -23,10 +23,13 @@ on a GPU the GEMMs are autotuned per shape on their first call (tune before capt
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tilejit.errors import UsageTypeError, UsageValueError
 import tilejit.ops.linear_kernels as kernels
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -55,8 +58,8 @@ def _check_operands(op: str, x: torch.Tensor, weights: dict[str, torch.Tensor]) 
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as a 2-D (rows, K) tensor with unit last stride (a view where one exists)."""
-    x2 = x.reshape(-1, x.shape[-1])
+    """x as a 2-D (rows, K) tensor with unit last stride (a view where one exists); K may be 0."""
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
@@ -92,6 +95,7 @@ def _linear_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_dx
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.T for x (..., K) and weight (N, K): the operator ``tilejit::linear_fwd``, differentiable."""
     _check_operands("linear", x, {"weight": weight})
+    arg_checks.runs_on("linear", "x", x, x.numel() > 0 and weight.shape[0] > 0)  # (K = 0: zeros, no launch)
     out = _OPS.linear(_rows(x), _unit_last(weight))
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -138,6 +142,7 @@ def swiglu_linear(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *,
     ``tilejit::swiglu_fwd``, differentiable in x, w_gate and w_up. ``recompute=True``: the backward recomputes
     the two (M, F) products instead of the forward storing them (less memory, 2 more GEMMs)."""
     _check_operands("swiglu_linear", x, {"w_gate": w_gate, "w_up": w_up})
+    arg_checks.runs_on("swiglu_linear", "x", x, x.numel() > 0 and w_gate.shape[0] > 0)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or w_gate.requires_grad or w_up.requires_grad)
     out = _OPS.swiglu(_rows(x), _unit_last(w_gate), _unit_last(w_up), wants_grad and not recompute)[0]
     return out.reshape(*x.shape[:-1], w_gate.shape[0])
@@ -201,6 +206,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         chunk_rows = default_chunk_rows(h.shape[0], h.shape[1], weight.shape[0])
     elif isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise UsageValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+    # (the row kernel runs for every row of a non-empty vocabulary, D = 0 included)
+    arg_checks.runs_on("linear_cross_entropy", "h", h, h.shape[0] > 0 and weight.shape[0] > 0)
     with_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     return _OPS.cross_entropy(_unit_last(h), _unit_last(weight), targets.contiguous(), ignore_index, reduction,
                               chunk_rows, with_grad)[0]

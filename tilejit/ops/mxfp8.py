@@ -22,6 +22,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, decode_config, encode_config, namespace
 
 #: Elements of K that one e8m0 scale covers.
@@ -57,26 +58,37 @@ def default_config(m: int, n: int) -> dict:
     return dict(BM=bm, BN=bn, STAGES=3, num_warps=4 if bm == 64 else 8)
 
 
-def _check(a, a_scales, b, b_scales) -> None:
-    """Shapes and dtypes of a microscaled product's operands, or a ValueError naming the one to fix."""
+#: What the product can be written as.
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check(a, a_scales, b, b_scales, out_dtype=torch.bfloat16) -> None:
+    """Types, shapes, dtypes and devices of a microscaled product's operands, or a typed error naming the one to fix
+    (ArgumentError for a non-tensor or a wrong ``out_dtype``, ArgumentValueError, a ValueError, for the rest)."""
+    bad = arg_checks.ArgumentValueError
+    arg_checks.tensors("mxfp8_matmul", a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+    arg_checks.out_dtype("mxfp8_matmul", out_dtype, OUT_DTYPES)
+    arg_checks.same_device("mxfp8_matmul", a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"mxfp8_matmul: a must be 2-D (M, K) and b 2-D (N, K), got a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)}")
+        raise bad(f"mxfp8_matmul: a must be 2-D (M, K) and b 2-D (N, K), got a {tuple(a.shape)}, b {tuple(b.shape)}")
     for name, t in (("a", a), ("b", b)):
         if t.dtype not in _FP8:
-            raise ValueError(f"mxfp8_matmul: {name} must be float8 (e4m3fn or e5m2), got {t.dtype}")
+            raise bad(f"mxfp8_matmul: {name} must be float8 (e4m3fn or e5m2), got {t.dtype}")
     if b.shape[1] != a.shape[1]:
-        raise ValueError(f"mxfp8_matmul: a is {a.shape[0]}x{a.shape[1]} but b's rows have {b.shape[1]} elements; "
-                         "b is given N x K")
+        raise bad(f"mxfp8_matmul: a is {a.shape[0]}x{a.shape[1]} but b's rows have {b.shape[1]} elements; b is given "
+                  "N x K")
     kb = tilejit.cdiv(a.shape[1], BLOCK)
     for name, t, rows in (("a_scales", a_scales, a.shape[0]), ("b_scales", b_scales, b.shape[0])):
         if tuple(t.shape) != (rows, kb) or t.dtype != torch.float8_e8m0fnu:
-            raise ValueError(f"mxfp8_matmul: {name} must be torch.float8_e8m0fnu of shape {(rows, kb)} (one scale "
-                             f"per 32 elements of K, ceil of the ragged edge), got {t.dtype} {tuple(t.shape)}")
+            raise bad(f"mxfp8_matmul: {name} must be torch.float8_e8m0fnu of shape {(rows, kb)} (one scale per 32 "
+                      f"elements of K, ceil of the ragged edge), got {t.dtype} {tuple(t.shape)}")
+    arg_checks.runs_on("mxfp8_matmul", "a", a, a.numel() > 0 and b.shape[0] > 0)
 
 
 def _run(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
     m, n = a.shape[0], b.shape[0]
+    if out.numel() == 0 or a.shape[1] == 0:  # no rows or columns; or K = 0, a sum of nothing (as torch.mm)
+        return out.zero_()
     arch_major = torch.cuda.get_device_capability(a.device)[0] if a.is_cuda else 9
     cfg = {**default_config(m, n), **config, "BK": BK_SM100 if arch_major == 10 else BK}
     mxfp8_mm[(tilejit.cdiv(m, cfg["BM"]), tilejit.cdiv(n, cfg["BN"]))](a, a_scales, b, b_scales, out, **cfg)
@@ -86,9 +98,10 @@ def _run(a, a_scales, b, b_scales, out, config: dict) -> torch.Tensor:
 def mxfp8_matmul(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
                  out_dtype: torch.dtype = torch.bfloat16, **config) -> torch.Tensor:
     """(a @ b^T) with MX block scales: a (M, K) and b (N, K) float8 (e4m3fn or e5m2), ``a_scales``
-    (M, cdiv(K, 32)) and ``b_scales`` (N, cdiv(K, 32)) ``torch.float8_e8m0fnu``; (M, N) of ``out_dtype``.
-    ``config`` (BM, BN, STAGES, launch options) overrides ``default_config``."""
-    _check(a, a_scales, b, b_scales)
+    (M, cdiv(K, 32)) and ``b_scales`` (N, cdiv(K, 32)) ``torch.float8_e8m0fnu``, on one device; (M, N) of
+    ``out_dtype`` (bfloat16, float16 or float32). ``config`` (BM, BN, STAGES, launch options) overrides
+    ``default_config``. M, N or K of 0: no launch (K = 0 gives zeros)."""
+    _check(a, a_scales, b, b_scales, out_dtype)
     return _OPS.mm(a, a_scales, b, b_scales, out_dtype, encode_config(config, "mxfp8_matmul"))
 
 

@@ -27,6 +27,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace, sm_count
 
 #: The longest row the kernels take: one row lives in registers (8192 float32 over 16 warps: 16 per thread).
@@ -180,29 +181,33 @@ def _rows3(t: torch.Tensor, bc: int) -> torch.Tensor:
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float) -> None:
+    bad, wrong = arg_checks.ArgumentValueError, arg_checks.ArgumentError
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"rms_norm: x and weight must be tensors, got {type(x).__name__} and "
-                        f"{type(weight).__name__}")
+        raise wrong(f"rms_norm: x and weight must be tensors, got {type(x).__name__} and "
+                    f"{type(weight).__name__}")
     if x.dtype not in DTYPES or weight.dtype not in DTYPES:
-        raise TypeError(f"rms_norm: x and weight must be float16, bfloat16 or float32, got x {x.dtype} and weight "
-                        f"{weight.dtype}")
+        raise wrong(f"rms_norm: x and weight must be float16, bfloat16 or float32, got x {x.dtype} and weight "
+                    f"{weight.dtype}")
     if x.dim() < 1 or x.shape[-1] == 0:
-        raise ValueError(f"rms_norm: x must have a non-empty last dim, got shape {tuple(x.shape)}")
+        raise bad(f"rms_norm: x must have a non-empty last dim, got shape {tuple(x.shape)}")
     dim = x.shape[-1]
     if dim > MAX_DIM:
-        raise ValueError(f"rms_norm: rows of at most {MAX_DIM} elements (one row lives in registers), got {dim}")
+        raise bad(f"rms_norm: rows of at most {MAX_DIM} elements (one row lives in registers), got {dim}")
     if weight.shape != (dim,):
-        raise ValueError(f"rms_norm: weight must have shape ({dim},) (x's last dim), got {tuple(weight.shape)}")
+        raise bad(f"rms_norm: weight must have shape ({dim},) (x's last dim), got {tuple(weight.shape)}")
     if weight.device != x.device:
-        raise ValueError(f"rms_norm: weight is on {weight.device}, x on {x.device}: move them to one device")
+        raise bad(f"rms_norm: weight is on {weight.device}, x on {x.device}: move them to one device")
     if residual is not None:
         if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"rms_norm: residual must be a tensor or None, got {type(residual).__name__}")
+            raise wrong(f"rms_norm: residual must be a tensor or None, got {type(residual).__name__}")
         if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-            raise ValueError(f"rms_norm: residual must have x's shape, dtype and device {tuple(x.shape)} {x.dtype} "
-                             f"{x.device}, got {tuple(residual.shape)} {residual.dtype} {residual.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"rms_norm: eps must be a number >= 0, got {eps!r}")
+            raise bad(f"rms_norm: residual must have x's shape, dtype and device {tuple(x.shape)} {x.dtype} "
+                      f"{x.device}, got {tuple(residual.shape)} {residual.dtype} {residual.device}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise wrong(f"rms_norm: eps must be a number >= 0, got {type(eps).__name__} {eps!r}")
+    if not eps >= 0:
+        raise bad(f"rms_norm: eps must be a number >= 0, got {eps!r}")
+    arg_checks.runs_on("rms_norm", "x", x)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace
 
 #: The largest head dim the kernel takes (a head's two halves live in registers, a few heads at a time).
@@ -102,41 +103,43 @@ def _launch_config(head_dim: int, q_heads: int, k_heads: int, seq: int) -> dict:
 
 
 def _check(q, k, cos, sin, positions) -> None:
+    bad, wrong = arg_checks.ArgumentValueError, arg_checks.ArgumentError
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"rotary_embedding: {name} must be a tensor, got {type(t).__name__}")
+            raise wrong(f"rotary_embedding: {name} must be a tensor, got {type(t).__name__}")
     if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"rotary_embedding: q and k must be (B, S, H, D), got q {tuple(q.shape)} and k "
-                         f"{tuple(k.shape)}")
+        raise bad(f"rotary_embedding: q and k must be (B, S, H, D), got q {tuple(q.shape)} and k "
+                  f"{tuple(k.shape)}")
     if q.dtype not in DTYPES or k.dtype != q.dtype:
-        raise TypeError(f"rotary_embedding: q and k must share one dtype of float16, bfloat16 or float32, got "
-                        f"{q.dtype} and {k.dtype}")
+        raise wrong(f"rotary_embedding: q and k must share one dtype of float16, bfloat16 or float32, got "
+                    f"{q.dtype} and {k.dtype}")
     batch, seq, _, dim = q.shape
     if k.shape[:2] != q.shape[:2] or k.shape[3] != dim:
-        raise ValueError(f"rotary_embedding: k must be (B, S, Hkv, D) with q's B, S and D, got q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}")
+        raise bad(f"rotary_embedding: k must be (B, S, Hkv, D) with q's B, S and D, got q {tuple(q.shape)} "
+                  f"and k {tuple(k.shape)}")
     if dim % 2 or not 2 <= dim <= MAX_HEAD_DIM:
-        raise ValueError(f"rotary_embedding: the head dim must be even and in 2..{MAX_HEAD_DIM}, got {dim}")
+        raise bad(f"rotary_embedding: the head dim must be even and in 2..{MAX_HEAD_DIM}, got {dim}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError(f"rotary_embedding: q and k must have a last stride of 1 (call .contiguous()), got "
-                         f"strides {q.stride()} and {k.stride()}")
+        raise bad(f"rotary_embedding: q and k must have a last stride of 1 (call .contiguous()), got "
+                  f"strides {q.stride()} and {k.stride()}")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dtype != torch.float32 or t.dim() != 2 or t.shape[1] != dim // 2 or t.shape[0] == 0:
-            raise ValueError(f"rotary_embedding: {name} must be float32 (max_positions, {dim // 2}), got {t.dtype} "
-                             f"{tuple(t.shape)}")
+            raise bad(f"rotary_embedding: {name} must be float32 (max_positions, {dim // 2}), got {t.dtype} "
+                      f"{tuple(t.shape)}")
     if cos.shape != sin.shape:
-        raise ValueError(f"rotary_embedding: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one shape")
+        raise bad(f"rotary_embedding: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one shape")
     if positions is None:
         if seq > cos.shape[0]:
-            raise ValueError(f"rotary_embedding: {seq} positions but cos and sin have {cos.shape[0]} rows")
+            raise bad(f"rotary_embedding: {seq} positions but cos and sin have {cos.shape[0]} rows")
     elif not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64) \
             or positions.shape != (batch, seq):
         what = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor) else \
             type(positions).__name__
-        raise ValueError(f"rotary_embedding: positions must be an int32 or int64 tensor ({batch}, {seq}), got {what}")
+        raise bad(f"rotary_embedding: positions must be an int32 or int64 tensor ({batch}, {seq}), got {what}")
     devices = {t.device for t in (q, k, cos, sin) + (() if positions is None else (positions,))}
     if len(devices) > 1:
-        raise ValueError(f"rotary_embedding: all tensors must be on one device, got {sorted(map(str, devices))}")
+        raise bad(f"rotary_embedding: all tensors must be on one device, got {sorted(map(str, devices))}")
+    arg_checks.runs_on("rotary_embedding", "q", q, q.shape[0] * q.shape[1] > 0)
 
 
 def _halves(t: torch.Tensor) -> torch.Tensor:

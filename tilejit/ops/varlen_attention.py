@@ -33,6 +33,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
+import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace
 from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hopper, _masking, _online_softmax_step,
                                          _grads_like, _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
@@ -312,40 +313,43 @@ def _tokens_view(t: torch.Tensor) -> torch.Tensor:
 
 def _check_inputs(q, k, v, cu_q, cu_k, max_q, max_k, block_table):
     """The errors for arguments the kernels cannot take; returns (batch, GQA group)."""
-    floats = (torch.float16, torch.bfloat16, torch.float32)
+    op, bad = "attention_varlen", arg_checks.ArgumentValueError
+    arg_checks.tensors(op, q=q, k=k, v=v)
+    arg_checks.optional_tensors(op, block_table=block_table)
+    floats = arg_checks.FLOATS
     if q.dtype not in floats or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"attention_varlen: q, k and v must share one dtype of float16, bfloat16 or float32, got "
-                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+        raise arg_checks.ArgumentError(f"attention_varlen: q, k and v must share one dtype of float16, bfloat16 or "
+                                       f"float32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    arg_checks.same_device(op, q=q, k=k, v=v, block_table=block_table)
     kv_rank = 3 if block_table is None else 4
     layout = "(total_k, kv_heads, D)" if block_table is None else "(num_pages, page_size, kv_heads, D)"
     if q.dim() != 3 or k.dim() != kv_rank or k.shape != v.shape:
-        raise ValueError(f"attention_varlen: q must be (total_q, heads, D) and k, v one shape {layout}, got "
-                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise bad(f"attention_varlen: q must be (total_q, heads, D) and k, v one shape {layout}, got q "
+                  f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k.shape[-2]
     if k.shape[-1] != dim or not 16 <= dim <= 256 or dim % 16:
-        raise ValueError(f"attention_varlen: q and k must have one head dim, a multiple of 16 from 16 to 256; got "
-                         f"{dim} and {k.shape[-1]}")
+        raise bad(f"attention_varlen: q and k must have one head dim, a multiple of 16 from 16 to 256; got {dim} and "
+                  f"{k.shape[-1]}")
     if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"attention_varlen: query heads {heads} must be a multiple of key/value heads {kv_heads}")
+        raise bad(f"attention_varlen: query heads {heads} must be a multiple of key/value heads {kv_heads}")
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(f"attention_varlen: {name} must be an int32 tensor of shape (batch + 1,), got "
-                             f"{getattr(cu, 'dtype', type(cu).__name__)} {tuple(getattr(cu, 'shape', ()))}")
+            raise bad(f"attention_varlen: {name} must be an int32 tensor of shape (batch + 1,), got "
+                      f"{getattr(cu, 'dtype', type(cu).__name__)} {tuple(getattr(cu, 'shape', ()))}")
         if cu.device != q.device:
-            raise ValueError(f"attention_varlen: {name} is on {cu.device}, q on {q.device}")
+            raise bad(f"attention_varlen: {name} is on {cu.device}, q on {q.device}")
     if cu_q.shape != cu_k.shape:
-        raise ValueError(f"attention_varlen: cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k "
-                         f"{tuple(cu_k.shape)} must have one shape (batch + 1,)")
+        raise bad(f"attention_varlen: cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k {tuple(cu_k.shape)} must have "
+                  f"one shape (batch + 1,)")
     for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
-            raise ValueError(f"attention_varlen: {name} must be an int >= 0, got {value!r}")
+            raise bad(f"attention_varlen: {name} must be an int >= 0, got {value!r}")
     batch = cu_q.shape[0] - 1
-    if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
-                                    or block_table.dim() != 2 or block_table.shape[0] != batch):
-        raise ValueError(f"attention_varlen: block_table must be an int32 tensor of shape ({batch}, max_pages), "
-                         f"got {getattr(block_table, 'dtype', type(block_table).__name__)} "
-                         f"{tuple(getattr(block_table, 'shape', ()))}")
+    if block_table is not None and (block_table.dtype != torch.int32 or block_table.dim() != 2
+                                    or block_table.shape[0] != batch):
+        raise bad(f"attention_varlen: block_table must be an int32 tensor of shape ({batch}, max_pages), got "
+                  f"{block_table.dtype} {tuple(block_table.shape)}")
     return batch, heads // kv_heads
 
 
@@ -356,7 +360,7 @@ def _forward(q, k, v, cu_q, cu_k, block_table, max_q, max_k, causal, window, sof
     batch, group = cu_q.shape[0] - 1, heads // k.shape[-2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q) if out is None else out
-    if max_q == 0 or q.shape[0] == 0:
+    if max_q == 0 or q.numel() == 0:  # no query row, or no head
         return out
     masking = _masking(causal, window, softcap)
     causal = masking.pop("CAUSAL")
@@ -384,7 +388,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, window, s
     kv_heads = k.shape[1]
     q, k, v, do, out = (t.contiguous() for t in (q, k, v, do, out))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if max_q == 0 or max_k == 0 or q.shape[0] == 0 or k.shape[0] == 0:
+    if max_q == 0 or max_k == 0 or q.numel() == 0 or k.shape[0] == 0:
         return dq, dk, dv
     masking = _masking(causal, window, softcap)
     causal = masking.pop("CAUSAL")
@@ -427,15 +431,17 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (prefill over a paged cache). Forward only: with it, q, k and v must not require grad.
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
-    _masking(causal, window, softcap)
-    sm_scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
+    _masking(causal, window, softcap, "attention_varlen")
+    sm_scale = arg_checks.sm_scale("attention_varlen", sm_scale, q.shape[2])
     masking = (*_window(window), float(softcap or 0.0))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and block_table is not None:
-        raise ValueError("attention_varlen: the paged form (block_table) has no backward; run it under "
-                         "torch.no_grad() or with inputs that do not require grad")
+        raise arg_checks.ArgumentValueError("attention_varlen: the paged form (block_table) has no backward; run it "
+                                            "under torch.no_grad() or with inputs that do not require grad")
     if grad and q.shape[2] > max(BWD_CONFIGS):
-        raise ValueError(f"attention_varlen: no backward for head dim {q.shape[2]} (at most {max(BWD_CONFIGS)})")
+        raise arg_checks.ArgumentValueError(f"attention_varlen: no backward for head dim {q.shape[2]} (at most "
+                                            f"{max(BWD_CONFIGS)})")
+    arg_checks.runs_on("attention_varlen", "q", q, q.numel() > 0 and max_seqlen_q > 0)
     return _OPS.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k,
                         bool(causal), *masking, sm_scale, grad)[0]
 
