@@ -41,6 +41,8 @@ import contextlib
 import contextvars
 import datetime
 import logging
+import math
+import numbers
 import os
 import sys
 import threading
@@ -53,9 +55,10 @@ from tilejit.cache.kernel_cache import remote_cache
 from tilejit.cache.layout import current_layout
 from tilejit.cache.locks import CacheLockTimeout
 from tilejit.cache.records import AutotuneRecordFile, record_problem
-from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, did_you_mean,
-                            entry_point, raised_in_user_code, user_call_site)
-from tilejit.runtime.jit import call_grid_function
+from tilejit.errors import (TilejitError, UsageTypeError, UsageValueError, call_user_function, describe_function,
+                            did_you_mean, entry_point, raised_in_user_code, user_call_site)
+from tilejit.launch_heuristics import check_wrapped_kernel, parameter_defaults
+from tilejit.runtime.jit import call_grid_function, launch_without_grid
 from tilejit.target import LaunchOptions
 
 __all__ = ["AutotuneError", "Autotuner", "AutotuneStats", "Config", "autotune"]
@@ -73,8 +76,14 @@ class AutotuneError(TilejitError):
         self.key = key
         self.failures = list(failures)
         listing = "\n".join(f"  {config}\n    {_indent(reason, 4)}" for config, reason in self.failures)
+        first = ""
+        if self.failures:  # the cause in the first line, where a long listing cannot bury it
+            config, reason = self.failures[0]
+            first = f"; the first config ({config}): {reason.splitlines()[0] if reason else reason}"
+            if len(self.failures) > 1:
+                first += " (each config and its error below)"
         super().__init__(
-            f"autotuning {kernel_name!r} for key ({key}): all {len(self.failures)} configs failed\n{listing}"
+            f"autotuning {kernel_name!r} for key ({key}): all {len(self.failures)} configs failed{first}\n{listing}"
         )
 
 
@@ -89,6 +98,19 @@ class Config:
 
     def __init__(self, kwargs: Mapping[str, Any], *positional: Any,
                  pre_hook: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> None:
+        if not isinstance(kwargs, Mapping):
+            hint = (" (a dict, not a string: Config({'BLOCK': 16}), not Config('BLOCK=16'))"
+                    if isinstance(kwargs, str) else
+                    " (Config({}) for a config of launch options only)" if kwargs is None else "")
+            raise UsageTypeError(f"Config takes a dict of constexpr values first, e.g. Config({{'BLOCK': 16}}, "
+                                 f"num_warps=4); got {type(kwargs).__name__} {kwargs!r}{hint}")
+        bad = [name for name in kwargs if not isinstance(name, str) or not name.isidentifier()]
+        if bad:
+            raise UsageTypeError(f"Config's dict maps parameter names to values: {bad[0]!r} is not a parameter "
+                                 f"name, in Config({dict(kwargs)!r})")
+        if pre_hook is not None and not callable(pre_hook):
+            raise UsageTypeError(f"Config's pre_hook must be a function, got {type(pre_hook).__name__} "
+                                 f"{pre_hook!r}; {_PRE_HOOK_TAKES}")
         for option in _LAUNCH_OPTIONS:
             if option in kwargs:
                 raise UsageValueError(f"Config: pass {option} as a keyword of Config, not inside its kwargs dict")
@@ -196,7 +218,8 @@ def autotune(
     - ``prune_configs_by``: optional dict with ``"early_config_prune"`` (``f(configs, named_args, **kwargs)
       -> configs``), ``"perf_model"`` (``f(**named_args, **kwargs, **config.all_kwargs()) -> estimated ms``)
       and ``"top_k"`` (how many of the best-estimated configs to time; a float <= 1 is a fraction).
-    - ``reset_to_zero``: tensor arguments zeroed before every timed run (outputs accumulated with atomics).
+    - ``reset_to_zero``: tensor arguments zeroed before every timed run and after the tuning (outputs accumulated
+      with atomics: the launch that tuned adds to zeros, as Triton's does).
     - ``restore_value``: tensor arguments saved before tuning and restored after every timed run (in-place
       updates).
     - ``bench_fn``: ``f(run) -> ms``; defaults to ``tilejit.testing.do_bench``. Pass
@@ -235,17 +258,16 @@ class Autotuner:
         bench_fn: Callable[[Callable[[], None]], float] | None = None,
         process_group: Any = None,
     ) -> None:
+        check_wrapped_kernel(kernel, "@tilejit.autotune(...)")
         self.kernel = kernel
         self.process_group = process_group
         self.fn = kernel.fn
         self.__name__ = kernel.__name__
         self.arg_names = list(kernel.arg_names)
-        self.configs = list(configs) if configs else [Config({})]
-        if isinstance(key, str):
-            key = [key]
-        self.key = list(key)
-        self.reset_to_zero = list(reset_to_zero or ())
-        self.restore_value = list(restore_value or ())
+        self.configs = _check_configs(configs, self.__name__) if configs else [Config({})]
+        self.key = _names_list(key, "key", self.__name__, "key=['N'] (key=[] tunes once per set of tensor dtypes)")
+        self.reset_to_zero = _names_list(reset_to_zero or (), "reset_to_zero", self.__name__, "reset_to_zero=['C']")
+        self.restore_value = _names_list(restore_value or (), "restore_value", self.__name__, "restore_value=['C']")
         for role, names in (("key", self.key), ("reset_to_zero", self.reset_to_zero),
                             ("restore_value", self.restore_value)):
             unknown = [name for name in names if name not in self.arg_names]
@@ -254,13 +276,22 @@ class Autotuner:
                     f"autotune({role}=...) of {self.__name__!r} names {unknown}, which are not parameters "
                     f"({', '.join(self.arg_names)}){did_you_mean(unknown[0], self.arg_names)}"
                 )
+        if prune_configs_by is not None and not isinstance(prune_configs_by, Mapping):
+            raise UsageTypeError(f"autotune(prune_configs_by=...) of {self.__name__!r} takes a dict with the entries "
+                                 f"early_config_prune, perf_model and top_k, got {type(prune_configs_by).__name__}")
         prune = dict(prune_configs_by or {})
         extra = set(prune) - {"perf_model", "top_k", "early_config_prune"}
         if extra:
-            raise ValueError(f"prune_configs_by: unknown entries {sorted(extra)} "
-                             f"(expected perf_model, top_k, early_config_prune)")
+            raise UsageValueError(f"prune_configs_by: unknown entries {sorted(extra, key=str)} "
+                                  f"(expected perf_model, top_k, early_config_prune)"
+                                  f"{did_you_mean(str(sorted(extra, key=str)[0]), _PRUNE_ENTRIES)}")
+        for entry in ("perf_model", "early_config_prune"):
+            if prune.get(entry) is not None and not callable(prune[entry]):
+                raise UsageTypeError(f"prune_configs_by's {entry} of {self.__name__!r} must be a function, got "
+                                     f"{type(prune[entry]).__name__} {prune[entry]!r}; "
+                                     f"{_PERF_MODEL_TAKES if entry == 'perf_model' else _EARLY_PRUNE_TAKES}")
         self.perf_model: Callable[..., float] | None = prune.get("perf_model")
-        self.top_k: int | float | None = prune.get("top_k")
+        self.top_k: int | float | None = _check_top_k(prune.get("top_k"), self.perf_model, self.__name__)
         self.early_config_prune: Callable[..., Sequence[Config]] | None = prune.get("early_config_prune")
         self._bench_fn = bench_fn
         self.best_config: Config | None = None
@@ -272,6 +303,9 @@ class Autotuner:
         # The compiled launcher's tuned dispatch (runtime/_launch.c's Tuned), once the kernel has its Dispatcher.
         self._native: Any = None
         self._tuned_names = {n for c in self.configs for n in c.kwargs} | set(_LAUNCH_OPTIONS)
+        # parameters left out of a launch take their defaults (a key argument, what the prune functions see)
+        self._arg_defaults = {name: value for name, value in parameter_defaults(kernel).items()
+                              if name not in self._tuned_names}
         self._lock = threading.Lock()
 
     # -- the kernel interface, passed through so decorators compose --------------------------------------------
@@ -292,6 +326,10 @@ class Autotuner:
 
     def __repr__(self) -> str:
         return f"<tilejit.Autotuner of {self.__name__} with {len(self.configs)} configs, key={self.key}>"
+
+    @entry_point
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise launch_without_grid(self.__name__)
 
     # -- launching ----------------------------------------------------------------------------------------------
 
@@ -405,7 +443,11 @@ class Autotuner:
     def _named_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
             raise UsageTypeError(f"{self.__name__} takes {len(self.arg_names)} arguments; {len(args)} were given")
-        return {**dict(zip(self.arg_names, args)), **kwargs}
+        named = {**dict(zip(self.arg_names, args)), **kwargs}
+        for name, default in self._arg_defaults.items():  # (after the given ones: the key's order is kept)
+            if name not in named:
+                named[name] = default
+        return named
 
     def _launch(self, config: Config, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 named: dict[str, Any] | None = None) -> None:
@@ -462,24 +504,27 @@ class Autotuner:
         """The configs worth timing for these arguments: early_config_prune, then perf_model's top_k."""
         configs = list(self.configs)
         if self.early_config_prune is not None:
-            configs = list(call_user_function(self.early_config_prune, "prune_configs_by's early_config_prune",
-                                              _EARLY_PRUNE_TAKES, configs, named, **kwargs))
+            pruned = call_user_function(self.early_config_prune, "prune_configs_by's early_config_prune",
+                                        _EARLY_PRUNE_TAKES, configs, named, **kwargs)
+            configs = _check_pruned(pruned, self.early_config_prune, self.__name__)
             if not configs:
                 raise AutotuneError(self.__name__, self._key_string(named),
                                     [(c, "removed by early_config_prune") for c in self.configs])
         if self.perf_model is not None and self.top_k is not None:
             top_k = self.top_k
-            if isinstance(top_k, float) and top_k <= 1.0:
+            if isinstance(top_k, float):  # a fraction (checked: in (0, 1])
                 top_k = max(1, int(len(configs) * top_k))
             if len(configs) > top_k:
-                estimates = {c: call_user_function(self.perf_model, "prune_configs_by's perf_model", _PERF_MODEL_TAKES,
-                                                   **named, **kwargs, **c.all_kwargs()) for c in configs}
+                estimates = {c: _check_estimate(call_user_function(self.perf_model, "prune_configs_by's perf_model",
+                                                                   _PERF_MODEL_TAKES, **{**named, **c.all_kwargs()}),
+                                                self.perf_model, c, self.__name__) for c in configs}
                 configs = sorted(configs, key=estimates.__getitem__)[: int(top_k)]
         return configs
 
     def _tune(self, key: str, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               named: dict[str, Any]) -> Config:
         self.stats = stats = AutotuneStats()
+        errors: dict[str, BaseException] = {}  # config identity -> what it raised in this run
         candidates = self.prune_configs(named, kwargs)
         store = AutotuneRecordFile(current_layout(), self.__name__, self.source_hash())
         previous = store.load().get(key)
@@ -513,16 +558,18 @@ class Autotuner:
                 # The interpreter compiles nothing: each config's IR is built on its first (timed) run.
                 start = time.perf_counter()
                 compiled = todo if interpret else self._compile_all(todo, args, kwargs, failures, stats, bar,
-                                                                    timed_before=bool(timings))
+                                                                    timed_before=bool(timings), errors=errors)
                 stats.compile_s = time.perf_counter() - start
-                self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar)
+                self._time_all(compiled, grid, args, kwargs, named, timings, failures, stats, bar, errors)
                 stats.bench_s = time.perf_counter() - start - stats.compile_s
         if group is not None:
             _pool_among_ranks(group, key, timings, failures)  # the same timings on every rank: the same choice
 
         ranked = [c for c in candidates if c.identity in timings]
         if not ranked:
-            raise AutotuneError(self.__name__, key, [(c, failures[c.identity]) for c in candidates])
+            # this run's first exception (the first listed may have failed in an earlier process: its text only)
+            cause = next((errors[c.identity] for c in candidates if c.identity in errors), None)
+            raise AutotuneError(self.__name__, key, [(c, failures[c.identity]) for c in candidates]) from cause
         best = min(ranked, key=lambda c: timings[c.identity])
         logger.info("%s for %s: chose %s (%.4f ms)", self.__name__, key, best, timings[best.identity])
         if (timings, failures) != known:
@@ -579,7 +626,7 @@ class Autotuner:
 
     def _compile_all(self, configs: list[Config], args: tuple[Any, ...], kwargs: dict[str, Any],
                      failures: dict[str, str], stats: AutotuneStats, bar: Any,
-                     timed_before: bool = False) -> list[Config]:
+                     timed_before: bool = False, errors: dict[str, BaseException] | None = None) -> list[Config]:
         """Compile every config in parallel; return those to time, in their original order.
 
         A config whose kernel spills registers to local memory (ptxas) is refused when one that does not spill is
@@ -600,7 +647,7 @@ class Autotuner:
             stats.compiled.append(config.identity)
             error = future.exception()
             if error is not None:
-                self._record_failure(config, "compile", error, failures, stats)
+                self._record_failure(config, "compile", error, failures, stats, errors)
                 continue
             meta = future.result()
             stats.registers[config.identity] = meta.get("registers")
@@ -619,7 +666,7 @@ class Autotuner:
 
     def _time_all(self, configs: list[Config], grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   named: dict[str, Any], timings: dict[str, float], failures: dict[str, str],
-                  stats: AutotuneStats, bar: Any) -> None:
+                  stats: AutotuneStats, bar: Any, errors: dict[str, BaseException] | None = None) -> None:
         saved = {name: named[name].clone() for name in self.restore_value if _is_tensor(named[name])}
         bench = self._bench_fn or _default_bench
         runs: dict[str, Callable[[], None]] = {}
@@ -637,7 +684,7 @@ class Autotuner:
             except Exception as error:  # noqa: BLE001 - any launch failure disqualifies only this config
                 if raised_in_user_code(error):  # a grid function's or pre_hook's mistake: the user's, every config's
                     raise
-                self._record_failure(config, "launch", error, failures, stats)
+                self._record_failure(config, "launch", error, failures, stats, errors)
                 # A failed launch may leave a restore_value argument half-written.
                 for name, original in saved.items():
                     named[name].copy_(original)
@@ -649,6 +696,8 @@ class Autotuner:
             bar.update(1)
         if not (knobs.interpret() and self._bench_fn is None):  # (interpreter wall-clock times: a rough pick)
             self._time_finalists(configs, runs, bench, timings, stats)
+        for name in self.reset_to_zero:  # the launch that follows starts from zero too, as after no tuning
+            named[name].zero_()
 
     def _time_finalists(self, configs: list[Config], runs: dict[str, Callable[[], None]],
                         bench: Callable[[Callable[[], None]], float], timings: dict[str, float],
@@ -681,8 +730,10 @@ class Autotuner:
                      ", ".join(f"{c} {timings[c.identity]:.4f} ms" for c in finalists))
 
     def _record_failure(self, config: Config, stage: str, error: BaseException, failures: dict[str, str],
-                        stats: AutotuneStats) -> None:
+                        stats: AutotuneStats, errors: dict[str, BaseException] | None = None) -> None:
         reason = f"{stage} failed: {type(error).__name__}: {error}"
+        if errors is not None:  # the exception itself, for the cause of an AutotuneError when every config fails
+            errors.setdefault(config.identity, error)
         failures[config.identity] = reason
         stats.failed.append(config.identity)
         logger.info("%s: skipping config %s: %s", self.__name__, config, reason)
@@ -704,6 +755,93 @@ _EARLY_PRUNE_TAKES = ("early_config_prune takes the list of configs, the dict of
                       "the launch's keywords: def prune(configs, named_args, **kwargs): return [...]")
 _PERF_MODEL_TAKES = ("perf_model takes the launch's arguments, keywords and the config's values by name and returns "
                      "an estimate in ms: def perf_model(**kwargs): ...")
+_PRUNE_ENTRIES = ("early_config_prune", "perf_model", "top_k")
+
+
+def _check_configs(configs: Any, name: str) -> list[Config]:
+    """``configs`` as a list, each a :class:`Config`."""
+    if isinstance(configs, (Config, Mapping, str)) or not isinstance(configs, Iterable):
+        raise UsageTypeError(f"autotune(configs=...) of {name!r} takes a list of tilejit.Config, got "
+                             f"{type(configs).__name__} {configs!r}")
+    configs = list(configs)
+    for i, config in enumerate(configs):
+        if not isinstance(config, Config):
+            hint = (f": wrap its dict, tilejit.Config({dict(config)!r}), launch options as keywords "
+                    f"(tilejit.Config({{...}}, num_warps=4))" if isinstance(config, Mapping) else "")
+            raise UsageTypeError(f"autotune(configs=...) of {name!r}: item {i} is a {type(config).__name__}, not a "
+                                 f"tilejit.Config{hint}")
+    return configs
+
+
+def _names_list(names: Any, role: str, name: str, example: str) -> list[str]:
+    """``names`` (a parameter name or a list of them) as a list of str."""
+    if isinstance(names, str):
+        return [names]
+    if names is None or not isinstance(names, Iterable) or isinstance(names, Mapping):
+        raise UsageTypeError(f"autotune({role}=...) of {name!r} takes a list of parameter names, e.g. {example}; got "
+                             f"{type(names).__name__} {names!r}")
+    names = list(names)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise UsageTypeError(f"autotune({role}=...) of {name!r} takes parameter names (str), e.g. {example}; got "
+                             f"{type(bad[0]).__name__} {bad[0]!r} in {names!r}")
+    return names
+
+
+def _check_top_k(top_k: Any, perf_model: Any, name: str) -> int | float | None:
+    """prune_configs_by's top_k: how many configs perf_model keeps, a count (an int of at least 1) or a fraction
+    of the configs (a float in (0, 1])."""
+    if top_k is None:
+        return None
+    what = (f"prune_configs_by's top_k of {name!r} is {top_k!r}; it takes how many of the best-estimated configs "
+            "to time: an int of at least 1, or a fraction of the configs, a float in (0, 1] (0.5 keeps half)")
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Real):
+        raise UsageTypeError(what)
+    if isinstance(top_k, numbers.Integral):
+        if top_k < 1:
+            raise UsageValueError(what)
+        top_k = int(top_k)
+    elif not 0.0 < float(top_k) <= 1.0:
+        raise UsageValueError(what)
+    else:
+        top_k = float(top_k)
+    if perf_model is None:
+        raise UsageValueError(f"prune_configs_by of {name!r} has a top_k but no perf_model, which estimates the "
+                              f"configs top_k keeps the best of; {_PERF_MODEL_TAKES}")
+    return top_k
+
+
+def _check_pruned(pruned: Any, fn: Callable[..., Any], name: str) -> list[Config]:
+    """What early_config_prune returned, as a list of configs; a usage error naming it when it is not one."""
+    where = f"prune_configs_by's early_config_prune ({describe_function(fn)}) of {name!r}"
+    if pruned is None or isinstance(pruned, (Config, Mapping, str)) or not isinstance(pruned, Iterable):
+        raise UsageTypeError(f"{where} returned {type(pruned).__name__} {pruned!r}; it must return the list of "
+                             f"configs to keep (tilejit.Config objects, a subset of those it is given)"
+                             f"{_missing_return(pruned)}")
+    pruned = list(pruned)
+    for i, config in enumerate(pruned):
+        if not isinstance(config, Config):
+            raise UsageTypeError(f"{where} returned a list whose item {i} is a {type(config).__name__} "
+                                 f"({config!r}); it must return tilejit.Config objects (those it is given, or "
+                                 f"tilejit.Config({{...}}, num_warps=...))")
+    return pruned
+
+
+def _check_estimate(estimate: Any, fn: Callable[..., Any], config: Config, name: str) -> float:
+    """What perf_model returned for ``config``, as a float; a usage error naming it when it is not a number."""
+    try:
+        ms = math.nan if isinstance(estimate, (bool, str, bytes)) else float(estimate)  # (a 1-element tensor too)
+    except (TypeError, ValueError, RuntimeError):
+        ms = math.nan
+    if math.isnan(ms):
+        raise UsageTypeError(f"prune_configs_by's perf_model ({describe_function(fn)}) of {name!r} returned "
+                             f"{type(estimate).__name__} {estimate!r} for config {config}; it must return the "
+                             f"config's estimated time in ms, a number (lower is better){_missing_return(estimate)}")
+    return ms
+
+
+def _missing_return(value: Any) -> str:
+    return " (a missing return statement?)" if value is None else ""
 
 
 def _tuning(kernel: Any) -> Any:

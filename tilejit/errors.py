@@ -24,8 +24,6 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, TypeVar
 
-from . import knobs
-
 
 LANGUAGE_DOCS = "docs/language.md"
 
@@ -464,6 +462,23 @@ def _call_error_text(fn: Callable[..., Any], error: TypeError) -> str:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_TRACEBACK_FULL = ("full", "all", "1", "true", "yes", "on")
+_TRACEBACK_SHORT = ("short", "0", "false", "no", "off")
+
+
+def full_traceback() -> bool:
+    """TILEJIT_TRACEBACK=full: keep tilejit's internal frames in the tracebacks of user errors (by default a
+    compile or launch error shows the user's frames and the message only). Tracebacks of tilejit bugs are
+    always full. Read here rather than in ``knobs`` (whose errors this module defines); a value it does not take
+    is a ``UsageValueError``, raised over the error being shown (which Python prints first)."""
+    value = os.environ.get("TILEJIT_TRACEBACK", "").strip().lower()
+    if value in _TRACEBACK_FULL:
+        return True
+    if not value or value in _TRACEBACK_SHORT:
+        return False
+    raise UsageValueError(f"environment variable TILEJIT_TRACEBACK={value!r} is not valid: it takes full or short "
+                          "(or 1/0, true/false, yes/no, on/off; or unset it)")
+
 
 def entry_point(fn: F) -> F:
     """Marks a public function (a launch, ``kernel.ir``, ``kernel.compile`` ...): an error leaving it drops
@@ -480,7 +495,7 @@ def entry_point(fn: F) -> F:
                 raise
             if is_tilejit_bug(error):
                 raise InternalError.wrapping(error) from error
-            if knobs.full_traceback():
+            if full_traceback():
                 raise
             if isinstance(error, TilejitError):
                 error.__suppress_context__ = True  # "during handling of ..." of tilejit's own retries

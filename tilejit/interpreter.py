@@ -178,16 +178,20 @@ def interpret(fn: Function, grid: tuple[int, int, int], values: dict[str, Any]) 
         for region in op.regions:
             ctx.plan(region)
     try:
-        for z, y, x in itertools.product(range(g[2]), range(g[1]), range(g[0])):
-            ctx.program = (x, y, z)
-            ctx.program_ids = tuple(torch.tensor(p, dtype=torch.int32) for p in ctx.program)
-            _run_block(fn.body, env, ctx)
+        # Autograd records nothing: a kernel's writes are no differentiable ops, and an output written from an input
+        # that requires grad must not join its graph (the output would then require grad, refused at the next launch).
+        with torch.no_grad():
+            for z, y, x in itertools.product(range(g[2]), range(g[1]), range(g[0])):
+                ctx.program = (x, y, z)
+                ctx.program_ids = tuple(torch.tensor(p, dtype=torch.int32) for p in ctx.program)
+                _run_block(fn.body, env, ctx)
     except BaseException:
         # Put back what the failed run wrote; the run's own (located) error is what the caller sees, even when a
         # view cannot be restored (an overlapping output view refuses copy_ as it refused the store).
         for view, old in reversed(ctx.undo):
             try:
-                view.copy_(old)
+                with torch.no_grad():
+                    view.copy_(old)
             except Exception:  # noqa: BLE001 - restoring is best effort
                 pass
         raise

@@ -4,17 +4,45 @@ Each knob is read when asked for (not at import), so tests can monkeypatch ``os.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
+from .errors import UsageValueError, full_traceback as _full_traceback
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _refuse(name: str, value: str, accepts: str) -> Exception:
+    """The error for a knob set to a value it does not take: names the variable, the value and what it takes."""
+    return UsageValueError(f"environment variable {name}={value!r} is not valid: it takes {accepts} (or unset it)")
+
+
+def _boolean(name: str, default: bool, true: tuple[str, ...] = _TRUE, false: tuple[str, ...] = _FALSE) -> bool:
+    """A boolean knob: unset or empty gives ``default``; any other value must be one of ``true`` or ``false``
+    (case-insensitive), never silently taken as either."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in true:
+        return True
+    if value in false:
+        return False
+    raise _refuse(name, raw, f"{'/'.join(true)} to turn it on or {'/'.join(false)} to turn it off "
+                             "(case-insensitive)")
+
 
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """A knob that is off unless set to 1, true, yes or on."""
+    return _boolean(name, False)
 
 
 def _on_unless_off(name: str) -> bool:
     """A knob that is on unless set to 0, false, no or off."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _boolean(name, True)
 
 
 def interpret() -> bool:
@@ -23,10 +51,9 @@ def interpret() -> bool:
 
 
 def full_traceback() -> bool:
-    """TILEJIT_TRACEBACK=full: keep tilejit's internal frames in the tracebacks of user errors (by default a
-    compile or launch error shows the user's frames and the message only). Tracebacks of tilejit bugs are
-    always full."""
-    return os.environ.get("TILEJIT_TRACEBACK", "").strip().lower() in ("full", "1", "all")
+    """TILEJIT_TRACEBACK=full: keep tilejit's internal frames in the tracebacks of user errors (read by
+    ``errors.full_traceback``, where errors are shown: this module builds its own errors from that one)."""
+    return _full_traceback()
 
 
 def always_compile() -> bool:
@@ -121,15 +148,31 @@ def launch_model() -> bool:
 
 def compile_workers() -> int:
     """TILEJIT_COMPILE_WORKERS: processes used to compile autotune configs (default: all cores)."""
-    value = os.environ.get("TILEJIT_COMPILE_WORKERS", "").strip()
-    if value:
-        return max(1, int(value))
+    raw = os.environ.get("TILEJIT_COMPILE_WORKERS", "")
+    if raw.strip():
+        try:
+            workers = int(raw.strip())
+        except ValueError:
+            workers = 0
+        if workers < 1:
+            raise _refuse("TILEJIT_COMPILE_WORKERS", raw, "a whole number of processes, 1 or more")
+        return workers
     return max(1, os.cpu_count() or 1)
 
 
 def lock_timeout_s() -> float:
-    """TILEJIT_LOCK_TIMEOUT: seconds to wait for another process compiling the same entry (default 600)."""
-    return float(os.environ.get("TILEJIT_LOCK_TIMEOUT", "600"))
+    """TILEJIT_LOCK_TIMEOUT: seconds to wait for another process compiling the same entry (default 600; ``inf``
+    waits for ever)."""
+    raw = os.environ.get("TILEJIT_LOCK_TIMEOUT", "")
+    if not raw.strip():
+        return 600.0
+    try:
+        seconds = float(raw.strip())
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:  # (NaN too)
+        raise _refuse("TILEJIT_LOCK_TIMEOUT", raw, "a number of seconds, 0 or more (e.g. 600, or inf)")
+    return seconds
 
 
 def cuda_library_search_env() -> dict[str, str | None]:

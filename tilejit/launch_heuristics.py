@@ -13,9 +13,11 @@ is an error.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
-from .errors import UsageTypeError, call_user_function, entry_point
+from .errors import UsageTypeError, UsageValueError, call_user_function, did_you_mean, entry_point
+from .runtime.jit import launch_without_grid
 
 _HEURISTIC_TAKES = ("a heuristic takes one argument, the dict of the launch's arguments by name, and returns its "
                     "parameter's value: {'EVEN_K': lambda args: args['K'] % args['BK'] == 0}")
@@ -23,8 +25,13 @@ _HEURISTIC_TAKES = ("a heuristic takes one argument, the dict of the launch's ar
 
 def heuristics(values: Mapping[str, Callable[[dict[str, Any]], Any]]) -> Callable[[Any], "Heuristics"]:
     """Decorator: ``@tilejit.heuristics({"NAME": lambda args: ...})`` above ``@tilejit.kernel``."""
-    if not isinstance(values, Mapping) or not all(callable(f) for f in values.values()):
-        raise TypeError("tilejit.heuristics takes a dict of parameter name -> function(args) -> value")
+    if not isinstance(values, Mapping):
+        raise UsageTypeError(f"tilejit.heuristics takes a dict of parameter name -> function(args) -> value, got "
+                             f"{type(values).__name__} {values!r}; {_HEURISTIC_TAKES}")
+    for name, fn in values.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise UsageTypeError(f"tilejit.heuristics takes a dict of parameter name -> function(args) -> value: its "
+                                 f"entry {name!r} maps to {type(fn).__name__} {fn!r}; {_HEURISTIC_TAKES}")
 
     def decorator(kernel: Any) -> Heuristics:
         return Heuristics(kernel, dict(values))
@@ -32,19 +39,43 @@ def heuristics(values: Mapping[str, Callable[[dict[str, Any]], Any]]) -> Callabl
     return decorator
 
 
+def check_wrapped_kernel(kernel: Any, decorator: str) -> None:
+    """Refuse what ``decorator`` (``@tilejit.autotune(...)``, ``@tilejit.heuristics(...)``) cannot wrap: anything but a
+    ``@tilejit.kernel`` or a wrapper of one."""
+    if hasattr(kernel, "arg_names") and hasattr(kernel, "fn") and hasattr(kernel, "__getitem__"):
+        return
+    what = (f"the plain function {kernel.__name__!r}" if inspect.isfunction(kernel)
+            else f"{type(kernel).__name__} {kernel!r}")
+    raise UsageTypeError(f"{decorator} wraps a @tilejit.kernel, got {what}: put @tilejit.kernel directly on the "
+                         f"function, below it:\n    {decorator}\n    @tilejit.kernel\n    def name(...): ...")
+
+
+def parameter_defaults(kernel: Any) -> dict[str, Any]:
+    """The default values of the parameters of ``kernel``'s function (none when its signature cannot be read): what
+    a wrapper's callbacks (heuristics, prune functions) and an autotune key see of a parameter a launch leaves out."""
+    try:
+        signature = inspect.signature(kernel.fn)
+    except (TypeError, ValueError):
+        return {}
+    return {name: p.default for name, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+
+
 class Heuristics:
     """Wraps a kernel (or another wrapper); fills the computed parameters, then launches or compiles it."""
 
     def __init__(self, kernel: Any, values: dict[str, Callable[[dict[str, Any]], Any]]) -> None:
+        check_wrapped_kernel(kernel, "@tilejit.heuristics({...})")
         self.kernel = kernel
         self.fn = kernel.fn
         self.__name__ = kernel.__name__
         self.arg_names = list(kernel.arg_names)
         unknown = [n for n in values if n not in self.arg_names]
         if unknown:
-            raise ValueError(f"heuristics of {self.__name__!r} name {unknown}, which are not parameters "
-                             f"({', '.join(self.arg_names)})")
+            raise UsageValueError(f"heuristics of {self.__name__!r} name {unknown}, which are not parameters "
+                                  f"({', '.join(self.arg_names)}){did_you_mean(unknown[0], self.arg_names)}")
         self.values = values
+        # what a heuristic sees of a parameter the launch leaves out: its default
+        self._defaults = {n: v for n, v in parameter_defaults(kernel).items() if n not in values}
 
     def fill(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` with every computed parameter added."""
@@ -53,6 +84,8 @@ class Heuristics:
             raise UsageTypeError(f"{self.__name__}: {', '.join(given)} are computed by tilejit.heuristics; do not "
                                  "pass them")
         named = {**dict(zip(self.arg_names, args)), **kwargs}
+        for name, default in self._defaults.items():
+            named.setdefault(name, default)
         out = dict(kwargs)
         for name, fn in self.values.items():
             out[name] = named[name] = call_user_function(fn, f"the heuristic computing {name!r}", _HEURISTIC_TAKES,
@@ -87,3 +120,7 @@ class Heuristics:
 
     def __repr__(self) -> str:
         return f"<tilejit.heuristics of {self.__name__}: {', '.join(self.values)}>"
+
+    @entry_point
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise launch_without_grid(self.__name__)

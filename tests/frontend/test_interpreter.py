@@ -691,3 +691,19 @@ def test_fp8_casts_saturate_to_the_largest_finite_value(dtype, biggest):
     want = torch.tensor([biggest, -biggest, biggest, -biggest, biggest, 1.5, math.nan, -0.25])
     assert torch.equal(Y[:6], want[:6]) and Y[6].isnan() and Y[7] == -0.25, Y
     assert torch.equal(Z.float()[:6], want[:6]) and Z.float()[6].isnan(), Z.float()
+
+
+def test_launches_with_an_input_that_requires_grad_leave_no_autograd_graph():
+    # a kernel's writes are not autograd ops: the output stays out of the input's graph, so it can be written again
+    @tilejit.kernel
+    def scaled(X, Y, BLOCK: T.constexpr):
+        i = T.program_id(0) * BLOCK
+        Y[i:i + BLOCK] = X[i:i + BLOCK] * 3.0
+
+    X = torch.randn(32, requires_grad=True)
+    Y = poisoned(32)
+    scaled[(2,)](X, Y, BLOCK=16)
+    assert Y.grad_fn is None and not Y.requires_grad
+    scaled[(2,)](X, Y, BLOCK=16)  # the second launch: Y must not have joined X's graph
+    assert Y.grad_fn is None and X.grad is None
+    torch.testing.assert_close(Y, X.detach() * 3.0)

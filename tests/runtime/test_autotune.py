@@ -626,7 +626,8 @@ def test_reset_to_zero_and_restore_value_around_every_timed_run():
     for a_before, b_before in timed:
         assert torch.equal(a_before, torch.zeros(4))
         assert torch.equal(b_before, torch.full((4,), 3.0))
-    # the real launch sees the restored B, and A as the last timed run left it
+    # the real launch sees the restored B, and A zeroed again (an atomics-style output adds to zeros)
+    assert torch.equal(final[0], torch.zeros(4)) and torch.equal(a, torch.ones(4))
     assert torch.equal(final[1], torch.full((4,), 3.0))
     assert torch.equal(b, torch.full((4,), 6.0))
 

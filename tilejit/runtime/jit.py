@@ -59,7 +59,31 @@ def _is_constexpr_annotation(annotation: Any) -> bool:
     return isinstance(annotation, str) and annotation.split(".")[-1] == "constexpr"
 
 
+def _not_dense(name: str, t) -> ArgumentError | None:
+    """The error for a tensor argument that is not a dense strided tensor (sparse, nested, MKL-DNN ...): such a
+    tensor has no single data pointer and strides for a kernel to read. None for a dense one."""
+    layout = t.layout
+    if layout == _strided() and not t.is_nested:
+        return None
+    if t.is_nested:
+        what, fix = "a nested tensor", f"{name}.to_padded_tensor(0) (or one launch per item)"
+    elif "sparse" in str(layout):
+        what, fix = f"a sparse tensor ({layout})", f"{name}.to_dense()"
+    else:
+        what, fix = f"a tensor of layout {layout}", f"{name}.to_dense()"
+    return ArgumentError(f"argument '{name}' is {what}; kernels take dense strided tensors: pass {fix}")
+
+
+def _strided():
+    import torch
+
+    return torch.strided
+
+
 def _tensor_spec(name: str, t, shape_dims: Sequence[int]) -> TensorSpec:
+    not_dense = _not_dense(name, t)
+    if not_dense is not None:
+        raise not_dense
     try:
         dtype = D.from_torch(t.dtype)
     except TypeError as e:
@@ -209,6 +233,7 @@ class Kernel:
             if name in self.constexpr_names:
                 if isinstance(value, lang.constexpr):
                     value = values[name] = value.value
+                value = values[name] = _python_value(value)
                 if _is_torch_dtype(value):  # torch.float16 means T.float16 (one kernel for both)
                     try:
                         value = values[name] = D.from_torch(value)
@@ -223,8 +248,13 @@ class Kernel:
             elif _is_tensor(value):
                 specs[name] = _tensor_spec(name, value, self._shape_dims.get(name, ()))
             elif is_tensor_list(value):
+                for i, item in enumerate(value):
+                    not_dense = _not_dense(f"{name}[{i}]", item) if _is_tensor(item) else None
+                    if not_dense is not None:
+                        raise not_dense
                 specs[name] = tensor_list_spec(name, value, _torch_tensor())
             else:
+                value = values[name] = _python_value(value)
                 specs[name] = _scalar_spec(name, value)
         spec = Specialization(self.__name__, self.parsed, self.source_hash(),
                               tuple(sorted(self._global_constants().items())), tuple(specs.items()), opts,
@@ -390,10 +420,13 @@ class Kernel:
         for role, a in zip(self._roles, args):
             if role is _CONSTEXPR:
                 cls = a.__class__  # by type and value: C=2, C=2.0 and C=True are three kernels
-                sig.append(_exact_constant(a) if cls is float or cls is tuple else (cls, a))
+                sig.append((cls, a) if cls is int or cls is bool or cls is str else _exact_constant(a))
             elif isinstance(a, tensor_type):
-                strides = a.stride()
-                ptr = a.data_ptr()
+                try:
+                    strides = a.stride()
+                    ptr = a.data_ptr()
+                except RuntimeError:  # no strides or no storage (sparse, nested): the slow path says what it takes
+                    return None
                 where = a.get_device()
                 if device is None:
                     device = where
@@ -445,7 +478,7 @@ class Kernel:
                     return None
                 sig.append(k)
                 cls = v.__class__
-                sig.append(_exact_constant(v) if cls is float or cls is tuple else (cls, v))
+                sig.append((cls, v) if cls is int or cls is bool or cls is str else _exact_constant(v))
         key = tuple(sig)
         try:
             hash(key)
@@ -486,8 +519,7 @@ class Kernel:
 
     @entry_point
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        raise ArgumentError(f"launch a kernel with a grid: {self.__name__}[grid](...), e.g. "
-                             f"{self.__name__}[(tilejit.cdiv(M, BM),)](...)")
+        raise launch_without_grid(self.__name__)
 
     def run(self, grid: Any, args: Sequence[Any], kwargs: dict[str, Any], fast: Any = None):
         """The slow path: bind, specialize, compile if needed, launch, and remember the launcher for the
@@ -630,7 +662,26 @@ def _exact_constant(value: Any) -> tuple:
         return (float, _FLOAT_BITS.pack(value))
     if cls is tuple:
         return (tuple, tuple(_exact_constant(item) for item in value))
+    if cls.__module__ == "numpy":  # a NumPy scalar (the slow path takes it as its Python value): by that value's bits
+        plain = _python_value(value)
+        if plain is not value:
+            return (cls, _exact_constant(plain))
     return (cls, value)
+
+
+def _python_value(value: Any) -> Any:
+    """The Python bool, int or float a NumPy scalar (or 0-d array) of that kind holds, and the items of a tuple
+    likewise; other values as they are. A launch takes ``np.int64(16)`` as it takes ``16``: the same
+    specialization, the same kernel."""
+    cls = value.__class__
+    if cls is tuple:
+        items = tuple(_python_value(item) for item in value)
+        return items if any(a is not b for a, b in zip(items, value)) else value
+    if cls.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        item = value.item()
+        if isinstance(item, (bool, int, float)):
+            return item
+    return value
 
 
 _FLOAT_BITS = struct.Struct("<d")
@@ -652,7 +703,10 @@ def _list_signature(items: Sequence[Any], tensor_type: type):
     for t in items:
         if not isinstance(t, tensor_type) or t.dtype is not dtype or t.get_device() != device:
             return None
-        st = t.stride()
+        try:
+            st = t.stride()
+        except RuntimeError:  # no strides (a sparse CSR tensor ...): the slow path says what it takes
+            return None
         if len(st) != rank:
             return None
         for d, x in enumerate(st):
@@ -723,9 +777,9 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
         raise ArgumentValueError(f"kernel {name}: grid must be a tuple of 1 to 3 ints (or a callable returning one), "
                               f"got {grid!r}")
     dims = []
-    for g in grid:
-        if hasattr(g, "item") and not isinstance(g, int):
-            g = g.item()
+    for i, g in enumerate(grid):
+        if hasattr(g, "item") and not isinstance(g, int):  # a 1-element tensor or NumPy scalar stands for its value
+            g = _grid_item(g, i, name)
         if isinstance(g, bool) or not isinstance(g, int):
             hint = (" (n / BLOCK is a float: use tilejit.cdiv(n, BLOCK) to cover n, or n // BLOCK)"
                     if isinstance(g, float) else "")
@@ -740,6 +794,23 @@ def resolve_grid(grid: Any, meta: dict[str, Any], name: str) -> tuple[int, int, 
     return tuple(dims)
 
 
+def _grid_item(g: Any, index: int, name: str) -> Any:
+    """The value of grid entry ``index`` that is a tensor or NumPy value (``.item()``): one element only."""
+    size = getattr(g, "numel", None)
+    size = size() if callable(size) else getattr(g, "size", 1)
+    if size != 1:
+        shape = tuple(getattr(g, "shape", ()))
+        raise ArgumentError(f"kernel {name}: grid entry {index} is a {type(g).__name__} of shape {shape} ({size} "
+                            "elements); a grid entry is one int, the number of programs along its axis: pass a tuple "
+                            "of 1 to 3 ints, e.g. (tilejit.cdiv(N, BLOCK),)")
+    return g.item()
+
+
+def launch_without_grid(name: str) -> ArgumentError:
+    """The error for a kernel (or a wrapper of one: autotune, heuristics) called without a grid."""
+    return ArgumentError(f"launch a kernel with a grid: {name}[grid](...), e.g. {name}[(tilejit.cdiv(M, BM),)](...)")
+
+
 def kernel(fn: Callable | None = None) -> Kernel:
     """Decorator: compile ``fn`` as a tilejit kernel, launched with ``kernel[grid](*args, **meta)``.
 
@@ -748,7 +819,25 @@ def kernel(fn: Callable | None = None) -> Kernel:
     """
     if fn is None:
         return kernel  # type: ignore[return-value]
+    if not inspect.isfunction(fn):
+        raise UsageTypeError(f"@tilejit.kernel takes a Python function (def name(...): ...), got {_describe(fn)}"
+                             f"{_decorator_order_hint(fn)}")
     return Kernel(fn)
+
+
+def _describe(obj: Any) -> str:
+    return repr(obj) if hasattr(obj, "arg_names") else f"{type(obj).__name__} {obj!r}"
+
+
+def _decorator_order_hint(obj: Any) -> str:
+    """How to stack tilejit's decorators when ``obj`` (given to ``@tilejit.kernel``) is already a kernel or a
+    wrapper of one ("" otherwise)."""
+    if isinstance(obj, Kernel):
+        return ": it is already a kernel (apply @tilejit.kernel once)"
+    if hasattr(obj, "arg_names") and hasattr(obj, "kernel"):
+        return ("; @tilejit.kernel goes directly on the function, below @tilejit.autotune and @tilejit.heuristics:"
+                "\n    @tilejit.autotune(...)\n    @tilejit.kernel\n    def name(...): ...")
+    return ""
 
 
 def func(fn: Callable) -> JITFunction:
