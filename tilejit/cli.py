@@ -20,8 +20,9 @@ from pathlib import Path
 
 from tilejit.cache import maintenance
 from tilejit.cache.entries import CacheEntry
-from tilejit.cache.layout import CacheLayout, current_layout
+from tilejit.cache.layout import CacheLayout, current_layout, refused_root
 from tilejit.cache.records import as_timestamp, autotune_records
+from tilejit.errors import UsageError
 
 WIDTH = 80
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
@@ -33,7 +34,8 @@ _CONTENT_FLAGS = {"cuda": "kernel.cu", "ir": "kernel.ir", "ptx": "kernel.ptx", "
 
 
 class CliError(Exception):
-    """A user-facing failure: printed as one line on stderr, exit status 1."""
+    """A user-facing failure: printed as one line on stderr, exit status 1 (as is a ``UsageError`` from below, a
+    knob's bad value)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return args.run(args)
-    except CliError as err:
+    except (CliError, UsageError) as err:
         print(f"tilejit: {err}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `tilejit cache list | head`
@@ -232,6 +234,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_clear(args) -> int:
+    _leave_a_refused_root_alone("clearing")
     layout = current_layout()
     if not args.yes:
         if not sys.stdin.isatty():
@@ -246,9 +249,10 @@ def _cmd_clear(args) -> int:
 
 
 def _cmd_prune(args) -> int:
+    _leave_a_refused_root_alone("pruning")
     removed = maintenance.prune(current_layout(), args.older_than)
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
-          f"{format_duration(args.older_than)}")
+          f"{format_age_limit(args.older_than)}")
     return 0
 
 
@@ -297,6 +301,19 @@ def _cmd_import(args) -> int:
     return 1 if report.refused else 0
 
 
+def _leave_a_refused_root_alone(doing: str) -> None:
+    """A CliError when the configured cache root is refused: the cache would use a private stand-in for this
+    process, and cleaning that (empty, fresh) directory would report the user's cache cleaned when nothing of it
+    was touched."""
+    refused = refused_root()
+    if refused is None:
+        return
+    root, at_fault, why = refused
+    raise CliError(f"not {doing} the cache directory {root}: {why}, so tilejit refuses it (kernels compile into "
+                   f"a private stand-in) and removed nothing; fix the owner or mode of {at_fault}, or set "
+                   f"TILEJIT_CACHE_DIR to a directory of your own, and run this again")
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 1
@@ -305,11 +322,28 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 # ---- helpers -----------------------------------------------------------------------------------------------
 
 def parse_duration(text: str) -> float:
-    """Seconds in "30d", "12h", "45m", "90s", "2w" (a bare number is seconds)."""
-    match = _DURATION_RE.fullmatch(text.strip().lower())
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 30d, 12h, 45m or 90s")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    """Seconds in "30d", "12h", "45m", "90s", "2w" (a bare number is seconds): finite and not negative."""
+    stripped = text.strip().lower()
+    match = _DURATION_RE.fullmatch(stripped)
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)] if match else math.nan
+    if not math.isfinite(seconds):
+        shown = repr(text) if len(text) <= 40 else repr(text[:20] + "..." + text[-8:])
+        raise argparse.ArgumentTypeError(f"bad duration {shown}{_why_bad_duration(stripped, match)}: use e.g. "
+                                         "30d, 12h, 45m or 90s")
+    return seconds
+
+
+def _why_bad_duration(stripped: str, match: re.Match | None) -> str:
+    """What is wrong with a duration that is no number of seconds, when more can be said than "bad"."""
+    if match:
+        return " (too long: more seconds than a float holds)"
+    try:
+        number = float(stripped.rstrip("smhdw"))
+    except ValueError:
+        return ""
+    if number < 0:
+        return " (an age cannot be negative)"
+    return " (not a finite number)" if not math.isfinite(number) else ""
 
 
 def format_size(n: int) -> str:
@@ -336,6 +370,18 @@ def format_duration(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def format_age_limit(seconds: float) -> str:
+    """An age given on the command line, exactly, in the largest unit that shows it in a few digits: "90s",
+    "1.5h", "30d", "86399s"; past a million weeks (no cache is that old) in seconds, rounded: "1e+30s"."""
+    if seconds >= 1e6 * _UNIT_S["w"]:
+        return f"{seconds:g}s"
+    for unit in ("d", "h", "m"):
+        shown = f"{seconds / _UNIT_S[unit]:g}"
+        if seconds >= _UNIT_S[unit] and float(shown) * _UNIT_S[unit] == seconds:
+            return f"{shown}{unit}"
+    return f"{seconds:.15g}s"
 
 
 def _fit(text, width: int) -> str:

@@ -92,6 +92,7 @@ def test_refused_with_other_options(extra, why):
     with pytest.raises(StreamKError, match=f"stream_k does not combine with {why}") as info:
         _compile(mm, *_args(), stream_k=True, **extra)
     assert "launch without stream_k" in info.value.hint
+    assert info.value.lineno is not None and "@" in info.value.source_line, "pointed at the kernel's product"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_100a"])

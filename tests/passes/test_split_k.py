@@ -205,6 +205,22 @@ def test_kernels_it_cannot_split_get_a_located_error(kernel, extra, match, line)
     assert err.lineno is not None and line in err.source_line and "^" in str(err)
 
 
+@tilejit.kernel
+def no_products(X, Y, BN: T.constexpr):
+    acc = T.zeros((BN,), T.float32)
+    for i in range(0, X.shape[0]):
+        acc += X[i, 0:BN]
+    Y[0:BN] = acc
+
+
+def test_a_kernel_without_products_is_pointed_at_its_loop():
+    """Nothing in it to split: the error points at its first loop, not at the file alone."""
+    with pytest.raises(tilejit.errors.CompilationError, match="this kernel has 0") as info:
+        no_products.compile(torch.empty(8, 64, device="meta"), torch.empty(64, device="meta"), BN=64, split_k=2,
+                            arch="sm_90a")
+    assert info.value.lineno is not None and "for i in range" in info.value.source_line
+
+
 def test_option_values_are_checked_at_launch():
     for bad in (0, 9, True, 2.0):
         with pytest.raises(ArgumentValueError, match="split_k must be one of"):

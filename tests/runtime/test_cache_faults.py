@@ -118,6 +118,12 @@ DAMAGE = {
         (p / "meta.json").read_text().replace('"threads": 128', '"threads": 129')),
     "meta digest missing": lambda p: (p / "meta.sha256").unlink(),
     "cubin a directory": lambda p: ((p / "kernel.cubin").unlink(), (p / "kernel.cubin").mkdir()),
+    # The files asm reads besides the cubin: damaged, the entry is too (not a hit whose asm["cuda"] fails).
+    "cuda source truncated": lambda p: (p / "kernel.cu").write_bytes((p / "kernel.cu").read_bytes()[:5]),
+    "cuda source garbage": lambda p: (p / "kernel.cu").write_bytes(b"\x00garbage"),
+    "cuda source missing": lambda p: (p / "kernel.cu").unlink(),
+    "ptx empty": lambda p: (p / "kernel.ptx").write_bytes(b""),
+    "ir a directory": lambda p: ((p / "kernel.ir").unlink(), (p / "kernel.ir").mkdir()),
 }
 
 

@@ -119,7 +119,10 @@ def test_a_root_another_user_could_aim_is_refused_and_the_target_untouched(root,
         rc, out, err = run_cli("cache", "clear", "--yes")
     messages = refusals(caught)
     assert len(messages) == 1 and str(bad) in messages[0] and f"uid {OTHER_UID}" in messages[0], messages
-    assert compiled == "compiled" and not entry.path.is_relative_to(victim) and rc == 0
+    assert compiled == "compiled" and not entry.path.is_relative_to(victim)
+    configured = os.environ["TILEJIT_CACHE_DIR"]
+    assert rc == 1 and err.startswith(f"tilejit: not clearing the cache directory {configured}: ")
+    assert f"fix the owner or mode of {bad}" in err and "removed nothing" in err
     assert_untouched(victim, files)
     assert sorted(p.name for p in victim.iterdir()) == sorted({n.split("/")[0] for n in files})
 
@@ -145,6 +148,24 @@ def test_a_root_others_can_write_is_named_with_its_mode(root, tmp_path):
     with pytest.warns(RuntimeWarning, match=rf"refusing the cache directory {root}: it is writable by others "
                                             r"\(mode 777\)"):
         KernelCache()
+
+
+@pytest.mark.parametrize("command, doing", [(["clear", "--yes"], "clearing"),
+                                            (["prune", "--older-than", "0s"], "pruning")])
+def test_clear_and_prune_of_a_refused_root_say_so_and_remove_nothing(root, tmp_path, command, doing):
+    path = stored(tmp_path / "m")  # an entry of the root, which is then opened to the world
+    os.chmod(root, 0o777)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one line of its own, not the refusal's warning
+        rc, out, err = run_cli("cache", *command)
+    assert rc == 1 and out == "" and len(err.splitlines()) == 1, (rc, out, err)
+    assert err.startswith(f"tilejit: not {doing} the cache directory {root}: it is writable by others (mode 777)")
+    assert "removed nothing" in err and f"fix the owner or mode of {root}" in err
+    assert (path / "kernel.cubin").exists()
+    os.chmod(root, 0o700)  # fixed as the message says: now it is cleaned
+    private_io._fallback_roots.clear()
+    rc, out, err = run_cli("cache", *command)
+    assert rc == 0 and out.startswith("removed 1 entry") and not path.exists(), (rc, out, err)
 
 
 def test_clear_and_prune_remove_only_what_tilejit_names_under_a_root_with_other_files(root, tmp_path):

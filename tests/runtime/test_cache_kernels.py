@@ -203,8 +203,16 @@ def _only_a_temp_dir(path: Path) -> None:
     (path.with_name(f"{path.name}.tmp-99999-0badf00d") / "meta.json").unlink()
 
 
+def _garbage_cuda_source(path: Path) -> None:
+    (path / "kernel.cu").write_text("garbage\n")
+
+
+def _cuda_source_missing(path: Path) -> None:
+    (path / "kernel.cu").unlink()
+
+
 @pytest.mark.parametrize("damage", [_truncate_cubin, _flip_a_cubin_byte, _wrong_checksum, _half_written_meta,
-                                    _meta_missing, _only_a_temp_dir])
+                                    _meta_missing, _only_a_temp_dir, _garbage_cuda_source, _cuda_source_missing])
 def test_damaged_real_entry_is_recompiled(root, nvrtc_calls, monkeypatch, damage):
     first = compile_scale()
     good = first.asm["cubin"]
@@ -218,6 +226,7 @@ def test_damaged_real_entry_is_recompiled(root, nvrtc_calls, monkeypatch, damage
     third = compile_scale()
     assert third.from_disk and nvrtc_calls() == 2 and third.asm["cubin"] == good
     assert hashlib.sha256(third.entry.binary).hexdigest() == third.meta["sha256"]
+    assert "__global__" in again.asm["cuda"] and third.asm["cuda"] == again.asm["cuda"]
 
 
 def _unwritable_root(kind: str, tmp_path: Path) -> Path:

@@ -289,6 +289,22 @@ def test_prune_rejects_a_bad_duration(capsys, root):
     assert rc == 2 and "bad duration 'soon'" in err
 
 
+@pytest.mark.parametrize("text, why", [("-5", "(an age cannot be negative)"), ("-5d", "(an age cannot be negative)"),
+                                       ("nan", "(not a finite number)"), ("inf", "(not a finite number)"),
+                                       ("9" * 400, "(too long: more seconds than a float holds)")])
+def test_prune_refuses_a_negative_or_endless_duration_saying_why(capsys, root, text, why):
+    rc, out, err = run(capsys, "cache", "prune", f"--older-than={text}")
+    assert rc == 2 and out == "" and "bad duration '" in err and why in err and "use e.g. 30d" in err, err
+    assert len(err.splitlines()[-1]) < 200  # a long number is cut, not echoed whole
+
+
+@pytest.mark.parametrize("text, shown", [("99999999999999999999999w", "6.048e+28s"), ("1.5h", "1.5h"),
+                                         ("86399", "86399s"), ("90", "1.5m"), ("2w", "14d"), ("0", "0s")])
+def test_prune_says_the_age_it_was_given(capsys, filled, text, shown):
+    rc, out, err = run(capsys, "cache", "prune", "--older-than", text)
+    assert rc == 0 and err == "" and out.rstrip("\n").endswith(f" older than {shown}"), out
+
+
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("45m", 2700), ("12h", 43200), ("30d", 2592000),
                                            ("2w", 1209600), ("1.5h", 5400), ("10", 10)])
 def test_parse_duration(text, seconds):

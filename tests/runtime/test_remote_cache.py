@@ -534,3 +534,53 @@ def test_fast_requests_never_count_as_slow(monkeypatch):
         shared.put_record("tilejit:v1:autotune:x", {"kernel": "k"})
         assert shared.get_record("tilejit:v1:autotune:x") == {"kernel": "k"}
     assert shared.slow_requests == 0 and shared.unavailable is None
+
+
+# ---- a URL that cannot name a store -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, why", [
+    ("redis://user:secret@[::1", "Invalid IPv6 URL"),
+    ("redis://user:secret@host:abc/0", "Port could not be cast"),
+    ("redis://host:99999/0", "Port out of range"),
+    ("ftp://user:secret@host/0", "unknown scheme 'ftp'"),
+    ("user:secret@host:6379", "unknown scheme 'user'"),  # redis:// forgotten
+    ("redis://", "no host"),
+    ("redis://:secret@:6379/0", "no host"),
+    ("unix://", "no socket path"),
+    ("redis://host/zero", "the database 'zero' is not a number"),
+])
+def test_a_malformed_remote_url_is_a_usage_error_naming_the_variable(monkeypatch, key_file, url, why):
+    monkeypatch.setenv("TILEJIT_REMOTE_CACHE", url)
+    monkeypatch.setenv("TILEJIT_REMOTE_CACHE_KEY", str(key_file))
+    new_process(monkeypatch)
+    with pytest.raises(tilejit.errors.UsageValueError) as caught:
+        remote.configured()
+    message = str(caught.value)
+    assert message.startswith("TILEJIT_REMOTE_CACHE=") and why in message and "redis://" in message, message
+    assert "secret" not in message, message
+
+
+def test_a_malformed_remote_url_fails_a_compile_before_anything_compiles(tmp_path, monkeypatch, use_remote,
+                                                                         nvrtc_calls, fresh_kernel):
+    use_remote("redis://user:secret@[::1")
+    new_process(monkeypatch, tmp_path / "cache")
+    with pytest.raises(tilejit.errors.UsageValueError, match=r"TILEJIT_REMOTE_CACHE=redis://user:\*\*\*@\[::1 "):
+        compile_with(fresh_kernel)
+    assert nvrtc_calls() == 0
+
+
+def test_cache_stats_with_a_malformed_remote_url_says_so_in_one_line(monkeypatch, use_remote, capsys):
+    use_remote("redis://user:secret@[::1")
+    assert cli.main(["cache", "stats"]) == 1
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("tilejit: TILEJIT_REMOTE_CACHE=redis://user:***@[::1 is not a remote cache URL: "
+                           "Invalid IPv6 URL"), line
+    assert "secret" not in captured.err + captured.out and "Traceback" not in captured.err
+
+
+def test_the_password_of_a_url_that_cannot_be_parsed_is_not_shown():
+    assert remote.redacted("redis://user:secret@[::1") == "redis://user:***@[::1"
+    assert remote.redacted("redis://:se@cret@[::1") == "redis://***@[::1"
+    assert remote.redacted("user:secret@host:6379") == "user:***@host:6379"
+    assert remote.redacted("redis://user@[::1") == "redis://user@[::1"

@@ -6,6 +6,7 @@ rules are registered by decorator in ``RULES``; memory, gemm and reduction rules
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
@@ -52,6 +53,12 @@ def convert(expr: str, src: DType, dst: DType) -> str:
         return f"({to_f32(expr, src) if src in STORAGE else expr} != 0)"
     if dst in STORAGE:
         return f"tj_from_f32<{c_type(dst)}>({to_f32(expr, src) if src != D.float64 else f'(float)({expr})'})"
+    if src.is_floating and dst.is_integer and dst.bits < 32:
+        # through int32 (cvt.rzi.s32: toward zero, saturating, NaN to 0), then clamped to the narrow range: C++
+        # leaves an out-of-range float to int8 undefined, and NVRTC's code wrapped (300.0 became 44)
+        lo, hi = (0, (1 << dst.bits) - 1) if dst.kind == "uint" else (-(1 << dst.bits - 1), (1 << dst.bits - 1) - 1)
+        wide = f"(int32_t)({to_f32(expr, src) if src in STORAGE else expr})"
+        return f"({c_type(dst)})tj_imin<int32_t>(tj_imax<int32_t>({wide}, {lo}), {hi})"
     if src in STORAGE:
         return f"({c_type(dst)})tj_to_f32({expr})" if dst != D.float32 else f"tj_to_f32({expr})"
     if src.is_bool:
@@ -155,8 +162,16 @@ RULES: dict[OpKind, Callable[["Emitter", Op], None]] = {}
 
 def emits(*kinds: OpKind):
     def register(fn):
+        @functools.wraps(fn)
+        def rule(em: "Emitter", op: Op) -> None:
+            # the op being emitted, whoever calls its rule (nested loops call RULES directly): scratch() notes it
+            outer, em.emitting = em.emitting, op
+            try:
+                fn(em, op)
+            finally:
+                em.emitting = outer
         for k in kinds:
-            RULES[k] = fn
+            RULES[k] = rule
         return fn
     return register
 
@@ -221,6 +236,9 @@ class Emitter:
         self.smem_top = 0
         self.smem_peak = 0  # the most shared memory any point of the kernel holds (loops give theirs back)
         self.scratch_bytes = 0
+        # the op being emitted, and the one that asked for the most scratch (a SharedMemoryError points at it)
+        self.emitting: Op | None = None
+        self.scratch_op: Op | None = None
         # a stream-K kernel's workspace, per program (lower_split_k): 4-byte words of its slot, and its flags
         self.stream_k_words = self.stream_k_flags = 0
         self.scratch_users: list[Callable[[int], None]] = []
@@ -420,7 +438,8 @@ class Emitter:
 
     def scratch(self, nbytes: int) -> str:
         """A shared scratch buffer reused by every layout conversion and reduction (after the tiles)."""
-        self.scratch_bytes = max(self.scratch_bytes, nbytes)
+        if nbytes > self.scratch_bytes:
+            self.scratch_bytes, self.scratch_op = nbytes, self.emitting
         return "tj_scratch"
 
     # -- driving -------------------------------------------------------------------------------

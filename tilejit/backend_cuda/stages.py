@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import knobs
-from ..ir import Function, Value, print_function, verify
+from ..ir import Function, Op, Value, print_function, verify
 from ..passes.canonicalize import canonicalize
 from ..passes.cleanup import cleanup
 from ..passes.copies import select_copies
@@ -111,6 +111,7 @@ class Emitted:
     stream_k_slot_bytes: int = 0           # a stream-K program's part of the partial-sum workspace
     stream_k_flags: int = 0                # and its flags (one per accumulator)
     register_grant: int | None = None      # registers per math thread setmaxnreg grants (None: no producer split)
+    scratch_op: Op | None = None           # the op that needs the most scratch (a reduction, a conversion ...)
 
 
 def emit_cuda(fn: Function, target: Target, kernel_name: str, register_grant: int | None = None) -> Emitted:
@@ -122,7 +123,8 @@ def emit_cuda(fn: Function, target: Target, kernel_name: str, register_grant: in
     values = {v.id: v for v in _shared_values(fn)}
     tiles = [(values[vid], tile.layout.bytes) for vid, tile in emitter.shared.items() if vid in values]
     return Emitted(source, kinds, shared_bytes, [m.to_json() for m in emitter.tensor_maps], tiles,
-                   emitter.scratch_bytes, emitter.stream_k_words * 4, emitter.stream_k_flags, emitter.granted)
+                   emitter.scratch_bytes, emitter.stream_k_words * 4, emitter.stream_k_flags, emitter.granted,
+                   emitter.scratch_op)
 
 
 def _shared_values(fn: Function):

@@ -222,6 +222,16 @@ def read_binary(path: Path, meta: dict) -> tuple[str, bytes]:
     return binary_name, binary
 
 
+def check_stored_files(path: Path, meta: dict) -> None:
+    """Raise ValueError (or OSError) unless every file meta.json lists besides the binary (the CUDA source, IR,
+    PTX, SASS) is in ``path`` and matches its digest: an entry whose ``kernel.cu`` was truncated or deleted is
+    damaged like one whose cubin was, not a hit whose ``asm["cuda"]`` fails later. Read and dropped, not kept:
+    ``CacheEntry.read`` reads them again, checked, when asked."""
+    for name, digest in meta["files"].items():
+        if name != meta["binary"] and hashlib.sha256(read_private(path / name)).hexdigest() != digest:
+            raise ValueError(f"{name} does not match its digest in {META_NAME}")
+
+
 def _file_size(path: Path) -> int:
     try:
         return os.lstat(path).st_size

@@ -136,6 +136,7 @@ class KernelCache:
             if validate is not None:
                 validate(meta)
             binary_name, binary = entries.read_binary(path, meta)
+            entries.check_stored_files(path, meta)
         except (OSError, ValueError, KeyError, TypeError):
             # Final directories only appear complete (by rename), so this one was damaged after the fact.
             entries.discard(path)

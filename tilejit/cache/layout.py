@@ -22,6 +22,7 @@ remove nothing tilejit would not have made, even under a root that holds other f
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -30,7 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilejit import private_io
+from tilejit import knobs, private_io
 
 _KEY_RE = re.compile(r"[0-9a-f]{2,128}")
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
@@ -146,6 +147,27 @@ class CacheLayout:
 def current_layout() -> CacheLayout:
     """The layout of the cache root this process uses now (``private_io.cache_root()``)."""
     return CacheLayout(private_io.cache_root())
+
+
+def refused_root() -> tuple[Path, Path, str] | None:
+    """``(the configured root, the directory or link at fault, why)`` when ``private_io.usable_root`` refuses the
+    configured cache root (others can write it or redirect it) and the cache uses a private stand-in for this
+    process instead; None when the configured root is the one used. Asked without using the root, so it warns
+    nothing: `tilejit cache clear` and `prune` say themselves that they leave a refused root alone, instead of
+    cleaning the stand-in."""
+    configured = knobs.cache_dir()
+    resolved = configured
+    try:
+        resolved = private_io.resolve_trusted(configured)
+        private_io.check_private_dir(resolved)
+    except private_io.UntrustedPathError as error:
+        if error.errno == errno.ENOTDIR:
+            return None  # not a directory: used as it is (writes fail and degrade to memory)
+        where = "it" if error.filename in (str(configured), str(resolved)) else f"{error.filename}, on its way,"
+        return configured, Path(error.filename), f"{where} is {error.strerror}"
+    except OSError:  # missing (made private on first write) or unreadable: used as it is
+        return None
+    return None
 
 
 def scan(directory: Path, trusted: bool = True) -> list[os.DirEntry]:

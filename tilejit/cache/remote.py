@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tilejit import knobs, private_io
-from tilejit.errors import warn_user
+from tilejit.errors import UsageValueError, warn_user
 
 from .entries import check_file_digests, check_meta_fields
 
@@ -91,7 +92,9 @@ class RedisBackend:
             self._client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
                                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
                                                 health_check_interval=0)
-        except (ValueError, *self._errors) as error:
+        except ValueError as error:  # a query argument redis cannot parse (check_url read the rest)
+            raise bad_url(url, str(error)) from None
+        except self._errors as error:
             raise RemoteUnavailable(f"bad URL: {error}") from None
 
     def get(self, name: str, limit: int) -> bytes | None:
@@ -307,24 +310,65 @@ class RemoteCache:
 
 _configured_lock = threading.Lock()
 _configured: dict[tuple, "RemoteCache | str"] = {}  # (url, key file) -> the remote, or why there is none
+_SCHEMES = ("redis", "rediss", "unix")
+_URL_FORMS = "redis://[user:password@]host[:port][/db], rediss://... or unix:///path/to/socket"
+# A scheme, then everything up to the last "@" (the user info, when the URL cannot be parsed), then the rest.
+_USERINFO_RE = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?)(?P<userinfo>.*)@(?P<tail>[^@]*)$",
+                          re.DOTALL)
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password, for messages."""
+    """``url`` without its password, for messages. Also when ``url`` cannot be parsed or has no ``//`` (a
+    forgotten ``redis://`` makes ``user:secret@host`` a path): everything between the user name's colon and the
+    last ``@`` is masked then."""
     try:
         parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
+        if parts.password is not None:
+            netloc = parts.netloc.rsplit("@", 1)[1]
+            user = f"{parts.username}:***@" if parts.username else "***@"
+            return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+        if "@" not in url or "@" in parts.netloc:  # no user info, or a user name alone
             return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = f"{parts.username}:***@" if parts.username else "***@"
-        return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
     except ValueError:
-        return "<an unparseable URL>"
+        pass
+    match = _USERINFO_RE.match(url)
+    user, colon, _ = match["userinfo"].partition(":") if match else ("", "", "")
+    if not colon:
+        return url
+    return f"{match['head']}{user + ':' if user else ''}***@{match['tail']}"
+
+
+def bad_url(url: str, why: str) -> UsageValueError:
+    """The error for a ``TILEJIT_REMOTE_CACHE`` that cannot name a store (its password masked)."""
+    return UsageValueError(f"TILEJIT_REMOTE_CACHE={redacted(url)} is not a remote cache URL: {why}; expected "
+                           f"{_URL_FORMS} (or unset it to use only the local cache)")
+
+
+def check_url(url: str) -> None:
+    """A UsageValueError saying what is wrong when ``url`` cannot name a Redis store: unparseable (a broken IPv6
+    host), an unknown scheme, a port that is not a number in 0-65535, no host (no socket path for unix://), a
+    database that is not a number."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - parsed on access: a port that is not a number raises here
+    except ValueError as error:
+        raise bad_url(url, str(error)) from None
+    if parts.scheme not in _SCHEMES:
+        raise bad_url(url, f"unknown scheme {parts.scheme!r}" if parts.scheme else "no scheme")
+    if parts.scheme == "unix":
+        if not parts.path.strip("/"):
+            raise bad_url(url, "no socket path")
+        return
+    if not parts.hostname:
+        raise bad_url(url, "no host")
+    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise bad_url(url, f"the database {parts.path.strip('/')!r} is not a number")
 
 
 def configured() -> RemoteCache | str | None:
     """The remote cache ``TILEJIT_REMOTE_CACHE`` names, or why it is not used (a sentence; warned once per
-    process), or None when none is configured (the default)."""
+    process), or None when none is configured (the default). A URL that cannot name a store is the user's
+    mistake to fix, not a fault to warn about: a UsageValueError (``check_url``)."""
     url = knobs.remote_cache_url()
     if url is None:
         return None
@@ -347,6 +391,7 @@ def remote_cache() -> RemoteCache | None:
 
 
 def _open(url: str, key_file: Path | None) -> RemoteCache | str:
+    check_url(url)
     if key_file is None:
         return ("TILEJIT_REMOTE_CACHE_KEY is not set; every remote value must be signed with a key only you can "
                 "read (e.g. `head -c 32 /dev/urandom | base64 > ~/.tilejit-key; chmod 600 ~/.tilejit-key`)")
@@ -354,9 +399,6 @@ def _open(url: str, key_file: Path | None) -> RemoteCache | str:
         secret = read_secret(key_file)
     except (OSError, ValueError) as error:
         return f"cannot use the key file {key_file}: {getattr(error, 'strerror', None) or error}"
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        return f"unknown scheme {scheme!r} (expected redis://host:port/db)"
     try:
         backend = RedisBackend(url)
     except RemoteUnavailable as error:
@@ -365,7 +407,8 @@ def _open(url: str, key_file: Path | None) -> RemoteCache | str:
 
 
 def status() -> str:
-    """One line on the remote cache: not configured, why unused, or reachable (with a round trip's time)."""
+    """One line on the remote cache: not configured, why unused, or reachable (with a round trip's time); a
+    UsageValueError when its URL cannot name a store."""
     found = configured()
     if found is None:
         return "not configured (TILEJIT_REMOTE_CACHE is unset)"

@@ -6,7 +6,9 @@ The rules, in one place:
   Two Python constants fold at compile time with Python's own semantics.
 * **Dtype promotion** (``promote``): equal dtypes stay; ``bool`` yields to the other; two floats take
   the wider, and two different floats of one width (f16/bf16, e4m3/e5m2) meet at ``float32``; a float
-  beats an integer; two integers take the wider (signed wins at equal width).
+  beats an integer; two integers take the wider (signed wins at equal width). Arithmetic (``+ - * // %``)
+  on bools alone (or bools and int constants) is on ``int32``, as Python counts ``True + 1 == 2``; bitwise
+  ``& | ^`` keep ``bool``.
 * **Python constants are weak**: next to a typed value they take that value's dtype (an ``int`` or
   ``float`` next to a ``float16`` tile is a ``float16`` constant); a ``float`` next to an integer value
   makes both ``float32``. A constant alone is ``int32`` (``int64`` if it does not fit), ``float32`` or
@@ -112,6 +114,14 @@ def _no_scale_arithmetic(dtype: DType) -> None:
                             "convert them first: .to(T.float32) gives 2^(e - 127)")
 
 
+def _bools_and_ints(x: Any, y: Any) -> bool:
+    """Whether a binary operation's operands promote to ``bool``: a bool value, and the other a bool value or a
+    (weak) bool or int constant."""
+    values = [v for v in (x, y) if isinstance(v, Value)]
+    return bool(values) and all(v.dtype.is_bool for v in values) and all(
+        isinstance(c, int) for c in (x, y) if not isinstance(c, Value))
+
+
 def const_dtype(c: Any) -> DType:
     if isinstance(c, bool):
         return D.bool_
@@ -189,6 +199,8 @@ _PY_UNARY = {
     UnaryOp.ERF: math.erf, UnaryOp.SIGMOID: lambda v: 1 / (1 + math.exp(-v)) if v >= 0 else math.exp(v) / (1 + math.exp(v)),
 }
 _INT_ONLY = {BinaryOp.FLOORDIV, BinaryOp.MOD, BinaryOp.SHL, BinaryOp.SHR}
+# The arithmetic that counts bools as the ints 0 and 1 (int32), as Python does; & | ^ keep them bools.
+_INT_ARITHMETIC_ON_BOOL = {BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.FLOORDIV, BinaryOp.MOD}
 _FLOAT_RESULT = {UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.LOG2, UnaryOp.SIN,
                  UnaryOp.COS, UnaryOp.TANH, UnaryOp.ERF, UnaryOp.SIGMOID}
 
@@ -303,14 +315,13 @@ class Semantic:
             vals = [v for v in (x, y) if isinstance(v, Value)]
             if all(not v.dtype.is_floating for v in vals) and not any(isinstance(v, float) for v in (x, y)):
                 dtype = D.float32
+        elif op in _INT_ARITHMETIC_ON_BOOL and _bools_and_ints(x, y):
+            dtype = D.int32  # (x > 0) + 1 counts, as in Python: a bool constant 1 would make it (x > 0) | True
         a, b = self._unify([x, y], dtype)
         _no_scale_arithmetic(a.dtype)
         if op in _INT_ONLY and not a.dtype.is_integer:
             raise SemanticError(f"operator '{op.value}' needs integer operands, got {a.dtype}",
                                 "cast with .to(T.int32) or use '/' for float division")
-        if op is BinaryOp.SUB and a.dtype.is_bool:
-            raise SemanticError("'-' is not defined on bool values",
-                                "use ^ for 'differs', or convert first: x.to(T.int32) - y.to(T.int32)")
         if op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR) and a.dtype.is_floating:
             raise SemanticError(f"bitwise '{op.value}' needs integer or bool operands, got {a.dtype}")
         folded = _fold_index_arithmetic(op, a, b)

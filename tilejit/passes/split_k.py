@@ -55,8 +55,11 @@ def split_k(fn: Function, target: Target) -> None:
     if splits == 1:
         return
     if target.sm < 90:
-        raise _error(fn, None, f"split_k={splits} needs thread-block clusters (sm_90 or newer); {target.arch} has "
-                               "none", "launch with split_k=1 on this GPU")
+        # located at the matrix product the option would split (else the first loop), as the kernel checks are
+        product = next((op for op in fn.walk() if op.kind is OpKind.GEMM),
+                       next((op for op in fn.walk() if op.kind is OpKind.FOR), None))
+        raise _error(fn, product, f"split_k={splits} needs thread-block clusters (sm_90 or newer); {target.arch} "
+                                  "has none", "launch with split_k=1 on this GPU")
     loop = _the_k_loop(fn, "split_k")
     _check_prologue(fn, loop, "split_k")
     r = _split_loop_bounds(fn, loop, splits)
@@ -165,7 +168,7 @@ def _the_k_loop(fn: Function, option: str) -> Op:
              and any(inner.kind is OpKind.GEMM for inner in op.regions[0].walk())]
     off = _OFF[option]
     if len(loops) != 1:
-        where = loops[1] if len(loops) > 1 else None
+        where = loops[1] if len(loops) > 1 else kernel_site(fn)
         raise _error(fn, where, f"{option} needs exactly one top-level loop that accumulates matrix products; this "
                                 f"kernel has {len(loops)}",
                      f"{option} applies to kernels shaped like the README's matmul (one K loop, then the epilogue); "
@@ -291,6 +294,14 @@ def _reduce_and_guard_epilogue(fn: Function, loop: Op, r: Value, splits: int) ->
     else_block.ops = [Op(OpKind.YIELD, [], [], NoAttrs())]
     guard = Op(OpKind.IF, [leader.result], [], NoAttrs(), regions=[then_block, else_block], loc=loop.loc)
     ops.extend([zero, leader, guard])
+
+
+def kernel_site(fn: Function) -> Op | None:
+    """Where a launch option's refusal points when no op of the kernel is at fault: its first matrix product, else
+    its first loop, else its first located op."""
+    ops = list(fn.walk())
+    return next((op for kind in (OpKind.GEMM, OpKind.FOR) for op in ops if op.kind is kind and op.loc),
+                next((op for op in ops if op.loc), None))
 
 
 def _error(fn: Function, op: Op | None, message: str, hint: str,

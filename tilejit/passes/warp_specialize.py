@@ -14,7 +14,7 @@ from ..target import Target
 from ..ir import Function, Op, OpKind, Scope
 from ..ir.rewrite import reads, use_counts
 from .software_pipeline import mma_family
-from .split_k import StreamKError, stream_k
+from .split_k import StreamKError, kernel_site, stream_k
 
 
 #: The ring depth from which a warp-specialized loop's last gemm is deferred (``deferred_gemm``): it holds a slot
@@ -57,8 +57,12 @@ def specialize_warps(fn: Function, target: Target) -> None:
                                                 or target.pingpong or target.cluster > 1):
         why = ("split_k" if fn.attrs.get("split_k", 1) > 1 else "pingpong" if target.pingpong else "cluster=2"
                if target.cluster > 1 else "num_warps not a multiple of 4")
-        raise StreamKError(f"kernel {fn.name}: stream_k does not combine with {why}", filename=fn.filename,
-                           hint="launch without stream_k, or with persistent=True alone")
+        site = kernel_site(fn)
+        hint = "launch without stream_k, or with persistent=True alone"
+        if site is None:
+            raise StreamKError(f"kernel {fn.name}: stream_k does not combine with {why}", filename=fn.filename,
+                               hint=hint)
+        raise StreamKError.at(site.loc, f"stream_k does not combine with {why}", hint=hint)
     if target.sm != 90 or target.num_warps % 4 or fn.attrs.get("split_k", 1) > 1:
         asked = [op for op in fn.walk() if op.kind is OpKind.FOR and op.attrs.warp_specialize]
         if asked and target.sm == 90:
