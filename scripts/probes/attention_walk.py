@@ -1,5 +1,5 @@
-"""The attention forward as one key loop (``fused_attention.attn_fwd_walk``), warp-specialized and persistent,
-against ``attn_fwd``'s two loops and cuDNN, after checking the persistent walk against float64 over ragged lengths,
+"""The attention forward as one key loop (``fused_attention.attn_fwd``'s ``ONE_LOOP``), warp-specialized and
+persistent, against ``attn_fwd``'s two loops and cuDNN, after checking the persistent walk against float64 over ragged lengths,
 GQA, windows, softcaps and variable lengths.
 
     python scripts/probes/attention_walk.py [--seqs 1024,2048,4096] [--dims 128,64] [--check-only]
@@ -64,9 +64,9 @@ def isolate(seqs, dim=128) -> None:
             lens = torch.zeros(1, dtype=torch.int32, device="cuda")
             cfg = dict(GROUP=1, BM=128, BN=128, D=dim, CAUSAL=causal, VARLEN=False, num_warps=8, STAGES=3)
             forms = {"attn_fwd ws": (attention.attn_fwd, dict(warp_specialize=True, peel_masks=False)),
-                     "walk ws": (attention.attn_fwd_walk, dict(warp_specialize=True, peel_masks=False)),
-                     "walk persistent": (attention.attn_fwd_walk, dict(persistent=True, peel_masks=False)),
-                     "walk persistent s2": (attention.attn_fwd_walk, dict(persistent=True, peel_masks=False,
+                     "walk ws": (attention.attn_fwd, dict(warp_specialize=True, peel_masks=False, ONE_LOOP=True)),
+                     "walk persistent": (attention.attn_fwd, dict(persistent=True, peel_masks=False, ONE_LOOP=True)),
+                     "walk persistent s2": (attention.attn_fwd, dict(persistent=True, peel_masks=False, ONE_LOOP=True,
                                                                           STAGES=2))}
             line = []
             for name, (kernel, extra) in forms.items():
@@ -92,7 +92,8 @@ def tile_sweep(seqs, dim) -> None:
                 grid = (tilejit.cdiv(seq, bm), batch * heads)
                 cfg = dict(GROUP=1, BM=bm, BN=bn, D=dim, CAUSAL=True, VARLEN=False, num_warps=warps, STAGES=stages,
                            warp_specialize=True, peel_masks=False)
-                run = lambda: attention.attn_fwd_walk[grid](q, k, v, out, lens, lens, 0.125, heads, **cfg)  # noqa
+                run = lambda: attention.attn_fwd[grid](q, k, v, out, lens, lens, 0.125, heads,  # noqa: E731
+                                                       ONE_LOOP=True, **cfg)
                 line.append(f"walk {bm}x{bn} w{warps} s{stages} {flops / do_bench(run) / 1e9:.1f}")
         print(f"S={seq}: " + ", ".join(line), flush=True)
 

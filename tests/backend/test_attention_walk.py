@@ -1,6 +1,6 @@
-"""The attention forward as one key loop (``fused_attention.attn_fwd_walk``): its per-block mask decision against a
-float64 reference in the interpreter (ragged lengths, causal, windows, softcaps, variable lengths, GQA), and, on
-sm_90a, ``persistent=True`` for a kernel whose producer warpgroup splits off at the kernel's start: the ring set up
+"""The attention forward as one key loop (``fused_attention.attn_fwd``, ``ONE_LOOP``): its per-block mask
+decision against a float64 reference in the interpreter (ragged lengths, causal, windows, softcaps, variable
+lengths, GQA), and, on sm_90a, ``persistent=True`` for a kernel whose producer warpgroup splits off at the kernel's start: the ring set up
 once, the producer walking the programs with the scalars its loads need, a kernel with a second loop left alone."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ CASES = [(True, None, None, None, 1), (False, None, None, None, 2), (True, None,
 @pytest.mark.parametrize("causal, window, softcap, lens, group", CASES,
                          ids=[f"c{int(c)}-w{w}-s{s}-l{n}-g{g}" for c, w, s, n, g in CASES])
 def test_one_loop_matches_float64(interpret, causal, window, softcap, lens, group):
-    """``persistent=True`` runs ``attn_fwd_walk`` (the interpreter runs its programs one by one): 70 rows, not a
+    """``persistent=True`` runs the one-loop form (the interpreter runs its programs one by one): 70 rows, not a
     multiple of the 32 x 16 tiles, into a NaN-poisoned output, with the base-2 LSE the backward reads."""
     gen = torch.Generator().manual_seed(len(str((causal, window, softcap, lens, group))))
     q = torch.randn(2, 4, 70, 32, generator=gen)
@@ -59,9 +59,8 @@ def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_loop_compiles_for_every_arch(fresh_compile_cache, arch):
-    compiled = attention.attn_fwd_walk.compile(*_args(128), GROUP=2, BM=128, BN=64, D=128, CAUSAL=True,
-                                               VARLEN=True, STORE_LSE=True, num_warps=8, peel_masks=False,
-                                               arch=arch)
+    compiled = attention.attn_fwd.compile(*_args(128), GROUP=2, BM=128, BN=64, D=128, CAUSAL=True, VARLEN=True,
+                                          STORE_LSE=True, ONE_LOOP=True, num_warps=8, peel_masks=False, arch=arch)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
     assert compiled.asm["ir"].count("tj.for") == 1, "the key loop must stay one loop"
 
@@ -71,9 +70,9 @@ def test_persistent_producer_first_walks_with_one_ring(fresh_compile_cache):
     """The producer splits off first (Q is staged before the loop) and walks the programs computing its loads'
     scalars per program; the math warps walk them too; the ring's mbarriers are set up once, before the walk, and
     never invalidated inside it; T.program_id reads the walk's program."""
-    compiled = attention.attn_fwd_walk.compile(*_args(128), GROUP=2, BM=128, BN=128, D=128, CAUSAL=True,
-                                               VARLEN=False, num_warps=8, STAGES=3, persistent=True,
-                                               peel_masks=False, arch="sm_90a")
+    compiled = attention.attn_fwd.compile(*_args(128), GROUP=2, BM=128, BN=128, D=128, CAUSAL=True, VARLEN=False,
+                                          ONE_LOOP=True, num_warps=8, STAGES=3, persistent=True, peel_masks=False,
+                                          arch="sm_90a")
     cuda = compiled.asm["cuda"]
     assert "// persistent: programs" in cuda
     walk = "for (long long tj_turn = 0; tj_turn * "
@@ -100,8 +99,10 @@ def test_persistent_passes_over_a_kernel_with_a_second_loop(fresh_compile_cache)
 @pytest.mark.skipif("sm_90a" not in ARCHS, reason="NVRTC cannot target sm_90a")
 def test_persistent_producer_first_gemm(fresh_compile_cache):
     """A plain kernel of that form: a tile staged in shared memory before a TMA-fed wgmma loop (a gemm operand:
-    the producer cannot run that prelude), launched persistent; the producer's part computes its loop's bounds
-    and coordinates only, and each walk reads the program it runs."""
+    the producer cannot run that prelude; the loop releases each slot at the end of its iteration), launched
+    persistent; the producer's part computes its loop's bounds and coordinates only, and each walk reads the
+    program it runs. (``mm_bias_first`` of tests/backend/test_warp_specialize.py, whose gemms stay in flight,
+    is passed over.)"""
     cuda = _rows_times_blocks.compile(*(torch.empty(s, dtype=torch.float16, device="meta")
                                         for s in ((1000, 64), (512, 768), (1000, 768))),
                                       BM=128, BN=128, BK=64, num_warps=4, persistent=True,

@@ -1,10 +1,8 @@
-"""Float to 8- and 16-bit integer conversions saturate (toward zero, NaN to 0), and integer division by zero gives
--1 and the dividend: the interpreter computes the language's values, and the CUDA it compiles to says the same
-(C++ leaves both undefined; NVRTC's code wrapped 300.0 to 44 in an int8 and turned -7 // 0 into -2).
-tests/gpu/test_gpu_dtypes.py runs the kernel on a GPU against the same values."""
+"""Float to 8- and 16-bit integer conversions saturate (toward zero, NaN to 0): the interpreter computes the
+language's values, and the CUDA it compiles to clamps through int32 (C++ leaves an out-of-range conversion
+undefined; NVRTC's code wrapped 300.0 to 44 in an int8). Integer division by zero is the interpreter's -1 and
+dividend (the GPU's is not defined: docs/language.md). tests/gpu/test_gpu_dtypes.py runs the casts on a GPU."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +58,7 @@ def test_the_interpreter_saturates_and_divides_by_zero_as_documented(monkeypatch
 
 
 @pytest.mark.parametrize("arch", [a for a in ("sm_80", "sm_90a") if nvrtc_supports(a)])
-def test_the_cuda_clamps_through_int32_and_guards_division(fresh_compile_cache, arch):
+def test_the_cuda_clamps_through_int32(fresh_compile_cache, arch):
     m = {dt: torch.empty(16, dtype=dt, device="meta") for dt in (torch.float32, torch.int8, torch.uint8,
                                                                   torch.int16, torch.int32)}
     cuda = narrowing.compile(m[torch.float32], m[torch.int8], m[torch.uint8], m[torch.int16], m[torch.int32],
@@ -68,6 +66,4 @@ def test_the_cuda_clamps_through_int32_and_guards_division(fresh_compile_cache, 
     assert "(int8_t)tj_imin<int32_t>(tj_imax<int32_t>((int32_t)(" in cuda and ", -128), 127)" in cuda
     assert "(uint8_t)tj_imin<int32_t>(tj_imax<int32_t>(" in cuda and ", 0), 255)" in cuda
     assert ", -32768), 32767)" in cuda
-    support = (Path(tilejit.__file__).parent / "include" / "tilejit" / "support.cuh").read_text()
     assert "tj_floordiv<int32_t>(" in cuda and "tj_pymod<int32_t>(" in cuda
-    assert "if (b == 0) return T(-1);" in support and "if (b == 0) return a;" in support

@@ -184,7 +184,6 @@ def test_hopper_defaults_are_for_16_bit_inputs(monkeypatch, dtype, hopper_config
     launches = _Launches()
     monkeypatch.setattr(attention, "_hopper", lambda t: True)
     monkeypatch.setattr(attention, "attn_fwd", launches)
-    monkeypatch.setattr(attention, "attn_fwd_walk", launches)
     q = _meta(1, 2, 256, 128, dtype=dtype)
     attention.attention_forward(q, q, q)
     hopper = attention.default_config(128, False, hopper=True)

@@ -111,8 +111,9 @@ def test_variable_lengths_warp_specialized(causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dim, bm, bn, warps", CASES, ids=[f"d{d}-{m}x{n}-w{w}" for d, m, n, w in CASES])
 def test_every_config_persistent_one_loop(dim, bm, bn, warps, causal, stages):
-    """``persistent=True``: ``attn_fwd_walk``, one key loop whose ring stays across the programs each SM walks
-    (the producer split off first, p @ v deferred with 3 stages), on more programs than SMs, GQA, ragged rows."""
+    """``persistent=True``: ``attn_fwd``'s ``ONE_LOOP`` form, one key loop whose ring stays across the programs
+    each SM walks (the producer split off first, p @ v deferred with 3 stages), on more programs than SMs, GQA,
+    ragged rows."""
     _sm90()
     q, k, v = inputs(4, 8, 1000, dim, 2, seed=70 + dim + bm + bn + causal + stages)
     out = torch.full_like(q, float("nan"))
@@ -146,23 +147,20 @@ def test_causal_default_is_one_loop_up_to_its_length(monkeypatch):
     _sm90()
     launched = []
 
-    class Spy:  # records which kernel _forward launched, and with which options
-        def __init__(self, kernel):
-            self.kernel = kernel
-
+    class Spy:  # records the options _forward launched attn_fwd with
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launched.append((self.kernel, kwargs))
-                return self.kernel[grid](*args, **kwargs)
+                launched.append(kwargs)
+                return kernel[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(attention, "attn_fwd_walk", Spy(attention.attn_fwd_walk))
-    monkeypatch.setattr(attention, "attn_fwd", Spy(attention.attn_fwd))
+    kernel = attention.attn_fwd
+    monkeypatch.setattr(attention, "attn_fwd", Spy())
     for seq, walked in ((attention.ONE_LOOP_SEQ - 77, True), (attention.ONE_LOOP_SEQ + 50, False)):
         q, k, v = inputs(2, 4, seq, 128, 1, seed=seq)
         out = torch.full_like(q, float("nan"))
         attention.attention(q, k, v, causal=True, out=out)
         check(out, attention.reference(q, k, v, True))
-        kernel, options = launched[-1]
-        assert (kernel is attention.attn_fwd_walk.kernel) == walked
+        options = launched[-1]
+        assert bool(options.get("ONE_LOOP")) == walked
         assert options["warp_specialize"] and not options.get("persistent")

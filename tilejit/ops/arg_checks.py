@@ -74,13 +74,20 @@ def same_device(op: str, **named: torch.Tensor | None) -> None:
                                      f"one device")
 
 
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor  # (torch's own; imported when a CPU tensor comes by)
+
+    return isinstance(t, FakeTensor)
+
+
 def runs_on(op: str, name: str, t: torch.Tensor, launches: bool | None = None) -> None:
     """``t`` is where the op's kernels run: a CUDA tensor, a meta one (shapes only, as torch.compile traces), or a
     CPU tensor under the interpreter (``TILEJIT_INTERPRET=1``). A call that launches nothing (``launches``; by
     default, when ``t`` is empty) passes on any device: its empty or zero result needs no kernel. Checked after
-    the shapes, so that a wrong shape is named first."""
+    the shapes, so that a wrong shape is named first. A fake tensor (``FakeTensorMode``, torch.compile's tracing)
+    passes on any device: the operator's shape function answers it, and no kernel runs."""
     launches = t.numel() > 0 if launches is None else launches
-    if t.device.type not in ("cuda", "meta") and launches and not knobs.interpret():
+    if t.device.type not in ("cuda", "meta") and launches and not knobs.interpret() and not _is_fake(t):
         raise ArgumentValueError(f"{op}: {name} is on {t.device}; {op} runs on CUDA tensors (CPU tensors only "
                                  f"through the interpreter, TILEJIT_INTERPRET=1)")
 

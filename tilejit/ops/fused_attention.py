@@ -17,6 +17,9 @@ of the online softmax in registers, and rescales the output accumulator as the m
   runs from the window's first block to its last only, every block masked; a row that sees no key gives 0 (and
   LSE +inf). A logit softcap (``SOFTCAP`` > 0): the scaled scores become ``c * tanh(s / c)``. Both default off,
   and the kernels without them compile as before;
+- ``ONE_LOOP``: every key block in one loop, each deciding at run time whether to mask, instead of an unmasked
+  loop and a masked one; the form ``persistent=True`` needs (a second loop's ring would need memory beside the
+  kept one), and the causal default on Hopper for short sequences (``ONE_LOOP_SEQ``);
 - ``STORE_LSE``: also the rows' log-sum-exp, in base 2 (``log2 sum_j 2^(s_ij * sm_scale * log2 e)``, the
   natural one times log2 e), float32 (B, H, S), which the backward reads.
 
@@ -105,7 +108,7 @@ def _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, B
 def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
              D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False,
              STAGES: T.constexpr = 2, WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1,
-             SOFTCAP: T.constexpr = 0.0):
+             SOFTCAP: T.constexpr = 0.0, ONE_LOOP: T.constexpr = False):
     pid_bh = T.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -130,11 +133,13 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
     # STAGES: the key/value ring's depth (a deeper ring pays off when a producer warpgroup fills it:
     # warp_specialize=True; the compiler lowers it where shared memory does not hold it). Warp-specialized and 3
     # deep, the compiler issues each block's p @ v under the next block's q @ k^T (FlashAttention-3's overlap).
+    first = 0
     if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a window: every block masked, none before the window's first
         lo = 0
         if WINDOW_LEFT >= 0:
             lo = (T.maximum(m0 - WINDOW_LEFT, 0) // BN) * BN
-    else:
+        first = lo
+    elif not ONE_LOOP:
         for n0 in T.range(0, lo, BN, stages=STAGES):
             m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
                                                  False, False, -1, -1, SOFTCAP, tanh_scale)
@@ -143,9 +148,14 @@ def attn_fwd(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.const
         hi = T.minimum(S, m0 + BM)
     if WINDOW_RIGHT >= 0:
         hi = T.minimum(hi, m0 + BM + WINDOW_RIGHT)
-    for n0 in T.range(lo, hi, BN, stages=2):
-        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, True,
-                                             CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
+    if ONE_LOOP:  # every block in the one ring, each deciding whether to mask (from lo on)
+        for n0 in T.range(first, hi, BN, stages=STAGES):
+            m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
+                                                 n0 >= lo, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
+    else:
+        for n0 in T.range(lo, hi, BN, stages=2):
+            m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D, True,
+                                                 CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
     if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a row that sees no key (padding past a length): 0, LSE +inf
         l_i = T.where(l_i > 0.0, l_i, 1.0)
         m_i = T.where(m_i == float("-inf"), float("inf"), m_i)
@@ -352,9 +362,9 @@ def default_config(head_dim: int, causal: bool = False, hopper: bool = False) ->
 
 
 #: The longest sequence up to which ``attention()``'s causal forward on Hopper at head dim 128 runs as one key loop
-#: (``attn_fwd_walk``, warp-specialized; not persistent): its diagonal block comes through the producer's ring
-#: instead of a second loop's. H200, bf16, 128x128 w8, 3 stages, 16 heads, 16k tokens (TFLOP/s, against
-#: ``attn_fwd``'s two loops): S = 1024 318.8 against 299.8, 2048 428.3 against 421.4, 4096 505.3 against 509.2
+#: (``attn_fwd``'s ``ONE_LOOP``, warp-specialized, not persistent): its diagonal block comes through the producer's
+#: ring instead of a second loop's. H200, bf16, 128x128 w8, 3 stages, 16 heads, 16k tokens (TFLOP/s, against the
+#: two loops): S = 1024 318.8 against 299.8, 2048 428.3 against 421.4, 4096 505.3 against 509.2
 #: (``scripts/probes/attention_walk.py --isolate``). Persistent, the same loop ran slower at every length (S = 1024:
 #: 268.3 walking the grid in order, 302.1 in a snake; non-causal 448.1 against 471.7): each program still stages
 #: its Q and stores its O itself (no room for a TMA store's buffer beside the ring) while the tensor cores wait.
@@ -464,14 +474,13 @@ def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, sof
         return out
     lens_arg = _lens(lens, batch, q.device)
     grid = (tilejit.cdiv(seq, config["BM"]), batch * heads)
-    kernel = attn_fwd
     # one key loop: asked for (persistent: its ring stays across the programs an SM walks), or by default where
     # the causal diagonal's block, fed by the producer like the others, beats a second loop's cold ring
     if config.get("persistent") or hopper and causal and seq <= ONE_LOOP_SEQ and 64 < dim <= 128 \
             and set(masking) == {"peel_masks"}:
-        kernel, masking["peel_masks"] = attn_fwd_walk, False
-    kernel[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
-                 D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **{**masking, **config})
+        masking.update(ONE_LOOP=True, peel_masks=False)
+    attn_fwd[grid](q, k, v, out, lse if lse is not None else lens_arg, lens_arg, sm_scale, heads, GROUP=group,
+                   D=dim, CAUSAL=causal, VARLEN=lens is not None, STORE_LSE=lse is not None, **{**masking, **config})
     return out
 
 
@@ -716,54 +725,3 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 _OPS = _Operators(namespace(__name__, "tilejit.ops.fused_attention"))
 
-
-@tilejit.kernel
-def attn_fwd_walk(Q, K, V, O, Lse, Lens, sm_scale, H, GROUP: T.constexpr, BM: T.constexpr, BN: T.constexpr,
-                  D: T.constexpr, CAUSAL: T.constexpr, VARLEN: T.constexpr, STORE_LSE: T.constexpr = False,
-                  STAGES: T.constexpr = 3, WINDOW_LEFT: T.constexpr = -1, WINDOW_RIGHT: T.constexpr = -1,
-                  SOFTCAP: T.constexpr = 0.0):
-    """``attn_fwd`` with one key/value loop, which decides per block whether its scores need a mask (the blocks
-    from ``clear`` on: the ragged last one, the causal diagonal's, every block of a window), so that the loop is
-    the kernel's only one. Warp-specialized, the diagonal's block comes through the producer's ring like the
-    others (``attention()``'s causal default on Hopper up to ``ONE_LOOP_SEQ``). Launched ``persistent=True``, the
-    ring stays across the programs each SM walks, and the producer loads the next program's first keys while the
-    math warps finish this one's epilogue; measured slower than the hardware's scheduling (``ONE_LOOP_SEQ``), so
-    no default asks for it. Same arguments, grid and results as ``attn_fwd``."""
-    pid_bh = T.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    kv = h // GROUP
-    m0 = T.program_id(0) * BM
-    if CAUSAL:  # the last query blocks attend to the most keys: start them first
-        m0 = (T.num_programs(0) - 1 - T.program_id(0)) * BM
-    S = Q.shape[2]
-    if VARLEN:
-        S = Lens[b]
-    q = Q[b, h, m0:m0 + BM, 0:D]
-    m_i = T.full((BM,), float("-inf"), T.float32)
-    l_i = T.zeros((BM,), T.float32)
-    acc = T.zeros((BM, D), T.float32)
-    qk_scale, tanh_scale = _score_scales(sm_scale, SOFTCAP)
-    rows = m0 + T.arange(0, BM)
-    lo = 0
-    clear = (S // BN) * BN  # blocks before this one need no mask
-    if CAUSAL:
-        clear = T.minimum(m0, clear) if BM % BN == 0 else 0
-    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a window: every block masked, none before the window's first
-        clear = 0
-        if WINDOW_LEFT >= 0:
-            lo = (T.maximum(m0 - WINDOW_LEFT, 0) // BN) * BN
-    hi = S
-    if CAUSAL:
-        hi = T.minimum(S, m0 + BM)
-    if WINDOW_RIGHT >= 0:
-        hi = T.minimum(hi, m0 + BM + WINDOW_RIGHT)
-    for n0 in T.range(lo, hi, BN, stages=STAGES):
-        m_i, l_i, acc = _online_softmax_step(q, K, V, b, kv, n0, S, rows, m_i, l_i, acc, qk_scale, BN, D,
-                                             n0 >= clear, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, tanh_scale)
-    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # a row that sees no key (padding past a length): 0, LSE +inf
-        l_i = T.where(l_i > 0.0, l_i, 1.0)
-        m_i = T.where(m_i == float("-inf"), float("inf"), m_i)
-    O[b, h, m0:m0 + BM, 0:D] = (acc / l_i[:, None]).to(O.dtype)
-    if STORE_LSE:
-        Lse[b, h, m0:m0 + BM] = m_i + T.log2(l_i)

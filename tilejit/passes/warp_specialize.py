@@ -223,9 +223,11 @@ def _walks_alone(fn: Function, loop: Op) -> bool:
     """Whether a kernel whose producer splits off first may walk the grid's programs (``persistent``): the
     producer's scalars (``producer_slice``) need no other thread, and no loop follows the specialized one (the
     ring stays for the next program's loads while the math warps finish this one, so a later loop's ring would
-    need memory of its own; attention's masked blocks belong inside the specialized loop then)."""
+    need memory of its own; attention's masked blocks belong inside the specialized loop then), and its math warps
+    release each slot at the end of their iteration (attention's form, the one run on a GPU; a plain main loop
+    whose gemms stay in flight walks only with its prelude on the producer)."""
     after = fn.body.ops[next(i for i, x in enumerate(fn.body.ops) if x is loop) + 1:]
-    return all(_runs_on_one_thread(o) for o in producer_slice(fn, loop)) and \
+    return loop.attrs.async_mma is None and all(_runs_on_one_thread(o) for o in producer_slice(fn, loop)) and \
         not any(o.kind is OpKind.FOR for op in after for o in (op, *(x for r in op.regions for x in r.walk())))
 
 

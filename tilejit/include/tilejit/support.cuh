@@ -6,10 +6,9 @@
 // ===== tilejit generated-code support =====
 struct alignas(16) tj_v16 { unsigned x, y, z, w; };
 struct alignas(8) tj_v8 { unsigned x, y; };
-/// Python floor division and modulo (the language's // and %); by zero, -1 and the dividend, as the
-/// interpreter gives (C++ leaves it undefined, and the floor correction turned -7 // 0 into -2).
-template <class T> TJ_DEVICE T tj_floordiv(T a, T b) { if (b == 0) return T(-1); T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
-template <class T> TJ_DEVICE T tj_pymod(T a, T b) { if (b == 0) return a; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+/// Python floor division and modulo (the language's // and %).
+template <class T> TJ_DEVICE T tj_floordiv(T a, T b) { T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
+template <class T> TJ_DEVICE T tj_pymod(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 /// cp.async of 16 bytes (src_bytes of them read, the rest zero-filled) issued only when pred holds;
 /// a PTX predicate, so the copy stays branch-free and schedulable next to the tensor-core work.
 TJ_DEVICE void tj_cp_async_16_if(unsigned smem_addr, const void* gptr, int src_bytes, bool pred) {
