@@ -8,20 +8,13 @@ import torch
 import tilejit
 import tilejit.language as T
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
+from attention_tiles import fwd_meta_args as _args
 from tilejit.ops import fused_attention as attention
 
 ARCHS = [a for a in ("sm_80", "sm_90a", "sm_100a") if nvrtc_supports(a)]
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compile_cache")  # tests/conftest.py
-
-
-def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):
-    q = torch.empty(2, heads, seq, dim, dtype=torch.bfloat16, device="meta")
-    kv = torch.empty(2, heads // group, seq, dim, dtype=torch.bfloat16, device="meta")
-    lens = torch.empty(2, dtype=torch.int32, device="meta")
-    lse = torch.empty(2, heads, seq, dtype=torch.float32, device="meta")
-    return (q, kv, kv, q, lse, lens, 0.125, heads)
 
 
 CASES = [(dim, bm, bn, w) for dim, configs in attention.CONFIGS.items() for bm, bn, w in configs]

@@ -9,7 +9,7 @@ import torch
 
 import tilejit
 import tilejit.language as T
-from attention_tiles import SMALL_ATTENTION_FWD
+from attention_tiles import SMALL_ATTENTION_FWD, fwd_meta_args as _args
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
 from tilejit.ops import fused_attention as attention
 
@@ -47,14 +47,6 @@ def test_one_loop_matches_float64(interpret, causal, window, softcap, lens, grou
     attention.attention_forward(q, k, v, causal=causal, window=window, softcap=softcap, lens=lens_t,
                                 lse=two_loops, **SMALL_ATTENTION_FWD)
     torch.testing.assert_close(lse, two_loops, rtol=1e-4, atol=1e-4)
-
-
-def _args(dim: int, seq: int = 1000, heads: int = 4, group: int = 2):
-    q = torch.empty(2, heads, seq, dim, dtype=torch.bfloat16, device="meta")
-    kv = torch.empty(2, heads // group, seq, dim, dtype=torch.bfloat16, device="meta")
-    lens = torch.empty(2, dtype=torch.int32, device="meta")
-    lse = torch.empty(2, heads, seq, dtype=torch.float32, device="meta")
-    return (q, kv, kv, q, lse, lens, 0.125, heads)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
