@@ -107,8 +107,9 @@ def _checked(name, fn, want):
     return do_bench(fn)
 
 
-def _row(batch, context, ns, dtype, with_flashinfer, peak):
-    heads, kv_heads, dim, page = ns.heads, ns.kv_heads, ns.dim, ns.page_size
+def decode_inputs(batch, context, heads=64, kv_heads=8, dim=128, page=16, dtype=torch.bfloat16):
+    """(q, k_pages, v_pages, lens, block_table) of a decode step, seeded by the shape: every sequence at
+    ``context`` keys, its pages in shuffled order."""
     torch.manual_seed(batch + context)
     q = torch.randn(batch, heads, dim, device="cuda", dtype=dtype)
     per_seq = math.ceil(context / page)
@@ -116,6 +117,12 @@ def _row(batch, context, ns, dtype, with_flashinfer, peak):
     v_pages = torch.randn_like(k_pages)
     table = torch.randperm(batch * per_seq, device="cuda", dtype=torch.int32).view(batch, per_seq)
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return q, k_pages, v_pages, lens, table
+
+
+def _row(batch, context, ns, dtype, with_flashinfer, peak):
+    kv_heads, dim = ns.kv_heads, ns.dim
+    q, k_pages, v_pages, lens, table = decode_inputs(batch, context, ns.heads, kv_heads, dim, ns.page_size, dtype)
     want = decode.reference(q[:1], k_pages, v_pages, lens[:1], table[:1])
     cache_bytes = 2 * batch * context * kv_heads * dim * dtype.itemsize
 

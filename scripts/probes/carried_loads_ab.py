@@ -11,7 +11,6 @@ the cache key), same GPU, graph-timed:
 """
 import argparse
 import importlib
-import math
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import tilejit.backend_cuda.lower_loops as lower_loops  # noqa: E402
 import tilejit.ops.fp8_blockscaled as F  # noqa: E402
+from benchmarks.decode_attention import decode_inputs  # noqa: E402
 from benchmarks.fp8_blockscaled import quantize  # noqa: E402
 from tilejit.testing import do_bench_cudagraph  # noqa: E402
 
@@ -48,14 +48,8 @@ def _blockscaled(label):
 
 
 def _decode(label, batch, context):
-    heads, kv_heads, dim, page = 64, 8, 128, 16
-    torch.manual_seed(batch + context)
-    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
-    per_seq = math.ceil(context / page)
-    k_pages = torch.randn(batch * per_seq, page, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v_pages = torch.randn_like(k_pages)
-    table = torch.randperm(batch * per_seq, device="cuda", dtype=torch.int32).view(batch, per_seq)
-    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    q, k_pages, v_pages, lens, table = decode_inputs(batch, context)
+    kv_heads, dim = k_pages.shape[2], k_pages.shape[3]
     want = decode.reference(q[:1], k_pages, v_pages, lens[:1], table[:1])
     got = decode.decode_attention(q, k_pages, v_pages, lens, table)
     want = want.double().to(got.device)

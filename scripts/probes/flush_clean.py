@@ -6,11 +6,15 @@ FLOP) and a bf16 matmul (what reads the fewest), timed both ways in one process,
 from __future__ import annotations
 
 import importlib
-import math
+import sys
+from pathlib import Path
 
 import torch
 
-from tilejit.testing import _CudaTiming, do_bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.decode_attention import decode_inputs  # noqa: E402
+from tilejit.testing import _CudaTiming, do_bench  # noqa: E402
 
 decode = importlib.import_module("tilejit.ops.decode_attention")
 
@@ -27,15 +31,8 @@ def main() -> None:
     clean, dirty = _CudaTiming(), _WriteOnly()
     print(f"{name}: microseconds, median of do_bench runs (write-only flush | write and read-back flush)")
     for batch, context in ((32, 4096), (64, 4096), (128, 4096), (32, 16384), (8, 4096)):
-        torch.manual_seed(batch + context)
-        heads, kv_heads, dim, page = 64, 8, 128, 16
-        q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
-        per_seq = math.ceil(context / page)
-        k_pages = torch.randn(batch * per_seq, page, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-        v_pages = torch.randn_like(k_pages)
-        table = torch.randperm(batch * per_seq, device="cuda", dtype=torch.int32).view(batch, per_seq)
-        lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-        gb = 2 * batch * context * kv_heads * dim * 2 / 1e9
+        q, k_pages, v_pages, lens, table = decode_inputs(batch, context)
+        gb = 2 * batch * context * k_pages.shape[2] * k_pages.shape[3] * 2 / 1e9
         run = lambda: decode.decode_attention(q, k_pages, v_pages, lens, table)  # noqa: E731
         times = {"write": [], "clean": []}
         for _ in range(3):

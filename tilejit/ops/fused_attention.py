@@ -413,11 +413,6 @@ def _sm80(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 8
 
 
-def _check_heads(q, k, v, op: str = "attention"):
-    """q, k and v checked (``arg_checks.attention_operands``); the GQA group."""
-    return arg_checks.attention_operands(op, q, k, v)
-
-
 def _check_lens(lens, batch, device=None, op: str = "attention"):
     arg_checks.optional_tensors(op, lens=lens)
     if lens is not None and (lens.dtype != torch.int32 or lens.shape != (batch,)):
@@ -433,15 +428,11 @@ def _lens(lens, batch, device):
     return torch.zeros(1, dtype=torch.int32, device=device) if lens is None else lens
 
 
-def _window(window, op: str = "attention") -> tuple[int, int]:
-    return arg_checks.window(op, window)
-
-
 def _masking(causal: bool, window, softcap, op: str = "attention") -> dict:
     """The kernels' masking constexprs: ``CAUSAL``, and ``WINDOW_LEFT``, ``WINDOW_RIGHT``, ``SOFTCAP`` where set
     (so the kernels without them compile as before). Key j is visible to query i when i - left <= j <= i + right;
     causal is a right bound of 0, and a right bound of 0 runs as causal."""
-    left, right = _window(window, op)
+    left, right = arg_checks.window(op, window)
     softcap = arg_checks.softcap(op, softcap)
     masking = {"CAUSAL": bool(causal) or right == 0}
     if left >= 0:
@@ -457,7 +448,7 @@ def _masking(causal: bool, window, softcap, op: str = "attention") -> dict:
 
 
 def _forward(q, k, v, causal, sm_scale, lens, out, lse, config, window=None, softcap=None):
-    group = _check_heads(q, k, v)
+    group = arg_checks.attention_operands("attention", q, k, v)
     batch, heads, seq, dim = q.shape
     if out is not None:
         arg_checks.like("attention", "out", out, q.shape, (q.dtype,), q.device, "like q")
@@ -494,7 +485,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal: bool = False, sm_scale:
     ``default_bwd_config``: {"dkdv": {...}, "dq": {...}}. With ``lens``, keys past a batch's length get zero
     gradients."""
     op = "attention_backward"
-    group = _check_heads(q, k, v, op)
+    group = arg_checks.attention_operands(op, q, k, v)
     batch, heads, seq, dim = q.shape
     rows = (batch, heads, seq)
     for name, t, like, shape, dtype in (("do", do, "q", q.shape, q.dtype), ("out", out, "q", q.shape, q.dtype),
@@ -540,7 +531,7 @@ def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None =
                       lse=None, window: tuple[int, int] | None = None, softcap: float | None = None, **config):
     """(out, lse): the forward that also writes the base-2 log-sum-exp (float32 (B, H, S)) the backward reads
     (+inf for a row that sees no key, whose output is 0: with a window, padding rows past a length)."""
-    _check_heads(q, k, v, "attention_forward")
+    arg_checks.attention_operands("attention_forward", q, k, v)
     batch, heads, seq, dim = q.shape
     sm_scale = arg_checks.sm_scale("attention_forward", sm_scale, dim)
     arg_checks.runs_on("attention_forward", "q", q)
@@ -580,14 +571,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     queries. An empty q (B, H or S of 0) gives an empty output without a launch, as SDPA does. ``lens[b]`` lies
     in 1..S (not checked: reading it would synchronize). ``out`` has q's shape, dtype and device.
     """
-    _check_heads(q, k, v)
+    arg_checks.attention_operands("attention", q, k, v)
     dim = q.shape[3]
     sm_scale = arg_checks.sm_scale("attention", sm_scale, dim)
     _check_lens(lens, q.shape[0], q.device)
     _masking(causal, window, softcap)
     if out is not None:
         arg_checks.like("attention", "out", out, q.shape, (q.dtype,), q.device, "like q")
-    left, right = _window(window)
+    left, right = arg_checks.window("attention", window)
     masking = (left, right, float(softcap or 0.0))
     fwd = encode_config(config, "attention")
     bwd = _check_bwd_config(bwd_config)
@@ -637,7 +628,7 @@ def _reference_masked(q, k, v, causal, sm_scale, lens, window, softcap):
         scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(seq, device=q.device)[:, None]
     cols = torch.arange(seq, device=q.device)[None, :]
-    left, right = _window(window)
+    left, right = arg_checks.window("attention", window)
     visible = torch.ones(seq, seq, dtype=torch.bool, device=q.device)
     if causal:
         visible &= cols <= rows

@@ -36,7 +36,7 @@ import tilejit.language as T
 import tilejit.ops.arg_checks as arg_checks
 from tilejit.ops.custom_ops import Operator, namespace
 from tilejit.ops.fused_attention import (BWD_CONFIGS, _dkdv_step, _dq_step, _hopper, _masking, _online_softmax_step,
-                                         _grads_like, _score_scales, _sm80, _visible, _window, attn_bwd_preprocess,
+                                         _grads_like, _score_scales, _sm80, _visible, attn_bwd_preprocess,
                                          default_bwd_config, default_config)
 
 @tilejit.func
@@ -433,7 +433,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
     _masking(causal, window, softcap, "attention_varlen")
     sm_scale = arg_checks.sm_scale("attention_varlen", sm_scale, q.shape[2])
-    masking = (*_window(window), float(softcap or 0.0))
+    masking = (*arg_checks.window("attention_varlen", window), float(softcap or 0.0))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and block_table is not None:
         raise arg_checks.ArgumentValueError("attention_varlen: the paged form (block_table) has no backward; run it "
@@ -450,7 +450,7 @@ def reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale=None, 
     """float64 attention of the packed sequences, scores written out (differentiable): GQA heads repeated, the
     bottom-right aligned causal mask and window, the softcap; a row that sees no key gives 0."""
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
-    left, right = _window(window)
+    left, right = arg_checks.window("attention_varlen", window)
     group = q.shape[1] // k.shape[1]
     outs = []
     for b in range(cu_seqlens_q.shape[0] - 1):
