@@ -1,9 +1,11 @@
 """Cold-path budgets from the kernel-cache issue, measured on CPU (NVRTC needs no GPU).
 
 * NVRTC compile of the DESIGN matmul (sm_80, nothing cached): measured 0.26-0.29 s for the whole
-  ``kernel.compile`` on one 2-core machine, 0.49 s on another with NVRTC 12.9 (0.488 s of it inside NVRTC).
-  The suite bounds it loosely (4x) and bounds tilejit's own part outside NVRTC; the 0.3 s target is a
-  benchmark figure (``python -m benchmarks.launch``, "cold compile"), since NVRTC's speed is the machine's.
+  ``kernel.compile`` on one 2-core machine, 0.49 s on another with NVRTC 12.9 (0.488 s of it inside NVRTC), and
+  1.09 s inside NVRTC (fastest of 3) on a CI machine running the same code and NVRTC. NVRTC's speed is the
+  machine's, so the suite bounds what tilejit decides: one NVRTC run, tilejit's own part outside NVRTC, and the
+  size of the PTX handed to ptxas (what a doubled-up or bloated emission grows); the wall time only very loosely.
+  The 0.3 s target is a benchmark figure (``python -m benchmarks.launch``, "cold compile").
 * ``import tilejit`` on top of ``import torch``: <= 150 ms (median of 3 fresh processes).
 
 Both fresh-process timings run with tilejit's bytecode compiled, as ``pip install`` leaves a package (into a
@@ -39,6 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 # It was 0.5-0.55 s (PTX ~6.9k lines) while the epilogue's element-wise store fallback was 128 unrolled
 # predicated stores and each element-wise global->shared copy was inlined at all 6 of its sites.
 MEASURED_COLD_COMPILE_S = 0.28
+# The PTX of that compile: 3,522 lines (NVRTC 12.9); the bloated epilogue above made 6.9k.
+MEASURED_PTX_LINES = 3522
 
 
 @tilejit.kernel
@@ -130,9 +134,12 @@ def test_cold_compile_runs_nvrtc_once_within_a_generous_bound(cold_cache, monkey
     # the fastest of 3: a compile's own cost, not a busy host's pauses (which only ever add time)
     wall, in_nvrtc, calls = _timed_cold_compile(monkeypatch, runs=3)
     assert calls == 1  # cubin and PTX from one NVRTC run, not a second pass for the PTX
-    # 4x today's measurement: catches a compile that doubles up or a pass that goes quadratic.
-    assert wall <= 4 * MEASURED_COLD_COMPILE_S, f"cold compile took {wall:.2f}s ({in_nvrtc:.2f}s in NVRTC)"
     assert wall - in_nvrtc <= 0.25, f"{wall - in_nvrtc:.3f}s of the cold compile is outside NVRTC"
+    # NVRTC's share scales with the code it is given: a deterministic bound, where a wall bound would be the host's
+    ptx_lines = len(compile_design_matmul("sm_80").asm["ptx"].splitlines())
+    assert ptx_lines <= 1.3 * MEASURED_PTX_LINES, f"the DESIGN matmul's PTX grew to {ptx_lines} lines"
+    # 15x the 2-core machine's figure: only a compile gone badly wrong, on any host CI has used
+    assert wall <= 15 * MEASURED_COLD_COMPILE_S, f"cold compile took {wall:.2f}s ({in_nvrtc:.2f}s in NVRTC)"
 
 
 _IMPORT_COST = """
