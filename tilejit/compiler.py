@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import knobs
 from .errors import UsageValueError, warn_user
-from .cache import CacheEntry, KernelCache, default_cache
+from .cache import CacheEntry, CacheError, KernelCache, default_cache
 from .frontend.source import ParsedSource, referenced_globals
 from .frontend.spec import ArgSpec, ScalarSpec, TensorListSpec, TensorSpec, spec_json
 from .target import LaunchOptions, Target
@@ -313,24 +313,26 @@ def _shared_memory_error(st: Stages, out, limit: int):
     (a reduction, a layout conversion) when that buffer is the largest need, else at the kernel's ``def`` line."""
     from .errors import SharedMemoryError
 
-    lines = []
+    needs = []
     for value, nbytes in sorted(out.shared_tiles, key=lambda t: -t[1]):
         t = value.type
         where = f" ({value.owner.loc})" if getattr(value.owner, "loc", None) else ""
-        lines.append(f"  {'x'.join(map(str, t.shape))} {t.dtype.name} tile: {nbytes:,} B{where}")
+        needs.append(f"{'x'.join(map(str, t.shape))} {t.dtype.name} tile: {nbytes:,} B{where}")
     scratch_loc = getattr(out.scratch_op, "loc", None)
     at_scratch = scratch_loc is not None and out.scratch_bytes >= max([n for _, n in out.shared_tiles] + [0])
     if out.scratch_bytes:
         what = _SCRATCH_USERS.get(out.scratch_op.kind.mnemonic, "op") if at_scratch else ""
-        lines.append(f"  scratch for layout conversions and reductions: {out.scratch_bytes:,} B" +
+        needs.append(f"scratch for layout conversions and reductions: {out.scratch_bytes:,} B" +
                      (f" (for this {what})" if at_scratch else ""))
     message = (f"kernel {st.spec.name} needs {out.shared_bytes:,} bytes of shared memory even without pipelining; "
-               f"{st.target.arch} allows {limit:,} per block:\n" + "\n".join(lines))
+               f"{st.target.arch} allows {limit:,} per block")
     if at_scratch:
-        return SharedMemoryError.at(scratch_loc, message, hint=(
+        error = SharedMemoryError.at(scratch_loc, message, hint=(
             f"give this {what} a smaller tile (the constexpr block sizes): it goes through a shared scratch buffer "
             "the size of its tile"))
-    return SharedMemoryError(message, **_at_kernel_def(st),
+        error.needs = tuple(needs)
+        return error
+    return SharedMemoryError(message, needs, **_at_kernel_def(st),
                              hint="use smaller tiles (the constexpr block sizes), or fewer or smaller operands in "
                                   "shared memory")
 
@@ -500,8 +502,12 @@ class Asm:
         name = self._FILES[key]
         try:
             data = self._entry.read(name)
-        except (FileNotFoundError, KeyError, OSError):
+        except FileNotFoundError:  # not kept (PTX without TILEJIT_KEEP_PTX) or not made (SASS)
             data = None
+        except OSError as e:  # checked when the entry loaded: changed on disk since
+            raise CacheError(f"kernel {self._entry.meta.get('kernel')!r}: its cached {name} changed on disk after "
+                             f"the entry was loaded ({e}); a new process compiles the entry again, or "
+                             f"`tilejit cache clear` removes it") from None
         if key == "sass" and data is None:
             from .backend_cuda.sass import disassemble
 

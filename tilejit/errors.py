@@ -159,7 +159,16 @@ class DispatchError(CompilationError):
 
 
 class SharedMemoryError(CompilationError):
-    """A kernel's tiles need more shared memory than one block may have on the target, even unpipelined."""
+    """A kernel's tiles need more shared memory than one block may have on the target, even unpipelined.
+
+    ``needs`` lists each shared tile (and the scratch buffer) with its bytes, shown below the caret."""
+
+    def __init__(self, message: str, needs: Sequence[str] = (), **location: object) -> None:
+        self.needs: tuple[str, ...] = tuple(needs)
+        super().__init__(message, **location)  # type: ignore[arg-type]
+
+    def _detail_lines(self) -> list[str]:
+        return ["shared memory by tile:"] + [f"  {need}" for need in self.needs] if self.needs else []
 
 
 class RegisterError(CompilationError):

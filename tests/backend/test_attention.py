@@ -58,6 +58,11 @@ def test_a_tile_too_large_for_shared_memory_is_a_located_compile_error():
     text = str(info.value)
     assert "test_attention.py" in text and "def huge" in text and "^" in text
     assert "256x256 float16 tile: 131,072 B" in text and "sm_86 allows 101,376" in text
+    # the located line and its caret first, then the tiles that fill shared memory
+    lines = text.splitlines()
+    caret = next(i for i, line in enumerate(lines) if line.strip() == "^")
+    assert lines[0].endswith("sm_86 allows 101,376 per block") and "def huge" in lines[caret - 1]
+    assert any("256x256 float16 tile" in line for line in lines[caret + 1:])
 
 
 def test_a_ring_too_deep_for_shared_memory_is_made_shallower():

@@ -25,7 +25,7 @@ import pytest
 
 from tilejit import cli, compiler, private_io
 from tilejit.cache import entries as cache_entries, kernel_cache, locks as cache_locks
-from tilejit.cache import CacheLockTimeout, KernelCache, make_key
+from tilejit.cache import CacheError, CacheLockTimeout, KernelCache, make_key
 from tilejit.runtime import native
 
 from test_cache import KEY, compile_count, fake_compile, write_meta
@@ -132,6 +132,18 @@ def test_row1_a_damaged_entry_is_discarded_and_rebuilt(root, tmp_path, damage):
     marker = tmp_path / "compiles"
     DAMAGE[damage](stored(marker))
     assert rebuilt_once_more(marker)
+
+
+def test_row1_a_file_damaged_after_the_entry_loaded_is_a_cache_error_naming_it(root, tmp_path):
+    path = stored(tmp_path / "compiles")
+    entry = KernelCache().load(KEY, compiler.check_meta)
+    (path / "kernel.cu").write_bytes(b"\x00garbage")  # checked at load, changed since
+    asm = compiler.CompiledKernel(entry, "disk").asm
+    with pytest.raises(CacheError, match=r"kernel\.cu changed on disk after the entry was loaded"):
+        asm["cuda"]
+    assert asm["cubin"] == b"\x7fELF-cubin"  # the rest of the entry still reads
+    (path / "kernel.ptx").unlink()  # a file the entry lacks is "not available", as for PTX never kept
+    assert "ptx" not in asm and asm.get("ptx") is None
 
 
 # ---- row 2: meta.json intact (its digest rewritten to match) but wrong -------------------------------------
