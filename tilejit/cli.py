@@ -155,11 +155,13 @@ def _parser() -> argparse.ArgumentParser:
 # ---- commands ----------------------------------------------------------------------------------------------
 
 def _cmd_path(args) -> int:
+    _leave_a_refused_root_alone("printing", "printed nothing")
     print(current_layout().root)
     return 0
 
 
 def _cmd_list(args) -> int:
+    _leave_a_refused_root_alone("listing", "listed nothing")
     layout = current_layout()
     entries, records = maintenance.list_entries(layout), autotune_records(layout)
     if args.json:
@@ -220,6 +222,7 @@ def _column_widths(headers: list[str], rows: list[list], width: int | None,
 
 
 def _cmd_show(args) -> int:
+    _leave_a_refused_root_alone("reading", "showed nothing")
     entry = _find_entry(current_layout(), args.key)
     wanted = [flag for flag in _CONTENT_FLAGS if getattr(args, flag)]
     if not wanted:
@@ -234,7 +237,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_clear(args) -> int:
-    _leave_a_refused_root_alone("clearing")
+    _leave_a_refused_root_alone("clearing", "removed nothing")
     layout = current_layout()
     if not args.yes:
         if not sys.stdin.isatty():
@@ -249,7 +252,7 @@ def _cmd_clear(args) -> int:
 
 
 def _cmd_prune(args) -> int:
-    _leave_a_refused_root_alone("pruning")
+    _leave_a_refused_root_alone("pruning", "removed nothing")
     removed = maintenance.prune(current_layout(), args.older_than)
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than "
           f"{format_age_limit(args.older_than)}")
@@ -261,8 +264,12 @@ def _cmd_stats(args) -> int:
 
     counts = kernel_cache.origin_counts()
     print("kernel lookups in this process: " + ", ".join(f"{origin} {n}" for origin, n in counts.items()))
-    layout = current_layout()
-    print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
+    refused = refused_root()
+    if refused is None:
+        layout = current_layout()
+        print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
+    else:
+        print(f"entries on disk: none used; the cache directory {refused[0]} is refused: {refused[2]}")
     print(f"remote cache: {remote.status()}")
     return 0
 
@@ -272,6 +279,7 @@ def _cmd_export(args) -> int:
 
     from tilejit.cache import bundle, default_cache
 
+    _leave_a_refused_root_alone("exporting", f"wrote no {args.file}")
     try:
         n_entries, n_records = bundle.export_bundle(default_cache(), Path(args.file), args.kernel)
     except (OSError, tarfile.TarError) as err:
@@ -288,6 +296,7 @@ def _cmd_import(args) -> int:
     from tilejit.cache import bundle, default_cache
     from tilejit.compiler import check_meta
 
+    _leave_a_refused_root_alone("importing into", "imported nothing")
     try:
         report = bundle.import_bundle(default_cache(), Path(args.file), check_meta, record_problem)
     except (OSError, EOFError, tarfile.TarError) as err:
@@ -301,17 +310,17 @@ def _cmd_import(args) -> int:
     return 1 if report.refused else 0
 
 
-def _leave_a_refused_root_alone(doing: str) -> None:
+def _leave_a_refused_root_alone(doing: str, outcome: str) -> None:
     """A CliError when the configured cache root is refused: the cache would use a private stand-in for this
-    process, and cleaning that (empty, fresh) directory would report the user's cache cleaned when nothing of it
-    was touched."""
+    one process, and acting on that (empty, fresh) directory would report the user's cache listed, cleaned or
+    exported when nothing of it was read."""
     refused = refused_root()
     if refused is None:
         return
     root, at_fault, why = refused
     raise CliError(f"not {doing} the cache directory {root}: {why}, so tilejit refuses it (kernels compile into "
-                   f"a private stand-in) and removed nothing; fix the owner or mode of {at_fault}, or set "
-                   f"TILEJIT_CACHE_DIR to a directory of your own, and run this again")
+                   f"a private stand-in that lasts one process) and {outcome}; fix the owner or mode of "
+                   f"{at_fault}, or set TILEJIT_CACHE_DIR to a directory of your own, and run this again")
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -180,6 +180,31 @@ def test_clear_and_prune_remove_only_what_tilejit_names_under_a_root_with_other_
     assert_untouched(root, files)
 
 
+@pytest.mark.parametrize("command, doing, outcome", [
+    (["path"], "printing", "printed nothing"), (["list"], "listing", "listed nothing"),
+    (["list", "--json"], "listing", "listed nothing"), (["show", KEY[:12]], "reading", "showed nothing"),
+    (["export", "OUT"], "exporting", "wrote no OUT"), (["import", "OUT"], "importing into", "imported nothing")])
+def test_path_list_show_export_and_import_of_a_refused_root_act_on_nothing(root, tmp_path, command, doing,
+                                                                           outcome):
+    """A refused root's stand-in lasts one process: printing, listing or exporting it would show an empty cache
+    where the user's entries are, and importing into it would keep nothing."""
+    stored(tmp_path / "m")
+    os.chmod(root, 0o777)
+    tar = tmp_path / "bundle.tar"
+    if command[0] == "import":
+        tar.write_bytes(b"")
+    command = [str(tar) if part == "OUT" else part for part in command]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = run_cli("cache", *command)
+    assert rc == 1 and out == "" and len(err.splitlines()) == 1, (rc, out, err)
+    assert err.startswith(f"tilejit: not {doing} the cache directory {root}: it is writable by others (mode 777)")
+    assert outcome.replace("OUT", str(tar)) in err and f"fix the owner or mode of {root}" in err
+    assert command[0] == "import" or not tar.exists()
+    rc, out, err = run_cli("cache", "stats")
+    assert rc == 0 and f"the cache directory {root} is refused: it is writable by others" in out, (out, err)
+
+
 def test_a_refused_root_leaves_no_private_directory_behind(tmp_path):
     refused = tmp_path / "refused"
     refused.mkdir()

@@ -153,8 +153,8 @@ def refused_root() -> tuple[Path, Path, str] | None:
     """``(the configured root, the directory or link at fault, why)`` when ``private_io.usable_root`` refuses the
     configured cache root (others can write it or redirect it) and the cache uses a private stand-in for this
     process instead; None when the configured root is the one used. Asked without using the root, so it warns
-    nothing: `tilejit cache clear` and `prune` say themselves that they leave a refused root alone, instead of
-    cleaning the stand-in."""
+    nothing: the `tilejit cache` commands say themselves that they leave a refused root alone, instead of
+    listing, cleaning or exporting the stand-in."""
     configured = knobs.cache_dir()
     resolved = configured
     try:
