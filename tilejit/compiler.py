@@ -599,9 +599,13 @@ def _entry_files(st: Stages) -> tuple[dict, dict]:
         "wgmma_serialized": wgmma_serialized(st.nvrtc_log),
         "compile_seconds": round(st.seconds, 4), "versions": _versions(),
         "binary": "kernel.cubin", "tensor_maps": st.tensor_maps, "value_layout": spec.value_layout(),
-        # every launch option as asked; then what the compile made of them where the launch reads that instead:
-        # the clustered programs (1 where the kernel multicasts nothing) and stream-K's program count (0: off)
+        # every launch option as asked; then what the compile made of them: the producer warpgroup's threads
+        # (0: no loop warp-specialized), the programs a persistent walk launches (0: one per grid cell), the math
+        # groups (2 under pingpong), the clustered programs (1 where the kernel multicasts nothing) and
+        # stream-K's program count (0: off). An option an arch does not take is asked but not made.
         **target.options.as_dict(),
+        "producer_threads": int(st.fn.attrs.get("producer_threads", 0)),
+        "walk_programs": int(st.fn.attrs.get("persistent") or 0),
         "groups": st.fn.attrs.get("groups", 1), "cluster": st.fn.attrs.get("cluster", 1),
         "stream_k": st.fn.attrs.get("stream_k", 0), "stream_k_slot_bytes": st.stream_k_slot_bytes,
         "stream_k_flags": st.stream_k_flags, "written": st.written,

@@ -246,6 +246,24 @@ def test_cubin_reports_the_producer_threads():
     assert compiled.meta["spills"] == 0, compiled.meta
 
 
+@pytest.mark.parametrize("arch, options, made", [
+    ("sm_90a", dict(warp_specialize=True, num_stages=3), (128, 0, 1)),
+    ("sm_90a", dict(persistent=True, num_stages=3), (128, 132, 1)),
+    ("sm_90a", dict(num_stages=3), (0, 0, 1)),
+    ("sm_80", dict(warp_specialize=True, BK=32), (0, 0, 1)),
+    ("sm_80", dict(persistent=True, BK=32), (0, 0, 1)),
+    ("sm_80", dict(pingpong=True, BK=32), (0, 0, 1)),
+    ("sm_100a", dict(persistent=True), (0, 0, 1))])
+def test_meta_says_what_the_compile_made_of_the_options_asked(arch, options, made):
+    """An option the arch does not take is recorded as asked, and what was made says it was not."""
+    compiled = _compile(mm, *_args(), stop_after=None, arch=arch, **options)
+    meta = compiled.meta
+    assert (meta["producer_threads"], meta["walk_programs"], meta["groups"]) == made, meta
+    asked = [name for name in ("warp_specialize", "persistent", "pingpong") if options.get(name)]
+    assert all(meta[name] for name in asked)
+    assert compiled.threads == 256 + made[0]
+
+
 @pytest.mark.parametrize("warps,bm,bn", [(4, 128, 128), (8, 128, 256), (8, 256, 128), (4, 64, 256)])
 def test_register_split(warps, bm, bn):
     compiled = _compile(mm, *_args(), stop_after=None, BM=bm, BN=bn, num_warps=warps, warp_specialize=True)
