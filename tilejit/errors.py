@@ -430,6 +430,10 @@ def call_user_function(fn: Callable[..., Any], role: str, expects: str, *args: A
             setattr(error, _RAISED_IN_USER_CODE, True)
         except AttributeError:  # an exception class without a __dict__: judged by its frames
             pass
+        if hasattr(error, "add_note"):  # Python 3.11+: printed under the user's traceback
+            given = [a for a in args if isinstance(a, dict)]
+            keys = f", given a dict of {', '.join(map(str, given[0]))}" if given else ""
+            error.add_note(f"tilejit: raised inside {role} ({describe_function(fn)}){keys}")
         raise
 
 

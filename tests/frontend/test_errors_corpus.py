@@ -1186,7 +1186,9 @@ def test_an_error_of_the_users_own_code_called_by_tilejit_is_theirs(tmp_path):
     """A grid function that raises: its own exception, from its own frame, not a tilejit bug."""
     script, stderr = run_script(tmp_path, "user_callback")
     shown = traceback_lines(stderr)
-    assert stderr.rstrip().endswith("KeyError: 'BLOKC'") and "tilejit bug" not in stderr, stderr
+    last = stderr.rstrip().splitlines()[-2:]  # the error, then the note saying where tilejit called it
+    assert last[0] == "KeyError: 'BLOKC'" and "tilejit bug" not in stderr, stderr
+    assert last[1].startswith("tilejit: raised inside the grid function (<lambda> at ") and "BLOCK" in last[1]
     assert any(line.endswith("in <lambda>") for line in shown), stderr
     assert len(shown) <= 9 and sum("/tilejit/" in line for line in shown) == 1, stderr  # the entry point's frame
 
