@@ -1,5 +1,5 @@
 """Decode attention over a paged KV cache: achieved bytes per second of cache read against the GPU's HBM peak,
-tilejit.ops.decode_attention against SDPA on gathered K/V and FlashInfer's paged decode.
+tilejit.ops.decode_attention (tilejit/ops/paged_decode.py) against SDPA on gathered K/V and FlashInfer's paged decode.
 
     python -m benchmarks.decode_attention [--batches 1,8,32,64,128,256] [--contexts 1024,4096,16384,65536,131072]
                                           [--heads 64] [--kv-heads 8] [--dim 128] [--page-size 16] [--dtype bf16]
@@ -28,7 +28,6 @@ timed. Shapes whose cache (or SDPA's gathered copy) would pass ``--max-cache-gib
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 from pathlib import Path
 
@@ -36,8 +35,7 @@ import torch
 
 from benchmarks.common import DEFAULT_OUT, append_results, machine_stamp, markdown_table, write_json
 from tilejit.testing import do_bench, do_bench_cudagraph
-
-decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
+import tilejit.ops.paged_decode as decode
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: HBM peak bandwidth, TB/s, by a substring of torch's device name (the first that matches)

@@ -23,8 +23,7 @@ import tilejit.ops.fp8_blockscaled as F  # noqa: E402
 from benchmarks.decode_attention import decode_inputs  # noqa: E402
 from benchmarks.fp8_blockscaled import quantize  # noqa: E402
 from tilejit.testing import do_bench_cudagraph  # noqa: E402
-
-decode = importlib.import_module("tilejit.ops.decode_attention")
+import tilejit.ops.paged_decode as decode  # noqa: E402
 fa = importlib.import_module("tilejit.ops.fp8_attention")
 
 

@@ -9,15 +9,13 @@ Shapes are the combines the default plan launches on an H200 at 64 query heads, 
 """
 from __future__ import annotations
 
-import importlib
 
 import torch
 
 import tilejit
 import tilejit.language as T
 from tilejit.testing import do_bench_cudagraph
-
-decode = importlib.import_module("tilejit.ops.decode_attention")
+import tilejit.ops.paged_decode as decode
 
 
 @tilejit.kernel

@@ -16,14 +16,12 @@ reference of one sequence before it is timed; the config column is what the laun
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 
 import torch
 
 from tilejit.testing import do_bench, do_bench_cudagraph
-
-decode = importlib.import_module("tilejit.ops.decode_attention")
+import tilejit.ops.paged_decode as decode
 
 
 def cache(batch, context, heads, kv_heads, dim, page, dtype):

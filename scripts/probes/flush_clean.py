@@ -5,7 +5,6 @@ FLOP) and a bf16 matmul (what reads the fewest), timed both ways in one process,
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -15,8 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.decode_attention import decode_inputs  # noqa: E402
 from tilejit.testing import _CudaTiming, do_bench  # noqa: E402
-
-decode = importlib.import_module("tilejit.ops.decode_attention")
+import tilejit.ops.paged_decode as decode  # noqa: E402
 
 
 class _WriteOnly(_CudaTiming):

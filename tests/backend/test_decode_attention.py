@@ -5,7 +5,6 @@ the arguments checked; the split count from shapes only and the workspace kept; 
 for sm_80, sm_90a and sm_100a; and the PyTorch operator (fake kernel, opcheck, torch.compile(fullgraph))."""
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 
@@ -14,8 +13,7 @@ import torch
 
 import tilejit
 from tilejit.backend_cuda.nvrtc import nvrtc_supports
-
-decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
+import tilejit.ops.paged_decode as decode
 
 NAN = float("nan")
 

@@ -6,7 +6,6 @@ tensors (shapes only: the checks never read a value, so the ops stay capturable 
 zero results run on CPU tensors, through the interpreter where a kernel could run."""
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -15,8 +14,6 @@ import torch
 from tilejit import ops
 from tilejit.errors import ArgumentError, ArgumentValueError
 from tilejit.ops import fused_attention as attention
-
-decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
 
 E4M3, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 SMALL = dict(BM=32, BN=16, num_warps=4)

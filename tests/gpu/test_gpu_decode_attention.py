@@ -5,12 +5,10 @@ no key is read from; CUDA-graph capture and replay equal to eager calls (new len
 replays: the lengths are read on the device); torch.compile(fullgraph=True)."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
-
-decode = importlib.import_module("tilejit.ops.decode_attention")  # the module, not the function of that name
+import tilejit.ops.paged_decode as decode
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,8 @@
   inputs with per-tensor or per-block scales (operator ``tilejit::attention_fp8``; ``tilejit.ops.fp8_attention``).
 - ``decode_attention(q, k_cache, v_cache, cache_seqlens, block_table, *, sm_scale, window, softcap, k_scale,
   v_scale)``: one query token per sequence over a paged (or contiguous) KV cache, split-KV with a combine step,
-  GQA, fp8 caches (operator ``tilejit::decode_attention``; ``decode_attention_forward`` is the plain launch).
+  GQA, fp8 caches (operator ``tilejit::decode_attention``; ``decode_attention_forward`` is the plain launch;
+  kernels, ``reference`` and ``paged_cache`` in ``tilejit.ops.paged_decode``).
 - ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, sm_scale,
   window, softcap, block_table)``: attention of packed variable-length sequences in ``flash_attn_varlen_func``'s
   conventions (operator ``tilejit::attention_varlen_fwd``, backward ``tilejit::attention_varlen_bwd``), and the
@@ -34,7 +35,7 @@
 The compiler never imports this package (tests/ir/test_import_graph.py): it is a user of the language.
 """
 from tilejit.ops.embedding_lookup import embedding
-from tilejit.ops.decode_attention import decode_attention, decode_attention_forward
+from tilejit.ops.paged_decode import decode_attention, decode_attention_forward
 from tilejit.ops.fp8_attention import attention_fp8
 from tilejit.ops.fp8_blockscaled import fp8_blockscaled_grouped_matmul, fp8_blockscaled_matmul
 from tilejit.ops.fused_attention import attention, attention_backward, attention_forward

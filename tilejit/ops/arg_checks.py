@@ -104,8 +104,14 @@ def number(op: str, name: str, value, *, default: float | None = None) -> float 
 
 
 def sm_scale(op: str, value, head_dim: int) -> float:
-    """The softmax scale: a finite number, or None for 1 / sqrt(head_dim)."""
-    return number(op, "sm_scale", value, default=1.0 / math.sqrt(max(head_dim, 1)))
+    """The softmax scale: a finite number > 0, or None for 1 / sqrt(head_dim). The kernels take each row's running
+    max of the unscaled scores and scale it after, which keeps the order of the scores only for a positive scale (a
+    negative or zero one gave NaN)."""
+    scale = number(op, "sm_scale", value, default=1.0 / math.sqrt(max(head_dim, 1)))
+    if not scale > 0.0:
+        raise ArgumentValueError(f"{op}: sm_scale must be a finite number > 0 (None: 1 / sqrt(head_dim)), got "
+                                 f"{value!r}")
+    return scale
 
 
 def window(op: str, value) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from tilejit.target import LaunchOptions
 #: The tile constexprs of the ops' kernels, then every launch option.
 CONFIG_KEYS: tuple[str, ...] = ("BM", "BN", "STAGES") + LaunchOptions.names()
 _ABSENT = -1
+_TILES = frozenset(("BM", "BN", "STAGES"))
 _FLAGS = frozenset(name for name, value in LaunchOptions().as_dict().items() if type(value) is bool)
 
 _copies = itertools.count(1)
@@ -52,6 +53,8 @@ def encode_config(config: dict[str, Any], what: str) -> list[int]:
         if isinstance(value, bool) != (name in _FLAGS) or not isinstance(value, int) or value < 0:
             kind = "True or False" if name in _FLAGS else "a non-negative int"
             raise ArgumentValueError(f"{what}: config key {name!r} must be {kind}, got {value!r}")
+        if name in _TILES and value < 1:  # (a 0 tile divided by zero, or failed inside the kernel's source)
+            raise ArgumentValueError(f"{what}: config key {name!r} must be a positive int, got {value!r}")
     return [int(config[name]) if name in config else _ABSENT for name in CONFIG_KEYS]
 
 

@@ -534,6 +534,7 @@ def attention_forward(q, k, v, *, causal: bool = False, sm_scale: float | None =
     arg_checks.attention_operands("attention_forward", q, k, v)
     batch, heads, seq, dim = q.shape
     sm_scale = arg_checks.sm_scale("attention_forward", sm_scale, dim)
+    encode_config(config, "attention_forward")  # the keys and values attention() takes (a 0 tile divided by zero)
     arg_checks.runs_on("attention_forward", "q", q)
     if lse is None:
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=q.device)

@@ -22,6 +22,7 @@ buffer, which ``column_sums`` reduces to ``dweight``. No atomics: dweight is the
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -205,8 +206,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
                       f"{x.device}, got {tuple(residual.shape)} {residual.dtype} {residual.device}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise wrong(f"rms_norm: eps must be a number >= 0, got {type(eps).__name__} {eps!r}")
-    if not eps >= 0:
-        raise bad(f"rms_norm: eps must be a number >= 0, got {eps!r}")
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise bad(f"rms_norm: eps must be a number >= 0 and finite, got {eps!r}")
     arg_checks.runs_on("rms_norm", "x", x)
 
 

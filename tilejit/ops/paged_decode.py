@@ -616,7 +616,7 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                    softcap, (k_scale, k_scale_tensor, v_scale, v_scale_tensor), decode_config(config), None)
 
 
-_OP = Operator(f"{namespace(__name__, 'tilejit.ops.decode_attention')}::decode_attention", _decode_op,
+_OP = Operator(f"{namespace(__name__, 'tilejit.ops.paged_decode')}::decode_attention", _decode_op,
                fake=lambda q, *_: torch.empty_like(q))
 
 
