@@ -414,6 +414,8 @@ def _cast(op: Op, env: Env, ctx: _Context) -> None:
         info = torch.iinfo(_TORCH[target])
         wide = torch.nan_to_num(x.double().trunc(), nan=0.0)
         out = wide.clamp(info.min, info.max).to(_TORCH[target])
+        if info.max >= 2 ** 53:  # int64's max rounds up to 2**63 as a double, which would wrap to its min
+            out = torch.where(wide >= float(info.max), torch.tensor(info.max, dtype=out.dtype), out)
     elif target.is_fp8:
         # via float32 (torch converts to fp8 only from wider floats), saturating as cvt.rn.satfinite does (torch's
         # e5m2 overflows to inf; its e4m3fn saturates already)

@@ -301,8 +301,11 @@ class Expressions:
         if isinstance(node.op, ast.USub):
             return self.sem.unary(UnaryOp.NEG, x)
         if isinstance(node.op, ast.Not):
-            if is_const(x) or x is None:
+            if is_const(x) or _folded_object(x) or isinstance(x, DType):  # strings, None, tuples: compile time
                 return not x
+            if not isinstance(x, Value):
+                raise self.error(node, f"'not' needs a scalar or a compile-time value, got {describe(x)}",
+                                 "use ~ on bool tiles")
             return self.sem.unary(UnaryOp.NOT, self.sem.truth(x))
         if isinstance(node.op, ast.Invert):
             if is_const(x):
@@ -361,7 +364,7 @@ class Expressions:
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
         cond = self.visit(node.test)
-        if is_const(cond) or cond is None:
+        if is_const(cond) or _folded_object(cond) or isinstance(cond, DType):  # decided at compile time
             return self.visit(node.body if cond else node.orelse)
         x, y = self.visit(node.body), self.visit(node.orelse)
         if isinstance(cond, Value) and cond.is_scalar:

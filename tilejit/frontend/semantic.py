@@ -130,6 +130,23 @@ def const_dtype(c: Any) -> DType:
     return D.float32
 
 
+def _int_fits(c: Any, dtype: DType) -> bool:
+    """Whether ``c`` (any value) is not a Python int constant that an integer ``dtype`` would cut: an int fits as a
+    signed value or as the bit pattern of an unsigned one (``0xFFFFFFFF`` with int32, ``-1`` with uint8)."""
+    if not isinstance(c, int) or isinstance(c, bool) or not dtype.is_integer:
+        return True
+    return -(1 << dtype.bits - 1) <= c < (1 << dtype.bits)
+
+
+def _check_int_constant(c: Any, dtype: DType) -> None:
+    """A Python int constant taking an integer ``dtype`` must fit it, never be silently cut (``2**40`` as an int32
+    would become 0)."""
+    if not _int_fits(c, dtype):
+        raise SemanticError(f"the constant {c} does not fit {dtype}, the dtype it takes here",
+                            f"make the tile wider (x.to(T.int64), T.full(..., T.int64)) or keep the constant "
+                            f"within {dtype}'s range")
+
+
 def shape_of(x: Any) -> tuple[int, ...]:
     return x.type.shape if isinstance(x, Value) and x.is_tile else ()
 
@@ -290,6 +307,12 @@ class Semantic:
                 dtype = const_dtype(xs[0])
                 for c in xs[1:]:
                     dtype = promote(dtype, const_dtype(c))
+        if typed and dtype.is_integer:
+            for x in xs:  # an int constant that does not fit widens the operation, as Python's ints would
+                if not _int_fits(x, dtype):
+                    dtype = promote(dtype, const_dtype(x))
+            for x in xs:
+                _check_int_constant(x, dtype)
         shape: tuple[int, ...] = ()
         for x in typed:
             shape = broadcast_shapes(shape, shape_of(x))
@@ -381,13 +404,17 @@ class Semantic:
 
     def truth(self, x: Any) -> Any:
         """``x != 0`` as a bool (Python truthiness for runtime values)."""
-        if is_const(x):
+        if is_const(x) or x is None or isinstance(x, (str, tuple, DType)):  # compile-time objects fold
             return bool(x)
+        if not isinstance(x, Value):
+            raise SemanticError(f"expected a scalar or tile condition, got {describe(x)}")
         if x.dtype.is_bool:
             return x
         return self.compare(CompareOp.NE, x, 0)
 
     def where(self, cond: Any, x: Any, y: Any) -> Any:
+        if cond is None or isinstance(cond, (str, tuple, DType)):  # compile-time objects: their truth
+            cond = bool(cond)
         if is_const(cond):
             if is_const(x) and is_const(y):
                 return x if cond else y
@@ -411,6 +438,7 @@ class Semantic:
         if not (is_const(value) or isinstance(value, Value) and value.is_scalar):
             raise SemanticError(f"the fill value must be a scalar, got {describe(value)}",
                                 "convert a tile with x.to(dtype); broadcast it with x[:, None] or arithmetic")
+        _check_int_constant(value, dtype)
         return self.splat(self.cast(value, dtype), shape)
 
     def arange(self, start: Any, end: Any = None) -> Value:

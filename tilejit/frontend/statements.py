@@ -101,7 +101,7 @@ class Statements:
 
     def visit_Assert(self, node: ast.Assert) -> None:
         cond = self.visit(node.test)
-        if not is_const(cond):
+        if not (is_const(cond) or cond is None or isinstance(cond, (DType, tuple, str))):
             raise self.error(node, "assert needs a compile-time condition", cls=UnsupportedSyntaxError)
         if not cond:
             msg = self.visit(node.msg) if node.msg is not None else ast.unparse(node.test)
