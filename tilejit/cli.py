@@ -18,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from tilejit import knobs
 from tilejit.cache import maintenance
 from tilejit.cache.entries import CacheEntry
 from tilejit.cache.layout import CacheLayout, current_layout, refused_root
@@ -264,8 +265,10 @@ def _cmd_stats(args) -> int:
 
     counts = kernel_cache.origin_counts()
     print("kernel lookups in this process: " + ", ".join(f"{origin} {n}" for origin, n in counts.items()))
-    refused = refused_root()
-    if refused is None:
+    refused, configured = refused_root(), knobs.cache_dir()
+    if configured.exists() and not configured.is_dir():
+        print(f"entries on disk: none; the cache directory {configured} is not a directory")
+    elif refused is None:
         layout = current_layout()
         print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
     else:
@@ -311,9 +314,14 @@ def _cmd_import(args) -> int:
 
 
 def _leave_a_refused_root_alone(doing: str, outcome: str) -> None:
-    """A CliError when the configured cache root is refused: the cache would use a private stand-in for this
+    """A CliError when the configured cache root is a file (nothing is cached on disk), or refused: the cache would use a private stand-in for this
     one process, and acting on that (empty, fresh) directory would report the user's cache listed, cleaned or
     exported when nothing of it was read."""
+    configured = knobs.cache_dir()
+    if configured.exists() and not configured.is_dir():
+        raise CliError(f"not {doing} the cache directory {configured}: it is not a directory, so tilejit caches "
+                       f"nothing on disk (kernels stay in memory) and {outcome}; set TILEJIT_CACHE_DIR to a "
+                       f"directory, or move the file away, and run this again")
     refused = refused_root()
     if refused is None:
         return

@@ -205,6 +205,19 @@ def test_path_list_show_export_and_import_of_a_refused_root_act_on_nothing(root,
     assert rc == 0 and f"the cache directory {root} is refused: it is writable by others" in out, (out, err)
 
 
+@pytest.mark.parametrize("command, doing", [(["path"], "printing"), (["list"], "listing"),
+                                            (["clear", "--yes"], "clearing"), (["prune", "--older-than", "0s"],
+                                                                               "pruning")])
+def test_cache_commands_on_a_root_that_is_a_file_say_so(root, command, doing):
+    root.write_text("not a cache")
+    rc, out, err = run_cli("cache", *command)
+    assert rc == 1 and out == "", (rc, out, err)
+    assert err.startswith(f"tilejit: not {doing} the cache directory {root}: it is not a directory")
+    assert root.read_text() == "not a cache"
+    rc, out, err = run_cli("cache", "stats")
+    assert rc == 0 and f"the cache directory {root} is not a directory" in out, (out, err)
+
+
 def test_a_refused_root_leaves_no_private_directory_behind(tmp_path):
     refused = tmp_path / "refused"
     refused.mkdir()
