@@ -16,6 +16,7 @@ import shutil
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 from tilejit import knobs
@@ -48,13 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 1
-    try:
-        return args.run(args)
-    except (CliError, UsageError) as err:
-        print(f"tilejit: {err}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `tilejit cache list | head`
-        return 0
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return args.run(args)
+        except (CliError, UsageError) as err:
+            print(f"tilejit: {err}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:  # `tilejit cache list | head`
+            return 0
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as a command prints it: one line, without the Python file and line it was raised at (the
+    console script's own, which means nothing to whoever typed the command)."""
+    text = str(message)
+    print(text if text.startswith("tilejit: ") else f"tilejit: warning: {text}", file=file or sys.stderr)
 
 
 def _cmd_port(args: argparse.Namespace) -> int:

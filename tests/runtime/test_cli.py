@@ -95,6 +95,21 @@ def test_no_command_prints_help_and_fails(capsys, root):
     assert rc == 1 and "prune" in out
 
 
+def test_a_warning_during_a_command_prints_as_one_line(capsys, root, monkeypatch):
+    import warnings
+
+    def path_that_warns(args):
+        warnings.warn("tilejit: a cache warning", RuntimeWarning)
+        warnings.warn("something else", UserWarning)
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_path", path_that_warns)
+    assert cli.main(["cache", "path"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["tilejit: a cache warning", "tilejit: warning: something else"], err
+    assert warnings.showwarning is not cli._show_warning  # put back after the command
+
+
 def test_path(capsys, root):
     assert run(capsys, "cache", "path") == (0, f"{root}\n", "")
 
