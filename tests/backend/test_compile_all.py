@@ -217,3 +217,16 @@ def test_the_three_archs_give_different_binaries():
     kernel, args, kwargs, _ = _mm(example_matmul, 128, 128, 64)
     cubins = {arch: kernel.compile(*args, arch=arch, **kwargs).asm["cubin"] for arch in ARCHS}
     assert cubins["sm_80"] != cubins["sm_90a"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_column_major_window_is_copied_down_its_columns(arch):
+    """B given as ``w.T`` (unit stride in its first dim) goes to shared memory element by element: neighbouring
+    threads take neighbouring rows of a column (consecutive addresses), where walking along a row would read
+    elements a whole stride apart. A's window, strided in both dims, is walked along its rows."""
+    kernel, args, kwargs, _ = GPU_CASES["matmul-strided-a-colmajor-b-f32-out"]
+    cuda = kernel.compile(*args, arch=arch, stop_after="cuda", **kwargs).cuda
+    copies = [line.strip() for line in cuda.splitlines() if "const int tj_" in line and "tj_e" in line]
+    column = "const int tj_k = (tj_e >> 5), tj_r = (tj_e & 31);  // column-major window"  # BK = 32 rows of B
+    assert column in copies, copies
+    assert "const int tj_r = (tj_e >> 5), tj_k = (tj_e & 31);" in copies, copies  # A: 64 x 32, along its rows

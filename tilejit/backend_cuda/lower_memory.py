@@ -53,6 +53,9 @@ class Window:
         spec = em.fn.attrs.get("tensor_specs", {}).get(self.tensor.name)
         self.unit_last = spec is not None and (self.rank - 1) in spec.unit_stride_dims \
             and bool(self.tile_dims) and self.tile_dims[-1] == self.rank - 1
+        # a 2-D window whose first dim, not its last, has unit stride: a column-major tile (B given as w.T)
+        self.unit_first = spec is not None and not self.unit_last and len(self.tile_dims) == 2 \
+            and self.tile_dims[0] in spec.unit_stride_dims
         self.esize = self.tensor.dtype.itemsize
         # nothing is known without the analysis (IR that skipped the pass pipeline)
         self.known: Divisibility | None = em.fn.attrs.get("divisibility")
@@ -424,7 +427,9 @@ class SharedCopy:
     def slow(self) -> None:
         """Element-wise copy for windows the fast path cannot take (unaligned rows, negative starts, a non-unit
         inner stride), in line: a rolled loop, small enough that its copies in a pipelined loop's prologue and
-        body cost NVRTC little, and no call in the main loop."""
+        body cost NVRTC little, and no call in the main loop. Neighbouring threads take neighbouring elements of
+        the tensor: along a row, or down a column where the window's first dim has the unit stride (a K x N tile
+        of ``w.T``), whose reads along a row would be a stride apart each."""
         em, x, win, lay = self.em, self.x, self.win, self.lay
         if self.always_fast:
             return
@@ -438,7 +443,11 @@ class SharedCopy:
         em.line(f"const int tj_e = tid + tj_j * {threads};")
         if elems % threads:
             em.line(f"if (tj_e >= {elems}) break;")
-        em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
+        if win.unit_first:  # neighbouring threads read neighbouring elements: down a column, not along a row
+            em.line(f"const int tj_k = {c_text(CExpr('tj_e') // lay.rows)}, tj_r = {c_text(CExpr('tj_e') % lay.rows)};"
+                    "  // column-major window")
+        else:
+            em.line(f"const int tj_r = {c_text(CExpr('tj_e') // lay.cols)}, tj_k = {c_text(CExpr('tj_e') % lay.cols)};")
         em.line(f"const bool tj_ok = {x}dropped_ok && (uint64_t)((int64_t)({r0}) + tj_r) < (uint64_t){win.size(rows)}"
                 f" && (uint64_t)((int64_t)({c0}) + tj_k) < (uint64_t){win.size(cols)};")
         dst_off = c_text(lay.elem_offset(CExpr("tj_r"), CExpr("tj_k")))
