@@ -68,19 +68,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _cmd_port(args: argparse.Namespace) -> int:
-    from .port import port_source
+    from .port import NoKernels, port_source
 
     try:
         source = open(args.file, encoding="utf-8").read()
     except OSError as err:
         raise CliError(f"cannot read {args.file}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise CliError(f"cannot read {args.file}: not UTF-8 text (byte {err.start}), so not a Python file") from None
     try:
         text = port_source(source)
     except SyntaxError as err:
         raise CliError(f"{args.file}:{err.lineno}: not Python: {err.msg}") from None
+    except NoKernels:
+        raise CliError(f"{args.file} has no top-level @triton.jit function: nothing to port") from None
+    except ValueError as err:  # Python 3.11: null bytes in the source
+        raise CliError(f"{args.file}: not Python: {err}") from None
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as err:
+            raise CliError(f"cannot write {args.output}: {err.strerror}") from None
     else:
         sys.stdout.write(text)
     return 0

@@ -26,6 +26,7 @@ import copy
 from dataclasses import dataclass, field, replace
 
 from .frontend.triton_names import TRITON_SPELLINGS
+from .target import LaunchOptions
 
 _ONE_TO_ONE = {
     "program_id", "num_programs", "cdiv", "arange", "zeros", "full", "where", "exp", "exp2", "log", "log2", "sqrt",
@@ -37,6 +38,8 @@ _ONE_TO_ONE = {
 _RENAMED = {"int1": "bool", "float8e4nv": "float8_e4m3fn", "float8e5": "float8_e5m2"}
 MARK = "# tilejit port: not translated:"
 MASK_KEPT = "# tilejit port: mask kept:"
+_ATOMICS = ("atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas")
+_RANGE_HINTS = ("loop_unroll_factor", "disallow_acc_multi_buffer", "flatten")  # tl.range keywords T.range lacks
 
 
 class Untranslatable(Exception):
@@ -61,17 +64,32 @@ class Pointer:
     tensor: str
     index: list[str] = field(default_factory=list)
     tiles: list[Offsets] = field(default_factory=list)
+    bare: bool = False  # the last index term is a bare element offset (not ``row * stride``)
 
-    def plus(self, term: "Pointer | Offsets | str") -> "Pointer":
-        out = Pointer(self.tensor, list(self.index), list(self.tiles))
+    def plus(self, term: "Pointer | Offsets | str", bare: bool = False) -> "Pointer":
+        """``self + term``; a ``bare`` scalar (an element offset, unit stride) adds to the innermost dim: to the
+        start of the one plain offsets tile, or to a bare offset just before it (``Lock + i + G`` is one index,
+        ``i + G``), else it opens a dim of its own (``X + row * stride + col`` is ``X[row, col]``)."""
+        out = Pointer(self.tensor, list(self.index), list(self.tiles), self.bare)
         if isinstance(term, Offsets):
             out.tiles.append(term)
         elif isinstance(term, Pointer):
             out.tensor = out.tensor or term.tensor
             out.index += term.index
             out.tiles += term.tiles
+            out.bare = term.bare
+        elif bare and out.tiles:
+            plain = [i for i, t in enumerate(out.tiles) if not t.expand and not t.wrap]
+            if len(plain) != 1 or len(out.tiles) != 1:
+                raise Untranslatable(f"a scalar offset {term} added to a pointer with index tiles: add it to the "
+                                     "tl.arange offsets' start instead")
+            tile = out.tiles[plain[0]]
+            out.tiles[plain[0]] = replace(tile, start=term if tile.start == "0" else f"{tile.start} + {term}")
+        elif bare and out.bare and out.index:
+            out.index[-1] = f"{out.index[-1]} + {term}"
         else:
             out.index.append(term)
+            out.bare = bare
         return out
 
     def dims(self) -> list[Offsets]:
@@ -299,6 +317,7 @@ class _KernelPort:
         self.advanced: set[str] = set()  # pointers advanced in a loop, unusable after it
         self.notes: list[str] = []  # comments for the statement being translated, put above it
         self.lines: list[str] = []
+        self.untranslated: dict[str, int] = {}  # name -> line of its assignment that was not translated
 
     def _pointer_roots(self) -> set[str]:
         """The names used as pointers: the leftmost term of each tl.load/tl.store address, and of what is
@@ -323,6 +342,9 @@ class _KernelPort:
     # -- symbolic values ----------------------------------------------------------------------------------------
     def symbolic(self, node: ast.AST) -> Pointer | Offsets | str | None:
         """The pointer or offsets ``node`` computes, the source of a scalar term, or None for a plain value."""
+        if isinstance(node, ast.Name) and node.id in self.untranslated:
+            raise Untranslatable(f"{node.id} is not translated (its assignment, line {self.untranslated[node.id]}, "
+                                 "was not)")
         if isinstance(node, ast.Name) and node.id in self.advanced:
             raise Untranslatable(f"{node.id} was advanced in a loop and is used after it: compute its offsets "
                                  "from the loop's counter instead")
@@ -355,13 +377,15 @@ class _KernelPort:
                 node = ast.BinOp(node.right, ast.Add(), node.left)
             if isinstance(left, Pointer):
                 if right is None:
-                    right = self._scalar_index(node.right)
+                    return left.plus(self._scalar_index(node.right), bare=self._is_bare(node.right))
                 return left.plus(right)
             if isinstance(left, Offsets) and right is None and not left.expand and not left.wrap:
                 return Offsets(self._add(left.start, ast.unparse(node.right)), left.length)
             if isinstance(right, Offsets) and left is None and not right.expand and not right.wrap:
                 return Offsets(self._add(ast.unparse(node.left), right.start), right.length)
-            if isinstance(left, Offsets) and isinstance(right, Offsets) and left.stride and right.stride:
+            if isinstance(left, Offsets) and isinstance(right, Offsets) and (left.stride and right.stride or (
+                    {left.expand, right.expand} == {"row", "col"}  # offs_m[:, None] * s_m + offs_n[None, :]
+                    and (left.stride or left.expand == "col") and (right.stride or right.expand == "col"))):
                 return Pointer("", tiles=[left, right])  # offs_m[:, None] * s_m + offs_k[None, :] * s_k
             if isinstance(left, Offsets) or isinstance(right, Offsets):
                 raise Untranslatable("a sum of index tiles that is not start + tl.arange(0, B)")
@@ -370,6 +394,11 @@ class _KernelPort:
     @staticmethod
     def _add(a: str, b: str) -> str:
         return b if a == "0" else a if b == "0" else f"{a} + {b}"
+
+    @staticmethod
+    def _is_bare(node: ast.AST) -> bool:
+        """Whether a scalar pointer offset is an element offset (not ``row * stride``)."""
+        return not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult))
 
     def _scalar_index(self, node: ast.AST) -> str:
         """``row * stride`` -> ``row``; a bare scalar is an element index."""
@@ -407,6 +436,22 @@ class _KernelPort:
                     if precision is not None:
                         call.keywords.append(ast.keyword("precision", precision))
                     return call
+                if name in _ATOMICS and call.args:
+                    return port.atomic(call, name)
+                if name in ("range", "static_range") and call.keywords:
+                    kept = []
+                    for k in call.keywords:
+                        if k.arg == "num_stages":
+                            kept.append(ast.keyword("stages", self.visit(k.value)))
+                        elif k.arg in _RANGE_HINTS:
+                            port.notes.append(f"# tilejit port: tl.range's {k.arg}= dropped: a tuning hint T.range "
+                                              "does not take")
+                        else:
+                            kept.append(ast.keyword(k.arg, self.visit(k.value)))
+                    call.keywords = kept
+                    call.args = [self.visit(a) for a in call.args]
+                    call.func = self.visit(call.func)
+                    return call
                 if name in ("sum", "max", "min") and call.keywords:
                     keywords = {k.arg: k.value for k in call.keywords}
                     call.args = [self.visit(a) for a in call.args] + ([self.visit(keywords["axis"])]
@@ -427,6 +472,12 @@ class _KernelPort:
                     return ast.Attribute(ast.Name("T", ast.Load()), _RENAMED.get(name, name), ast.Load())
                 spelling = TRITON_SPELLINGS.get(name, "not in the language")
                 raise Untranslatable(f"tl.{name}: {spelling}")
+
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                if node.id in port.untranslated and isinstance(node.ctx, ast.Load):
+                    raise Untranslatable(f"{node.id} is not translated (its assignment, line "
+                                         f"{port.untranslated[node.id]}, was not)")
+                return node
 
             def visit_List(self, node: ast.List) -> ast.AST:  # shapes: tl.zeros([B], ...) -> T.zeros((B,), ...)
                 return ast.Tuple([self.visit(e) for e in node.elts], ast.Load())
@@ -547,6 +598,24 @@ class _KernelPort:
         self.notes[-1] += " (the masked-off elements are read and written back unchanged)"
         return f"{window} = T.where({kept}, {self.expr(value)}, {window})"
 
+    def atomic(self, call: ast.Call, name: str) -> ast.AST:
+        """``tl.atomic_*(pointer, ...)`` -> ``T.atomic_*(window, ...)``; a mask that is not a proven bounds check
+        is refused (a window's atomic updates every element in it)."""
+        pointer = self.pointer_of(call.args[0])
+        keywords = {k.arg: k.value for k in call.keywords}
+        unknown = set(keywords) - {"mask", "sem", "scope", "val", "cmp"}
+        if unknown:
+            raise Untranslatable(f"tl.{name} keywords {sorted(unknown)}")
+        mask = keywords.pop("mask", None)
+        if mask is not None and self._kept_mask(mask, pointer) is not None:
+            self.notes.pop()
+            raise Untranslatable(f"tl.{name} with mask={ast.unparse(mask)}, which is not a bounds check of "
+                                 f"{pointer.tensor} that this file's launches prove: an atomic updates every "
+                                 "element of its window")
+        args = [self.window(pointer)] + [self.expr(a) for a in call.args[1:]]
+        args += [f"{k}={self.expr(v)}" for k, v in keywords.items()]
+        return ast.parse(f"T.{name}({', '.join(args)})", mode="eval").body
+
     # -- statements ---------------------------------------------------------------------------------------------
     def emit(self, text: str, indent: int) -> None:
         self.lines.extend("    " * indent + line for line in text.splitlines())
@@ -554,10 +623,11 @@ class _KernelPort:
     def refuse(self, stmt: ast.stmt, why: str, indent: int) -> None:
         for line in ast.unparse(stmt).splitlines():
             self.emit(f"# {line}", indent)
-        self.lines[-1] += f"  {MARK} {why}"
+        self.lines[-1] += f"  {MARK} line {stmt.lineno}: {why}"
 
     def body(self, stmts: list[ast.stmt], indent: int) -> None:
         outer_notes = self.notes
+        start = len(self.lines)
         for stmt in stmts:
             first = len(self.lines)
             self.notes = notes = []
@@ -566,9 +636,18 @@ class _KernelPort:
             except Untranslatable as why:
                 del self.lines[first:]
                 self.refuse(stmt, str(why), indent)
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+                    [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+                for target in targets:
+                    for node in ast.walk(target):
+                        if isinstance(node, ast.Name):
+                            self.untranslated.setdefault(node.id, stmt.lineno)
+                            self.env.pop(node.id, None)
             else:
                 self.lines[first:first] = ["    " * indent + note for note in dict.fromkeys(notes)]
         self.notes = outer_notes
+        if all(line.lstrip().startswith("#") for line in self.lines[start:]):
+            self.emit("pass", indent)  # every statement of the block was refused: the block stays Python
 
     def statement(self, stmt: ast.stmt, indent: int) -> None:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
@@ -582,6 +661,7 @@ class _KernelPort:
             name = stmt.targets[0].id
             sym = self.symbolic(stmt.value)
             self.advanced.discard(name)
+            self.untranslated.pop(name, None)
             if isinstance(sym, Pointer):
                 self.env[name] = sym  # pointer arithmetic: folded into the slices that use it
                 return
@@ -598,10 +678,18 @@ class _KernelPort:
                                      "offsets, after its last use in the body: compute the offsets from the loop "
                                      "counter (k0 + tl.arange(0, BK))")
             name = stmt.target.id
-            self.env[name] = self.env[name].plus(self._scalar_index(stmt.value))  # type: ignore[union-attr]
+            self.env[name] = self.env[name].plus(self._scalar_index(stmt.value),  # type: ignore[union-attr]
+                                                 bare=self._is_bare(stmt.value))
             return
         if isinstance(stmt, ast.For):
             self.loop(stmt, indent)
+            return
+        if isinstance(stmt, ast.While) and not stmt.orelse:
+            self.emit(f"while {self.expr(stmt.test)}:", indent)
+            self.body(stmt.body, indent + 1)
+            return
+        if isinstance(stmt, ast.Return):
+            self.emit("return" + (f" {self.expr(stmt.value)}" if stmt.value is not None else ""), indent)
             return
         if isinstance(stmt, ast.If):
             self.emit(f"if {self.expr(stmt.test)}:", indent)
@@ -671,13 +759,56 @@ class _KernelPort:
             self.env[name] = saved[name]
             self.advanced.add(name)
 
-    def port(self) -> str:
+    def port(self, helper: bool = False) -> str:
+        """The kernel's text; a ``helper`` (a @triton.jit function other kernels call) becomes a @tilejit.func."""
+        head: list[str] = []
+        for decorator in self.fn.decorator_list:
+            if not _is_triton_jit(decorator):
+                head += self._decorator(decorator)
+        head.append("@tilejit.func" if helper else "@tilejit.kernel")
+        reserved = set(LaunchOptions.reserved_names()) & {a.arg for a in self.fn.args.args}
+        if reserved and not helper:
+            taken = {n.id for n in ast.walk(self.fn) if isinstance(n, ast.Name)} | {a.arg for a in self.fn.args.args}
+            renames = {}
+            for old in sorted(reserved):
+                new = old + "_"
+                while new in taken:
+                    new += "_"
+                renames[old] = new
+                head.insert(0, f"# tilejit port: parameter {old} renamed {new}: {old}= is a tilejit launch option; "
+                               f"pass it positionally or as {new}=")
+            self.fn = copy.deepcopy(self.fn)
+            for node in ast.walk(self.fn):
+                if isinstance(node, ast.Name) and node.id in renames:
+                    node.id = renames[node.id]
+                elif isinstance(node, ast.arg) and node.arg in renames:
+                    node.arg = renames[node.arg]
         args = []
         for a in self.fn.args.args:
             args.append(f"{a.arg}: T.constexpr" if self._is_constexpr(a) else a.arg)
-        self.lines = ["@tilejit.kernel", f"def {self.fn.name}({', '.join(args)}):"]
+        self.lines = head + [f"def {self.fn.name}({', '.join(args)}):"]
         self.body(self.fn.body, 1)
         return "\n".join(self.lines)
+
+    def _decorator(self, decorator: ast.expr) -> list[str]:
+        """``@triton.autotune`` / ``@triton.heuristics`` as their tilejit spellings (``triton.Config`` ->
+        ``tilejit.Config``), with a note naming what they read from the Triton file; anything else a comment."""
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = ast.unparse(target).rsplit(".", 1)[-1]
+        if name not in ("autotune", "heuristics") or not isinstance(decorator, ast.Call):
+            return [f"# @{ast.unparse(decorator)}  {MARK} line {decorator.lineno}: a decorator port does not know"]
+        decorator = copy.deepcopy(decorator)
+        decorator.func = ast.Attribute(ast.Name("tilejit", ast.Load()), name, ast.Load())
+        for node in ast.walk(decorator):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("triton.Config", "Config"):
+                node.func = ast.Attribute(ast.Name("tilejit", ast.Load()), "Config", ast.Load())
+        lambdas = {a.arg for n in ast.walk(decorator) if isinstance(n, ast.Lambda) for a in n.args.args}
+        free = sorted({n.id for n in ast.walk(decorator) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                      - {"tilejit", "triton", "T"} - lambdas - set(dir(__builtins__) if isinstance(
+                          __builtins__, type(ast)) else __builtins__))
+        notes = [f"# tilejit port: the @triton.{name} of line {decorator.lineno} reads {', '.join(free)} from the "
+                 "Triton file: define them before this kernel"] if free else []
+        return notes + [f"@{ast.unparse(decorator)}"]
 
 
 def _tl_aliases(tree: ast.Module) -> set[str]:
@@ -695,13 +826,27 @@ def _is_triton_jit(decorator: ast.expr) -> bool:
     return ast.unparse(target) in ("triton.jit", "jit")
 
 
+class NoKernels(ValueError):
+    """The source has no top-level ``@triton.jit`` function: nothing to port."""
+
+
 def port_source(source: str) -> str:
-    """The tilejit versions of ``source``'s ``@triton.jit`` kernels, as a module's text."""
+    """The tilejit versions of ``source``'s ``@triton.jit`` kernels, as a module's text (``NoKernels`` when it has
+    none; ``SyntaxError`` when it is not Python)."""
     tree = ast.parse(source)
     tl = _tl_aliases(tree)
     kernels = [node for node in tree.body if isinstance(node, ast.FunctionDef)
                and any(_is_triton_jit(d) for d in node.decorator_list)]
+    if not kernels:
+        raise NoKernels("no top-level @triton.jit function")
+    # a helper: called by another kernel, or returning a value, and never launched (kernel[grid](...))
+    called = {n.func.id for fn in kernels for n in ast.walk(fn) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name)}
+    launched = {n.func.value.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Subscript) and isinstance(n.func.value, ast.Name)}
     parts = ["import tilejit", "import tilejit.language as T", ""]
     for fn in kernels:
-        parts += ["", _KernelPort(fn, tl, _HostExtents(tree, fn)).port(), ""]
+        returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
+        helper = fn.name not in launched and (fn.name in called or returns)
+        parts += ["", _KernelPort(fn, tl, _HostExtents(tree, fn)).port(helper), ""]
     return "\n".join(parts).rstrip() + "\n"

@@ -202,3 +202,22 @@ def test_a_wrap_by_an_unproven_modulus_and_a_pointer_read_after_its_loop_are_ref
     assert any("tl.load(ptrs) + acc" in m and "advanced in a loop and is used after it" in m for m in marked)
     assert "acc += X[i * BLOCK:i * BLOCK + BLOCK]" in text  # inside the loop the advance is the counter
     assert any("ptrs += BLOCK" in m and "after its last use in the body" in m for m in marked)
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe\x00binary", "not UTF-8 text (byte 0), so not a Python file"),
+    (b"import torch\n\ndef f(x):\n    return x + 1\n", "has no top-level @triton.jit function: nothing to port"),
+    (b"def f(:\n", ":1: not Python:"),
+])
+def test_port_of_a_file_it_cannot_port_says_why_in_one_line(tmp_path, capsys, content, says):
+    path = tmp_path / "kernels.py"
+    path.write_bytes(content)
+    assert main(["port", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_port_to_an_unwritable_output_says_so(tmp_path, capsys):
+    assert main(["port", str(FIXTURE), "-o", str(tmp_path / "missing" / "out.py")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tilejit: cannot write {tmp_path / 'missing' / 'out.py'}: No such file or directory"), err
