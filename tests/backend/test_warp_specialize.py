@@ -300,6 +300,16 @@ def test_loop_that_asks_and_cannot_is_refused_with_its_location():
         _compile(mm, *_args(), WS=True, split_k=2)
 
 
+def test_a_refusal_names_the_load_or_gemm_at_fault():
+    a, b, c = _args()
+    with pytest.raises(CompilationError) as info:  # B given as w.T: a column-major window, no TMA
+        _compile(mm, a, _meta(768, 512).T, c, WS=True)
+    text = str(info.value)
+    assert "its load of B (" in text and "is copied by cp_async, not TMA" in text and "w.T" in text, text
+    with pytest.raises(CompilationError, match=r"its gemm \(.*\) is lowered to mma_sync_m16n8k16, not wgmma"):
+        _compile(mm, a, b, c, WS=True, BM=32, BN=64, num_warps=4)
+
+
 def test_loop_option_false_overrides_the_launch_option():
     st = _compile(mm, *_args(), WS=False, warp_specialize=True)
     assert "producer_warpgroup" not in st.final_ir

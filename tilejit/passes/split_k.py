@@ -41,6 +41,17 @@ from ..ir import (BinaryAttrs, BinaryOp, Block, CastAttrs, CompareAttrs, Compare
 from ..ir.rewrite import defining_op, is_zero
 from ..target import Target
 
+#: How a user wrote a binary op, for the messages.
+_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "min": "T.minimum",
+              "max": "T.maximum", "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>"}
+
+
+def _written(op: Op) -> str:
+    """An op as the user wrote it, for a message: its operator (or the IR op's name) and its location."""
+    what = (f"'{_OPERATORS.get(op.attrs.op.value, op.attrs.op.value)}'" if op.kind is OpKind.BINARY
+            else op.kind.mnemonic)
+    return what + (f" ({op.loc})" if op.loc else "")
+
 
 class SplitKError(CompilationError):
     """The ``split_k`` launch option asked for a kernel (or an arch) the split-K rewrite cannot serve."""
@@ -211,7 +222,7 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
         elif op.kind is OpKind.FMA:  # acc + x * y (a block-scaled product added with its scale)
             prev, terms = op.operands[2], op.operands[:2]
         else:
-            return f"is updated by {op.kind.mnemonic}, not by a sum"
+            return f"is updated by {_written(op)}, not by a sum"
         if any(_depends_on(t, arg, body) for t in terms):
             return "is added to a term computed from itself"
         chain.add(v.id)
@@ -225,7 +236,7 @@ def _not_a_sum(loop: Op, i: int) -> str | None:
                 continue
             if any(op is c for c in chain_ops) and (op.kind not in (OpKind.GEMM, OpKind.FMA) or index == 2):
                 continue
-            return f"is read by {op.kind.mnemonic} inside the loop"
+            return f"is read by {_written(op)} inside the loop"
     return None
 
 

@@ -191,8 +191,7 @@ def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:
     if loop.attrs.async_mma != "wgmma" and not _tma_fed_wgmma_loop(loop):
-        return ("its body is not a wgmma loop whose pipelined tiles are all loaded by TMA (a plain main loop, or "
-                "one with more math between its gemms, like attention's)")
+        return _not_a_tma_wgmma_loop(loop)
     if not any(o is loop for o in fn.body.ops):
         return "it is nested in another loop or an if (it must be in the kernel's top-level block)"
     if not _prelude_on_extra_threads(fn, loop):
@@ -202,6 +201,26 @@ def _why_not_specialized(fn: Function, loop: Op) -> str | None:
                 return (f"its loads' coordinates or its bounds depend on '{o.kind.mnemonic}'{where}, which computes "
                         "tiles or writes memory (the producer warpgroup computes scalars only)")
     return None
+
+
+def _not_a_tma_wgmma_loop(loop: Op) -> str:
+    """Why ``loop`` is not a wgmma loop whose pipelined tiles are all loaded by TMA: the gemm or the load at fault."""
+    body = loop.regions[0]
+    gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
+    if not any((o.attrs.impl or "").startswith("wgmma") for o in gemms):
+        if not gemms:
+            return "its body has no gemm (a producer warpgroup feeds wgmma from a ring of TMA loads)"
+        where = f" ({gemms[0].loc})" if gemms[0].loc else ""
+        return (f"its gemm{where} is lowered to {gemms[0].attrs.impl}, not wgmma (wgmma takes tiles of at least 64 "
+                "rows per warpgroup and K in whole steps: 16 for 16-bit operands, 32 for 8-bit, 8 for float32)")
+    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
+    if not piped:
+        return "none of its loads is pipelined into a ring (stages >= 2)"
+    load = next(o for o in piped if o.attrs.copy != "tma_bulk_tensor")
+    where = f" ({load.loc})" if load.loc else ""
+    return (f"its load of {load.operands[0].name}{where} is copied by {load.attrs.copy}, not TMA (TMA needs the "
+            "tensor's last dim of stride 1, every other stride a multiple of 16 bytes and a 16-byte aligned base; "
+            "a column-major window, such as B given as w.T, is not)")
 
 
 def _tma_fed_wgmma_loop(loop: Op) -> bool:
@@ -309,8 +328,9 @@ def _runs_on_extra_threads(op: Op) -> bool:
 
 
 def _refusal(loop: Op, message: str) -> CompilationError:
-    return CompilationError.at(loop.loc, message, hint="drop warp_specialize=True from this T.range, or write the "
-                                                       "loop as a plain main loop at the kernel's top level")
+    return CompilationError.at(loop.loc, message, hint="drop warp_specialize=True from this T.range (it then runs "
+                                                       "pipelined without a producer warpgroup), or change what "
+                                                       "the error names")
 
 
 def deferred_gemm(body) -> Op | None:
