@@ -620,7 +620,6 @@ def test_fp8_matmul_uses_exact_operands(dtype):
     check(C, operand(A) @ operand(B))
 
 
-@pytest.mark.timing  # a wall-clock bound: run after the parallel run, on its own
 def test_interpreter_speed_is_reasonable():
     import time
 
