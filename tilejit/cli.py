@@ -284,14 +284,12 @@ def _cmd_stats(args) -> int:
 
     counts = kernel_cache.origin_counts()
     print("kernel lookups in this process: " + ", ".join(f"{origin} {n}" for origin, n in counts.items()))
-    refused, configured = refused_root(), knobs.cache_dir()
-    if configured.exists() and not configured.is_dir():
-        print(f"entries on disk: none; the cache directory {configured} is not a directory")
-    elif refused is None:
+    unused = _unused_root()
+    if unused is None:
         layout = current_layout()
         print(f"entries on disk: {len(layout.entry_dirs())} in {layout.root}")
     else:
-        print(f"entries on disk: none used; the cache directory {refused[0]} is refused: {refused[2]}")
+        print(f"entries on disk: none used; the cache directory {unused[0]} {unused[1]}")
     print(f"remote cache: {remote.status()}")
     return 0
 
@@ -332,22 +330,32 @@ def _cmd_import(args) -> int:
     return 1 if report.refused else 0
 
 
-def _leave_a_refused_root_alone(doing: str, outcome: str) -> None:
-    """A CliError when the configured cache root is a file (nothing is cached on disk), or refused: the cache would use a private stand-in for this
-    one process, and acting on that (empty, fresh) directory would report the user's cache listed, cleaned or
-    exported when nothing of it was read."""
+def _unused_root() -> tuple[Path, str, str, str, str] | None:
+    """``(the configured root, its state, why, what tilejit does instead, what to fix)`` when the cache does not use the
+    configured root: it is a file (nothing is cached on disk), or refused (a private stand-in serves this one
+    process); None when it is used."""
     configured = knobs.cache_dir()
     if configured.exists() and not configured.is_dir():
-        raise CliError(f"not {doing} the cache directory {configured}: it is not a directory, so tilejit caches "
-                       f"nothing on disk (kernels stay in memory) and {outcome}; set TILEJIT_CACHE_DIR to a "
-                       f"directory, or move the file away, and run this again")
+        return (configured, "is not a directory", "it is not a directory", "tilejit caches nothing on disk (kernels stay in memory)",
+                "set TILEJIT_CACHE_DIR to a directory, or move the file away")
     refused = refused_root()
     if refused is None:
-        return
+        return None
     root, at_fault, why = refused
-    raise CliError(f"not {doing} the cache directory {root}: {why}, so tilejit refuses it (kernels compile into "
-                   f"a private stand-in that lasts one process) and {outcome}; fix the owner or mode of "
-                   f"{at_fault}, or set TILEJIT_CACHE_DIR to a directory of your own, and run this again")
+    return (root, f"is refused: {why}", why,
+            "tilejit refuses it (kernels compile into a private stand-in that lasts one process)",
+            f"fix the owner or mode of {at_fault}, or set TILEJIT_CACHE_DIR to a directory of your own")
+
+
+def _leave_a_refused_root_alone(doing: str, outcome: str) -> None:
+    """A CliError when the cache does not use the configured root (``_unused_root``): acting on the stand-in
+    (empty, fresh) would report the user's cache listed, cleaned or exported when nothing of it was read."""
+    unused = _unused_root()
+    if unused is None:
+        return
+    root, _, why, instead, fix = unused
+    raise CliError(f"not {doing} the cache directory {root}: {why}, so {instead} and {outcome}; {fix}, and run "
+                   "this again")
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -327,11 +327,9 @@ def _shared_memory_error(st: Stages, out, limit: int):
     message = (f"kernel {st.spec.name} needs {out.shared_bytes:,} bytes of shared memory even without pipelining; "
                f"{st.target.arch} allows {limit:,} per block")
     if at_scratch:
-        error = SharedMemoryError.at(scratch_loc, message, hint=(
+        return SharedMemoryError.at(scratch_loc, message, needs=needs, hint=(
             f"give this {what} a smaller tile (the constexpr block sizes): it goes through a shared scratch buffer "
             "the size of its tile"))
-        error.needs = tuple(needs)
-        return error
     return SharedMemoryError(message, needs, **_at_kernel_def(st),
                              hint="use smaller tiles (the constexpr block sizes), or fewer or smaller operands in "
                                   "shared memory")

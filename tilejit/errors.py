@@ -90,13 +90,14 @@ class CompilationError(TilejitError):
         super().__init__(message)
 
     @classmethod
-    def at(cls, loc: Any, message: str, *, hint: str | None = None):
+    def at(cls, loc: Any, message: str, *, hint: str | None = None, **details: Any):
         """The error located at ``loc`` (an IR op's location: ``filename``, ``lineno``, ``col``), its source line
-        read back for the caret; without a location, just the message."""
+        read back for the caret; without a location, just the message. ``details`` go to a subclass's own
+        arguments (a ``SharedMemoryError``'s ``needs``)."""
         if loc is None:
-            return cls(message, hint=hint)
+            return cls(message, hint=hint, **details)
         return cls(message, filename=loc.filename, lineno=loc.lineno, col=loc.col, source_line=source_line(loc),
-                   hint=hint)
+                   hint=hint, **details)
 
     def location(self) -> str:
         """``file:line:col`` with whatever parts are known ("<unknown>" when no file is)."""

@@ -190,8 +190,9 @@ def multicast_loads(fn: Function, loop: Op) -> list[tuple[Op, list]]:
 
 
 def _why_not_specialized(fn: Function, loop: Op) -> str | None:
-    if loop.attrs.async_mma != "wgmma" and not _tma_fed_wgmma_loop(loop):
-        return _not_a_tma_wgmma_loop(loop)
+    why = None if loop.attrs.async_mma == "wgmma" else _not_a_tma_wgmma_loop(loop)
+    if why is not None:
+        return why
     if not any(o is loop for o in fn.body.ops):
         return "it is nested in another loop or an if (it must be in the kernel's top-level block)"
     if not _prelude_on_extra_threads(fn, loop):
@@ -203,8 +204,9 @@ def _why_not_specialized(fn: Function, loop: Op) -> str | None:
     return None
 
 
-def _not_a_tma_wgmma_loop(loop: Op) -> str:
-    """Why ``loop`` is not a wgmma loop whose pipelined tiles are all loaded by TMA: the gemm or the load at fault."""
+def _not_a_tma_wgmma_loop(loop: Op) -> str | None:
+    """Why ``loop`` is not a wgmma loop whose pipelined tiles are all loaded by TMA (the gemm or the load at fault);
+    None when it is: then its math warps can wait for loaded slots and release them at the end of each iteration."""
     body = loop.regions[0]
     gemms = [o for o in body.walk() if o.kind is OpKind.GEMM]
     if not any((o.attrs.impl or "").startswith("wgmma") for o in gemms):
@@ -216,20 +218,13 @@ def _not_a_tma_wgmma_loop(loop: Op) -> str:
     piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
     if not piped:
         return "none of its loads is pipelined into a ring (stages >= 2)"
-    load = next(o for o in piped if o.attrs.copy != "tma_bulk_tensor")
+    load = next((o for o in piped if o.attrs.copy != "tma_bulk_tensor"), None)
+    if load is None:
+        return None
     where = f" ({load.loc})" if load.loc else ""
     return (f"its load of {load.operands[0].name}{where} is copied by {load.attrs.copy}, not TMA (TMA needs the "
             "tensor's last dim of stride 1, every other stride a multiple of 16 bytes and a 16-byte aligned base; "
             "a column-major window, such as B given as w.T, is not)")
-
-
-def _tma_fed_wgmma_loop(loop: Op) -> bool:
-    """A pipelined loop (not left in flight) whose ring is filled by TMA alone and whose body has a wgmma gemm:
-    its math warps can wait for loaded slots and release them at the end of each iteration."""
-    body = loop.regions[0]
-    piped = [o for o in body.ops if o.kind is OpKind.LOAD and o.attrs.pipeline]
-    return (bool(piped) and all(o.attrs.copy == "tma_bulk_tensor" for o in piped)
-            and any(o.kind is OpKind.GEMM and (o.attrs.impl or "").startswith("wgmma") for o in body.walk()))
 
 
 def _before(fn: Function, loop: Op) -> list[Op]:
